@@ -1,0 +1,356 @@
+//! The connection to a gateway ([`Client`]): acquiring leases and listing them.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tonic::transport::{Channel, Endpoint};
+
+use crate::convert::{duration_to_proto, system_time_from_proto};
+use crate::lease::Lease;
+use crate::proto;
+use crate::proto::partition_lease_service_client::PartitionLeaseServiceClient;
+use crate::{Error, Result};
+
+/// The largest response the client accepts by default: 64 MiB.
+///
+/// tonic's own default (4 MiB) is too small for the gateway's largest batches: `max_bytes`
+/// (up to 4 MiB) counts only keys, values and headers, not the protobuf framing around them,
+/// and a single record larger than `max_bytes` is sent alone.
+pub const DEFAULT_MAX_DECODING_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
+
+/// A connection to a kafka-lease gateway. Cheap to clone: clones share one HTTP/2 channel.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: PartitionLeaseServiceClient<Channel>,
+}
+
+impl Client {
+    /// Connects to the gateway at `endpoint`, e.g. `"http://127.0.0.1:50051"`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEndpoint`] if `endpoint` is not a valid URI, [`Error::Transport`] if
+    /// the connection cannot be made (retryable).
+    pub async fn connect(endpoint: impl Into<String>) -> Result<Client> {
+        let endpoint = endpoint.into();
+        let channel = Endpoint::from_shared(endpoint.clone())
+            .map_err(|source| Error::InvalidEndpoint { endpoint, source })?
+            .connect()
+            .await
+            .map_err(Error::Transport)?;
+        Ok(Client::from_channel(channel))
+    }
+
+    /// Uses an existing channel, e.g. one built with TLS, timeouts or `connect_lazy`.
+    pub fn from_channel(channel: Channel) -> Client {
+        Client {
+            inner: PartitionLeaseServiceClient::new(channel)
+                .max_decoding_message_size(DEFAULT_MAX_DECODING_MESSAGE_SIZE),
+        }
+    }
+
+    /// Sets the largest response message this client accepts (default
+    /// [`DEFAULT_MAX_DECODING_MESSAGE_SIZE`]). A larger one fails its call, or ends its Read,
+    /// with [`Error::OutOfRange`].
+    pub fn max_decoding_message_size(self, limit: usize) -> Client {
+        Client {
+            inner: self.inner.max_decoding_message_size(limit),
+        }
+    }
+
+    /// The generated gRPC client, for calls and options this facade does not cover. A clone:
+    /// it shares this client's channel.
+    pub fn raw(&self) -> PartitionLeaseServiceClient<Channel> {
+        self.inner.clone()
+    }
+
+    /// Takes an exclusive lease on a partition.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] (bad names, TTL, wait or partition), [`Error::NotFound`]
+    /// (no such topic or partition), [`Error::Busy`] (leased by another member and `wait` ran
+    /// out; the message names the holder), [`Error::Unavailable`] (retryable).
+    pub async fn acquire(&self, options: AcquireOptions) -> Result<Lease> {
+        let requested_ttl = options.ttl;
+        let requested_group = options.group.clone();
+        let response = self
+            .raw()
+            .acquire(options.into_request())
+            .await?
+            .into_inner();
+        Ok(Lease::from_acquired(
+            self.clone(),
+            response,
+            requested_group,
+            requested_ttl,
+        ))
+    }
+
+    /// The held leases across every gateway instance, ordered by group, topic and partition.
+    pub async fn list_leases(&self, filter: LeaseFilter) -> Result<Vec<LeaseInfo>> {
+        let request = proto::ListLeasesRequest {
+            group: filter.group,
+            topic: filter.topic,
+        };
+        let response = self.raw().list_leases(request).await?.into_inner();
+        Ok(response.leases.into_iter().map(LeaseInfo::from).collect())
+    }
+}
+
+/// Where a lease starts when the group has no committed offset for the partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Reset {
+    /// The oldest retained record (the log start offset).
+    #[default]
+    Earliest,
+    /// The high watermark: only records produced after the Acquire are read.
+    Latest,
+}
+
+impl From<Reset> for proto::ResetPolicy {
+    fn from(reset: Reset) -> Self {
+        match reset {
+            Reset::Earliest => proto::ResetPolicy::ResetEarliest,
+            Reset::Latest => proto::ResetPolicy::ResetLatest,
+        }
+    }
+}
+
+/// What to acquire: `AcquireOptions::new(group, topic)` plus optional settings. Everything
+/// left unset takes the gateway's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AcquireOptions {
+    group: String,
+    topic: String,
+    partition: Option<i32>,
+    member: String,
+    ttl: Option<Duration>,
+    wait: Option<Duration>,
+    reset: Reset,
+}
+
+impl AcquireOptions {
+    /// A lease on any free partition of `topic` for consumer group `group` (both: 1..=249
+    /// characters of `[A-Za-z0-9._-]`).
+    pub fn new(group: impl Into<String>, topic: impl Into<String>) -> Self {
+        AcquireOptions {
+            group: group.into(),
+            topic: topic.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Asks for this partition instead of letting the gateway pick a free one.
+    pub fn partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+
+    /// A label for this client (at most 256 UTF-8 bytes), shown in `ListLeases` and in other
+    /// clients' [`Error::Busy`] messages.
+    pub fn member(mut self, member: impl Into<String>) -> Self {
+        self.member = member.into();
+        self
+    }
+
+    /// How long the lease survives with no open Read and no call on it. Gateway default
+    /// 10 s; allowed 1 s ..= 5 min.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long to wait for a partition to become free before answering [`Error::Busy`].
+    /// Gateway default 0 (answer at once); at most 5 min.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// Where to start when the group has no committed offset (default [`Reset::Earliest`]).
+    pub fn reset(mut self, reset: Reset) -> Self {
+        self.reset = reset;
+        self
+    }
+
+    /// The request these options describe.
+    fn into_request(self) -> proto::AcquireRequest {
+        proto::AcquireRequest {
+            group: self.group,
+            topic: self.topic,
+            partition: self.partition,
+            member: self.member,
+            ttl: self.ttl.map(duration_to_proto),
+            wait: self.wait.map(duration_to_proto),
+            reset: proto::ResetPolicy::from(self.reset) as i32,
+        }
+    }
+}
+
+/// Which leases [`Client::list_leases`] returns; the default lists all of them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaseFilter {
+    group: Option<String>,
+    topic: Option<String>,
+}
+
+impl LeaseFilter {
+    /// No filter: every held lease.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only leases of this consumer group.
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = Some(group.into());
+        self
+    }
+
+    /// Only leases of this topic.
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+}
+
+/// One held lease as [`Client::list_leases`] shows it (never its lease id).
+///
+/// The `Option` fields are set only when the answering gateway instance serves the lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaseInfo {
+    /// The consumer group.
+    pub group: String,
+    /// The topic.
+    pub topic: String,
+    /// The partition.
+    pub partition: i32,
+    /// The holder's member label.
+    pub member: String,
+    /// The lease's fencing token.
+    pub fencing_token: u64,
+    /// When the lease was granted (`UNIX_EPOCH` if the gateway sent none).
+    pub acquired_at: SystemTime,
+    /// When the lease expires unless renewed.
+    pub expires_at: Option<SystemTime>,
+    /// The gateway instance serving the lease.
+    pub gateway: String,
+    /// Where the lease's Read continues.
+    pub position: Option<i64>,
+    /// The group's committed offset for the partition, if it has one.
+    pub committed_offset: Option<i64>,
+    /// The partition's high watermark.
+    pub high_watermark: Option<i64>,
+    /// `high_watermark - position`.
+    pub lag: Option<i64>,
+}
+
+impl From<proto::LeaseInfo> for LeaseInfo {
+    fn from(info: proto::LeaseInfo) -> Self {
+        LeaseInfo {
+            group: info.group,
+            topic: info.topic,
+            partition: info.partition,
+            member: info.member,
+            fencing_token: info.fencing_token,
+            acquired_at: system_time_from_proto(info.acquired_at).unwrap_or(UNIX_EPOCH),
+            expires_at: system_time_from_proto(info.expires_at),
+            gateway: info.gateway,
+            position: info.position,
+            committed_offset: info.committed_offset,
+            high_watermark: info.high_watermark,
+            lag: info.lag,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_defaults_leave_everything_to_the_gateway() {
+        let request = AcquireOptions::new("g", "t").into_request();
+        assert_eq!(
+            request,
+            proto::AcquireRequest {
+                group: "g".into(),
+                topic: "t".into(),
+                partition: None,
+                member: String::new(),
+                ttl: None,
+                wait: None,
+                reset: proto::ResetPolicy::ResetEarliest as i32,
+            }
+        );
+    }
+
+    #[test]
+    fn acquire_options_fill_the_request() {
+        let request = AcquireOptions::new("g", "t")
+            .partition(3)
+            .member("worker-1")
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_millis(1500))
+            .reset(Reset::Latest)
+            .into_request();
+        assert_eq!(request.partition, Some(3));
+        assert_eq!(request.member, "worker-1");
+        assert_eq!(
+            request.ttl,
+            Some(prost_types::Duration {
+                seconds: 30,
+                nanos: 0
+            })
+        );
+        assert_eq!(
+            request.wait,
+            Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 500_000_000
+            })
+        );
+        assert_eq!(request.reset, proto::ResetPolicy::ResetLatest as i32);
+    }
+
+    #[test]
+    fn lease_info_converts() {
+        let info = LeaseInfo::from(proto::LeaseInfo {
+            group: "g".into(),
+            topic: "t".into(),
+            partition: 2,
+            member: "m".into(),
+            fencing_token: 42,
+            acquired_at: Some(prost_types::Timestamp {
+                seconds: 100,
+                nanos: 0,
+            }),
+            expires_at: None,
+            gateway: "gw-1".into(),
+            position: Some(5),
+            committed_offset: None,
+            high_watermark: Some(9),
+            lag: Some(4),
+        });
+        assert_eq!(info.acquired_at, UNIX_EPOCH + Duration::from_secs(100));
+        assert_eq!(info.expires_at, None);
+        assert_eq!(info.position, Some(5));
+        assert_eq!(info.committed_offset, None);
+        assert_eq!(info.lag, Some(4));
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_a_bad_endpoint() {
+        let err = Client::connect("not a uri").await.err();
+        assert!(
+            matches!(err, Some(Error::InvalidEndpoint { ref endpoint, .. }) if endpoint == "not a uri"),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_failure_is_retryable() {
+        // Port 1 on loopback: nothing listens there.
+        let err = Client::connect("http://127.0.0.1:1").await.err();
+        assert!(matches!(err, Some(Error::Transport(_))), "{err:?}");
+        assert!(err.is_some_and(|e| e.is_retryable()));
+    }
+}

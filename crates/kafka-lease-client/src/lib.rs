@@ -1,0 +1,68 @@
+//! Rust client for kafka-lease: acquire an exclusive lease on a Kafka partition for a consumer
+//! group, stream its records, seek, commit and release, through a kafka-lease gateway.
+//!
+//! A small facade over the generated gRPC client ([`proto`]); [`Client::raw`] gives the
+//! generated client itself for anything the facade does not cover.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use kafka_lease_client::{AcquireOptions, Client, ReadOptions, Reset};
+//!
+//! # async fn run() -> kafka_lease_client::Result<()> {
+//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! let lease = client
+//!     .acquire(
+//!         AcquireOptions::new("billing", "payments")
+//!             .member("worker-1")
+//!             .ttl(Duration::from_secs(30))
+//!             .reset(Reset::Earliest),
+//!     )
+//!     .await?;
+//! println!("leased {}/{} from offset {}", lease.topic(), lease.partition(), lease.offset());
+//!
+//! let mut records = lease.records(ReadOptions::new().max_records(100)).await?;
+//! if let Some(batch) = records.next_batch().await {
+//!     let batch = batch?;
+//!     for record in &batch.records {
+//!         println!("{}: {:?}", record.offset, record.value);
+//!     }
+//!     if let Some(next) = batch.next_offset() {
+//!         lease.commit(next).await?;
+//!     }
+//! }
+//! lease.release().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Seeking while reading
+//!
+//! [`Lease::seek`] may run while another task reads the lease's [`RecordStream`]. The contract
+//! lets batches of the old position still be in flight; the stream drops them (it compares
+//! each batch's seek epoch with the newest one the lease has seen, see [`EpochFilter`]), so
+//! once `seek` has returned, the next batch starts at the new position.
+//!
+//! # Errors
+//!
+//! Every call returns [`Error`], with the gRPC status mapped to what it means in the API
+//! contract: [`Error::Busy`] when the partition is leased by someone else,
+//! [`Error::LeaseEnded`] when the lease is gone, [`Error::is_retryable`] for
+//! `UNAVAILABLE`, and so on.
+
+#![warn(missing_docs)]
+
+mod client;
+mod convert;
+mod error;
+mod lease;
+mod stream;
+
+/// The generated `kafka_lease.v1` messages and gRPC client, for use with [`Client::raw`].
+pub use kafka_lease_proto::v1 as proto;
+
+pub use client::{
+    AcquireOptions, Client, LeaseFilter, LeaseInfo, Reset, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
+};
+pub use error::{Error, Result};
+pub use lease::{Lease, ReadOptions, SeekOutcome, SeekTo};
+pub use stream::{Batch, EpochFilter, Record, RecordStream};

@@ -1,0 +1,479 @@
+//! Reading a lease: the [`RecordStream`] of [`Batch`]es of [`Record`]s, and the
+//! [`EpochFilter`] that drops batches a concurrent Seek made stale.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use futures::stream::{FusedStream, Stream, StreamExt};
+use tonic::codec::Streaming;
+use tonic::Status;
+
+use crate::convert::system_time_from_proto;
+use crate::proto;
+use crate::Result;
+
+/// The newest seek epoch a lease's client has seen, shared between the lease (whose
+/// [`seek`](crate::Lease::seek) raises it) and its [`RecordStream`]s (which drop responses of
+/// older epochs and raise it from the ones they deliver).
+///
+/// This is how the client keeps the contract's promise "no stale record after a seek": once
+/// a SeekResponse of epoch `n` has been seen, no batch of an epoch below `n` is delivered,
+/// even one already on its way when the seek was made. Cloning shares the same counter.
+///
+/// [`Lease`](crate::Lease) does all of this for you; the type is public for callers that drive
+/// [`Client::raw`](crate::Client::raw) themselves.
+#[derive(Debug, Clone, Default)]
+pub struct EpochFilter {
+    newest: Arc<AtomicU64>,
+}
+
+impl EpochFilter {
+    /// A filter that has seen nothing yet (epoch 0, where every lease starts).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The newest epoch seen so far.
+    pub fn newest(&self) -> u64 {
+        self.newest.load(Ordering::Acquire)
+    }
+
+    /// Records an epoch from a SeekResponse: from now on, responses of older epochs are
+    /// dropped. Never lowers the newest epoch.
+    pub fn observe(&self, epoch: u64) {
+        self.newest.fetch_max(epoch, Ordering::AcqRel);
+    }
+
+    /// Whether a ReadResponse of `epoch` should be delivered: `true` unless an epoch newer than
+    /// it has been seen. A delivered epoch also becomes the newest seen.
+    pub fn admit(&self, epoch: u64) -> bool {
+        let before = self.newest.fetch_max(epoch, Ordering::AcqRel);
+        epoch >= before
+    }
+}
+
+/// One Kafka record, with every field as the broker stored it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Record {
+    /// The record's offset in its partition.
+    pub offset: i64,
+    /// The key; `None` is a null key, distinct from `Some(vec![])`, an empty one.
+    pub key: Option<Vec<u8>>,
+    /// The value; `None` is a tombstone, distinct from `Some(vec![])`, an empty value.
+    pub value: Option<Vec<u8>>,
+    /// `(key, value)` pairs in the order the producer wrote them, duplicates kept; a `None`
+    /// value is a null header value, distinct from an empty one.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// The record's timestamp (`UNIX_EPOCH` if the gateway sent none).
+    pub timestamp: SystemTime,
+    /// Whether the producer or the broker set [`timestamp`](Self::timestamp).
+    pub timestamp_type: proto::TimestampType,
+}
+
+impl Record {
+    /// The value of the first header named `key`: `None` if there is no such header,
+    /// `Some(None)` if its value is null.
+    pub fn header(&self, key: &str) -> Option<Option<&[u8]>> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_deref())
+    }
+}
+
+impl From<proto::Record> for Record {
+    fn from(record: proto::Record) -> Self {
+        Record {
+            offset: record.offset,
+            key: record.key,
+            value: record.value,
+            headers: record
+                .headers
+                .into_iter()
+                .map(|h| (h.key, h.value))
+                .collect(),
+            timestamp: system_time_from_proto(record.timestamp).unwrap_or(UNIX_EPOCH),
+            timestamp_type: proto::TimestampType::try_from(record.timestamp_type)
+                .unwrap_or(proto::TimestampType::Unspecified),
+        }
+    }
+}
+
+/// One ReadResponse: consecutive records of the partition, in offset order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Batch {
+    /// The records, in offset order, never empty when it comes from the gateway.
+    pub records: Vec<Record>,
+    /// The partition's high watermark (offset of the next record to be written) as last seen
+    /// by the gateway.
+    pub high_watermark: i64,
+    /// The lease's seek epoch these records belong to.
+    pub seek_epoch: u64,
+}
+
+impl Batch {
+    /// The offset to commit once this batch is processed: the last record's offset + 1 (Kafka
+    /// commits the next offset to read). `None` for an empty batch.
+    pub fn next_offset(&self) -> Option<i64> {
+        self.records.last().map(|r| r.offset + 1)
+    }
+
+    /// How far this batch's end is behind the high watermark.
+    pub fn lag(&self) -> Option<i64> {
+        self.next_offset().map(|next| self.high_watermark - next)
+    }
+}
+
+impl From<proto::ReadResponse> for Batch {
+    fn from(response: proto::ReadResponse) -> Self {
+        Batch {
+            records: response.records.into_iter().map(Record::from).collect(),
+            high_watermark: response.high_watermark,
+            seek_epoch: response.seek_epoch,
+        }
+    }
+}
+
+/// An open Read on a lease: a stream of [`Batch`]es, from [`Lease::records`](crate::Lease::records).
+///
+/// - Batches of a seek epoch older than the newest one the lease has seen are dropped
+///   silently (see [`EpochFilter`]), so after [`Lease::seek`](crate::Lease::seek) returns, the
+///   next batch starts at the sought position.
+/// - The stream ends (`None`) when the gateway ends it with `OK`, which it does after the lease
+///   is released.
+/// - An error status is yielded once as `Err` and then the stream ends:
+///   [`Error::LeaseEnded`](crate::Error::LeaseEnded) when the lease was lost or expired,
+///   [`Error::Superseded`](crate::Error::Superseded) when a newer Read on the lease took over,
+///   [`Error::Unavailable`](crate::Error::Unavailable) when the gateway shuts down.
+///
+/// While it is open the lease does not expire. Dropping it closes the Read.
+pub struct RecordStream {
+    inner: ResponseStream,
+    filter: EpochFilter,
+    done: bool,
+}
+
+/// The Read responses, boxed so the filtering can be tested without a gateway.
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<proto::ReadResponse, Status>> + Send>>;
+
+impl std::fmt::Debug for RecordStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordStream")
+            .field("newest_seek_epoch", &self.filter.newest())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RecordStream {
+    /// Wraps a Read response stream opened through [`Client::raw`](crate::Client::raw),
+    /// filtering it by `filter` (share the filter with whatever code does the seeks).
+    pub fn new(inner: Streaming<proto::ReadResponse>, filter: EpochFilter) -> Self {
+        Self::from_stream(Box::pin(inner), filter)
+    }
+
+    /// Wraps any stream of Read responses.
+    fn from_stream(inner: ResponseStream, filter: EpochFilter) -> Self {
+        RecordStream {
+            inner,
+            filter,
+            done: false,
+        }
+    }
+
+    /// The next batch; `None` once the stream has ended.
+    pub async fn next_batch(&mut self) -> Option<Result<Batch>> {
+        self.next().await
+    }
+}
+
+impl Stream for RecordStream {
+    type Item = Result<Batch>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let Some(item) = futures::ready!(this.inner.as_mut().poll_next(cx)) else {
+                this.done = true;
+                return Poll::Ready(None);
+            };
+            match item {
+                // Checked when handed out, not when received: a batch buffered before a seek
+                // returned is still dropped if it is stale.
+                Ok(response) if this.filter.admit(response.seek_epoch) => {
+                    return Poll::Ready(Some(Ok(Batch::from(response))));
+                }
+                Ok(_stale) => continue,
+                Err(status) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Err(status.into())));
+                }
+            }
+        }
+    }
+}
+
+impl FusedStream for RecordStream {
+    fn is_terminated(&self) -> bool {
+        self.done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_starts_at_epoch_zero_and_admits_it() {
+        let f = EpochFilter::new();
+        assert_eq!(f.newest(), 0);
+        assert!(f.admit(0));
+        assert!(f.admit(0));
+    }
+
+    #[test]
+    fn filter_drops_epochs_older_than_a_seen_seek() {
+        let f = EpochFilter::new();
+        f.observe(2);
+        assert!(!f.admit(0));
+        assert!(!f.admit(1));
+        assert!(f.admit(2));
+        assert!(f.admit(3));
+        // A delivered newer epoch raises the bar too.
+        assert_eq!(f.newest(), 3);
+        assert!(!f.admit(2));
+    }
+
+    #[test]
+    fn observe_never_lowers() {
+        let f = EpochFilter::new();
+        f.observe(5);
+        f.observe(3);
+        assert_eq!(f.newest(), 5);
+    }
+
+    #[test]
+    fn clones_share_the_counter() {
+        let lease_side = EpochFilter::new();
+        let stream_side = lease_side.clone();
+        assert!(stream_side.admit(0));
+        lease_side.observe(1);
+        assert!(!stream_side.admit(0));
+        assert!(stream_side.admit(1));
+    }
+
+    #[test]
+    fn filter_sequence_models_read_during_seek() {
+        // Responses as they may arrive while a seek to epoch 1 races with the stream.
+        let f = EpochFilter::new();
+        let mut delivered = Vec::new();
+        for (epoch, seek_done) in [
+            (0, false),
+            (0, false),
+            (0, true),
+            (1, true),
+            (0, true),
+            (1, true),
+        ] {
+            if seek_done {
+                f.observe(1);
+            }
+            if f.admit(epoch) {
+                delivered.push(epoch);
+            }
+        }
+        assert_eq!(delivered, vec![0, 0, 1, 1]);
+    }
+
+    fn response(epoch: u64, offsets: &[i64]) -> Result<proto::ReadResponse, Status> {
+        Ok(proto::ReadResponse {
+            records: offsets
+                .iter()
+                .map(|&offset| proto::Record {
+                    offset,
+                    ..Default::default()
+                })
+                .collect(),
+            high_watermark: 100,
+            seek_epoch: epoch,
+        })
+    }
+
+    fn stream_of(
+        items: Vec<Result<proto::ReadResponse, Status>>,
+        filter: &EpochFilter,
+    ) -> RecordStream {
+        RecordStream::from_stream(Box::pin(futures::stream::iter(items)), filter.clone())
+    }
+
+    fn offsets(batch: &Batch) -> Vec<i64> {
+        batch.records.iter().map(|r| r.offset).collect()
+    }
+
+    #[test]
+    fn stream_drops_stale_batches_after_a_seek() {
+        futures::executor::block_on(async {
+            let filter = EpochFilter::new();
+            let mut stream = stream_of(
+                vec![
+                    response(0, &[0, 1]),
+                    response(0, &[2, 3]),
+                    response(1, &[50]),
+                    response(1, &[51]),
+                ],
+                &filter,
+            );
+            let first = stream.next_batch().await;
+            assert!(matches!(first, Some(Ok(ref b)) if offsets(b) == vec![0, 1]));
+            // The seek's response arrives: epoch 1. The buffered epoch-0 batch is dropped.
+            filter.observe(1);
+            let next = stream.next_batch().await;
+            assert!(matches!(next, Some(Ok(ref b)) if offsets(b) == vec![50] && b.seek_epoch == 1));
+            let next = stream.next_batch().await;
+            assert!(matches!(next, Some(Ok(ref b)) if offsets(b) == vec![51]));
+            assert!(stream.next_batch().await.is_none());
+            assert!(stream.is_terminated());
+        });
+    }
+
+    #[test]
+    fn stream_raises_the_epoch_from_responses() {
+        futures::executor::block_on(async {
+            let filter = EpochFilter::new();
+            let mut stream = stream_of(
+                vec![response(2, &[5]), response(1, &[9]), response(2, &[6])],
+                &filter,
+            );
+            let got: Vec<_> = (&mut stream).collect::<Vec<_>>().await;
+            let got: Vec<Vec<i64>> = got.iter().flatten().map(offsets).collect();
+            assert_eq!(got, vec![vec![5], vec![6]]);
+            assert_eq!(filter.newest(), 2);
+        });
+    }
+
+    #[test]
+    fn stream_yields_one_error_then_ends() {
+        futures::executor::block_on(async {
+            let filter = EpochFilter::new();
+            let mut stream = stream_of(
+                vec![
+                    response(0, &[0]),
+                    Err(Status::failed_precondition("lease expired after 10s")),
+                    response(0, &[1]),
+                ],
+                &filter,
+            );
+            assert!(matches!(stream.next_batch().await, Some(Ok(_))));
+            assert!(matches!(
+                stream.next_batch().await,
+                Some(Err(crate::Error::LeaseEnded { .. }))
+            ));
+            assert!(stream.next_batch().await.is_none());
+            assert!(stream.next_batch().await.is_none());
+        });
+    }
+
+    #[test]
+    fn stream_maps_superseded() {
+        futures::executor::block_on(async {
+            let mut stream = stream_of(
+                vec![Err(Status::aborted("superseded"))],
+                &EpochFilter::new(),
+            );
+            assert!(matches!(
+                stream.next_batch().await,
+                Some(Err(crate::Error::Superseded { .. }))
+            ));
+            assert!(stream.next_batch().await.is_none());
+        });
+    }
+
+    #[test]
+    fn record_conversion_keeps_absent_and_empty_apart() {
+        let record = Record::from(proto::Record {
+            offset: 7,
+            key: None,
+            value: Some(Vec::new()),
+            headers: vec![
+                proto::Header {
+                    key: "a".into(),
+                    value: None,
+                },
+                proto::Header {
+                    key: "a".into(),
+                    value: Some(Vec::new()),
+                },
+                proto::Header {
+                    key: "b".into(),
+                    value: Some(b"x".to_vec()),
+                },
+            ],
+            timestamp: Some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 5_000_000,
+            }),
+            timestamp_type: proto::TimestampType::LogAppendTime as i32,
+        });
+        assert_eq!(record.offset, 7);
+        assert_eq!(record.key, None);
+        assert_eq!(record.value, Some(Vec::new()));
+        assert_eq!(
+            record.headers,
+            vec![
+                ("a".to_owned(), None),
+                ("a".to_owned(), Some(Vec::new())),
+                ("b".to_owned(), Some(b"x".to_vec())),
+            ]
+        );
+        assert_eq!(record.header("a"), Some(None));
+        assert_eq!(record.header("b"), Some(Some(&b"x"[..])));
+        assert_eq!(record.header("c"), None);
+        assert_eq!(
+            record.timestamp,
+            UNIX_EPOCH + std::time::Duration::new(1_700_000_000, 5_000_000)
+        );
+        assert_eq!(record.timestamp_type, proto::TimestampType::LogAppendTime);
+    }
+
+    #[test]
+    fn record_conversion_tolerates_missing_fields() {
+        let record = Record::from(proto::Record {
+            timestamp_type: 99,
+            ..Default::default()
+        });
+        assert_eq!(record.timestamp, UNIX_EPOCH);
+        assert_eq!(record.timestamp_type, proto::TimestampType::Unspecified);
+    }
+
+    #[test]
+    fn batch_next_offset_and_lag() {
+        let batch = Batch::from(proto::ReadResponse {
+            records: vec![
+                proto::Record {
+                    offset: 10,
+                    ..Default::default()
+                },
+                proto::Record {
+                    offset: 11,
+                    ..Default::default()
+                },
+            ],
+            high_watermark: 20,
+            seek_epoch: 2,
+        });
+        assert_eq!(batch.next_offset(), Some(12));
+        assert_eq!(batch.lag(), Some(8));
+        assert_eq!(batch.seek_epoch, 2);
+        let empty = Batch::from(proto::ReadResponse::default());
+        assert_eq!(empty.next_offset(), None);
+        assert_eq!(empty.lag(), None);
+    }
+}

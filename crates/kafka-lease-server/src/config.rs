@@ -1,0 +1,274 @@
+//! Command-line and environment configuration, validated before anything is bound or
+//! connected. Every flag has a `KAFKA_LEASE_*` environment variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable, coloured when writing to a terminal.
+    Pretty,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Log output format.
+    #[arg(
+        long,
+        env = "KAFKA_LEASE_LOG_FORMAT",
+        value_enum,
+        default_value = "pretty"
+    )]
+    pub log_format: LogFormat,
+    /// Log filter, in `tracing` EnvFilter syntax (e.g. `info`, `kafka_lease_server=debug`).
+    #[arg(long, env = "KAFKA_LEASE_LOG", default_value = "info")]
+    pub log: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Kafka bootstrap servers, `host:port[,host:port...]`.
+    #[arg(long, env = "KAFKA_LEASE_KAFKA")]
+    pub kafka: String,
+    /// Consul HTTP API address.
+    #[arg(
+        long,
+        env = "KAFKA_LEASE_CONSUL",
+        default_value = "http://127.0.0.1:8500"
+    )]
+    pub consul: String,
+    /// Consul ACL token (needs `key_prefix` write on the prefix and `session` write).
+    #[arg(long, env = "KAFKA_LEASE_CONSUL_TOKEN", hide_env_values = true)]
+    pub consul_token: Option<String>,
+    /// Consul KV prefix for the lock keys: `<prefix>/<group>/<topic>/<partition>`.
+    #[arg(long, env = "KAFKA_LEASE_CONSUL_PREFIX", default_value = "kafka-lease")]
+    pub consul_prefix: String,
+    /// The address the gRPC server listens on.
+    #[arg(long, env = "KAFKA_LEASE_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// This instance's name, shown to clients and stored in lock values. Default: the
+    /// host name plus a random suffix, so a restarted gateway is a new instance.
+    #[arg(long, env = "KAFKA_LEASE_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+    /// TTL of the gateway's Consul session (10s ..= 24h). A gateway that cannot renew its
+    /// session within this time stops serving its leases.
+    #[arg(long, env = "KAFKA_LEASE_SESSION_TTL", value_parser = parse_duration, default_value = "10s")]
+    pub session_ttl: Duration,
+    /// Consul lock-delay after the gateway's session is invalidated (0s ..= 60s). Explicit
+    /// releases set none.
+    #[arg(long, env = "KAFKA_LEASE_LOCK_DELAY", value_parser = parse_duration, default_value = "1s")]
+    pub lock_delay: Duration,
+    /// Most kilobytes pre-fetched per leased partition: the per-lease memory bound.
+    #[arg(long, env = "KAFKA_LEASE_FETCH_QUEUE_KBYTES", default_value_t = 2048,
+          value_parser = clap::value_parser!(u32).range(64..=1_048_576))]
+    pub fetch_queue_kbytes: u32,
+    /// Extra librdkafka property, `key=value` (repeatable; comma-separated in the env var),
+    /// e.g. `security.protocol=ssl`.
+    #[arg(long = "kafka-option", env = "KAFKA_LEASE_KAFKA_OPTIONS", value_delimiter = ',',
+          value_parser = parse_key_value)]
+    pub kafka_options: Vec<(String, String)>,
+    /// How long a graceful shutdown (SIGTERM, SIGINT) may take before the process exits.
+    #[arg(long, env = "KAFKA_LEASE_SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "10s")]
+    pub shutdown_grace: Duration,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DevArgs {
+    /// The address the gRPC server listens on.
+    #[arg(long, env = "KAFKA_LEASE_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Records per partition of the sample topic `demo`.
+    #[arg(long, default_value_t = 25)]
+    pub sample_records: u32,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+fn parse_duration(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value)
+        .map_err(|e| format!("{value:?} is not a duration like 10s, 500ms or 2m ({e})"))
+}
+
+fn parse_key_value(value: &str) -> Result<(String, String), String> {
+    match value.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(format!("{value:?} is not key=value")),
+    }
+}
+
+/// A configuration value that is syntactically fine but not allowed.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid {flag} {value}: {allowed}")]
+pub struct ConfigError {
+    pub flag: &'static str,
+    pub value: String,
+    pub allowed: String,
+}
+
+fn check_name(flag: &'static str, value: &str) -> Result<(), ConfigError> {
+    let ok = !value.is_empty()
+        && value.len() <= 128
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError {
+            flag,
+            value: format!("{value:?}"),
+            allowed: "1..=128 characters of [A-Za-z0-9._-]".into(),
+        })
+    }
+}
+
+impl ServeArgs {
+    /// Checks every value against its allowed range. Runs before any port is bound.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kafka.trim().is_empty() || self.kafka.split(',').any(|s| !s.contains(':')) {
+            return Err(ConfigError {
+                flag: "--kafka",
+                value: format!("{:?}", self.kafka),
+                allowed: "host:port[,host:port...]".into(),
+            });
+        }
+        if !(self.consul.starts_with("http://") || self.consul.starts_with("https://")) {
+            return Err(ConfigError {
+                flag: "--consul",
+                value: format!("{:?}", self.consul),
+                allowed: "an http:// or https:// URL, e.g. http://127.0.0.1:8500".into(),
+            });
+        }
+        let prefix = self.consul_prefix.trim_matches('/');
+        if prefix.is_empty()
+            || prefix
+                .split('/')
+                .any(|seg| check_name("--consul-prefix", seg).is_err() || seg == "." || seg == "..")
+        {
+            return Err(ConfigError {
+                flag: "--consul-prefix",
+                value: format!("{:?}", self.consul_prefix),
+                allowed: "one or more /-separated segments of [A-Za-z0-9._-], not . or ..".into(),
+            });
+        }
+        if let Some(id) = &self.instance_id {
+            check_name("--instance-id", id)?;
+        }
+        let ttl_range = Duration::from_secs(10)..=Duration::from_secs(24 * 3600);
+        if !ttl_range.contains(&self.session_ttl) {
+            return Err(ConfigError {
+                flag: "--session-ttl",
+                value: humantime::format_duration(self.session_ttl).to_string(),
+                allowed: "10s ..= 24h (Consul's range)".into(),
+            });
+        }
+        if self.lock_delay > Duration::from_secs(60) {
+            return Err(ConfigError {
+                flag: "--lock-delay",
+                value: humantime::format_duration(self.lock_delay).to_string(),
+                allowed: "0s ..= 60s (Consul's range)".into(),
+            });
+        }
+        if self.shutdown_grace < Duration::from_secs(1)
+            || self.shutdown_grace > Duration::from_secs(600)
+        {
+            return Err(ConfigError {
+                flag: "--shutdown-grace",
+                value: humantime::format_duration(self.shutdown_grace).to_string(),
+                allowed: "1s ..= 10m".into(),
+            });
+        }
+        for (key, _) in &self.kafka_options {
+            if matches!(
+                key.as_str(),
+                "group.id" | "enable.auto.commit" | "bootstrap.servers"
+            ) {
+                return Err(ConfigError {
+                    flag: "--kafka-option",
+                    value: key.clone(),
+                    allowed: "any librdkafka property except group.id, enable.auto.commit and bootstrap.servers, which the gateway sets itself".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The instance id: configured, or `<host>-<8 random hex digits>`.
+    pub fn instance(&self) -> String {
+        self.instance_id.clone().unwrap_or_else(default_instance_id)
+    }
+}
+
+/// `<host name>-<8 random hex digits>`, with the host name cleaned to `[A-Za-z0-9._-]`.
+pub fn default_instance_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "gateway".into());
+    let host: String = host
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(100)
+        .collect();
+    format!("{host}-{:08x}", rand::random::<u32>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, clap::Parser)]
+    struct TestCli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    fn serve(args: &[&str]) -> Result<ServeArgs, String> {
+        use clap::Parser;
+        let mut full = vec!["kafka-lease"];
+        full.extend_from_slice(args);
+        TestCli::try_parse_from(full)
+            .map(|c| c.serve)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let s = serve(&["--kafka", "127.0.0.1:9092"]).expect("parse");
+        assert_eq!(s.listen.to_string(), "127.0.0.1:50051");
+        assert_eq!(s.consul_prefix, "kafka-lease");
+        assert_eq!(s.session_ttl, Duration::from_secs(10));
+        assert_eq!(s.shutdown_grace, Duration::from_secs(10));
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_value_and_range() {
+        let s = serve(&["--kafka", "k:1", "--session-ttl", "5s"]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--session-ttl") && err.contains("5s") && err.contains("10s"),
+            "{err}"
+        );
+        let s = serve(&["--kafka", "k:1", "--consul-prefix", "a/../b"]).expect("parse");
+        assert!(s.validate().is_err());
+        let s = serve(&["--kafka", "k:1", "--consul", "127.0.0.1:8500"]).expect("parse");
+        assert!(s.validate().unwrap_err().to_string().contains("http://"));
+        assert!(serve(&["--kafka", "k:1", "--listen", "nope"]).is_err());
+        assert!(serve(&["--kafka", "k:1", "--kafka-option", "novalue"]).is_err());
+    }
+}

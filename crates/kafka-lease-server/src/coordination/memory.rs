@@ -1,0 +1,572 @@
+//! An in-process [`LockBackend`] for `kafka-lease dev` and tests: several simulated gateway
+//! instances share one [`MemoryLockStore`] and see each other's locks as they would in Consul.
+//!
+//! The store mimics the Consul behaviour the lease table depends on: a store-wide write index
+//! that fencing tokens are taken from (so tokens for a key only grow), a per-topic
+//! last-modify index that waiters block on, compare-and-set acquisition, and sessions that
+//! can be invalidated (dropping every lock of the session) and then recreated. It has no TTLs
+//! and no lock-delay: a dropped [`MemoryLocks`] keeps its locks until `shutdown` or
+//! `invalidate_session`, like a process whose Consul session has not expired yet.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use super::{
+    Acquisition, CoordinationError, FencingToken, HeldLock, HolderInfo, LockBackend, LockGrant,
+    LockKey, SessionState,
+};
+
+/// The shared lock table. Cloning is cheap: every clone is the same store.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryLockStore {
+    inner: Arc<StoreInner>,
+}
+
+#[derive(Debug, Default)]
+struct StoreInner {
+    table: Mutex<Table>,
+    /// Carries the store index after every write, so waiters wake up and re-check their
+    /// topic. A watch (not a Notify) because a waiter that subscribes before checking the
+    /// table cannot miss a write made between the check and the wait.
+    writes: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    /// The store-wide write index: one more for every write (acquire, release, invalidation).
+    index: u64,
+    locks: BTreeMap<LockKey, Entry>,
+    /// `(group, topic)` → index of the last write under that topic prefix.
+    topic_index: HashMap<(String, String), u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    session: String,
+    holder: HolderInfo,
+    token: FencingToken,
+}
+
+impl Table {
+    /// Starts a new write: the index it gets.
+    fn next_index(&mut self) -> u64 {
+        self.index += 1;
+        self.index
+    }
+
+    fn touch(&mut self, key: &LockKey, index: u64) {
+        self.topic_index
+            .insert((key.group.clone(), key.topic.clone()), index);
+    }
+
+    fn topic_index(&self, key: &LockKey) -> u64 {
+        // A topic never written is at 0: any later write under it is above every index a
+        // caller can hold for it.
+        self.topic_index
+            .get(&(key.group.clone(), key.topic.clone()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Drops every lock of `session` as one write (Consul invalidates a session in one Raft
+    /// entry too). Returns the number of locks dropped.
+    fn drop_session(&mut self, session: &str) -> usize {
+        let keys: Vec<LockKey> = self
+            .locks
+            .iter()
+            .filter(|(_, entry)| entry.session == session)
+            .map(|(key, _)| key.clone())
+            .collect();
+        if keys.is_empty() {
+            return 0;
+        }
+        let index = self.next_index();
+        for key in &keys {
+            self.locks.remove(key);
+            self.touch(key, index);
+        }
+        keys.len()
+    }
+}
+
+impl MemoryLockStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A backend for one simulated instance, with a fresh live session of its own.
+    pub fn backend(&self, instance: &str) -> MemoryLocks {
+        let (state, _) = watch::channel(SessionState::Live {
+            id: new_session_id(),
+        });
+        MemoryLocks {
+            store: self.clone(),
+            instance: instance.to_string(),
+            state,
+        }
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        // A panic while holding the lock cannot leave the table half-written (every write is
+        // a few infallible map operations), so a poisoned lock is still consistent.
+        self.inner
+            .table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Publishes a write to waiters. Called after the table lock is released.
+    fn announce(&self, index: u64) {
+        self.inner.writes.send_replace(index);
+    }
+}
+
+/// One simulated instance's view of a [`MemoryLockStore`].
+#[derive(Debug)]
+pub struct MemoryLocks {
+    store: MemoryLockStore,
+    instance: String,
+    state: watch::Sender<SessionState>,
+}
+
+fn new_session_id() -> String {
+    // Shaped like Consul's session UUIDs so logs look alike.
+    let n: u128 = rand::random();
+    let hex = format!("{n:032x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..]
+    )
+}
+
+impl MemoryLocks {
+    /// The instance name given to [`MemoryLockStore::backend`].
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    fn live_session(&self) -> Result<String, CoordinationError> {
+        match &*self.state.borrow() {
+            SessionState::Live { id } => Ok(id.clone()),
+            SessionState::Lost { reason } => Err(CoordinationError::NoSession {
+                reason: reason.clone(),
+            }),
+        }
+    }
+
+    /// Test hook: invalidates this instance's session as Consul would (its node failing, or
+    /// an operator destroying it): every lock it holds is dropped, the state goes `Lost` and
+    /// then at once `Live` again under a new session id, as the Consul backend's recovery
+    /// would. Grants made under the old session stay void. Does nothing after `shutdown`.
+    pub fn invalidate_session(&self) {
+        let Ok(old) = self.live_session() else { return };
+        let (dropped, index) = {
+            let mut table = self.store.table();
+            let dropped = table.drop_session(&old);
+            (dropped, table.index)
+        };
+        if dropped > 0 {
+            self.store.announce(index);
+        }
+        tracing::info!(
+            instance = %self.instance,
+            session = %old,
+            dropped,
+            "memory lock session invalidated",
+        );
+        self.state.send_replace(SessionState::Lost {
+            reason: "session invalidated".into(),
+        });
+        let id = new_session_id();
+        tracing::info!(instance = %self.instance, session = %id, "memory lock session recreated");
+        self.state.send_replace(SessionState::Live { id });
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryLocks {
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        holder: &HolderInfo,
+    ) -> Result<Acquisition, CoordinationError> {
+        let session = self.live_session()?;
+        let (outcome, written) = {
+            let mut table = self.store.table();
+            match table.locks.get(key) {
+                // Re-acquiring a key this session holds writes nothing and keeps the token and
+                // the recorded holder, as the Consul backend does (where `LockIndex` does not
+                // move either): the existing grant stays the one to release.
+                Some(entry) if entry.session == session => (
+                    Acquisition::Acquired(LockGrant::new(key.clone(), entry.token, session)),
+                    None,
+                ),
+                Some(entry) => (
+                    Acquisition::Busy {
+                        holder: Some(entry.holder.clone()),
+                        index: table.index,
+                    },
+                    None,
+                ),
+                None => {
+                    let index = table.next_index();
+                    let token = FencingToken(index);
+                    table.locks.insert(
+                        key.clone(),
+                        Entry {
+                            session: session.clone(),
+                            holder: holder.clone(),
+                            token,
+                        },
+                    );
+                    table.touch(key, index);
+                    (
+                        Acquisition::Acquired(LockGrant::new(key.clone(), token, session)),
+                        Some(index),
+                    )
+                }
+            }
+        };
+        if let Some(index) = written {
+            self.store.announce(index);
+        }
+        Ok(outcome)
+    }
+
+    async fn release(&self, grant: LockGrant) -> Result<(), CoordinationError> {
+        let written = {
+            let mut table = self.store.table();
+            // Only the exact grant may release: a key lost and re-acquired since (by anyone,
+            // this instance included) carries another session or token and is left alone.
+            let ours = table
+                .locks
+                .get(grant.key())
+                .is_some_and(|e| e.session == grant.session() && e.token == grant.token());
+            if ours {
+                table.locks.remove(grant.key());
+                let index = table.next_index();
+                table.touch(grant.key(), index);
+                Some(index)
+            } else {
+                None
+            }
+        };
+        if let Some(index) = written {
+            self.store.announce(index);
+        }
+        Ok(())
+    }
+
+    async fn wait_for_change(
+        &self,
+        key: &LockKey,
+        index: u64,
+        timeout: Duration,
+    ) -> Result<u64, CoordinationError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Subscribe before looking, so a write between the look and the wait still wakes us.
+        let mut writes = self.store.inner.writes.subscribe();
+        loop {
+            let current = self.store.table().topic_index(key);
+            if current > index {
+                return Ok(current);
+            }
+            match tokio::time::timeout_at(deadline, writes.changed()).await {
+                Ok(Ok(())) => continue,
+                // The sender lives in the store, which `self` keeps alive: it cannot close.
+                // Timing out returns the topic's own index, which may be below `index` when
+                // that was a store-wide index (from `Busy`): still the right one to wait on.
+                Ok(Err(_)) | Err(_) => return Ok(self.store.table().topic_index(key)),
+            }
+        }
+    }
+
+    async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
+        let table = self.store.table();
+        // The BTreeMap iterates in `LockKey` order, which is the order promised.
+        Ok(table
+            .locks
+            .iter()
+            .filter(|(key, _)| group.is_none_or(|g| key.group == g))
+            .map(|(key, entry)| HeldLock {
+                key: key.clone(),
+                token: entry.token,
+                holder: entry.holder.clone(),
+            })
+            .collect())
+    }
+
+    fn session_state(&self) -> watch::Receiver<SessionState> {
+        self.state.subscribe()
+    }
+
+    async fn ping(&self) -> Result<(), CoordinationError> {
+        Ok(())
+    }
+
+    async fn shutdown(&self) {
+        let Ok(session) = self.live_session() else {
+            return;
+        };
+        let (dropped, index) = {
+            let mut table = self.store.table();
+            let dropped = table.drop_session(&session);
+            (dropped, table.index)
+        };
+        if dropped > 0 {
+            self.store.announce(index);
+        }
+        tracing::info!(
+            instance = %self.instance,
+            session = %session,
+            dropped,
+            "memory lock session shut down",
+        );
+        self.state.send_replace(SessionState::Lost {
+            reason: "shut down".into(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn holder(member: &str) -> HolderInfo {
+        HolderInfo {
+            member: member.into(),
+            gateway: "gw".into(),
+            lease_ref: format!("ref-{member}"),
+            acquired_at_ms: 1,
+            ttl_ms: 1000,
+        }
+    }
+
+    fn key(partition: i32) -> LockKey {
+        LockKey::new("g", "t", partition)
+    }
+
+    async fn acquire(b: &MemoryLocks, k: &LockKey, who: &str) -> LockGrant {
+        match b.try_acquire(k, &holder(who)).await.unwrap() {
+            Acquisition::Acquired(grant) => grant,
+            other => panic!("expected Acquired, got {other:?}"),
+        }
+    }
+
+    async fn busy_index(b: &MemoryLocks, k: &LockKey) -> (Option<HolderInfo>, u64) {
+        match b.try_acquire(k, &holder("late")).await.unwrap() {
+            Acquisition::Busy { holder, index } => (holder, index),
+            other => panic!("expected Busy, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn tokens_are_the_index_of_the_acquire_write_and_grow() {
+        let store = MemoryLockStore::new();
+        let (a, b) = (store.backend("a"), store.backend("b"));
+        let first = acquire(&a, &key(0), "a").await;
+        let other_key = acquire(&b, &key(1), "b").await;
+        assert_eq!(first.token(), FencingToken(1));
+        assert_eq!(other_key.token(), FencingToken(2));
+        a.release(first).await.unwrap(); // index 3
+        let second = acquire(&b, &key(0), "b").await;
+        assert_eq!(second.token(), FencingToken(4));
+    }
+
+    #[tokio::test]
+    async fn reacquire_keeps_token_and_holder_and_writes_nothing() {
+        let store = MemoryLockStore::new();
+        let a = store.backend("a");
+        let first = acquire(&a, &key(0), "first").await;
+        let again = acquire(&a, &key(0), "second").await;
+        assert_eq!(first, again);
+        assert_eq!(store.table().index, 1);
+        assert_eq!(a.list(None).await.unwrap()[0].holder, holder("first"));
+    }
+
+    #[tokio::test]
+    async fn release_of_a_stale_grant_leaves_the_new_holder_alone() {
+        let store = MemoryLockStore::new();
+        let (a, b) = (store.backend("a"), store.backend("b"));
+        let stale = acquire(&a, &key(0), "a").await;
+        a.invalidate_session();
+        let fresh = acquire(&b, &key(0), "b").await;
+        a.release(stale).await.unwrap();
+        let listed = b.list(None).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].token, fresh.token());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_returns_at_once_when_the_topic_moved_already() {
+        let store = MemoryLockStore::new();
+        let (a, b) = (store.backend("a"), store.backend("b"));
+        let grant = acquire(&a, &key(0), "a").await;
+        let (_, index) = busy_index(&b, &key(0)).await;
+        a.release(grant).await.unwrap();
+        let started = tokio::time::Instant::now();
+        let moved = b
+            .wait_for_change(&key(0), index, Duration::from_secs(30))
+            .await
+            .unwrap();
+        assert!(moved > index);
+        assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_wakes_on_a_write_under_the_topic_only() {
+        let store = MemoryLockStore::new();
+        let (a, b) = (store.backend("a"), store.backend("b"));
+        let grant = acquire(&a, &key(0), "a").await;
+        let (_, index) = busy_index(&b, &key(0)).await;
+        let waiter = tokio::spawn({
+            let b = store.backend("waiter");
+            async move {
+                let started = tokio::time::Instant::now();
+                let got = b
+                    .wait_for_change(&key(0), index, Duration::from_secs(30))
+                    .await;
+                (got.unwrap(), started.elapsed())
+            }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Writes under another topic or group must not wake the waiter.
+        let _other_topic = acquire(&a, &LockKey::new("g", "other", 0), "a").await;
+        let _other_group = acquire(&a, &LockKey::new("h", "t", 0), "a").await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiter.is_finished());
+        // Another partition of the same topic does (the waiter watches the topic prefix).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let _sibling = acquire(&a, &key(7), "a").await;
+        let (moved, waited) = waiter.await.unwrap();
+        assert!(moved > index);
+        assert_eq!(waited, Duration::from_secs(3));
+        a.release(grant).await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn wait_times_out_with_the_topic_index() {
+        let store = MemoryLockStore::new();
+        let (a, b) = (store.backend("a"), store.backend("b"));
+        let _grant = acquire(&a, &key(0), "a").await; // index 1, topic at 1
+        let _elsewhere = acquire(&a, &LockKey::new("g", "u", 0), "a").await; // index 2
+        let (_, index) = busy_index(&b, &key(0)).await;
+        assert_eq!(index, 2);
+        let started = tokio::time::Instant::now();
+        let got = b
+            .wait_for_change(&key(0), index, Duration::from_secs(7))
+            .await
+            .unwrap();
+        assert_eq!(started.elapsed(), Duration::from_secs(7));
+        assert_eq!(got, 1);
+        // Waiting again on what came back still blocks until the timeout.
+        let got = b
+            .wait_for_change(&key(0), got, Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert_eq!(got, 1);
+        assert_eq!(started.elapsed(), Duration::from_secs(9));
+    }
+
+    #[tokio::test]
+    async fn invalidation_drops_locks_in_one_write_and_renews_the_session() {
+        let store = MemoryLockStore::new();
+        let (a, b) = (store.backend("a"), store.backend("b"));
+        let mut state = a.session_state();
+        let old = a.live_session().unwrap();
+        let _g0 = acquire(&a, &key(0), "a").await;
+        let _g1 = acquire(&a, &key(1), "a").await;
+        let _kept = acquire(&b, &key(2), "b").await;
+        a.invalidate_session();
+        assert_eq!(store.table().index, 4);
+        assert!(state.has_changed().unwrap());
+        let SessionState::Live { id } = state.borrow_and_update().clone() else {
+            panic!("expected a live session after recovery");
+        };
+        assert_ne!(id, old);
+        let keys: Vec<_> = b
+            .list(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| h.key)
+            .collect();
+        assert_eq!(keys, vec![key(2)]);
+        acquire(&a, &key(0), "a").await;
+    }
+
+    #[tokio::test]
+    async fn shutdown_frees_everything_and_refuses_new_acquires() {
+        let store = MemoryLockStore::new();
+        let (a, b) = (store.backend("a"), store.backend("b"));
+        let _g = acquire(&a, &key(0), "a").await;
+        a.shutdown().await;
+        assert_eq!(
+            *a.session_state().borrow(),
+            SessionState::Lost {
+                reason: "shut down".into()
+            }
+        );
+        assert!(matches!(
+            a.try_acquire(&key(1), &holder("a")).await,
+            Err(CoordinationError::NoSession { .. })
+        ));
+        acquire(&b, &key(0), "b").await;
+        // Idempotent, and invalidation after shutdown does not resurrect the session.
+        a.shutdown().await;
+        a.invalidate_session();
+        assert!(matches!(
+            *a.session_state().borrow(),
+            SessionState::Lost { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn list_filters_by_group_and_sorts_by_key() {
+        let store = MemoryLockStore::new();
+        let a = store.backend("a");
+        for k in [
+            LockKey::new("h", "t", 0),
+            key(10),
+            key(2),
+            LockKey::new("g", "a", 5),
+        ] {
+            acquire(&a, &k, "a").await;
+        }
+        let all: Vec<_> = a
+            .list(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| h.key)
+            .collect();
+        assert_eq!(
+            all,
+            vec![
+                LockKey::new("g", "a", 5),
+                key(2),
+                key(10),
+                LockKey::new("h", "t", 0)
+            ]
+        );
+        let g: Vec<_> = a
+            .list(Some("g"))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| h.key)
+            .collect();
+        assert_eq!(g, vec![LockKey::new("g", "a", 5), key(2), key(10)]);
+        assert!(a.list(Some("nope")).await.unwrap().is_empty());
+    }
+}

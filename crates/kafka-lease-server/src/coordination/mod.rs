@@ -1,0 +1,226 @@
+//! Partition locks: who holds which (group, topic, partition), across every gateway instance.
+//!
+//! A [`LockBackend`] grants [`LockGrant`]s. Each grant carries a [`FencingToken`] taken from
+//! the backend's own write index (Consul's Raft `ModifyIndex`), so tokens for one key only
+//! ever grow, whichever instance acquired it and across restarts. The backend knows nothing
+//! of Kafka or gRPC.
+//!
+//! Two backends implement the trait: [`consul::ConsulLocks`] for real deployments, and
+//! [`memory::MemoryLocks`] for `kafka-lease dev` and unit tests. One contract test suite
+//! (`tests/lock_contract.rs` of this crate) runs against both.
+
+pub mod consul;
+pub mod memory;
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+/// One lockable partition of a topic, for one group.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockKey {
+    pub group: String,
+    pub topic: String,
+    pub partition: i32,
+}
+
+impl LockKey {
+    pub fn new(group: impl Into<String>, topic: impl Into<String>, partition: i32) -> Self {
+        Self {
+            group: group.into(),
+            topic: topic.into(),
+            partition,
+        }
+    }
+
+    /// `<prefix>/<group>/<topic>/<partition>`: the Consul key. Group and topic are validated
+    /// names (no `/`, no `..`), so the path cannot escape the prefix.
+    pub fn path(&self, prefix: &str) -> String {
+        format!(
+            "{}/{}/{}/{}",
+            prefix.trim_end_matches('/'),
+            self.group,
+            self.topic,
+            self.partition
+        )
+    }
+
+    /// The key prefix under which every partition of this key's topic lives, with a trailing
+    /// `/`: what a waiter watches.
+    pub fn topic_prefix(&self, prefix: &str) -> String {
+        format!(
+            "{}/{}/{}/",
+            prefix.trim_end_matches('/'),
+            self.group,
+            self.topic
+        )
+    }
+
+    /// Parses a path made by [`LockKey::path`]; `None` for anything else under the prefix.
+    pub fn from_path(prefix: &str, path: &str) -> Option<Self> {
+        let rest = path
+            .strip_prefix(prefix.trim_end_matches('/'))?
+            .strip_prefix('/')?;
+        let mut parts = rest.split('/');
+        let (group, topic, partition) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || group.is_empty() || topic.is_empty() {
+            return None;
+        }
+        Some(Self::new(group, topic, partition.parse().ok()?))
+    }
+}
+
+impl fmt::Display for LockKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.group, self.topic, self.partition)
+    }
+}
+
+/// A fencing token: strictly greater than every token issued before it for the same key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct FencingToken(pub u64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What a lock's value records about its holder, as JSON, so an operator can read it with
+/// `consul kv get`. It never contains the lease id itself (a bearer credential), only its
+/// public reference.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderInfo {
+    /// The client's free-text label.
+    pub member: String,
+    /// The gateway instance serving the lease.
+    pub gateway: String,
+    /// The public half of the lease id (`<lease_ref>.<secret>`).
+    pub lease_ref: String,
+    /// When the lease was granted, in milliseconds since the Unix epoch.
+    pub acquired_at_ms: u64,
+    /// The lease's TTL in milliseconds.
+    pub ttl_ms: u64,
+}
+
+impl HolderInfo {
+    pub fn acquired_at(&self) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_millis(self.acquired_at_ms)
+    }
+}
+
+/// Proof that this instance holds a key. Built only by a backend; [`LockBackend::release`]
+/// consumes it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LockGrant {
+    key: LockKey,
+    token: FencingToken,
+    /// The backend session that holds the lock.
+    session: String,
+}
+
+impl LockGrant {
+    pub(crate) fn new(key: LockKey, token: FencingToken, session: String) -> Self {
+        Self {
+            key,
+            token,
+            session,
+        }
+    }
+
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+}
+
+/// The outcome of one attempt to lock a key. Contention is a value, not an error.
+#[derive(Debug)]
+pub enum Acquisition {
+    Acquired(LockGrant),
+    /// Someone else holds the key. `index` is the backend index observed before the attempt:
+    /// pass it to [`LockBackend::wait_for_change`] so a release that happens in between is
+    /// not missed.
+    Busy {
+        holder: Option<HolderInfo>,
+        index: u64,
+    },
+}
+
+/// A lock currently held by some instance, as listed from the backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLock {
+    pub key: LockKey,
+    pub token: FencingToken,
+    pub holder: HolderInfo,
+}
+
+/// The state of this instance's backend session, as the lease table watches it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SessionState {
+    /// The session is valid; `id` names it. Grants made under another id are void.
+    Live { id: String },
+    /// No valid session (not yet created, invalidated, or the backend is unreachable past the
+    /// self-fence deadline). Every grant is void; the backend is trying to recover.
+    Lost { reason: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CoordinationError {
+    /// The backend could not be reached or answered with an error; safe to retry.
+    #[error("lock backend unavailable during {operation}: {detail}")]
+    Unavailable {
+        operation: &'static str,
+        detail: String,
+    },
+    /// This instance has no valid session right now (see [`SessionState::Lost`]).
+    #[error("no valid lock session: {reason}")]
+    NoSession { reason: String },
+}
+
+/// A lock service shared by every gateway instance.
+#[async_trait]
+pub trait LockBackend: Send + Sync + 'static {
+    /// Tries once to lock `key` for this instance, recording `holder` as the value.
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        holder: &HolderInfo,
+    ) -> Result<Acquisition, CoordinationError>;
+
+    /// Releases a held lock explicitly, so that a successor can take it at once (no
+    /// lock-delay). Releasing a lock that was already lost is not an error.
+    async fn release(&self, grant: LockGrant) -> Result<(), CoordinationError>;
+
+    /// Waits until something under `key`'s topic prefix changes after `index`, or `timeout`
+    /// passes; returns the new index. Returns at once if the index has moved already.
+    async fn wait_for_change(
+        &self,
+        key: &LockKey,
+        index: u64,
+        timeout: Duration,
+    ) -> Result<u64, CoordinationError>;
+
+    /// Every held lock under the prefix, optionally only one group's, ordered by key.
+    async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError>;
+
+    /// The current session state; the receiver sees every change.
+    fn session_state(&self) -> tokio::sync::watch::Receiver<SessionState>;
+
+    /// Whether the backend answers right now (for health).
+    async fn ping(&self) -> Result<(), CoordinationError>;
+
+    /// Ends this instance's session: every lock it holds is released. Called last in a
+    /// graceful shutdown, after the leases were released one by one.
+    async fn shutdown(&self);
+}

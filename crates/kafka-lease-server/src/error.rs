@@ -1,0 +1,141 @@
+//! The gateway's domain errors. Each variant carries what a person needs to act on it; the
+//! gRPC layer maps them to status codes in exactly one place (`grpc::status_of`).
+
+use std::fmt;
+use std::time::SystemTime;
+
+use crate::coordination::{CoordinationError, HolderInfo};
+
+/// Why a lease ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EndReason {
+    /// The client called Release.
+    Released,
+    /// No Read was open and no call arrived for longer than the TTL.
+    Expired,
+    /// The gateway could no longer prove it holds the Consul lock.
+    Lost(String),
+    /// The gateway is shutting down.
+    Shutdown,
+}
+
+impl fmt::Display for EndReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EndReason::Released => f.write_str("lease released"),
+            EndReason::Expired => {
+                f.write_str("lease expired (no Read open and no call within its ttl)")
+            }
+            EndReason::Lost(why) => write!(f, "lease lost: {why}"),
+            EndReason::Shutdown => f.write_str("gateway shutting down"),
+        }
+    }
+}
+
+/// Who holds a partition, for a RESOURCE_EXHAUSTED message.
+#[derive(Clone, Debug)]
+pub struct BusyPartition {
+    pub partition: i32,
+    pub holder: Option<HolderInfo>,
+    /// Exact where this gateway serves the lease.
+    pub expires_at: Option<SystemTime>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LeaseError {
+    #[error("{message}")]
+    InvalidArgument {
+        field: &'static str,
+        message: String,
+    },
+
+    #[error("topic {topic:?} does not exist")]
+    TopicNotFound { topic: String },
+
+    #[error("partition {partition} of topic {topic:?} does not exist; the topic has partitions 0..={}", partition_count - 1)]
+    PartitionNotFound {
+        topic: String,
+        partition: i32,
+        partition_count: i32,
+    },
+
+    #[error("{}", busy_message(group, topic, busy))]
+    Busy {
+        group: String,
+        topic: String,
+        busy: Vec<BusyPartition>,
+    },
+
+    #[error("no lease {lease_ref:?} is known to any gateway instance")]
+    LeaseNotFound { lease_ref: String },
+
+    #[error("lease {lease_ref:?} is served by gateway instance {gateway:?}; send calls for it to that instance")]
+    WrongGateway { lease_ref: String, gateway: String },
+
+    #[error("lease {lease_ref:?} has ended: {reason}")]
+    LeaseEnded {
+        lease_ref: String,
+        reason: EndReason,
+    },
+
+    #[error("offset {offset} is out of range for {topic}/{partition}; valid offsets are {low} ..= {high} (log start ..= high watermark)")]
+    OffsetOutOfRange {
+        topic: String,
+        partition: i32,
+        offset: i64,
+        low: i64,
+        high: i64,
+    },
+
+    #[error("superseded: a newer Read was opened on lease {lease_ref:?}")]
+    Superseded { lease_ref: String },
+
+    #[error("the gateway is shutting down; retry on another instance")]
+    ShuttingDown,
+
+    #[error("Kafka is unavailable during {operation}: {detail}")]
+    KafkaUnavailable {
+        operation: &'static str,
+        detail: String,
+    },
+
+    #[error("Consul is unavailable: {0}")]
+    Coordination(#[from] CoordinationError),
+}
+
+fn busy_message(group: &str, topic: &str, busy: &[BusyPartition]) -> String {
+    let mut parts = Vec::new();
+    for b in busy.iter().take(8) {
+        let who = match &b.holder {
+            Some(h) => {
+                let expiry = match b.expires_at {
+                    Some(at) => format!("expires at {}", humantime::format_rfc3339_millis(at)),
+                    None => format!(
+                        "acquired at {}, ttl {}, renewed while its client is active",
+                        humantime::format_rfc3339_seconds(h.acquired_at()),
+                        humantime::format_duration(std::time::Duration::from_millis(h.ttl_ms))
+                    ),
+                };
+                format!(
+                    "partition {} held by member {:?} via gateway {:?} ({expiry})",
+                    b.partition, h.member, h.gateway
+                )
+            }
+            None => format!("partition {} held (holder unknown)", b.partition),
+        };
+        parts.push(who);
+    }
+    if busy.len() > 8 {
+        parts.push(format!("and {} more", busy.len() - 8));
+    }
+    let what = if busy.len() == 1 {
+        "the partition asked for is"
+    } else {
+        "every partition is"
+    };
+    format!(
+        "{what} leased in group {group:?} of topic {topic:?}: {}",
+        parts.join("; ")
+    )
+}

@@ -1,0 +1,708 @@
+//! The lease table of one gateway instance and the operations of the API: Acquire, Read,
+//! Seek, Commit, Release and ListLeases, in domain terms (no gRPC here).
+//!
+//! Invariant: a lease is in the table only while this instance holds its lock; it leaves the
+//! table (and its partition stops being fetched) before the lock is released, so the next
+//! holder never overlaps with it on this instance.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use kafka_lease_proto::v1;
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::coordination::{Acquisition, HolderInfo, LockBackend, LockKey, SessionState};
+use crate::error::{BusyPartition, EndReason, LeaseError};
+use crate::kafka::Kafka;
+use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts, ReadLimits, ReadStream};
+
+/// Where a lease starts when its group has no committed offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reset {
+    Earliest,
+    Latest,
+}
+
+/// A validated Acquire.
+#[derive(Clone, Debug)]
+pub struct AcquireSpec {
+    pub group: String,
+    pub topic: String,
+    pub partition: Option<i32>,
+    pub member: String,
+    pub ttl: Duration,
+    pub wait: Duration,
+    pub reset: Reset,
+}
+
+/// What Acquire grants.
+#[derive(Clone, Debug)]
+pub struct Granted {
+    pub lease_id: String,
+    pub key: LockKey,
+    pub fencing_token: u64,
+    pub offset: i64,
+    pub high_watermark: i64,
+    pub expires_at: SystemTime,
+    pub ttl: Duration,
+    pub gateway: String,
+}
+
+/// A validated Seek target.
+#[derive(Clone, Copy, Debug)]
+pub enum SeekTarget {
+    Offset(i64),
+    TimestampMs(i64),
+    Earliest,
+    Latest,
+    Committed,
+}
+
+/// One row of ListLeases.
+#[derive(Clone, Debug)]
+pub struct ListedLease {
+    pub key: LockKey,
+    pub holder: HolderInfo,
+    pub token: u64,
+    /// Present where this instance serves the lease.
+    pub local: Option<crate::lease::LeaseSnapshot>,
+}
+
+/// How many ended leases are remembered, so late calls get "lease expired" or "lease lost"
+/// rather than "unknown lease".
+const ENDED_MEMORY: usize = 10_000;
+
+#[derive(Default)]
+struct Table {
+    leases: HashMap<String, Arc<Lease>>,
+    by_key: HashMap<LockKey, String>,
+    /// Keys an Acquire on this instance is trying right now. The lock backend cannot tell
+    /// two attempts by the same session apart, so this instance must.
+    reserved: HashSet<LockKey>,
+    ended: HashMap<String, EndReason>,
+    ended_order: VecDeque<String>,
+}
+
+impl Table {
+    fn remember_ended(&mut self, id: &str, reason: EndReason) {
+        if self.ended.insert(id.to_string(), reason).is_none() {
+            self.ended_order.push_back(id.to_string());
+        }
+        while self.ended_order.len() > ENDED_MEMORY {
+            if let Some(old) = self.ended_order.pop_front() {
+                self.ended.remove(&old);
+            }
+        }
+    }
+}
+
+/// The gateway: one per instance.
+pub struct Gateway {
+    instance: String,
+    locks: Arc<dyn LockBackend>,
+    kafka: Kafka,
+    table: Mutex<Table>,
+    shutting_down: AtomicBool,
+    /// This gateway itself, for tasks that must not keep it alive.
+    me: Weak<Gateway>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("instance", &self.instance)
+            .finish()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Releases a reservation when an Acquire attempt finishes, however it finishes.
+struct Reservation<'a> {
+    gateway: &'a Gateway,
+    key: LockKey,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.gateway.table().reserved.remove(&self.key);
+    }
+}
+
+impl Gateway {
+    /// Creates the gateway and starts the task that ends leases when the lock session is
+    /// lost.
+    pub fn new(instance: String, locks: Arc<dyn LockBackend>, kafka: Kafka) -> Arc<Self> {
+        let gateway = Arc::new_cyclic(|me| Self {
+            instance,
+            locks,
+            kafka,
+            table: Mutex::new(Table::default()),
+            shutting_down: AtomicBool::new(false),
+            me: me.clone(),
+        });
+        let watcher = Arc::downgrade(&gateway);
+        let mut session = gateway.locks.session_state();
+        tokio::spawn(async move {
+            loop {
+                let state = session.borrow_and_update().clone();
+                let Some(gateway) = watcher.upgrade() else {
+                    return;
+                };
+                gateway.on_session_state(&state).await;
+                drop(gateway);
+                if session.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        gateway
+    }
+
+    pub fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    pub fn kafka(&self) -> &Kafka {
+        &self.kafka
+    }
+
+    pub fn locks(&self) -> &Arc<dyn LockBackend> {
+        &self.locks
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Number of leases this instance serves.
+    pub fn lease_count(&self) -> usize {
+        self.table().leases.len()
+    }
+
+    /// Ends every lease whose lock was granted under a session that is no longer live.
+    async fn on_session_state(&self, state: &SessionState) {
+        let stale: Vec<Arc<Lease>> = {
+            let table = self.table();
+            table
+                .leases
+                .values()
+                .filter(|lease| match state {
+                    SessionState::Live { id } => lease.session_id() != id,
+                    SessionState::Lost { .. } => true,
+                })
+                .cloned()
+                .collect()
+        };
+        let reason = match state {
+            SessionState::Live { .. } => "the gateway's Consul session was replaced".to_string(),
+            SessionState::Lost { reason } => reason.clone(),
+        };
+        for lease in stale {
+            tracing::warn!(parent: &lease.span, %reason, "lock session lost; ending lease");
+            self.end_lease(&lease, EndReason::Lost(reason.clone()))
+                .await;
+        }
+    }
+
+    /// Grants a lease, waiting up to `spec.wait` for a partition to become free.
+    pub async fn acquire(&self, spec: AcquireSpec) -> Result<Granted, LeaseError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(LeaseError::ShuttingDown);
+        }
+        let partition_count = self.kafka.partition_count(&spec.topic).await?;
+        let candidates: Vec<i32> = match spec.partition {
+            Some(p) if p >= partition_count => {
+                return Err(LeaseError::PartitionNotFound {
+                    topic: spec.topic.clone(),
+                    partition: p,
+                    partition_count,
+                })
+            }
+            Some(p) => vec![p],
+            None => {
+                // Start at a random partition, so clients that start together spread out
+                // instead of all contending for partition 0.
+                let start = rand::random_range(0..partition_count);
+                (0..partition_count)
+                    .map(|i| (start + i) % partition_count)
+                    .collect()
+            }
+        };
+        let deadline = Instant::now() + spec.wait;
+        loop {
+            let mut busy = Vec::new();
+            let mut first_index: Option<u64> = None;
+            for &partition in &candidates {
+                if self.shutting_down.load(Ordering::SeqCst) {
+                    return Err(LeaseError::ShuttingDown);
+                }
+                let key = LockKey::new(&spec.group, &spec.topic, partition);
+                match self.try_partition(&spec, &key).await? {
+                    Ok(granted) => return Ok(granted),
+                    Err((entry, index)) => {
+                        busy.push(entry);
+                        if let Some(index) = index {
+                            first_index = Some(first_index.map_or(index, |i: u64| i.min(index)));
+                        }
+                    }
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                busy.sort_by_key(|b| b.partition);
+                return Err(LeaseError::Busy {
+                    group: spec.group,
+                    topic: spec.topic,
+                    busy,
+                });
+            }
+            // Every candidate is held: wait for a change under the topic's keys, from the
+            // index seen before the first attempt, so a release in between is not missed.
+            let watch_key = LockKey::new(&spec.group, &spec.topic, candidates[0]);
+            let remaining = deadline - now;
+            match first_index {
+                Some(index) => {
+                    self.locks
+                        .wait_for_change(&watch_key, index, remaining)
+                        .await?;
+                }
+                // Only local contention (another Acquire on this instance): poll briefly.
+                None => tokio::time::sleep(remaining.min(Duration::from_millis(20))).await,
+            }
+        }
+    }
+
+    /// One attempt at one partition. `Ok(Err(..))` is contention: who holds it, and the lock
+    /// backend's index to wait from.
+    async fn try_partition(
+        &self,
+        spec: &AcquireSpec,
+        key: &LockKey,
+    ) -> Result<Result<Granted, (BusyPartition, Option<u64>)>, LeaseError> {
+        let reservation = {
+            let mut table = self.table();
+            if let Some(id) = table.by_key.get(key) {
+                let local = table.leases.get(id).cloned();
+                let busy = BusyPartition {
+                    partition: key.partition,
+                    holder: local.as_ref().map(|l| self.holder_of(l)),
+                    expires_at: local.map(|l| l.snapshot().expires_at),
+                };
+                return Ok(Err((busy, None)));
+            }
+            if !table.reserved.insert(key.clone()) {
+                return Ok(Err((
+                    BusyPartition {
+                        partition: key.partition,
+                        holder: None,
+                        expires_at: None,
+                    },
+                    None,
+                )));
+            }
+            Reservation {
+                gateway: self,
+                key: key.clone(),
+            }
+        };
+        let id = new_lease_id();
+        let holder = HolderInfo {
+            member: spec.member.clone(),
+            gateway: self.instance.clone(),
+            lease_ref: lease_ref(&id).to_string(),
+            acquired_at_ms: now_ms(),
+            ttl_ms: spec.ttl.as_millis() as u64,
+        };
+        let grant = match self.locks.try_acquire(key, &holder).await? {
+            Acquisition::Acquired(grant) => grant,
+            Acquisition::Busy { holder, index } => {
+                let busy = BusyPartition {
+                    partition: key.partition,
+                    holder,
+                    expires_at: None,
+                };
+                return Ok(Err((busy, Some(index))));
+            }
+        };
+        // The lock is ours. From here on, any failure must give it back.
+        match self.open_lease(spec, id, holder, grant).await {
+            Ok(granted) => {
+                drop(reservation);
+                Ok(Ok(granted))
+            }
+            Err((err, grant)) => {
+                if let Err(release_err) = self.locks.release(grant).await {
+                    tracing::warn!(key = %key, error = %release_err, "releasing after a failed acquire failed");
+                }
+                Err(err)
+            }
+        }
+    }
+
+    fn holder_of(&self, lease: &Lease) -> HolderInfo {
+        HolderInfo {
+            member: lease.member.clone(),
+            gateway: self.instance.clone(),
+            lease_ref: lease.lease_ref.clone(),
+            acquired_at_ms: lease
+                .acquired_at
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            ttl_ms: lease.ttl.as_millis() as u64,
+        }
+    }
+
+    /// Finds where the lease starts and starts fetching; on failure hands the grant back.
+    async fn open_lease(
+        &self,
+        spec: &AcquireSpec,
+        id: String,
+        holder: HolderInfo,
+        grant: crate::coordination::LockGrant,
+    ) -> Result<Granted, (LeaseError, crate::coordination::LockGrant)> {
+        let key = grant.key().clone();
+        let prepared = async {
+            let group_client = self.kafka.group(&key.group)?;
+            let (low, high) = self.kafka.watermarks(&key.topic, key.partition).await?;
+            let committed = group_client.committed(&key.topic, key.partition).await?;
+            let committed = committed.map(|(offset, _)| offset);
+            let start = match committed {
+                // A committed offset that retention has passed, or that is beyond the log
+                // (the topic was recreated), falls back to the reset policy, as Kafka's
+                // auto.offset.reset does.
+                Some(offset) if (low..=high).contains(&offset) => offset,
+                _ => match spec.reset {
+                    Reset::Earliest => low,
+                    Reset::Latest => high,
+                },
+            };
+            let feed = group_client.open_partition(&key.topic, key.partition, start)?;
+            Ok::<_, LeaseError>((start, committed, high, feed))
+        }
+        .await;
+        let (start, committed, high, feed) = match prepared {
+            Ok(parts) => parts,
+            Err(err) => return Err((err, grant)),
+        };
+        let token = grant.token();
+        let lease = Lease::new(LeaseParts {
+            id: id.clone(),
+            grant,
+            member: spec.member.clone(),
+            ttl: spec.ttl,
+            acquired_at: holder.acquired_at(),
+            position: start,
+            committed,
+            high_watermark: high,
+            feed,
+        });
+        {
+            let mut table = self.table();
+            table.by_key.insert(key.clone(), id.clone());
+            table.leases.insert(id.clone(), lease.clone());
+        }
+        tracing::info!(parent: &lease.span, member = %spec.member, offset = start, "lease granted");
+        self.spawn_supervisor(lease.clone());
+        let snapshot = lease.snapshot();
+        Ok(Granted {
+            lease_id: id,
+            key,
+            fencing_token: token.0,
+            offset: start,
+            high_watermark: high,
+            expires_at: snapshot.expires_at,
+            ttl: spec.ttl,
+            gateway: self.instance.clone(),
+        })
+    }
+
+    /// Ends the lease when it has been idle past its TTL.
+    fn spawn_supervisor(&self, lease: Arc<Lease>) {
+        let span = lease.span.clone();
+        let gateway = self.me.clone();
+        tokio::spawn(
+            async move {
+                if lease.expired().await {
+                    if let Some(gateway) = gateway.upgrade() {
+                        tracing::info!("lease expired");
+                        gateway.end_lease(&lease, EndReason::Expired).await;
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Ends a lease: out of the table, partition fetching stopped, lock released. Safe to
+    /// call more than once; only the first call does anything.
+    pub async fn end_lease(&self, lease: &Arc<Lease>, reason: EndReason) {
+        if !lease.mark_ended(reason.clone()) {
+            return;
+        }
+        {
+            let mut table = self.table();
+            table.leases.remove(&lease.id);
+            if table.by_key.get(&lease.key) == Some(&lease.id) {
+                table.by_key.remove(&lease.key);
+            }
+            table.remember_ended(&lease.id, reason.clone());
+        }
+        // Stop fetching before the lock goes, so a successor on this instance can assign the
+        // partition again.
+        if let Some(grant) = lease.dismantle().await {
+            if let Err(err) = self.locks.release(grant).await {
+                // The session's own end (TTL or shutdown) frees the key in the end.
+                tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed");
+            }
+        }
+        tracing::info!(parent: &lease.span, %reason, "lease ended");
+    }
+
+    /// The lease a call names, or why there is none.
+    pub async fn lookup(&self, lease_id: &str) -> Result<Arc<Lease>, LeaseError> {
+        let reference = lease_ref(lease_id).to_string();
+        {
+            let table = self.table();
+            if let Some(lease) = table.leases.get(lease_id) {
+                return Ok(lease.clone());
+            }
+            if let Some(reason) = table.ended.get(lease_id) {
+                return Err(LeaseError::LeaseEnded {
+                    lease_ref: reference,
+                    reason: reason.clone(),
+                });
+            }
+        }
+        // Not ours: does another instance serve it?
+        let held = self.locks.list(None).await?;
+        match held.into_iter().find(|h| h.holder.lease_ref == reference) {
+            Some(h) if h.holder.gateway != self.instance => Err(LeaseError::WrongGateway {
+                lease_ref: reference,
+                gateway: h.holder.gateway,
+            }),
+            _ => Err(LeaseError::LeaseNotFound {
+                lease_ref: reference,
+            }),
+        }
+    }
+
+    /// Opens a Read on a lease, superseding any open one.
+    pub async fn read(&self, lease_id: &str, limits: ReadLimits) -> Result<ReadStream, LeaseError> {
+        let lease = self.lookup(lease_id).await?;
+        lease.touch()?;
+        lease.open_read(limits)
+    }
+
+    /// Repositions a lease; returns the resolved offset and the new seek epoch.
+    pub async fn seek(&self, lease_id: &str, target: SeekTarget) -> Result<(i64, u64), LeaseError> {
+        let lease = self.lookup(lease_id).await?;
+        lease.touch()?;
+        let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
+        let (low, high) = self.kafka.watermarks(topic, partition).await?;
+        lease.note_high_watermark(high);
+        let offset = match target {
+            SeekTarget::Offset(offset) => {
+                if !(low..=high).contains(&offset) {
+                    return Err(LeaseError::OffsetOutOfRange {
+                        topic: topic.to_string(),
+                        partition,
+                        offset,
+                        low,
+                        high,
+                    });
+                }
+                offset
+            }
+            SeekTarget::Earliest => low,
+            SeekTarget::Latest => high,
+            SeekTarget::TimestampMs(ms) => self
+                .kafka
+                .offset_for_time(topic, partition, ms)
+                .await?
+                .unwrap_or(high)
+                .clamp(low, high),
+            SeekTarget::Committed => match lease.group_client.committed(topic, partition).await? {
+                Some((offset, _)) if (low..=high).contains(&offset) => offset,
+                _ => low,
+            },
+        };
+        let epoch = lease.seek_to(offset)?;
+        tracing::debug!(parent: &lease.span, offset, epoch, "seek");
+        Ok((offset, epoch))
+    }
+
+    /// Commits `offset` for the lease's partition, fenced by the lease's token. Returns the
+    /// metadata stored with it.
+    pub async fn commit(
+        &self,
+        lease_id: &str,
+        offset: i64,
+        metadata: Option<&str>,
+    ) -> Result<String, LeaseError> {
+        let lease = self.lookup(lease_id).await?;
+        self.commit_on(&lease, offset, metadata).await
+    }
+
+    async fn commit_on(
+        &self,
+        lease: &Arc<Lease>,
+        offset: i64,
+        metadata: Option<&str>,
+    ) -> Result<String, LeaseError> {
+        lease.touch()?;
+        let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
+        let mut high = lease.cached_high_watermark();
+        if offset > high {
+            // The cached watermark may be behind the broker's; ask before refusing.
+            let (_, fresh) = self.kafka.watermarks(topic, partition).await?;
+            lease.note_high_watermark(fresh);
+            high = fresh;
+        }
+        if offset < 0 || offset > high {
+            return Err(LeaseError::OffsetOutOfRange {
+                topic: topic.to_string(),
+                partition,
+                offset,
+                low: 0,
+                high,
+            });
+        }
+        self.fence(lease)?;
+        let metadata = match metadata {
+            Some(user) if !user.is_empty() => format!("kafka-lease token={};{user}", lease.token),
+            _ => format!("kafka-lease token={}", lease.token),
+        };
+        lease
+            .group_client
+            .commit(topic, partition, offset, metadata.clone())
+            .await?;
+        lease.record_commit(offset);
+        tracing::debug!(parent: &lease.span, offset, "committed");
+        Ok(metadata)
+    }
+
+    /// Refuses side effects from a lease that has ended or whose lock session is not the
+    /// live one.
+    fn fence(&self, lease: &Lease) -> Result<(), LeaseError> {
+        if let Some(reason) = lease.end_reason() {
+            return Err(LeaseError::LeaseEnded {
+                lease_ref: lease.lease_ref.clone(),
+                reason,
+            });
+        }
+        let live = matches!(
+            &*self.locks.session_state().borrow(),
+            SessionState::Live { id } if lease.session_id() == id
+        );
+        if !live {
+            return Err(LeaseError::LeaseEnded {
+                lease_ref: lease.lease_ref.clone(),
+                reason: EndReason::Lost("the gateway cannot confirm its Consul lock".into()),
+            });
+        }
+        Ok(())
+    }
+
+    /// Ends a lease at the client's request, committing first if asked. If the commit fails
+    /// the lease is kept.
+    pub async fn release(
+        &self,
+        lease_id: &str,
+        commit: Option<i64>,
+    ) -> Result<Option<i64>, LeaseError> {
+        let lease = match self.lookup(lease_id).await {
+            Ok(lease) => lease,
+            // Release of an ended lease is NOT_FOUND, per the contract.
+            Err(LeaseError::LeaseEnded { lease_ref, .. }) => {
+                return Err(LeaseError::LeaseNotFound { lease_ref })
+            }
+            Err(err) => return Err(err),
+        };
+        if let Some(offset) = commit {
+            self.commit_on(&lease, offset, None).await?;
+        }
+        self.end_lease(&lease, EndReason::Released).await;
+        Ok(commit)
+    }
+
+    /// Every held lease across all instances, with local detail where this one serves it.
+    pub async fn list(
+        &self,
+        group: Option<&str>,
+        topic: Option<&str>,
+    ) -> Result<Vec<ListedLease>, LeaseError> {
+        let held = self.locks.list(group).await?;
+        let table = self.table();
+        Ok(held
+            .into_iter()
+            .filter(|h| topic.is_none_or(|t| h.key.topic == t))
+            .map(|h| {
+                let local = table
+                    .by_key
+                    .get(&h.key)
+                    .and_then(|id| table.leases.get(id))
+                    .filter(|l| l.token == h.token)
+                    .map(|l| l.snapshot());
+                ListedLease {
+                    key: h.key,
+                    holder: h.holder,
+                    token: h.token.0,
+                    local,
+                }
+            })
+            .collect())
+    }
+
+    /// Stops granting leases and ends every lease (their Reads end with UNAVAILABLE),
+    /// releasing each lock explicitly so successors on other instances take over at once.
+    pub async fn shutdown(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+        let leases: Vec<Arc<Lease>> = self.table().leases.values().cloned().collect();
+        let count = leases.len();
+        futures::future::join_all(
+            leases
+                .iter()
+                .map(|lease| self.end_lease(lease, EndReason::Shutdown)),
+        )
+        .await;
+        tracing::info!(leases = count, "all leases released");
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+/// Converts a lease's public parts into the ListLeases row.
+pub fn lease_info(listed: &ListedLease) -> v1::LeaseInfo {
+    let ts = |t: SystemTime| {
+        let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        prost_types::Timestamp {
+            seconds: d.as_secs() as i64,
+            nanos: d.subsec_nanos() as i32,
+        }
+    };
+    let local = listed.local.as_ref();
+    v1::LeaseInfo {
+        group: listed.key.group.clone(),
+        topic: listed.key.topic.clone(),
+        partition: listed.key.partition,
+        member: listed.holder.member.clone(),
+        fencing_token: listed.token,
+        acquired_at: Some(ts(listed.holder.acquired_at())),
+        expires_at: local.map(|l| ts(l.expires_at)),
+        gateway: listed.holder.gateway.clone(),
+        position: local.map(|l| l.position),
+        committed_offset: local.and_then(|l| l.committed),
+        high_watermark: local.map(|l| l.high_watermark),
+        lag: local.map(|l| (l.high_watermark - l.position).max(0)),
+    }
+}

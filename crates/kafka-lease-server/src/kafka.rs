@@ -1,0 +1,558 @@
+//! Reading partitions and storing offsets with librdkafka (the `rdkafka` crate).
+//!
+//! One consumer client per consumer group on each gateway ([`GroupClient`]) reads every
+//! partition leased in that group, each through its own split partition queue
+//! ([`PartitionFeed`]), and stores the group's offsets in Kafka's group coordinator. The
+//! client never joins the group (`assign`, not `subscribe`): partition ownership comes from
+//! the lock backend, so Kafka's rebalancing must stay out of it. A lease therefore costs a
+//! partition queue, not a client with its own threads; see docs/ARCHITECTURE.md for the
+//! thread and memory arithmetic.
+//!
+//! librdkafka calls that block (metadata, watermarks, commits, seeks) run on tokio's blocking
+//! pool so they never stall the reactor.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
+use rdkafka::consumer::{
+    BaseConsumer, CommitMode, Consumer, DefaultConsumerContext, StreamConsumer,
+};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio::task::JoinHandle;
+
+use kafka_lease_proto::v1;
+
+use crate::error::LeaseError;
+
+/// How the gateway talks to Kafka.
+#[derive(Clone, Debug)]
+pub struct KafkaSettings {
+    /// `host:port[,host:port...]`.
+    pub bootstrap_servers: String,
+    /// Extra librdkafka properties (`--kafka-option key=value`), applied last.
+    pub options: Vec<(String, String)>,
+    /// Most kilobytes librdkafka pre-fetches per leased partition (`queued.max.messages.kbytes`).
+    /// This is the per-lease memory bound: a slow client stops the fetching at this point.
+    pub queue_kbytes_per_partition: u32,
+    /// Deadline for metadata, watermark, offset and commit requests.
+    pub request_timeout: Duration,
+    /// Used in `client.id`, so broker logs show which gateway a connection belongs to.
+    pub instance: String,
+}
+
+impl KafkaSettings {
+    pub fn new(bootstrap_servers: impl Into<String>, instance: impl Into<String>) -> Self {
+        Self {
+            bootstrap_servers: bootstrap_servers.into(),
+            options: Vec::new(),
+            queue_kbytes_per_partition: 2048,
+            request_timeout: Duration::from_secs(5),
+            instance: instance.into(),
+        }
+    }
+
+    fn base_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.bootstrap_servers)
+            .set("client.id", format!("kafka-lease-{}", self.instance))
+            .set("socket.keepalive.enable", "true")
+            .set("topic.metadata.refresh.interval.ms", "30000");
+        config
+    }
+
+    fn apply_options(&self, config: &mut ClientConfig) {
+        for (key, value) in &self.options {
+            config.set(key, value);
+        }
+    }
+}
+
+fn unavailable(operation: &'static str, err: impl std::fmt::Display) -> LeaseError {
+    LeaseError::KafkaUnavailable {
+        operation,
+        detail: err.to_string(),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    operation: &'static str,
+    f: impl FnOnce() -> Result<T, LeaseError> + Send + 'static,
+) -> Result<T, LeaseError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| unavailable(operation, format!("blocking task failed: {e}")))?
+}
+
+/// The gateway's Kafka clients: one metadata client, and one [`GroupClient`] per group that
+/// has leases on this instance.
+#[derive(Clone)]
+pub struct Kafka {
+    settings: Arc<KafkaSettings>,
+    metadata: Arc<BaseConsumer>,
+    groups: Arc<Mutex<HashMap<String, Weak<GroupClient>>>>,
+}
+
+impl std::fmt::Debug for Kafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kafka")
+            .field("bootstrap", &self.settings.bootstrap_servers)
+            .finish()
+    }
+}
+
+impl Kafka {
+    /// Creates the metadata client. Connections are made lazily: this does not fail when the
+    /// brokers are down (health reports that).
+    pub fn new(settings: KafkaSettings) -> Result<Self, LeaseError> {
+        let mut config = settings.base_config();
+        // The metadata client never reads records or commits; a group id is still required
+        // by librdkafka for a consumer handle, and this one is never used for offsets.
+        config
+            .set("group.id", "kafka-lease-metadata")
+            .set("enable.auto.commit", "false");
+        settings.apply_options(&mut config);
+        let metadata: BaseConsumer = config
+            .create()
+            .map_err(|e| unavailable("creating the metadata client", e))?;
+        Ok(Self {
+            settings: Arc::new(settings),
+            metadata: Arc::new(metadata),
+            groups: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    pub fn settings(&self) -> &KafkaSettings {
+        &self.settings
+    }
+
+    /// The number of partitions of `topic`, from broker metadata.
+    pub async fn partition_count(&self, topic: &str) -> Result<i32, LeaseError> {
+        let client = self.metadata.clone();
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        blocking("fetching topic metadata", move || {
+            let metadata = client
+                .fetch_metadata(Some(&topic), timeout)
+                .map_err(|e| unavailable("fetching topic metadata", e))?;
+            let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+                return Err(LeaseError::TopicNotFound { topic });
+            };
+            match t.error() {
+                None if !t.partitions().is_empty() => Ok(t.partitions().len() as i32),
+                None => Err(LeaseError::TopicNotFound { topic }),
+                Some(code) => match RDKafkaErrorCode::from(code) {
+                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => {
+                        Err(LeaseError::TopicNotFound { topic })
+                    }
+                    other => Err(unavailable("fetching topic metadata", other)),
+                },
+            }
+        })
+        .await
+    }
+
+    /// `(log start offset, high watermark)` of a partition, asked of the broker.
+    pub async fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), LeaseError> {
+        let client = self.metadata.clone();
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        blocking("fetching watermarks", move || {
+            client
+                .fetch_watermarks(&topic, partition, timeout)
+                .map_err(|e| unavailable("fetching watermarks", e))
+        })
+        .await
+    }
+
+    /// The offset of the first record whose timestamp is at or after `timestamp_ms`, or
+    /// `None` when there is none (the caller uses the high watermark).
+    pub async fn offset_for_time(
+        &self,
+        topic: &str,
+        partition: i32,
+        timestamp_ms: i64,
+    ) -> Result<Option<i64>, LeaseError> {
+        let client = self.metadata.clone();
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        blocking("looking up an offset by timestamp", move || {
+            let mut query = TopicPartitionList::new();
+            query
+                .add_partition_offset(&topic, partition, Offset::Offset(timestamp_ms))
+                .map_err(|e| unavailable("looking up an offset by timestamp", e))?;
+            let answer = client
+                .offsets_for_times(query, timeout)
+                .map_err(|e| unavailable("looking up an offset by timestamp", e))?;
+            let offset = answer.find_partition(&topic, partition).map(|e| e.offset());
+            Ok(match offset {
+                Some(Offset::Offset(o)) if o >= 0 => Some(o),
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// Checks that a broker answers a metadata request (for health).
+    pub async fn ping(&self) -> Result<(), LeaseError> {
+        let client = self.metadata.clone();
+        let timeout = self.settings.request_timeout.min(Duration::from_secs(2));
+        blocking("checking broker reachability", move || {
+            let metadata = client
+                .fetch_metadata(None, timeout)
+                .map_err(|e| unavailable("checking broker reachability", e))?;
+            if metadata.brokers().is_empty() {
+                return Err(unavailable(
+                    "checking broker reachability",
+                    "no brokers in metadata",
+                ));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The group's client on this instance, created on first use and shared by every lease
+    /// of the group. It is closed when its last lease ends.
+    pub fn group(&self, group: &str) -> Result<Arc<GroupClient>, LeaseError> {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(client) = groups.get(group).and_then(Weak::upgrade) {
+            return Ok(client);
+        }
+        let client = Arc::new(GroupClient::new(&self.settings, group)?);
+        groups.retain(|_, weak| weak.strong_count() > 0);
+        groups.insert(group.to_string(), Arc::downgrade(&client));
+        Ok(client)
+    }
+}
+
+type LeaseConsumer = StreamConsumer<DefaultConsumerContext>;
+
+/// One consumer-group's client: reads the group's leased partitions and stores its offsets.
+pub struct GroupClient {
+    group: String,
+    consumer: Arc<LeaseConsumer>,
+    request_timeout: Duration,
+    /// Serves the client's main queue, where librdkafka delivers errors and events. Every
+    /// partition is split off to its own queue, so no record arrives here.
+    poller: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for GroupClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupClient")
+            .field("group", &self.group)
+            .finish()
+    }
+}
+
+impl Drop for GroupClient {
+    fn drop(&mut self) {
+        self.poller.abort();
+    }
+}
+
+impl GroupClient {
+    fn new(settings: &KafkaSettings, group: &str) -> Result<Self, LeaseError> {
+        let mut config = settings.base_config();
+        config
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            // Retention may delete records under a lease's position; reading then resumes at
+            // the log start, the only records that still exist.
+            .set("auto.offset.reset", "earliest")
+            .set(
+                "queued.max.messages.kbytes",
+                settings.queue_kbytes_per_partition.to_string(),
+            )
+            .set("queued.min.messages", "10000")
+            // Without this, a partition whose queue filled up waits a full second before it
+            // fetches again once the client drains it.
+            .set("fetch.queue.backoff.ms", "10")
+            .set("fetch.wait.max.ms", "100");
+        settings.apply_options(&mut config);
+        let consumer: LeaseConsumer = config
+            .create()
+            .map_err(|e| unavailable("creating the group client", e))?;
+        let consumer = Arc::new(consumer);
+        let events = consumer.clone();
+        let group_name = group.to_string();
+        let poller = tokio::spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(message) => tracing::warn!(
+                        group = %group_name,
+                        topic = message.topic(),
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        "record arrived on the main queue; it is dropped (partition not split)"
+                    ),
+                    Err(err) => {
+                        tracing::warn!(group = %group_name, error = %err, "kafka client error")
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            group: group.to_string(),
+            consumer,
+            request_timeout: settings.request_timeout,
+            poller,
+        })
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The group's committed offset and its metadata for a partition, `None` if it has none.
+    pub async fn committed(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<(i64, String)>, LeaseError> {
+        let consumer = self.consumer.clone();
+        let topic = topic.to_string();
+        let timeout = self.request_timeout;
+        blocking("fetching the committed offset", move || {
+            let mut query = TopicPartitionList::new();
+            query.add_partition(&topic, partition);
+            let answer = consumer
+                .committed_offsets(query, timeout)
+                .map_err(|e| unavailable("fetching the committed offset", e))?;
+            let Some(entry) = answer.find_partition(&topic, partition) else {
+                return Ok(None);
+            };
+            if let Err(e) = entry.error() {
+                return Err(unavailable("fetching the committed offset", e));
+            }
+            Ok(match entry.offset() {
+                Offset::Offset(o) if o >= 0 => Some((o, entry.metadata().to_string())),
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// Stores `offset` with `metadata` as the group's committed offset, synchronously.
+    pub async fn commit(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        metadata: String,
+    ) -> Result<(), LeaseError> {
+        let consumer = self.consumer.clone();
+        let topic = topic.to_string();
+        blocking("committing an offset", move || {
+            let mut list = TopicPartitionList::new();
+            list.add_partition_offset(&topic, partition, Offset::Offset(offset))
+                .map_err(|e| unavailable("committing an offset", e))?;
+            if let Some(mut entry) = list.find_partition(&topic, partition) {
+                entry.set_metadata(metadata);
+            }
+            consumer
+                .commit(&list, CommitMode::Sync)
+                .map_err(|e| unavailable("committing an offset", e))
+        })
+        .await
+    }
+
+    /// Starts fetching `topic`/`partition` at `offset` into a queue of its own.
+    pub fn open_partition(
+        self: &Arc<Self>,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+    ) -> Result<PartitionFeed, LeaseError> {
+        // Split before assigning, so no record can reach the shared main queue.
+        let queue = self
+            .consumer
+            .split_partition_queue(topic, partition)
+            .ok_or_else(|| {
+                unavailable("opening a partition queue", "librdkafka refused the queue")
+            })?;
+        let mut list = TopicPartitionList::new();
+        list.add_partition_offset(topic, partition, Offset::Offset(offset))
+            .map_err(|e| unavailable("assigning a partition", e))?;
+        self.consumer
+            .incremental_assign(&list)
+            .map_err(|e| unavailable("assigning a partition", e))?;
+        Ok(PartitionFeed {
+            client: self.clone(),
+            topic: topic.to_string(),
+            partition,
+            queue,
+            pulled_up_to: offset,
+            pending: None,
+        })
+    }
+
+    /// The high watermark librdkafka last saw in a fetch response, without a request.
+    #[allow(unsafe_code)]
+    fn cached_high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        let topic = CString::new(topic).ok()?;
+        let (mut low, mut high) = (-1_i64, -1_i64);
+        // SAFETY: the client handle is valid while `self.consumer` lives; the topic pointer
+        // is a NUL-terminated string that outlives the call; librdkafka only writes the two
+        // out-parameters and does no network I/O in this call.
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                partition,
+                &mut low,
+                &mut high,
+            )
+        };
+        (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+            .then_some(high)
+    }
+}
+
+/// A leased partition's records, as they arrive from the group client. Dropping it stops the
+/// fetching of that partition.
+pub struct PartitionFeed {
+    client: Arc<GroupClient>,
+    topic: String,
+    partition: i32,
+    queue: StreamPartitionQueue<DefaultConsumerContext>,
+    /// The offset after the last record taken from the queue: where the queue stands.
+    pulled_up_to: i64,
+    /// A record taken from the queue but not delivered (it did not fit in a batch), with the
+    /// lease position it follows.
+    pending: Option<(v1::Record, i64)>,
+}
+
+impl std::fmt::Debug for PartitionFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PartitionFeed")
+            .field("topic", &self.topic)
+            .field("partition", &self.partition)
+            .field("pulled_up_to", &self.pulled_up_to)
+            .finish()
+    }
+}
+
+impl Drop for PartitionFeed {
+    fn drop(&mut self) {
+        let mut list = TopicPartitionList::new();
+        if list
+            .add_partition_offset(&self.topic, self.partition, Offset::Invalid)
+            .is_ok()
+        {
+            if let Err(err) = self.client.consumer.incremental_unassign(&list) {
+                tracing::warn!(topic = %self.topic, partition = self.partition, error = %err, "unassign failed");
+            }
+        }
+    }
+}
+
+impl PartitionFeed {
+    pub fn client(&self) -> &Arc<GroupClient> {
+        &self.client
+    }
+
+    /// Makes the next record taken be the first at or after `position`. Records pulled but
+    /// not delivered (a Read that ended mid-batch, a Seek) put the queue ahead of the lease;
+    /// this repositions librdkafka, which purges what it pre-fetched from the old position.
+    pub async fn align(&mut self, position: i64) -> Result<(), LeaseError> {
+        match &self.pending {
+            Some((_, put_back_at)) if *put_back_at == position => return Ok(()),
+            None if self.pulled_up_to == position => return Ok(()),
+            _ => {}
+        }
+        self.pending = None;
+        let consumer = self.client.consumer.clone();
+        let topic = self.topic.clone();
+        let partition = self.partition;
+        let timeout = self.client.request_timeout;
+        blocking("seeking", move || {
+            consumer
+                .seek(&topic, partition, Offset::Offset(position), timeout)
+                .map_err(|e| unavailable("seeking", e))
+        })
+        .await?;
+        self.pulled_up_to = position;
+        Ok(())
+    }
+
+    /// The next record (cancel-safe). Transient fetch errors are logged and waited out.
+    pub async fn next_record(&mut self) -> v1::Record {
+        if let Some((record, _)) = self.pending.take() {
+            return record;
+        }
+        loop {
+            match self.queue.recv().await {
+                Ok(message) => {
+                    let record = record_of(&message);
+                    self.pulled_up_to = record.offset + 1;
+                    return record;
+                }
+                Err(err) => self.log_fetch_error(&err),
+            }
+        }
+    }
+
+    /// Puts back a record that did not fit in a batch, to be the next one returned while the
+    /// lease stays at `position` (the offset after the last delivered record).
+    pub fn put_back(&mut self, record: v1::Record, position: i64) {
+        self.pending = Some((record, position));
+    }
+
+    fn log_fetch_error(&self, err: &KafkaError) {
+        tracing::warn!(topic = %self.topic, partition = self.partition, error = %err, "fetch error; librdkafka retries");
+    }
+
+    /// The high watermark as librdkafka last saw it, if it has seen one.
+    pub fn cached_high_watermark(&self) -> Option<i64> {
+        self.client
+            .cached_high_watermark(&self.topic, self.partition)
+    }
+}
+
+/// The bytes a record adds to a ReadResponse on the wire, for `max_bytes`: its encoded size
+/// plus the field tag and length prefix, so a response of `max_bytes` stays within a client's
+/// default 4 MiB message limit.
+pub fn record_size(record: &v1::Record) -> usize {
+    let len = prost::Message::encoded_len(record);
+    len + 1 + prost::length_delimiter_len(len)
+}
+
+fn record_of(message: &BorrowedMessage<'_>) -> v1::Record {
+    let (timestamp, timestamp_type) = match message.timestamp() {
+        rdkafka::Timestamp::NotAvailable => (None, v1::TimestampType::Unspecified),
+        rdkafka::Timestamp::CreateTime(ms) => (Some(ms), v1::TimestampType::CreateTime),
+        rdkafka::Timestamp::LogAppendTime(ms) => (Some(ms), v1::TimestampType::LogAppendTime),
+    };
+    let headers = message
+        .headers()
+        .map(|headers| {
+            headers
+                .iter()
+                .map(|h| v1::Header {
+                    key: h.key.to_string(),
+                    value: h.value.map(<[u8]>::to_vec),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v1::Record {
+        offset: message.offset(),
+        key: message.key().map(<[u8]>::to_vec),
+        value: message.payload().map(<[u8]>::to_vec),
+        headers,
+        timestamp: timestamp.map(|ms| prost_types::Timestamp {
+            seconds: ms.div_euclid(1000),
+            nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
+        }),
+        timestamp_type: timestamp_type as i32,
+    }
+}

@@ -1,0 +1,543 @@
+//! One lease: its identity, its mutable state (position, seek epoch, expiry, open Read), and
+//! the Read stream that drains its partition.
+//!
+//! The seek guarantee lives here. Every batch is filled under the lease's feed lock and
+//! tagged with the epoch and position it started from; it is handed to gRPC only from
+//! [`ReadStream::poll_next`], under the state lock, and only if the epoch and position are
+//! still the same. A Seek changes them under that same lock before it answers, so once a
+//! SeekResponse exists no older-epoch batch can be handed over. A Seek also interrupts a
+//! batch being filled (the Go library's "cancel the background fetch"); the next fill
+//! repositions librdkafka to the lease position, whose seek purges what it pre-fetched.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use kafka_lease_proto::v1;
+
+use crate::coordination::{FencingToken, LockGrant, LockKey};
+use crate::error::{EndReason, LeaseError};
+use crate::kafka::{record_size, GroupClient, PartitionFeed};
+
+/// A new lease id: `<reference>.<secret>`. The reference (64 random bits) is public: it is
+/// stored in Consul and names the lease in logs and messages. The secret (128 random bits)
+/// makes the whole id unguessable; only the client that acquired the lease learns it.
+pub fn new_lease_id() -> String {
+    let reference: u64 = rand::random();
+    let secret: u128 = rand::random();
+    format!("{reference:016x}.{secret:032x}")
+}
+
+/// The public reference part of a lease id (all of it, if it has no `.`).
+pub fn lease_ref(lease_id: &str) -> &str {
+    lease_id
+        .split_once('.')
+        .map_or(lease_id, |(reference, _)| reference)
+}
+
+/// Limits of one Read, validated.
+#[derive(Clone, Copy, Debug)]
+pub struct ReadLimits {
+    pub max_records: usize,
+    pub max_bytes: usize,
+    pub max_wait: Duration,
+}
+
+#[derive(Debug)]
+struct LeaseState {
+    /// The offset of the next record to deliver.
+    position: i64,
+    seek_epoch: u64,
+    /// The id of the newest Read; an older Read seeing a different id is superseded.
+    read_generation: u64,
+    read_open: bool,
+    /// When the lease expires if no Read is open. Only ever moves forward.
+    expires_at: Instant,
+    ended: Option<EndReason>,
+    committed: Option<i64>,
+    high_watermark: i64,
+}
+
+/// A lease served by this gateway.
+pub struct Lease {
+    pub id: String,
+    pub lease_ref: String,
+    pub key: LockKey,
+    pub token: FencingToken,
+    pub member: String,
+    pub ttl: Duration,
+    pub acquired_at: SystemTime,
+    pub span: tracing::Span,
+    pub group_client: Arc<GroupClient>,
+    /// The lock session the grant was made under.
+    session: String,
+    state: Mutex<LeaseState>,
+    /// Bumped by everything a batch being filled must react to: Seek, a newer Read, the end.
+    interrupts: watch::Sender<u64>,
+    feed: tokio::sync::Mutex<Option<PartitionFeed>>,
+    grant: Mutex<Option<LockGrant>>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("lease_ref", &self.lease_ref)
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+/// What ListLeases shows of a lease this gateway serves.
+#[derive(Clone, Debug)]
+pub struct LeaseSnapshot {
+    pub position: i64,
+    pub committed: Option<i64>,
+    pub high_watermark: i64,
+    pub expires_at: SystemTime,
+    pub seek_epoch: u64,
+}
+
+/// The parts a lease is built from; see [`Lease::new`].
+#[derive(Debug)]
+pub struct LeaseParts {
+    pub id: String,
+    pub grant: LockGrant,
+    pub member: String,
+    pub ttl: Duration,
+    pub acquired_at: SystemTime,
+    pub position: i64,
+    pub committed: Option<i64>,
+    pub high_watermark: i64,
+    pub feed: PartitionFeed,
+}
+
+impl Lease {
+    pub fn new(parts: LeaseParts) -> Arc<Self> {
+        let key = parts.grant.key().clone();
+        let token = parts.grant.token();
+        let lease_ref = lease_ref(&parts.id).to_string();
+        let span = tracing::info_span!(
+            "lease",
+            lease = %lease_ref,
+            group = %key.group,
+            topic = %key.topic,
+            partition = key.partition,
+            token = token.0,
+        );
+        Arc::new(Self {
+            lease_ref,
+            id: parts.id,
+            key,
+            token,
+            member: parts.member,
+            ttl: parts.ttl,
+            acquired_at: parts.acquired_at,
+            span,
+            group_client: parts.feed.client().clone(),
+            session: parts.grant.session().to_string(),
+            state: Mutex::new(LeaseState {
+                position: parts.position,
+                seek_epoch: 0,
+                read_generation: 0,
+                read_open: false,
+                expires_at: Instant::now() + parts.ttl,
+                ended: None,
+                committed: parts.committed,
+                high_watermark: parts.high_watermark,
+            }),
+            interrupts: watch::channel(0).0,
+            feed: tokio::sync::Mutex::new(Some(parts.feed)),
+            grant: Mutex::new(Some(parts.grant)),
+        })
+    }
+
+    /// The lock session this lease's grant belongs to.
+    pub fn session_id(&self) -> &str {
+        &self.session
+    }
+
+    fn state(&self) -> MutexGuard<'_, LeaseState> {
+        // A panic while holding this lock cannot leave the state half-written (every update
+        // is a few plain assignments), so a poisoned lock is still safe to use.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn interrupt(&self) {
+        self.interrupts.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn ended_error(&self, reason: &EndReason) -> LeaseError {
+        LeaseError::LeaseEnded {
+            lease_ref: self.lease_ref.clone(),
+            reason: reason.clone(),
+        }
+    }
+
+    /// Fails if the lease has ended; otherwise renews its TTL (every call on a lease counts
+    /// as activity).
+    pub fn touch(&self) -> Result<(), LeaseError> {
+        let mut state = self.state();
+        if let Some(reason) = &state.ended {
+            return Err(self.ended_error(reason));
+        }
+        state.expires_at = state.expires_at.max(Instant::now() + self.ttl);
+        Ok(())
+    }
+
+    pub fn is_ended(&self) -> bool {
+        self.state().ended.is_some()
+    }
+
+    /// Marks the lease ended. Only the first call wins and returns true; it wakes every
+    /// Read and the supervisor.
+    pub fn mark_ended(&self, reason: EndReason) -> bool {
+        {
+            let mut state = self.state();
+            if state.ended.is_some() {
+                return false;
+            }
+            state.ended = Some(reason);
+        }
+        self.interrupt();
+        true
+    }
+
+    pub fn end_reason(&self) -> Option<EndReason> {
+        self.state().ended.clone()
+    }
+
+    /// Stops fetching the partition and hands back the lock grant, for the gateway to
+    /// release. Waits for a batch being filled to notice the end first.
+    pub async fn dismantle(&self) -> Option<LockGrant> {
+        drop(self.feed.lock().await.take());
+        self.grant.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Repositions the lease: the next batch any Read hands over starts at `offset`, in the
+    /// returned epoch.
+    pub fn seek_to(&self, offset: i64) -> Result<u64, LeaseError> {
+        let epoch = {
+            let mut state = self.state();
+            if let Some(reason) = &state.ended {
+                return Err(self.ended_error(reason));
+            }
+            state.seek_epoch += 1;
+            state.position = offset;
+            state.expires_at = state.expires_at.max(Instant::now() + self.ttl);
+            state.seek_epoch
+        };
+        self.interrupt();
+        Ok(epoch)
+    }
+
+    pub fn record_commit(&self, offset: i64) {
+        self.state().committed = Some(offset);
+    }
+
+    pub fn committed(&self) -> Option<i64> {
+        self.state().committed
+    }
+
+    /// The high watermark as last seen, for range checks that can then ask the broker when
+    /// the cached value is too low.
+    pub fn cached_high_watermark(&self) -> i64 {
+        self.state().high_watermark
+    }
+
+    pub fn note_high_watermark(&self, high: i64) {
+        let mut state = self.state();
+        state.high_watermark = state.high_watermark.max(high);
+    }
+
+    pub fn snapshot(&self) -> LeaseSnapshot {
+        let state = self.state();
+        let remaining = if state.read_open {
+            self.ttl
+        } else {
+            state.expires_at.saturating_duration_since(Instant::now())
+        };
+        LeaseSnapshot {
+            position: state.position,
+            committed: state.committed,
+            high_watermark: state.high_watermark,
+            expires_at: SystemTime::now() + remaining,
+            seek_epoch: state.seek_epoch,
+        }
+    }
+
+    /// Opens a Read, superseding any open one.
+    pub fn open_read(self: &Arc<Self>, limits: ReadLimits) -> Result<ReadStream, LeaseError> {
+        let generation = {
+            let mut state = self.state();
+            if let Some(reason) = &state.ended {
+                return Err(self.ended_error(reason));
+            }
+            state.read_generation += 1;
+            state.read_open = true;
+            state.read_generation
+        };
+        self.interrupt();
+        Ok(ReadStream {
+            lease: self.clone(),
+            generation,
+            limits,
+            fill: None,
+            finished: false,
+        })
+    }
+
+    fn close_read(&self, generation: u64) {
+        let mut state = self.state();
+        if state.read_generation == generation && state.read_open {
+            state.read_open = false;
+            state.expires_at = state.expires_at.max(Instant::now() + self.ttl);
+        }
+    }
+
+    /// Waits until the lease has been idle past its TTL (returns true) or has ended (false).
+    pub async fn expired(&self) -> bool {
+        let mut interrupts = self.interrupts.subscribe();
+        loop {
+            let deadline = {
+                let state = self.state();
+                if state.ended.is_some() {
+                    return false;
+                }
+                if state.read_open {
+                    // An open Read keeps the lease alive; look again a TTL from now, or
+                    // sooner when something happens.
+                    Instant::now() + self.ttl
+                } else if state.expires_at <= Instant::now() {
+                    return true;
+                } else {
+                    state.expires_at
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(deadline) => {}
+                changed = interrupts.changed() => {
+                    if changed.is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Why Read `generation` must stop, if it must: `Ok(None)` ends the stream with OK.
+    fn read_stop(&self, state: &LeaseState, generation: u64) -> Option<Option<LeaseError>> {
+        if state.read_generation != generation {
+            return Some(Some(LeaseError::Superseded {
+                lease_ref: self.lease_ref.clone(),
+            }));
+        }
+        match &state.ended {
+            None => None,
+            Some(EndReason::Released) => Some(None),
+            Some(EndReason::Shutdown) => Some(Some(LeaseError::ShuttingDown)),
+            Some(reason) => Some(Some(self.ended_error(reason))),
+        }
+    }
+}
+
+/// What one fill produced.
+enum Fill {
+    Batch {
+        epoch: u64,
+        from: i64,
+        records: Vec<v1::Record>,
+        high_watermark: Option<i64>,
+    },
+    /// The Read must end: `None` with OK, else with the error.
+    Stop(Option<LeaseError>),
+    /// Interrupted or failed transiently: fill again.
+    Again,
+}
+
+type FillFuture = Pin<Box<dyn Future<Output = Fill> + Send>>;
+
+/// Fills one batch for Read `generation`, starting at the lease position.
+async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
+    // Subscribe before looking at the state, so an interrupt after the look is not missed.
+    let mut interrupts = lease.interrupts.subscribe();
+    // Look before waiting for the feed: a newer Read may hold it for as long as its partition
+    // is idle, and this Read must end rather than wait behind it.
+    if let Some(stop) = lease.read_stop(&lease.state(), generation) {
+        return Fill::Stop(stop);
+    }
+    let mut feed_guard = tokio::select! {
+        guard = lease.feed.lock() => guard,
+        _ = interrupts.changed() => return Fill::Again,
+    };
+    let (epoch, from) = {
+        let state = lease.state();
+        if let Some(stop) = lease.read_stop(&state, generation) {
+            return Fill::Stop(stop);
+        }
+        (state.seek_epoch, state.position)
+    };
+    let Some(feed) = feed_guard.as_mut() else {
+        // The lease is being dismantled; the next look at the state ends the Read.
+        drop(feed_guard);
+        let _ = interrupts.changed().await;
+        return Fill::Again;
+    };
+    if let Err(err) = feed.align(from).await {
+        tracing::warn!(parent: &lease.span, error = %err, "repositioning the partition failed; retrying");
+        drop(feed_guard);
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = interrupts.changed() => {}
+        }
+        return Fill::Again;
+    }
+
+    let mut records: Vec<v1::Record> = Vec::new();
+    let mut bytes = 0_usize;
+    // Room for the response's own fields (high watermark, epoch) beside the records.
+    let budget = limits.max_bytes.saturating_sub(32);
+    let mut deadline: Option<Instant> = None;
+    while records.len() < limits.max_records {
+        let next = async {
+            match deadline {
+                Some(at) => tokio::time::timeout_at(at, feed.next_record()).await.ok(),
+                None => Some(feed.next_record().await),
+            }
+        };
+        let record = tokio::select! {
+            biased;
+            _ = interrupts.changed() => return Fill::Again,
+            record = next => record,
+        };
+        let Some(record) = record else { break };
+        let expected = records.last().map_or(from, |r: &v1::Record| r.offset + 1);
+        if record.offset < expected {
+            // Pre-fetched before a reposition; never deliver a record twice.
+            continue;
+        }
+        let size = record_size(&record);
+        if !records.is_empty() && bytes + size > budget {
+            feed.put_back(record, expected);
+            break;
+        }
+        bytes += size;
+        records.push(record);
+        if deadline.is_none() {
+            deadline = Some(Instant::now() + limits.max_wait);
+        }
+        if bytes >= budget {
+            break;
+        }
+    }
+    let high_watermark = feed.cached_high_watermark();
+    Fill::Batch {
+        epoch,
+        from,
+        records,
+        high_watermark,
+    }
+}
+
+/// The stream behind one Read call. Ends with `None` after Release; yields one error and
+/// ends otherwise. Dropping it (the client went away) closes the Read, which starts the
+/// lease's TTL.
+pub struct ReadStream {
+    lease: Arc<Lease>,
+    generation: u64,
+    limits: ReadLimits,
+    fill: Option<FillFuture>,
+    finished: bool,
+}
+
+impl std::fmt::Debug for ReadStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadStream")
+            .field("lease", &self.lease.lease_ref)
+            .field("generation", &self.generation)
+            .finish()
+    }
+}
+
+impl Drop for ReadStream {
+    fn drop(&mut self) {
+        self.lease.close_read(self.generation);
+    }
+}
+
+impl futures::Stream for ReadStream {
+    type Item = Result<v1::ReadResponse, LeaseError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.finished {
+                return Poll::Ready(None);
+            }
+            let (lease, generation, limits) = (this.lease.clone(), this.generation, this.limits);
+            let fut = this
+                .fill
+                .get_or_insert_with(|| Box::pin(fill(lease, generation, limits)));
+            let outcome = match fut.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(outcome) => outcome,
+            };
+            this.fill = None;
+            match outcome {
+                Fill::Again => continue,
+                Fill::Stop(stop) => {
+                    this.finished = true;
+                    return Poll::Ready(stop.map(Err));
+                }
+                Fill::Batch {
+                    epoch,
+                    from,
+                    records,
+                    high_watermark,
+                } => {
+                    // The handoff: under the state lock, so a Seek either happened before
+                    // (and this batch is dropped) or happens after the batch is handed over.
+                    let mut state = this.lease.state();
+                    if let Some(stop) = this.lease.read_stop(&state, this.generation) {
+                        this.finished = true;
+                        return Poll::Ready(stop.map(Err));
+                    }
+                    if state.seek_epoch != epoch || state.position != from {
+                        continue;
+                    }
+                    let Some(last) = records.last() else { continue };
+                    state.position = last.offset + 1;
+                    let high = high_watermark.unwrap_or(0).max(state.position);
+                    state.high_watermark = state.high_watermark.max(high);
+                    let response = v1::ReadResponse {
+                        records,
+                        high_watermark: state.high_watermark,
+                        seek_epoch: epoch,
+                    };
+                    return Poll::Ready(Some(Ok(response)));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_are_long_random_and_have_a_public_reference() {
+        let a = new_lease_id();
+        let b = new_lease_id();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 16 + 1 + 32);
+        assert_eq!(lease_ref(&a).len(), 16);
+        assert!(a.starts_with(lease_ref(&a)));
+        assert_eq!(lease_ref("no-dot"), "no-dot");
+    }
+}

@@ -1,0 +1,18 @@
+//! The kafka-lease gateway: lock backends, partition reading, the lease table and the gRPC
+//! service.
+//!
+//! Layers, bottom up: [`coordination`] (locks; knows nothing of Kafka or gRPC), [`kafka`]
+//! (reading and offsets; knows nothing of locks or gRPC), [`lease`] and [`gateway`] (the
+//! lease rules, on both), [`grpc`] (validation and the one error-to-status mapping), and
+//! [`server`] (running it all, health, shutdown).
+
+pub mod config;
+pub mod coordination;
+pub mod dev;
+pub mod error;
+pub mod gateway;
+pub mod grpc;
+pub mod kafka;
+pub mod lease;
+pub mod server;
+pub mod validate;

@@ -1,0 +1,148 @@
+//! Running the gateway: the gRPC server with health and reflection beside the lease service,
+//! the health checker, and the graceful shutdown sequence.
+//!
+//! Shutdown order (each step bounded by the grace period): health NOT_SERVING; no new
+//! leases; every lease ended, which ends its Read with UNAVAILABLE after the batch in flight
+//! and releases its lock explicitly (no lock-delay for successors); the lock session
+//! destroyed; the server stopped.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseServiceServer;
+
+use crate::coordination::SessionState;
+use crate::gateway::Gateway;
+use crate::grpc::LeaseService;
+
+/// Why the server could not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    #[error("building the reflection service failed: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("the gRPC server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// How often health is re-checked against Kafka and Consul.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Serves `gateway` on `listener` until `shutdown` resolves, then shuts down gracefully
+/// within `grace`.
+pub async fn serve(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) -> Result<(), ServerError> {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    set_health(&reporter, ServingStatus::NotServing).await;
+    let health_task = tokio::spawn(watch_health(gateway.clone(), reporter.clone()));
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(PartitionLeaseServiceServer::new(LeaseService::new(
+            gateway.clone(),
+        )))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            let _ = server_stopped.await;
+        });
+    tokio::pin!(server);
+
+    tokio::select! {
+        result = &mut server => {
+            health_task.abort();
+            return result.map_err(ServerError::from);
+        }
+        () = shutdown => {}
+    }
+
+    let started = tokio::time::Instant::now();
+    tracing::info!(grace = %humantime::format_duration(grace), "shutting down");
+    health_task.abort();
+    set_health(&reporter, ServingStatus::NotServing).await;
+    if tokio::time::timeout(grace, gateway.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("leases were not all released within the grace period");
+    }
+    let remaining = grace.saturating_sub(started.elapsed());
+    if tokio::time::timeout(remaining, gateway.locks().shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("the lock session was not destroyed within the grace period");
+    }
+    let _ = stop_server.send(());
+    let remaining = grace
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(100));
+    match tokio::time::timeout(remaining, &mut server).await {
+        Ok(result) => result?,
+        Err(_) => tracing::warn!("open calls did not finish within the grace period; closing them"),
+    }
+    tracing::info!(took = ?started.elapsed(), "shutdown complete");
+    Ok(())
+}
+
+async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    reporter.set_service_status("", status).await;
+    reporter
+        .set_service_status(kafka_lease_proto::SERVICE_NAME, status)
+        .await;
+}
+
+/// SERVING only while Kafka answers, Consul answers and the lock session is live.
+async fn watch_health(gateway: Arc<Gateway>, reporter: HealthReporter) {
+    let mut last: Option<ServingStatus> = None;
+    let mut ticker = tokio::time::interval(HEALTH_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let (kafka, consul) = tokio::join!(gateway.kafka().ping(), gateway.locks().ping());
+        let session_live = matches!(
+            &*gateway.locks().session_state().borrow(),
+            SessionState::Live { .. }
+        );
+        let status =
+            if kafka.is_ok() && consul.is_ok() && session_live && !gateway.is_shutting_down() {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+        if last != Some(status) {
+            match (&kafka, &consul) {
+                (Err(e), _) => tracing::warn!(error = %e, "health: NOT_SERVING, Kafka unreachable"),
+                (_, Err(e)) => {
+                    tracing::warn!(error = %e, "health: NOT_SERVING, Consul unreachable")
+                }
+                _ if !session_live => tracing::warn!("health: NOT_SERVING, no live lock session"),
+                _ => tracing::info!(?status, "health"),
+            }
+            set_health(&reporter, status).await;
+            last = Some(status);
+        }
+    }
+}

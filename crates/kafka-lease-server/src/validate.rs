@@ -1,0 +1,316 @@
+//! Checks of every request field against the API contract, turning raw protobuf values into
+//! typed, in-range values. A failed check names the field, the offending value and what is
+//! allowed; nothing has happened yet when it fails.
+
+use std::time::Duration;
+
+use crate::error::LeaseError;
+
+/// The longest group id and topic name Kafka accepts.
+pub const MAX_NAME_LEN: usize = 249;
+/// The longest `member` label, in UTF-8 bytes.
+pub const MAX_MEMBER_BYTES: usize = 256;
+/// The longest commit metadata a client may pass, in UTF-8 bytes.
+pub const MAX_METADATA_BYTES: usize = 4096;
+
+pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+pub const MIN_TTL: Duration = Duration::from_secs(1);
+pub const MAX_TTL: Duration = Duration::from_secs(300);
+pub const MAX_WAIT: Duration = Duration::from_secs(300);
+
+pub const DEFAULT_MAX_RECORDS: u32 = 500;
+pub const MAX_MAX_RECORDS: u32 = 10_000;
+pub const DEFAULT_MAX_BYTES: u32 = 1024 * 1024;
+pub const MAX_MAX_BYTES: u32 = 4 * 1024 * 1024;
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_millis(100);
+pub const MAX_MAX_WAIT: Duration = Duration::from_secs(10);
+
+fn invalid(field: &'static str, message: String) -> LeaseError {
+    LeaseError::InvalidArgument { field, message }
+}
+
+/// Shows a user-supplied string safely inside an error message: quoted, escaped, and cut
+/// after 64 characters so a megabyte of garbage does not come back in the status.
+pub fn shown(value: &str) -> String {
+    let mut out: String = value.chars().take(64).collect();
+    if value.chars().count() > 64 {
+        out.push('…');
+    }
+    format!("{out:?}")
+}
+
+fn kafka_name(field: &'static str, kind: &str, value: &str) -> Result<(), LeaseError> {
+    if value.is_empty() {
+        return Err(invalid(
+            field,
+            format!(
+                "{field} is empty; a {kind} is 1..={MAX_NAME_LEN} characters of [A-Za-z0-9._-]"
+            ),
+        ));
+    }
+    let len = value.chars().count();
+    if len > MAX_NAME_LEN {
+        return Err(invalid(
+            field,
+            format!(
+                "{field} {} is {len} characters long; a {kind} is at most {MAX_NAME_LEN}",
+                shown(value)
+            ),
+        ));
+    }
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(invalid(
+            field,
+            format!(
+                "{field} {} contains {bad:?}; a {kind} may contain only [A-Za-z0-9._-]",
+                shown(value)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// A Kafka consumer-group id: 1..=249 characters of `[A-Za-z0-9._-]`. Also keeps Consul key
+/// paths safe: no `/`, and `.`/`..` are refused so no path segment can climb.
+pub fn group(value: &str) -> Result<(), LeaseError> {
+    kafka_name("group", "group id", value)?;
+    if value == "." || value == ".." {
+        return Err(invalid(
+            "group",
+            format!("group {} is not allowed", shown(value)),
+        ));
+    }
+    Ok(())
+}
+
+/// A Kafka topic name: 1..=249 characters of `[A-Za-z0-9._-]`, not `.` or `..`.
+pub fn topic(value: &str) -> Result<(), LeaseError> {
+    kafka_name("topic", "topic name", value)?;
+    if value == "." || value == ".." {
+        return Err(invalid(
+            "topic",
+            format!("topic {} is not allowed", shown(value)),
+        ));
+    }
+    Ok(())
+}
+
+pub fn member(value: &str) -> Result<(), LeaseError> {
+    if value.len() > MAX_MEMBER_BYTES {
+        return Err(invalid(
+            "member",
+            format!(
+                "member {} is {} bytes long; at most {MAX_MEMBER_BYTES} UTF-8 bytes are allowed",
+                shown(value),
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub fn metadata(value: &str) -> Result<(), LeaseError> {
+    if value.len() > MAX_METADATA_BYTES {
+        return Err(invalid(
+            "metadata",
+            format!(
+                "metadata is {} bytes long; at most {MAX_METADATA_BYTES} UTF-8 bytes are allowed",
+                value.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub fn partition(value: Option<i32>) -> Result<Option<i32>, LeaseError> {
+    match value {
+        Some(p) if p < 0 => Err(invalid(
+            "partition",
+            format!("partition {p} is negative; partitions are numbered from 0"),
+        )),
+        other => Ok(other),
+    }
+}
+
+/// A protobuf Duration as a std Duration, refusing negative and malformed values.
+pub fn duration(
+    field: &'static str,
+    value: Option<&prost_types::Duration>,
+) -> Result<Option<Duration>, LeaseError> {
+    let Some(d) = value else { return Ok(None) };
+    let shown = format!("{}s{}ns", d.seconds, d.nanos);
+    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
+        return Err(invalid(
+            field,
+            format!("{field} {shown} is negative or malformed"),
+        ));
+    }
+    Ok(Some(Duration::new(d.seconds as u64, d.nanos as u32)))
+}
+
+/// A duration field with its default and inclusive range.
+pub fn duration_in(
+    field: &'static str,
+    value: Option<&prost_types::Duration>,
+    default: Duration,
+    min: Duration,
+    max: Duration,
+) -> Result<Duration, LeaseError> {
+    let d = duration(field, value)?.unwrap_or(default);
+    if d < min || d > max {
+        return Err(invalid(
+            field,
+            format!(
+                "{field} {} is out of range; allowed {} ..= {}",
+                humantime::format_duration(d),
+                humantime::format_duration(min),
+                humantime::format_duration(max)
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+/// A count field where 0 means "the default", with an inclusive maximum.
+pub fn count_in(
+    field: &'static str,
+    value: u32,
+    default: u32,
+    max: u32,
+) -> Result<u32, LeaseError> {
+    match value {
+        0 => Ok(default),
+        v if v > max => Err(invalid(
+            field,
+            format!("{field} {v} is too large; allowed 1 ..= {max} (0 means {default})"),
+        )),
+        v => Ok(v),
+    }
+}
+
+/// A lease id must at least look like one before it is looked up.
+pub fn lease_id(value: &str) -> Result<(), LeaseError> {
+    if value.is_empty() {
+        return Err(invalid(
+            "lease_id",
+            "lease_id is empty; pass the id Acquire returned".into(),
+        ));
+    }
+    if value.len() > 128 {
+        return Err(invalid(
+            "lease_id",
+            format!("lease_id {} is not a lease id (too long)", shown(value)),
+        ));
+    }
+    Ok(())
+}
+
+/// A protobuf Timestamp as milliseconds since the Unix epoch.
+pub fn timestamp_ms(
+    field: &'static str,
+    value: &prost_types::Timestamp,
+) -> Result<i64, LeaseError> {
+    if value.nanos < 0 || value.nanos >= 1_000_000_000 || value.seconds < 0 {
+        return Err(invalid(
+            field,
+            format!(
+                "{field} {}s{}ns is before 1970 or malformed",
+                value.seconds, value.nanos
+            ),
+        ));
+    }
+    value
+        .seconds
+        .checked_mul(1000)
+        .and_then(|ms| ms.checked_add(i64::from(value.nanos / 1_000_000)))
+        .ok_or_else(|| {
+            invalid(
+                field,
+                format!("{field} {}s is too far in the future", value.seconds),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_kafka_rules() {
+        for ok in ["a", "orders", "my.group_1-x", &"x".repeat(249)] {
+            assert!(group(ok).is_ok(), "{ok}");
+            assert!(topic(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a/b", "..", ".", "ü", "a b", &"x".repeat(250), "a\0b"] {
+            assert!(group(bad).is_err(), "{bad:?}");
+            assert!(topic(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_value_and_the_rule() {
+        let LeaseError::InvalidArgument { field, message } = topic("a/b").unwrap_err() else {
+            panic!("wrong variant");
+        };
+        assert_eq!(field, "topic");
+        assert!(
+            message.contains("\"a/b\"") && message.contains("[A-Za-z0-9._-]"),
+            "{message}"
+        );
+        let LeaseError::InvalidArgument { message, .. } = group(&"g".repeat(250)).unwrap_err()
+        else {
+            panic!("wrong variant");
+        };
+        assert!(
+            message.contains("250 characters") && message.contains("249"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn durations_have_defaults_and_ranges() {
+        let d = |s: i64, n: i32| prost_types::Duration {
+            seconds: s,
+            nanos: n,
+        };
+        assert_eq!(
+            duration_in("ttl", None, DEFAULT_TTL, MIN_TTL, MAX_TTL).ok(),
+            Some(DEFAULT_TTL)
+        );
+        assert!(duration_in(
+            "ttl",
+            Some(&d(0, 999_000_000)),
+            DEFAULT_TTL,
+            MIN_TTL,
+            MAX_TTL
+        )
+        .is_err());
+        assert!(duration_in("ttl", Some(&d(301, 0)), DEFAULT_TTL, MIN_TTL, MAX_TTL).is_err());
+        assert!(duration_in("ttl", Some(&d(-1, 0)), DEFAULT_TTL, MIN_TTL, MAX_TTL).is_err());
+        assert_eq!(
+            duration_in("ttl", Some(&d(300, 0)), DEFAULT_TTL, MIN_TTL, MAX_TTL).ok(),
+            Some(MAX_TTL)
+        );
+    }
+
+    #[test]
+    fn counts_default_on_zero_and_cap() {
+        assert_eq!(count_in("max_records", 0, 500, 10_000).ok(), Some(500));
+        assert_eq!(
+            count_in("max_records", 10_000, 500, 10_000).ok(),
+            Some(10_000)
+        );
+        assert!(count_in("max_records", 10_001, 500, 10_000).is_err());
+    }
+
+    #[test]
+    fn member_and_partition_limits() {
+        assert!(member(&"m".repeat(256)).is_ok());
+        assert!(member(&"m".repeat(257)).is_err());
+        assert!(partition(Some(-1)).is_err());
+        assert_eq!(partition(Some(0)).ok(), Some(Some(0)));
+    }
+}

@@ -1,0 +1,191 @@
+//! Helpers shared by the integration tests: where the real Kafka and Consul started by
+//! `scripts/services up` are, names unique to one test, and waiting for a condition with a
+//! deadline instead of sleeping.
+//!
+//! A test that needs a service calls [`Services::require`]. Under `CI=true` a missing service
+//! is a loud failure; elsewhere the test is skipped with a message saying how to start the
+//! services.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The connection settings of the services that `scripts/services up` started.
+#[derive(Debug, Clone)]
+pub struct Services {
+    /// `host:port` of the Kafka broker.
+    pub kafka_bootstrap: String,
+    /// `http://host:port` of the Consul agent's HTTP API.
+    pub consul_http_addr: String,
+    /// Every `KEY=value` line of the env file, for the settings a few tests need (binaries,
+    /// pid files).
+    pub vars: BTreeMap<String, String>,
+}
+
+impl Services {
+    /// The services' settings, or `None` (after printing how to start them) when they are not
+    /// running and this is not CI.
+    ///
+    /// # Panics
+    /// Under `CI=true` when the env file is missing or a service does not answer: a test that
+    /// needs a service must never pass silently there.
+    pub fn require(test: &str) -> Option<Services> {
+        match Self::discover() {
+            Ok(services) => Some(services),
+            Err(why) => {
+                if is_ci() {
+                    panic!("{test}: needs the real Kafka and Consul, but {why}. scripts/test starts them (scripts/services up).");
+                }
+                eprintln!(
+                    "SKIPPED {test}: {why}. Start the services with `scripts/services up` (or run `scripts/test`)."
+                );
+                None
+            }
+        }
+    }
+
+    /// Reads the env file and checks that both services accept TCP connections.
+    pub fn discover() -> Result<Services, String> {
+        let path = env_file_path();
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "the services env file {} cannot be read ({e})",
+                path.display()
+            )
+        })?;
+        let vars = parse_env_file(&text);
+        // Explicit environment variables win over the file, so a developer can point the
+        // tests at services of their own.
+        let pick = |key: &str| std::env::var(key).ok().or_else(|| vars.get(key).cloned());
+        let kafka_bootstrap = pick("KAFKA_BOOTSTRAP_SERVERS")
+            .ok_or_else(|| format!("{} has no KAFKA_BOOTSTRAP_SERVERS", path.display()))?;
+        let consul_http_addr = pick("CONSUL_HTTP_ADDR")
+            .ok_or_else(|| format!("{} has no CONSUL_HTTP_ADDR", path.display()))?;
+        let consul_hostport = consul_http_addr
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let kafka_first = kafka_bootstrap
+            .split(',')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        for (name, addr) in [("Kafka", &kafka_first), ("Consul", &consul_hostport)] {
+            std::net::TcpStream::connect_timeout(
+                &addr
+                    .parse()
+                    .map_err(|e| format!("{name} address {addr:?} is not host:port ({e})"))?,
+                Duration::from_secs(2),
+            )
+            .map_err(|e| format!("{name} at {addr} does not accept connections ({e})"))?;
+        }
+        Ok(Services {
+            kafka_bootstrap,
+            consul_http_addr,
+            vars,
+        })
+    }
+
+    /// A setting from the env file, or a panic naming it.
+    pub fn var(&self, key: &str) -> &str {
+        self.vars.get(key).map(String::as_str).unwrap_or_else(|| {
+            panic!("the services env file has no {key}; rerun scripts/services up")
+        })
+    }
+}
+
+/// True when running under CI (`CI=true` or `CI=1`).
+pub fn is_ci() -> bool {
+    matches!(std::env::var("CI").as_deref(), Ok("true") | Ok("1"))
+}
+
+/// The env file `scripts/services up` writes: `$KAFKA_LEASE_SERVICES_RUN/services.env`, by
+/// default `.cache/run/services.env` in the repository.
+pub fn env_file_path() -> PathBuf {
+    if let Ok(run) = std::env::var("KAFKA_LEASE_SERVICES_RUN") {
+        return Path::new(&run).join("services.env");
+    }
+    repo_root().join(".cache/run/services.env")
+}
+
+/// The repository root (the workspace directory).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn parse_env_file(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !line.starts_with('#'))
+        .filter_map(|line| line.split_once('='))
+        .map(|(k, v)| {
+            let v = v.trim();
+            let v = v
+                .strip_prefix('\'')
+                .and_then(|v| v.strip_suffix('\''))
+                .or_else(|| v.strip_prefix('"').and_then(|v| v.strip_suffix('"')))
+                .unwrap_or(v);
+            (k.trim().to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// A name unique to one test run: `<prefix>-<12 random hex digits>`, valid as a Kafka topic,
+/// a group id and a Consul key segment.
+pub fn unique_name(prefix: &str) -> String {
+    format!("{prefix}-{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// Polls `condition` every 20 ms until it yields `Some`, or panics after `deadline` naming
+/// `what`. Tests wait for conditions, never for fixed times.
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut condition: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        if let Some(value) = condition().await {
+            return value;
+        }
+        if started.elapsed() >= deadline {
+            panic!("timed out after {deadline:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_file_lines_are_parsed_with_quotes_and_comments() {
+        let vars = parse_env_file("# comment\nA=1\nB='two words'\n\nC=\"x=y\"\n");
+        assert_eq!(vars.get("A").map(String::as_str), Some("1"));
+        assert_eq!(vars.get("B").map(String::as_str), Some("two words"));
+        assert_eq!(vars.get("C").map(String::as_str), Some("x=y"));
+        assert_eq!(vars.len(), 3);
+    }
+
+    #[test]
+    fn unique_names_are_valid_kafka_names_and_differ() {
+        let a = unique_name("t");
+        let b = unique_name("t");
+        assert_ne!(a, b);
+        assert!(a.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    }
+
+    #[tokio::test]
+    async fn wait_for_returns_the_first_some() {
+        let mut n = 0;
+        let got = wait_for("n to reach 3", Duration::from_secs(5), || {
+            n += 1;
+            let v = (n >= 3).then_some(n);
+            async move { v }
+        })
+        .await;
+        assert_eq!(got, 3);
+    }
+}

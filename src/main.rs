@@ -1,0 +1,221 @@
+//! The `kafka-lease` binary: parses the configuration, sets up logging, and runs the gateway
+//! (`serve`) or the self-contained demo (`dev`) until SIGTERM or SIGINT.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use kafka_lease_server::config::{DevArgs, LogArgs, LogFormat, ServeArgs};
+use kafka_lease_server::coordination::consul::{ConsulLockConfig, ConsulLocks};
+use kafka_lease_server::coordination::memory::MemoryLockStore;
+use kafka_lease_server::coordination::LockBackend;
+use kafka_lease_server::dev::{DevKafka, DEMO_PARTITIONS, DEMO_TOPIC};
+use kafka_lease_server::gateway::Gateway;
+use kafka_lease_server::kafka::{Kafka, KafkaSettings};
+
+/// The version and the git revision this binary was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("KAFKA_LEASE_GIT_REVISION"),
+    ")"
+);
+
+/// Exit status for a bad configuration (EX_USAGE from sysexits.h).
+const EXIT_USAGE: u8 = 64;
+
+/// kafka-lease: lease Kafka partitions to consumer-group clients in any language over gRPC,
+/// with partition ownership coordinated through Consul locks.
+#[derive(Debug, Parser)]
+#[command(name = "kafka-lease", version = VERSION, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway against a real Kafka cluster and a real Consul agent.
+    Serve(ServeArgs),
+    /// Run a self-contained gateway: an in-process Kafka (librdkafka's mock cluster) with a
+    /// topic `demo` of 4 partitions holding sample records, and in-memory locks. Needs
+    /// nothing installed; for trying the API, not for production.
+    Dev(DevArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let usage_error = err.use_stderr();
+            let _ = err.print();
+            return if usage_error {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    if let Command::Serve(args) = &cli.command {
+        if let Err(err) = args.validate() {
+            eprintln!("kafka-lease: {err}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    }
+    let log = match &cli.command {
+        Command::Serve(args) => &args.log,
+        Command::Dev(args) => &args.log,
+    };
+    if let Err(err) = init_logging(log) {
+        eprintln!("kafka-lease: {err:#}");
+        return ExitCode::from(EXIT_USAGE);
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        // librdkafka's blocking calls (metadata, commits, seeks) run here; a cap keeps the
+        // thread count bounded under load instead of growing to tokio's default of 512.
+        .max_blocking_threads(16)
+        .thread_name("kafka-lease")
+        .build();
+    let runtime = match runtime {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("kafka-lease: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve(args).await,
+            Command::Dev(args) => dev(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            tracing::error!("{err:#}");
+            eprintln!("kafka-lease: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(log: &LogArgs) -> anyhow::Result<()> {
+    let mut filter = tracing_subscriber::EnvFilter::try_new(&log.log)
+        .with_context(|| format!("invalid --log filter {:?}", log.log))?;
+    // The Consul client logs every request at info and expected 404s at error; keep it to
+    // warnings unless the filter names it.
+    for noisy in ["consulrs", "rustify"] {
+        if !log.log.contains(noisy) {
+            if let Ok(directive) = format!("{noisy}=warn").parse() {
+                filter = filter.add_directive(directive);
+            }
+        }
+    }
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match log.log_format {
+        LogFormat::Pretty => builder.init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .init(),
+    }
+    Ok(())
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("SIGINT received"),
+        () = term => tracing::info!("SIGTERM received"),
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let instance = args.instance();
+    tracing::info!(version = VERSION, %instance, listen = %args.listen, kafka = %args.kafka, consul = %args.consul, "starting kafka-lease");
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let locks = ConsulLocks::connect(ConsulLockConfig {
+        address: args.consul.clone(),
+        token: args.consul_token.clone(),
+        prefix: args.consul_prefix.trim_matches('/').to_string(),
+        instance: instance.clone(),
+        session_ttl: args.session_ttl,
+        lock_delay: args.lock_delay,
+        renew_interval: args.session_ttl / 3,
+    })
+    .await
+    .with_context(|| format!("cannot open a Consul session at {}", args.consul))?;
+    let mut settings = KafkaSettings::new(&args.kafka, &instance);
+    settings.options = args.kafka_options.clone();
+    settings.queue_kbytes_per_partition = args.fetch_queue_kbytes;
+    let kafka = Kafka::new(settings)?;
+    let gateway = Gateway::new(instance, Arc::new(locks), kafka);
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, "serving");
+    // One machine-readable line on stdout, for scripts and tests started with port 0.
+    println!("kafka-lease listening on {addr}");
+    kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), args.shutdown_grace)
+        .await?;
+    Ok(())
+}
+
+async fn dev(args: DevArgs) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let kafka_cluster = DevKafka::start(args.sample_records).await?;
+    let store = MemoryLockStore::new();
+    let locks: Arc<dyn LockBackend> = Arc::new(store.backend("dev"));
+    let kafka = Kafka::new(KafkaSettings::new(kafka_cluster.bootstrap_servers(), "dev"))?;
+    let gateway = Gateway::new("dev".to_string(), locks, kafka);
+    print_dev_banner(&addr.to_string(), args.sample_records);
+    println!("kafka-lease listening on {addr}");
+    kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), Duration::from_secs(5))
+        .await?;
+    drop(kafka_cluster);
+    Ok(())
+}
+
+fn print_dev_banner(addr: &str, per_partition: u32) {
+    println!(
+        r#"kafka-lease {VERSION} dev mode: in-process Kafka, in-memory locks. Not for production.
+Listening on {addr}. Topic "{DEMO_TOPIC}" has {DEMO_PARTITIONS} partitions of {per_partition} sample records.
+
+Try it with grpcurl (reflection is on, no .proto needed):
+
+  grpcurl -plaintext {addr} list
+  grpcurl -plaintext {addr} describe kafka_lease.v1.PartitionLeaseService
+  grpcurl -plaintext -d '{{"group":"demo-group","topic":"demo","member":"me"}}' {addr} kafka_lease.v1.PartitionLeaseService/Acquire
+  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","max_records":5}}' {addr} kafka_lease.v1.PartitionLeaseService/Read
+  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","offset":5}}' {addr} kafka_lease.v1.PartitionLeaseService/Commit
+  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","earliest":true}}' {addr} kafka_lease.v1.PartitionLeaseService/Seek
+  grpcurl -plaintext -d '{{}}' {addr} kafka_lease.v1.PartitionLeaseService/ListLeases
+  grpcurl -plaintext -d '{{"lease_id":"<lease_id>"}}' {addr} kafka_lease.v1.PartitionLeaseService/Release
+  grpcurl -plaintext {addr} grpc.health.v1.Health/Check
+
+Press Ctrl-C to stop."#
+    );
+}

@@ -1,0 +1,99 @@
+//! Health follows Consul: NOT_SERVING while the real Consul agent is stopped, Acquire
+//! answers UNAVAILABLE, and the gateway recovers by itself when Consul returns. Its own test
+//! binary, because it stops the shared Consul (test binaries run one after another).
+
+mod support;
+
+use std::time::Duration;
+
+use kafka_lease_client::{AcquireOptions, Error};
+use kafka_lease_testkit::{unique_name, wait_for, Services};
+use support::{create_topic, unique_prefix, GatewayProcess};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn services_script(services: &Services, command: &str) {
+    let script = services.var("KAFKA_LEASE_SERVICES_SCRIPT");
+    let status = std::process::Command::new(script)
+        .arg(command)
+        .status()
+        .expect("run scripts/services");
+    assert!(status.success(), "scripts/services {command} failed");
+}
+
+async fn wait_health(health: &HealthClient<tonic::transport::Channel>, want: ServingStatus) {
+    wait_for(&format!("health {want:?}"), DEADLINE, || {
+        let mut health = health.clone();
+        async move {
+            let status = health
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status;
+            (status == want as i32).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
+    let Some(services) =
+        Services::require("health_and_acquire_follow_consul_and_the_gateway_recovers")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let client = gateway.client().await;
+    let channel = tonic::transport::Endpoint::from_shared(gateway.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let health = HealthClient::new(channel);
+    wait_health(&health, ServingStatus::Serving).await;
+
+    services_script(&services, "stop-consul");
+    let outage = {
+        let (health, client, topic) = (health.clone(), client.clone(), topic.clone());
+        async move {
+            wait_health(&health, ServingStatus::NotServing).await;
+            match client
+                .acquire(AcquireOptions::new(unique_name("g"), &topic))
+                .await
+            {
+                Err(Error::Unavailable { message }) => {
+                    println!("Acquire during the outage: {message}")
+                }
+                other => panic!("Acquire with Consul down: {other:?}"),
+            }
+        }
+    };
+    // Whatever happens above, Consul must come back for the tests after this one.
+    let result = tokio::spawn(outage).await;
+    services_script(&services, "start-consul");
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic.into_panic());
+    }
+
+    wait_health(&health, ServingStatus::Serving).await;
+    let lease = wait_for("an Acquire after Consul returned", DEADLINE, || {
+        let client = client.clone();
+        let topic = topic.clone();
+        async move {
+            client
+                .acquire(AcquireOptions::new(unique_name("g"), &topic))
+                .await
+                .ok()
+        }
+    })
+    .await;
+    lease.release().await.expect("release");
+}

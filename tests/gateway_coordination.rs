@@ -1,0 +1,674 @@
+//! End to end across two real gateway processes sharing one Consul: exclusivity under a
+//! race, waiting for a partition, calls that reach the wrong instance, ListLeases, bad input
+//! that must change nothing, grpcurl against reflection, and health.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::time::Instant;
+
+use kafka_lease_client::proto;
+use kafka_lease_client::{AcquireOptions, Error, LeaseFilter};
+use kafka_lease_testkit::{unique_name, wait_for, Services};
+use support::{consul_keys, create_topic, produce_n, producer, unique_prefix, GatewayProcess};
+use tonic::Code;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn two_gateways_never_grant_one_partition_twice() {
+    let Some(services) = Services::require("two_gateways_never_grant_one_partition_twice") else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
+    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let partitions = 4;
+    let topic = create_topic(&services, partitions).await;
+    let group = unique_name("g");
+    let (client_a, client_b) = (a.client().await, b.client().await);
+
+    // Twice as many clients as partitions race, alternating between the gateways.
+    let attempts = (0..partitions * 2).map(|i| {
+        let client = if i % 2 == 0 {
+            client_a.clone()
+        } else {
+            client_b.clone()
+        };
+        let options = AcquireOptions::new(&group, &topic).member(format!("member-{i}"));
+        async move { (i, client.acquire(options).await) }
+    });
+    let results = futures::future::join_all(attempts).await;
+    let mut holders: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    let mut leases = Vec::new();
+    let mut refused = 0;
+    for (i, result) in results {
+        match result {
+            Ok(lease) => {
+                holders
+                    .entry(lease.partition())
+                    .or_default()
+                    .push(i as usize);
+                leases.push(lease);
+            }
+            Err(Error::Busy { message }) => {
+                assert!(message.contains("member-"), "names the holder: {message}");
+                refused += 1;
+            }
+            Err(other) => panic!("unexpected: {other:?}"),
+        }
+    }
+    assert_eq!(
+        holders.len(),
+        partitions as usize,
+        "every partition leased: {holders:?}"
+    );
+    assert!(
+        holders.values().all(|h| h.len() == 1),
+        "each partition exactly once: {holders:?}"
+    );
+    assert_eq!(refused, partitions as usize);
+
+    // Both gateways list the same leases, from Consul.
+    let listed_a = client_a
+        .list_leases(LeaseFilter::new().group(&group))
+        .await
+        .expect("list");
+    let listed_b = client_b
+        .list_leases(LeaseFilter::new().group(&group))
+        .await
+        .expect("list");
+    assert_eq!(listed_a.len(), 4);
+    let key = |l: &kafka_lease_client::LeaseInfo| {
+        (
+            l.partition,
+            l.fencing_token,
+            l.member.clone(),
+            l.gateway.clone(),
+        )
+    };
+    assert_eq!(
+        listed_a.iter().map(key).collect::<Vec<_>>(),
+        listed_b.iter().map(key).collect::<Vec<_>>()
+    );
+    for info in &listed_a {
+        // Detail only where the answering gateway serves the lease.
+        assert_eq!(
+            info.position.is_some(),
+            info.gateway == a.instance,
+            "{info:?}"
+        );
+    }
+
+    // Who won the race is up to the race; from here on, gateway A holds partitions 0 and 1.
+    let holders_before: Vec<(i32, u64)> = leases
+        .iter()
+        .map(|l| (l.partition(), l.fencing_token()))
+        .collect();
+    for lease in leases.drain(..) {
+        lease.release().await.expect("release");
+    }
+    for partition in [0, 1] {
+        let lease = client_a
+            .acquire(
+                AcquireOptions::new(&group, &topic)
+                    .partition(partition)
+                    .member("on-a"),
+            )
+            .await
+            .expect("acquire on A");
+        let before = holders_before
+            .iter()
+            .find(|(p, _)| *p == partition)
+            .map(|(_, t)| *t);
+        assert!(
+            Some(lease.fencing_token()) > before,
+            "tokens grow across holders and gateways"
+        );
+        leases.push(lease);
+    }
+
+    // A client waiting on gateway B gets a partition held via gateway A right after release.
+    let lease = leases.remove(0);
+    let partition = lease.partition();
+    let waiter = {
+        let client_b = client_b.clone();
+        let options = AcquireOptions::new(&group, &topic)
+            .partition(partition)
+            .member("waiter")
+            .wait(Duration::from_secs(20));
+        tokio::spawn(async move { (client_b.acquire(options).await, Instant::now()) })
+    };
+    // The waiter must be blocked on the held partition before the release, or the test
+    // would prove nothing: the lease is still listed as held by its first member.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter waits while the partition is held"
+    );
+    let released_at = Instant::now();
+    lease.release().await.expect("release");
+    let (granted, granted_at) = waiter.await.expect("join");
+    let granted = granted.expect("the waiter gets the partition");
+    assert_eq!(granted.partition(), partition);
+    println!(
+        "handoff across gateways: {:?} from Release to the waiter's Acquire",
+        granted_at - released_at
+    );
+    assert!(
+        granted_at - released_at < Duration::from_secs(5),
+        "handed off promptly"
+    );
+
+    // A lease served by A, named on B: FAILED_PRECONDITION naming A.
+    let on_a = leases
+        .iter()
+        .find(|l| l.gateway() == a.instance)
+        .expect("A holds another");
+    let mut raw_b = client_b.raw();
+    let status = raw_b
+        .commit(proto::CommitRequest {
+            lease_id: on_a.lease_id().to_string(),
+            offset: 0,
+            metadata: None,
+        })
+        .await
+        .expect_err("wrong gateway");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().contains(&a.instance),
+        "{}",
+        status.message()
+    );
+    // A lease id nobody knows: NOT_FOUND.
+    let status = raw_b
+        .commit(proto::CommitRequest {
+            lease_id: "0123456789abcdef.00".into(),
+            offset: 0,
+            metadata: None,
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(status.code(), Code::NotFound);
+
+    for lease in leases {
+        lease.release().await.expect("release");
+    }
+    granted.release().await.expect("release");
+    assert!(
+        consul_keys(&services, &prefix).await.is_empty(),
+        "every key released"
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_their_documented_code_and_change_nothing() {
+    let Some(services) =
+        Services::require("bad_requests_get_their_documented_code_and_change_nothing")
+    else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 2).await;
+    produce_n(&producer(&services), &topic, 0, 5).await;
+    let group = unique_name("g");
+    let client = gateway.client().await;
+    let held = client
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .partition(0)
+                .member("keeper"),
+        )
+        .await
+        .expect("acquire");
+    let released = client
+        .acquire(AcquireOptions::new(&group, &topic).partition(1))
+        .await
+        .expect("acquire");
+    let released_id = released.lease_id().to_string();
+    released.release().await.expect("release");
+
+    let keys_before = consul_keys(&services, &prefix).await;
+    let leases_before = client.list_leases(LeaseFilter::new()).await.expect("list");
+    assert_eq!(keys_before.len(), 1);
+
+    let acquire = |group: &str, topic: &str| proto::AcquireRequest {
+        group: group.to_string(),
+        topic: topic.to_string(),
+        ..Default::default()
+    };
+    let secs = |s: i64, n: i32| {
+        Some(prost_types::Duration {
+            seconds: s,
+            nanos: n,
+        })
+    };
+    let long = "x".repeat(250);
+    let acquires: Vec<(&str, proto::AcquireRequest, Code, &str)> = vec![
+        (
+            "group with /",
+            acquire("a/b", &topic),
+            Code::InvalidArgument,
+            "\"a/b\"",
+        ),
+        (
+            "group ..",
+            acquire("..", &topic),
+            Code::InvalidArgument,
+            "\"..\"",
+        ),
+        (
+            "group 250 chars",
+            acquire(&long, &topic),
+            Code::InvalidArgument,
+            "250 characters",
+        ),
+        (
+            "group non-ASCII",
+            acquire("grüppe", &topic),
+            Code::InvalidArgument,
+            "'ü'",
+        ),
+        (
+            "empty group",
+            acquire("", &topic),
+            Code::InvalidArgument,
+            "group is empty",
+        ),
+        (
+            "topic with /",
+            acquire(&group, "t/x"),
+            Code::InvalidArgument,
+            "\"t/x\"",
+        ),
+        (
+            "topic .",
+            acquire(&group, "."),
+            Code::InvalidArgument,
+            "\".\"",
+        ),
+        (
+            "missing topic",
+            acquire(&group, "no-such-topic-xyz"),
+            Code::NotFound,
+            "no-such-topic-xyz",
+        ),
+        (
+            "negative partition",
+            proto::AcquireRequest {
+                partition: Some(-1),
+                ..acquire(&group, &topic)
+            },
+            Code::InvalidArgument,
+            "-1",
+        ),
+        (
+            "partition out of range",
+            proto::AcquireRequest {
+                partition: Some(2),
+                ..acquire(&group, &topic)
+            },
+            Code::NotFound,
+            "0..=1",
+        ),
+        (
+            "ttl too short",
+            proto::AcquireRequest {
+                ttl: secs(0, 500_000_000),
+                ..acquire(&group, &topic)
+            },
+            Code::InvalidArgument,
+            "500ms",
+        ),
+        (
+            "ttl too long",
+            proto::AcquireRequest {
+                ttl: secs(301, 0),
+                ..acquire(&group, &topic)
+            },
+            Code::InvalidArgument,
+            "5m 1s",
+        ),
+        (
+            "negative wait",
+            proto::AcquireRequest {
+                wait: secs(-1, 0),
+                ..acquire(&group, &topic)
+            },
+            Code::InvalidArgument,
+            "wait",
+        ),
+        (
+            "wait too long",
+            proto::AcquireRequest {
+                wait: secs(3600, 0),
+                ..acquire(&group, &topic)
+            },
+            Code::InvalidArgument,
+            "1h",
+        ),
+        (
+            "member too long",
+            proto::AcquireRequest {
+                member: "m".repeat(257),
+                ..acquire(&group, &topic)
+            },
+            Code::InvalidArgument,
+            "257 bytes",
+        ),
+        (
+            "held partition",
+            proto::AcquireRequest {
+                partition: Some(0),
+                ..acquire(&group, &topic)
+            },
+            Code::ResourceExhausted,
+            "keeper",
+        ),
+    ];
+    let mut raw = client.raw();
+    for (name, request, code, needle) in acquires {
+        let status = raw.acquire(request).await.expect_err(name);
+        assert_eq!(status.code(), code, "{name}: {}", status.message());
+        assert!(
+            status.message().contains(needle),
+            "{name}: {:?} lacks {needle:?}",
+            status.message()
+        );
+    }
+
+    let read = |lease_id: &str, max_records: u32, max_bytes: u32| proto::ReadRequest {
+        lease_id: lease_id.to_string(),
+        max_records,
+        max_bytes,
+        max_wait: None,
+    };
+    let reads: Vec<(&str, proto::ReadRequest, Code, &str)> = vec![
+        (
+            "max_bytes too large",
+            read(held.lease_id(), 0, 4 * 1024 * 1024 + 1),
+            Code::InvalidArgument,
+            "4194305",
+        ),
+        (
+            "max_records too large",
+            read(held.lease_id(), 10_001, 0),
+            Code::InvalidArgument,
+            "10001",
+        ),
+        (
+            "unknown lease",
+            read("feedfacefeedface.0000", 0, 0),
+            Code::NotFound,
+            "feedfacefeedface",
+        ),
+        (
+            "empty lease id",
+            read("", 0, 0),
+            Code::InvalidArgument,
+            "lease_id",
+        ),
+        (
+            "released lease",
+            read(&released_id, 0, 0),
+            Code::FailedPrecondition,
+            "released",
+        ),
+    ];
+    for (name, request, code, needle) in reads {
+        let status = raw.read(request).await.expect_err(name);
+        assert_eq!(status.code(), code, "{name}: {}", status.message());
+        assert!(
+            status.message().contains(needle),
+            "{name}: {:?} lacks {needle:?}",
+            status.message()
+        );
+    }
+
+    use proto::seek_request::Position;
+    let seek = |lease_id: &str, position: Option<Position>| proto::SeekRequest {
+        lease_id: lease_id.to_string(),
+        position,
+    };
+    let seeks: Vec<(&str, proto::SeekRequest, Code, &str)> = vec![
+        (
+            "seek past the end",
+            seek(held.lease_id(), Some(Position::Offset(6))),
+            Code::OutOfRange,
+            "0 ..= 5",
+        ),
+        (
+            "seek negative",
+            seek(held.lease_id(), Some(Position::Offset(-3))),
+            Code::OutOfRange,
+            "-3",
+        ),
+        (
+            "seek without position",
+            seek(held.lease_id(), None),
+            Code::InvalidArgument,
+            "position",
+        ),
+        (
+            "seek earliest=false",
+            seek(held.lease_id(), Some(Position::Earliest(false))),
+            Code::InvalidArgument,
+            "earliest",
+        ),
+        (
+            "seek on released",
+            seek(&released_id, Some(Position::Earliest(true))),
+            Code::FailedPrecondition,
+            "released",
+        ),
+    ];
+    for (name, request, code, needle) in seeks {
+        let status = raw.seek(request).await.expect_err(name);
+        assert_eq!(status.code(), code, "{name}: {}", status.message());
+        assert!(
+            status.message().contains(needle),
+            "{name}: {:?} lacks {needle:?}",
+            status.message()
+        );
+    }
+
+    let commit = |lease_id: &str, offset: i64| proto::CommitRequest {
+        lease_id: lease_id.to_string(),
+        offset,
+        metadata: None,
+    };
+    let commits: Vec<(&str, proto::CommitRequest, Code, &str)> = vec![
+        (
+            "commit past the end",
+            commit(held.lease_id(), 6),
+            Code::OutOfRange,
+            "6",
+        ),
+        (
+            "commit negative",
+            commit(held.lease_id(), -1),
+            Code::OutOfRange,
+            "-1",
+        ),
+        (
+            "commit on released",
+            commit(&released_id, 1),
+            Code::FailedPrecondition,
+            "released",
+        ),
+        (
+            "commit huge metadata",
+            proto::CommitRequest {
+                metadata: Some("m".repeat(5000)),
+                ..commit(held.lease_id(), 1)
+            },
+            Code::InvalidArgument,
+            "5000 bytes",
+        ),
+    ];
+    for (name, request, code, needle) in commits {
+        let status = raw.commit(request).await.expect_err(name);
+        assert_eq!(status.code(), code, "{name}: {}", status.message());
+        assert!(
+            status.message().contains(needle),
+            "{name}: {:?} lacks {needle:?}",
+            status.message()
+        );
+    }
+
+    let status = raw
+        .release(proto::ReleaseRequest {
+            lease_id: released_id.clone(),
+            commit_offset: None,
+        })
+        .await
+        .expect_err("release twice");
+    assert_eq!(status.code(), Code::NotFound);
+    let status = raw
+        .release(proto::ReleaseRequest {
+            lease_id: held.lease_id().to_string(),
+            commit_offset: Some(99),
+        })
+        .await
+        .expect_err("release with a bad commit");
+    assert_eq!(status.code(), Code::OutOfRange, "{}", status.message());
+    let status = raw
+        .list_leases(proto::ListLeasesRequest {
+            group: Some("a/b".into()),
+            topic: None,
+        })
+        .await
+        .expect_err("bad filter");
+    assert_eq!(status.code(), Code::InvalidArgument);
+
+    // Nothing changed: the same lease is held, with the same Consul key and value.
+    assert_eq!(consul_keys(&services, &prefix).await, keys_before);
+    let leases_after = client.list_leases(LeaseFilter::new()).await.expect("list");
+    let view = |l: &kafka_lease_client::LeaseInfo| {
+        (
+            l.group.clone(),
+            l.topic.clone(),
+            l.partition,
+            l.fencing_token,
+            l.member.clone(),
+        )
+    };
+    assert_eq!(
+        leases_after.iter().map(view).collect::<Vec<_>>(),
+        leases_before.iter().map(view).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        support::kafka_committed(&services, &group, &topic, 0),
+        None,
+        "no commit reached Kafka"
+    );
+    held.release().await.expect("the lease still works");
+}
+
+#[tokio::test]
+async fn grpcurl_lists_describes_and_acquires_through_reflection() {
+    let Some(services) =
+        Services::require("grpcurl_lists_describes_and_acquires_through_reflection")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 3).await;
+    let grpcurl = services.var("KAFKA_LEASE_GRPCURL_BIN").to_string();
+    let run = |args: Vec<String>| {
+        let out = std::process::Command::new(&grpcurl)
+            .args(&args)
+            .output()
+            .expect("run grpcurl");
+        assert!(
+            out.status.success(),
+            "grpcurl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let addr = gateway.addr.clone();
+    let list = run(vec!["-plaintext".into(), addr.clone(), "list".into()]);
+    for service in [
+        "kafka_lease.v1.PartitionLeaseService",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+    ] {
+        assert!(list.contains(service), "{list}");
+    }
+    let describe = run(vec![
+        "-plaintext".into(),
+        addr.clone(),
+        "describe".into(),
+        "kafka_lease.v1.PartitionLeaseService".into(),
+    ]);
+    for rpc in ["Acquire", "Read", "Seek", "Commit", "Release", "ListLeases"] {
+        assert!(describe.contains(&format!("rpc {rpc}")), "{describe}");
+    }
+    let body =
+        format!(r#"{{"group":"grpcurl-group","topic":"{topic}","member":"grpcurl","ttl":"5s"}}"#);
+    let acquired = run(vec![
+        "-plaintext".into(),
+        "-d".into(),
+        body,
+        addr.clone(),
+        "kafka_lease.v1.PartitionLeaseService/Acquire".into(),
+    ]);
+    let json: serde_json::Value = serde_json::from_str(&acquired).expect("JSON");
+    let lease_id = json["leaseId"].as_str().expect("leaseId");
+    assert!(
+        json["fencingToken"]
+            .as_str()
+            .is_some_and(|t| t.parse::<u64>().is_ok()),
+        "{json}"
+    );
+    run(vec![
+        "-plaintext".into(),
+        "-d".into(),
+        format!(r#"{{"lease_id":"{lease_id}"}}"#),
+        addr.clone(),
+        "kafka_lease.v1.PartitionLeaseService/Release".into(),
+    ]);
+    let health = run(vec![
+        "-plaintext".into(),
+        addr,
+        "grpc.health.v1.Health/Check".into(),
+    ]);
+    assert!(health.contains("SERVING"), "{health}");
+}
+
+#[tokio::test]
+async fn health_is_serving_with_both_services_up() {
+    let Some(services) = Services::require("health_is_serving_with_both_services_up") else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let channel = tonic::transport::Endpoint::from_shared(gateway.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in ["", "kafka_lease.v1.PartitionLeaseService"] {
+        let status = wait_for("health SERVING", DEADLINE, || {
+            let mut health = health.clone();
+            async move {
+                let s = health
+                    .check(tonic_health::pb::HealthCheckRequest {
+                        service: service.to_string(),
+                    })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .status;
+                (s == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
+                    .then_some(s)
+            }
+        })
+        .await;
+        assert_eq!(status, 1);
+    }
+    let _ = &mut health;
+}

@@ -1,0 +1,491 @@
+//! End to end through the real binary, real Kafka and real Consul: reading every record with
+//! its fields intact, batch limits, seeking while reading, commit and resume, Release ending
+//! a Read, superseding Reads, and TTL expiry.
+
+mod support;
+
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use kafka_lease_client::proto;
+use kafka_lease_client::{AcquireOptions, Error, ReadOptions, SeekTo};
+use kafka_lease_testkit::{unique_name, wait_for, Services};
+use support::{
+    create_topic, kafka_committed, produce, produce_n, producer, unique_prefix, GatewayProcess,
+    TestRecord,
+};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn every_record_arrives_once_in_order_with_fields_intact() {
+    let Some(services) = Services::require("every_record_arrives_once_in_order_with_fields_intact")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let producer = producer(&services);
+    // Every shape a record can have: null and empty keys and values, duplicate and null
+    // headers, explicit timestamps.
+    let mut records = Vec::new();
+    for i in 0..60_u32 {
+        let key = match i % 3 {
+            0 => None,
+            1 => Some(Vec::new()),
+            _ => Some(format!("key-{i}").into_bytes()),
+        };
+        let value = match i % 4 {
+            0 => None,
+            1 => Some(Vec::new()),
+            _ => Some(vec![i as u8; (i as usize) * 13]),
+        };
+        let headers = vec![
+            ("h".to_string(), Some(b"first".to_vec())),
+            ("h".to_string(), Some(b"second".to_vec())),
+            ("null".to_string(), None),
+            ("empty".to_string(), Some(Vec::new())),
+        ];
+        records.push(TestRecord {
+            key,
+            value,
+            headers,
+            timestamp_ms: Some(1_700_000_000_000 + i64::from(i)),
+        });
+    }
+    let offsets = produce(&producer, &topic, 0, &records).await;
+    assert_eq!(offsets, (0..60).collect::<Vec<i64>>());
+
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic).member("reader"))
+        .await
+        .expect("acquire");
+    assert_eq!(lease.offset(), 0);
+    assert_eq!(lease.high_watermark(), 60);
+    let mut stream = lease
+        .records(ReadOptions::new().max_records(7))
+        .await
+        .expect("read");
+    let mut got = Vec::new();
+    while got.len() < records.len() {
+        let batch = tokio::time::timeout(DEADLINE, stream.next_batch())
+            .await
+            .expect("a batch within the deadline")
+            .expect("stream open")
+            .expect("batch");
+        assert!(
+            !batch.records.is_empty() && batch.records.len() <= 7,
+            "batch of {}",
+            batch.records.len()
+        );
+        assert_eq!(batch.seek_epoch, 0);
+        got.extend(batch.records);
+    }
+    assert_eq!(got.len(), records.len(), "no extra records");
+    for (i, (sent, received)) in records.iter().zip(&got).enumerate() {
+        assert_eq!(received.offset, i as i64, "offsets are consecutive");
+        assert_eq!(received.key, sent.key, "key of {i}");
+        assert_eq!(received.value, sent.value, "value of {i}");
+        assert_eq!(received.headers, sent.headers, "headers of {i}");
+        assert_eq!(
+            received.timestamp,
+            SystemTime::UNIX_EPOCH
+                + Duration::from_millis(sent.timestamp_ms.unwrap_or_default() as u64)
+        );
+        assert_eq!(received.timestamp_type, proto::TimestampType::CreateTime);
+    }
+    lease.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
+    let Some(services) =
+        Services::require("batches_respect_max_bytes_and_oversized_records_come_alone")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let producer = producer(&services);
+    let mut records: Vec<TestRecord> = (0..30)
+        .map(|_| TestRecord::value(vec![7_u8; 1000]))
+        .collect();
+    records[10] = TestRecord::value(vec![9_u8; 10_000]);
+    produce(&producer, &topic, 0, &records).await;
+
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic))
+        .await
+        .expect("acquire");
+    let mut raw = client.raw();
+    let mut stream = raw
+        .read(proto::ReadRequest {
+            lease_id: lease.lease_id().to_string(),
+            max_records: 100,
+            max_bytes: 3_500,
+            max_wait: None,
+        })
+        .await
+        .expect("read")
+        .into_inner();
+    let mut seen = 0;
+    while seen < 30 {
+        let response = tokio::time::timeout(DEADLINE, stream.next())
+            .await
+            .expect("deadline")
+            .expect("open")
+            .expect("ok");
+        let encoded = prost::Message::encoded_len(&response);
+        if response.records.iter().any(|r| r.offset == 10) {
+            assert_eq!(
+                response.records.len(),
+                1,
+                "the oversized record comes alone"
+            );
+        } else {
+            assert!(
+                encoded <= 3_500,
+                "response of {encoded} bytes exceeds max_bytes"
+            );
+        }
+        for r in &response.records {
+            assert_eq!(r.offset, seen, "in order, no gaps");
+            seen += 1;
+        }
+    }
+    drop(stream);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn seeks_while_reading_start_each_epoch_at_the_resolved_offset() {
+    let Some(services) =
+        Services::require("seeks_while_reading_start_each_epoch_at_the_resolved_offset")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let producer = producer(&services);
+    let before = SystemTime::now();
+    produce_n(&producer, &topic, 0, 400).await;
+    let client = gateway.client().await;
+    let group = unique_name("g");
+    let lease = client
+        .acquire(AcquireOptions::new(&group, &topic))
+        .await
+        .expect("acquire");
+    lease.commit(123).await.expect("commit");
+
+    // The raw stream, so this test sees exactly what the gateway sends (the client crate's
+    // epoch filter would hide a violation).
+    let mut raw = client.raw();
+    let mut stream = raw
+        .read(proto::ReadRequest {
+            lease_id: lease.lease_id().to_string(),
+            max_records: 5,
+            max_bytes: 0,
+            max_wait: None,
+        })
+        .await
+        .expect("read")
+        .into_inner();
+    let first = stream.next().await.expect("open").expect("first batch");
+    assert_eq!(first.records[0].offset, 0);
+
+    let targets = [
+        (SeekTo::Offset(250), 250),
+        (SeekTo::Earliest, 0),
+        (SeekTo::Offset(399), 399),
+        (SeekTo::Committed, 123),
+        (SeekTo::Timestamp(before - Duration::from_secs(3600)), 0),
+        (SeekTo::Offset(17), 17),
+        (SeekTo::Latest, -1),
+        (SeekTo::Offset(333), 333),
+        (SeekTo::Offset(100), 100),
+        (SeekTo::Offset(101), 101),
+    ];
+    let mut newest_epoch = 0;
+    let mut high_watermark = 400;
+    let mut last_offset_in_epoch: Option<i64> = None;
+    for round in 0..3 {
+        for (to, expected) in targets {
+            // -1 stands for "the high watermark at this point".
+            let expected = if expected == -1 {
+                high_watermark
+            } else {
+                expected
+            };
+            let outcome = lease.seek(to).await.expect("seek");
+            assert_eq!(outcome.offset, expected, "{to:?} resolved");
+            assert_eq!(outcome.seek_epoch, newest_epoch + 1, "each seek adds one");
+            newest_epoch = outcome.seek_epoch;
+            if expected == high_watermark {
+                // Nothing past the end yet: produce one record so the epoch has a first one.
+                produce_n(&producer, &topic, 0, 1).await;
+                high_watermark += 1;
+            }
+            // Read until the first response of the new epoch; older ones may still be in
+            // flight (sent before the SeekResponse), but epochs never go backwards.
+            let mut epoch_seen = 0;
+            loop {
+                let response = tokio::time::timeout(DEADLINE, stream.next())
+                    .await
+                    .expect("deadline")
+                    .expect("open")
+                    .expect("ok");
+                assert!(
+                    response.seek_epoch >= epoch_seen,
+                    "epochs never go backwards"
+                );
+                epoch_seen = response.seek_epoch;
+                if response.seek_epoch == newest_epoch {
+                    assert_eq!(
+                        response.records[0].offset, expected,
+                        "round {round}: first record after {to:?}"
+                    );
+                    let offsets: Vec<i64> = response.records.iter().map(|r| r.offset).collect();
+                    let contiguous: Vec<i64> =
+                        (expected..expected + offsets.len() as i64).collect();
+                    assert_eq!(offsets, contiguous);
+                    last_offset_in_epoch = offsets.last().copied();
+                    break;
+                }
+                assert!(response.seek_epoch < newest_epoch);
+            }
+        }
+    }
+    assert!(last_offset_in_epoch.is_some());
+    drop(stream);
+
+    // The client crate's stream drops older epochs for its users.
+    let mut filtered = lease
+        .records(ReadOptions::new().max_records(3))
+        .await
+        .expect("read");
+    for to in [SeekTo::Offset(10), SeekTo::Offset(200), SeekTo::Offset(50)] {
+        let outcome = lease.seek(to).await.expect("seek");
+        let batch = filtered.next_batch().await.expect("open").expect("batch");
+        assert_eq!(batch.seek_epoch, outcome.seek_epoch);
+        assert_eq!(batch.records[0].offset, outcome.offset);
+    }
+    drop(filtered);
+
+    let range = format!("0 ..= {high_watermark}");
+    for bad in [-1, high_watermark + 1, i64::MAX] {
+        match lease.seek(SeekTo::Offset(bad)).await {
+            Err(Error::OutOfRange { message }) => {
+                assert!(
+                    message.contains(&bad.to_string()) && message.contains(&range),
+                    "{message}"
+                )
+            }
+            other => panic!("seek to {bad}: {other:?}"),
+        }
+    }
+    lease.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn commit_release_and_the_next_holder_resumes_at_the_committed_offset() {
+    let Some(services) =
+        Services::require("commit_release_and_the_next_holder_resumes_at_the_committed_offset")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 2).await;
+    let producer = producer(&services);
+    produce_n(&producer, &topic, 1, 50).await;
+    let group = unique_name("g");
+    let client = gateway.client().await;
+
+    let first = client
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .partition(1)
+                .member("first"),
+        )
+        .await
+        .expect("acquire");
+    let mut stream = first
+        .records(ReadOptions::new().max_records(10))
+        .await
+        .expect("read");
+    let batch = stream.next_batch().await.expect("open").expect("batch");
+    let next = batch.next_offset().expect("records");
+    assert_eq!(next, 10);
+    first
+        .commit_with_metadata(next, "batch-1")
+        .await
+        .expect("commit");
+    let (offset, metadata) =
+        kafka_committed(&services, &group, &topic, 1).expect("Kafka has the commit");
+    assert_eq!(offset, 10);
+    assert!(
+        metadata.contains(&format!("token={}", first.fencing_token()))
+            && metadata.ends_with("batch-1"),
+        "{metadata}"
+    );
+    // Commit 20 as part of the release.
+    let first_token = first.fencing_token();
+    first.release_with_commit(20).await.expect("release");
+    // After Release the open Read ends with OK.
+    let end = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match stream.next_batch().await {
+                None => return None,
+                Some(Err(e)) => return Some(e),
+                Some(Ok(_)) => continue,
+            }
+        }
+    })
+    .await
+    .expect("the read ends");
+    assert!(
+        end.is_none(),
+        "the Read ends with OK after Release, got {end:?}"
+    );
+    assert_eq!(
+        kafka_committed(&services, &group, &topic, 1).map(|c| c.0),
+        Some(20)
+    );
+
+    let second = client
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .partition(1)
+                .member("second"),
+        )
+        .await
+        .expect("acquire at once");
+    assert_eq!(second.offset(), 20, "starts at the committed offset");
+    assert!(
+        second.fencing_token() > first_token,
+        "tokens grow across holders"
+    );
+    let mut stream = second.records(ReadOptions::new()).await.expect("read");
+    let batch = stream.next_batch().await.expect("open").expect("batch");
+    assert_eq!(batch.records[0].offset, 20);
+
+    // Another group has its own offsets, and RESET_LATEST starts at the end.
+    let other = client
+        .acquire(
+            AcquireOptions::new(unique_name("g"), &topic)
+                .partition(1)
+                .reset(kafka_lease_client::Reset::Latest),
+        )
+        .await
+        .expect("acquire");
+    assert_eq!(other.offset(), 50);
+    other.release().await.expect("release");
+    drop(stream);
+    second.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_newer_read_supersedes_the_open_one() {
+    let Some(services) = Services::require("a_newer_read_supersedes_the_open_one") else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let producer = producer(&services);
+    produce_n(&producer, &topic, 0, 20).await;
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic))
+        .await
+        .expect("acquire");
+    let mut old = lease
+        .records(ReadOptions::new().max_records(5))
+        .await
+        .expect("read");
+    let batch = old.next_batch().await.expect("open").expect("batch");
+    assert_eq!(batch.records.len(), 5);
+    let mut new = lease
+        .records(ReadOptions::new().max_records(100))
+        .await
+        .expect("read");
+    // The old Read may still deliver what it had sent before it noticed; it then ends with
+    // ABORTED.
+    let mut old_last = batch.next_offset().expect("records") - 1;
+    let err = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match old.next_batch().await {
+                Some(Ok(batch)) => old_last = batch.next_offset().expect("records") - 1,
+                Some(Err(e)) => return e,
+                None => panic!("old Read ended with OK, expected ABORTED"),
+            }
+        }
+    })
+    .await
+    .expect("the old read ends");
+    assert!(matches!(err, Error::Superseded { .. }), "{err:?}");
+    // The new Read continues right after what the old one delivered: no gap, no repeat.
+    produce_n(&producer, &topic, 0, 5).await;
+    let batch = tokio::time::timeout(DEADLINE, new.next_batch())
+        .await
+        .expect("a batch within the deadline")
+        .expect("open")
+        .expect("batch");
+    assert_eq!(batch.records[0].offset, old_last + 1);
+    drop(new);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn an_idle_lease_expires_and_an_open_read_keeps_it_alive() {
+    let Some(services) = Services::require("an_idle_lease_expires_and_an_open_read_keeps_it_alive")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let group = unique_name("g");
+    let client = gateway.client().await;
+    let ttl = Duration::from_secs(1);
+    let lease = client
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .ttl(ttl)
+                .member("holder"),
+        )
+        .await
+        .expect("acquire");
+
+    // With a Read open, three TTLs pass and the lease holds.
+    let stream = lease.records(ReadOptions::new()).await.expect("read");
+    tokio::time::sleep(ttl * 3).await;
+    match client
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+    {
+        Err(Error::Busy { message }) => assert!(message.contains("holder"), "{message}"),
+        other => panic!("expected the partition to be held: {other:?}"),
+    }
+    lease.commit(0).await.expect("the lease is alive");
+
+    // Closed, the lease lapses after its TTL and the partition is free.
+    drop(stream);
+    let successor = wait_for("the idle lease to expire", DEADLINE, || {
+        let client = client.clone();
+        let (group, topic) = (group.clone(), topic.clone());
+        async move {
+            client
+                .acquire(AcquireOptions::new(&group, &topic).partition(0))
+                .await
+                .ok()
+        }
+    })
+    .await;
+    match lease.commit(0).await {
+        Err(Error::LeaseEnded { message }) => {
+            assert!(message.contains("lease expired"), "{message}")
+        }
+        other => panic!("commit on an expired lease: {other:?}"),
+    }
+    successor.release().await.expect("release");
+}

@@ -1,0 +1,334 @@
+//! Shared pieces of the end-to-end tests: the real `kafka-lease` binary as a child process,
+//! topics and records on the real broker, and the lock keys in the real Consul.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use consulrs::api::kv::requests::ReadKeyRequest;
+use consulrs::client::{ConsulClient, ConsulClientSettingsBuilder};
+use kafka_lease_client::Client;
+use kafka_lease_testkit::{unique_name, Services};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// A `kafka-lease serve` process on 127.0.0.1 with a port of its own.
+pub struct GatewayProcess {
+    child: Option<Child>,
+    pub addr: String,
+    pub instance: String,
+    pub log_path: PathBuf,
+}
+
+impl GatewayProcess {
+    /// Starts the real binary against the test services, with lock keys under `prefix`, and
+    /// waits until it listens.
+    pub async fn start(services: &Services, prefix: &str, instance: &str, extra: &[&str]) -> Self {
+        let log_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{instance}.log"));
+        let log = std::fs::File::create(&log_path).expect("gateway log file");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kafka-lease"))
+            .args([
+                "serve",
+                "--kafka",
+                &services.kafka_bootstrap,
+                "--consul",
+                &services.consul_http_addr,
+                "--consul-prefix",
+                prefix,
+                "--listen",
+                "127.0.0.1:0",
+                "--instance-id",
+                instance,
+                "--log",
+                "info,kafka_lease_server=debug",
+            ])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn kafka-lease");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await.expect("read stdout") {
+                if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
+                    return addr.trim().to_string();
+                }
+            }
+            panic!(
+                "kafka-lease exited before listening; log: {}",
+                log_path.display()
+            );
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "kafka-lease did not listen within 30 s; log: {}",
+                log_path.display()
+            )
+        });
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Self {
+            child: Some(child),
+            addr,
+            instance: instance.to_string(),
+            log_path,
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub async fn client(&self) -> Client {
+        Client::connect(self.endpoint())
+            .await
+            .expect("connect to the gateway")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .and_then(Child::id)
+            .expect("gateway pid")
+    }
+
+    /// Sends a signal (`TERM`, `KILL`, `STOP`, `CONT`) to the gateway process.
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits for the process to exit and returns its exit code.
+    pub async fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
+        let child = self.child.as_mut().expect("child");
+        let status = tokio::time::timeout(deadline, child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "gateway did not exit within {deadline:?}; log: {}",
+                    self.log_path.display()
+                )
+            })
+            .expect("wait");
+        self.child = None;
+        status.code()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+/// A fresh Consul key prefix for one test, so tests never see each other's locks.
+pub fn unique_prefix() -> String {
+    format!("kafka-lease-test/{}", unique_name("p"))
+}
+
+/// Creates a topic with `partitions` partitions and returns its name.
+pub async fn create_topic(services: &Services, partitions: i32) -> String {
+    let topic = unique_name("topic");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &services.kafka_bootstrap)
+        .create()
+        .expect("admin client");
+    let result = admin
+        .create_topics(
+            &[NewTopic::new(
+                &topic,
+                partitions,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("create topic");
+    assert!(result.iter().all(Result::is_ok), "{result:?}");
+    // CreateTopics returns once the controller has the topic; the broker's metadata cache
+    // follows a moment later. Wait until it lists every partition with a leader.
+    let metadata: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &services.kafka_bootstrap)
+        .create()
+        .expect("metadata client");
+    kafka_lease_testkit::wait_for(
+        "the new topic in broker metadata",
+        Duration::from_secs(30),
+        || {
+            let visible = metadata
+                .fetch_metadata(Some(&topic), Duration::from_secs(5))
+                .ok()
+                .and_then(|m| {
+                    let t = m.topics().iter().find(|t| t.name() == topic)?;
+                    let ready = t.error().is_none()
+                        && t.partitions().len() == partitions as usize
+                        && t.partitions().iter().all(|p| p.leader() >= 0);
+                    ready.then_some(())
+                });
+            async move { visible }
+        },
+    )
+    .await;
+    topic
+}
+
+/// A record to produce.
+#[derive(Clone, Debug, Default)]
+pub struct TestRecord {
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub timestamp_ms: Option<i64>,
+}
+
+impl TestRecord {
+    pub fn value(value: impl Into<Vec<u8>>) -> Self {
+        Self {
+            key: None,
+            value: Some(value.into()),
+            headers: Vec::new(),
+            timestamp_ms: None,
+        }
+    }
+}
+
+pub fn producer(services: &Services) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", &services.kafka_bootstrap)
+        .set("linger.ms", "2")
+        .set("enable.idempotence", "true")
+        .create()
+        .expect("producer")
+}
+
+/// Produces `records` to one partition, in order, and returns their offsets.
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: i32,
+    records: &[TestRecord],
+) -> Vec<i64> {
+    let sends = records.iter().map(|r| {
+        let mut headers = OwnedHeaders::new();
+        for (k, v) in &r.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: v.as_deref(),
+            });
+        }
+        let mut record = FutureRecord::<[u8], [u8]>::to(topic)
+            .partition(partition)
+            .headers(headers);
+        if let Some(k) = &r.key {
+            record = record.key(k.as_slice());
+        }
+        if let Some(v) = &r.value {
+            record = record.payload(v.as_slice());
+        }
+        if let Some(ts) = r.timestamp_ms {
+            record = record.timestamp(ts);
+        }
+        producer.send(record, Duration::from_secs(10))
+    });
+    futures::future::join_all(sends)
+        .await
+        .into_iter()
+        .map(|r| r.map_err(|(e, _)| e).expect("produce").offset)
+        .collect()
+}
+
+/// Produces `count` plain records `v<i>` to a partition.
+pub async fn produce_n(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: i32,
+    count: usize,
+) -> Vec<i64> {
+    let records: Vec<TestRecord> = (0..count)
+        .map(|i| TestRecord::value(format!("v{i}")))
+        .collect();
+    produce(producer, topic, partition, &records).await
+}
+
+/// The group's committed offset and metadata for a partition, as Kafka's coordinator has it.
+pub fn kafka_committed(
+    services: &Services,
+    group: &str,
+    topic: &str,
+    partition: i32,
+) -> Option<(i64, String)> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &services.kafka_bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut list = TopicPartitionList::new();
+    list.add_partition(topic, partition);
+    let committed = consumer
+        .committed_offsets(list, Duration::from_secs(10))
+        .expect("offset fetch");
+    let entry = committed.find_partition(topic, partition)?;
+    match entry.offset() {
+        Offset::Offset(o) => Some((o, entry.metadata().to_string())),
+        _ => None,
+    }
+}
+
+pub fn consul(services: &Services) -> ConsulClient {
+    ConsulClient::new(
+        ConsulClientSettingsBuilder::default()
+            .address(&services.consul_http_addr)
+            .build()
+            .expect("consul settings"),
+    )
+    .expect("consul client")
+}
+
+/// Every key under `prefix` with its session and raw value, sorted: what an operator sees.
+pub async fn consul_keys(
+    services: &Services,
+    prefix: &str,
+) -> Vec<(String, Option<String>, String)> {
+    let client = consul(services);
+    match consulrs::kv::read(
+        &client,
+        &format!("{prefix}/"),
+        Some(ReadKeyRequest::builder().recurse(true)),
+    )
+    .await
+    {
+        Ok(response) => {
+            let mut keys: Vec<_> = response
+                .response
+                .into_iter()
+                .map(|pair| {
+                    let value = pair
+                        .value
+                        .and_then(|v| {
+                            let bytes: Result<Vec<u8>, _> = v.try_into();
+                            bytes.ok()
+                        })
+                        .map(|b| String::from_utf8_lossy(&b).to_string())
+                        .unwrap_or_default();
+                    (pair.key, pair.session, value)
+                })
+                .collect();
+            keys.sort();
+            keys
+        }
+        Err(_) => Vec::new(),
+    }
+}
