@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kafka_lease_server::config::{DevArgs, LogArgs, LogFormat, ServeArgs};
-use kafka_lease_server::coordination::consul::{ConsulLockConfig, ConsulLocks};
+use kafka_lease_server::coordination::consul::ConsulLocks;
 use kafka_lease_server::coordination::memory::MemoryLockStore;
 use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::{DevKafka, DEMO_PARTITIONS, DEMO_TOPIC};
@@ -38,7 +38,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the gateway against a real Kafka cluster and a real Consul agent.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run a self-contained gateway: an in-process Kafka (librdkafka's mock cluster) with a
     /// topic `demo` of 4 partitions holding sample records, and in-memory locks. Needs
     /// nothing installed; for trying the API, not for production.
@@ -88,7 +88,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => serve(args).await,
+            Command::Serve(args) => serve(*args).await,
             Command::Dev(args) => dev(args).await,
         }
     });
@@ -156,17 +156,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let locks = ConsulLocks::connect(ConsulLockConfig {
-        address: args.consul.clone(),
-        token: args.consul_token.clone(),
-        prefix: args.consul_prefix.trim_matches('/').to_string(),
-        instance: instance.clone(),
-        session_ttl: args.session_ttl,
-        lock_delay: args.lock_delay,
-        renew_interval: args.session_ttl / 3,
-    })
-    .await
-    .with_context(|| format!("cannot open a Consul session at {}", args.consul))?;
+    let bound = listener.local_addr()?;
+    let locks = ConsulLocks::connect(args.consul_config(&instance, bound))
+        .await
+        .with_context(|| format!("cannot open a Consul session at {}", args.consul))?;
     let mut settings = KafkaSettings::new(&args.kafka, &instance);
     settings.options = args.kafka_options.clone();
     settings.queue_kbytes_per_partition = args.fetch_queue_kbytes;

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use kafka_lease_client::{AcquireOptions, Error};
+use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
 use kafka_lease_testkit::{unique_name, wait_for, Services};
 use support::{create_topic, unique_prefix, GatewayProcess};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -59,12 +59,45 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
         .expect("connect");
     let health = HealthClient::new(channel);
     wait_health(&health, ServingStatus::Serving).await;
+    let held = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic))
+        .await
+        .expect("acquire");
+    let reads = held.records(ReadOptions::new()).await.expect("read");
 
     services_script(&services, "stop-consul");
+    let stopped_at = tokio::time::Instant::now();
     let outage = {
         let (health, client, topic) = (health.clone(), client.clone(), topic.clone());
+        let mut reads = reads;
         async move {
             wait_health(&health, ServingStatus::NotServing).await;
+            // The held lease self-fences: its Read ends with "lease lost" once the gateway
+            // can no longer confirm its session.
+            let end = tokio::time::timeout(DEADLINE, async {
+                loop {
+                    match reads.next_batch().await {
+                        Some(Ok(_)) => continue,
+                        other => return other,
+                    }
+                }
+            })
+            .await
+            .expect("the Read ends during the outage");
+            match end {
+                Some(Err(Error::LeaseEnded { message })) => {
+                    assert!(message.contains("lease lost"), "{message}");
+                    println!(
+                        "held lease ended {:?} into the outage: {message}",
+                        stopped_at.elapsed()
+                    );
+                }
+                other => panic!("the Read must end with lease lost: {other:?}"),
+            }
+            match held.commit(0).await {
+                Err(Error::LeaseEnded { .. }) => {}
+                other => panic!("a commit on a self-fenced lease: {other:?}"),
+            }
             match client
                 .acquire(AcquireOptions::new(unique_name("g"), &topic))
                 .await

@@ -6,12 +6,27 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::coordination::consul::{ConsulLockConfig, SessionCheck};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// Human-readable, coloured when writing to a terminal.
     Pretty,
     /// One JSON object per line, for log shippers.
     Json,
+}
+
+/// How Consul learns that a gateway died.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ConsulCheck {
+    /// Bind the session to a TCP check that the local Consul agent runs against the gRPC
+    /// listener every second: a crashed gateway's partitions move after about one check
+    /// interval plus the lock-delay. Needs a Consul agent on the gateway's host (or
+    /// `--consul-check-addr`).
+    Tcp,
+    /// The session TTL alone: a crashed gateway's partitions move after up to
+    /// 2 × `--session-ttl` + `--lock-delay`. For deployments without a local agent.
+    None,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -60,8 +75,25 @@ pub struct ServeArgs {
     pub session_ttl: Duration,
     /// Consul lock-delay after the gateway's session is invalidated (0s ..= 60s). Explicit
     /// releases set none.
-    #[arg(long, env = "KAFKA_LEASE_LOCK_DELAY", value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, env = "KAFKA_LEASE_LOCK_DELAY", value_parser = parse_duration, default_value = "1500ms")]
     pub lock_delay: Duration,
+    /// How Consul learns that this gateway died (see the README's failover section).
+    #[arg(
+        long,
+        env = "KAFKA_LEASE_CONSUL_CHECK",
+        value_enum,
+        default_value = "tcp"
+    )]
+    pub consul_check: ConsulCheck,
+    /// The `host:port` the Consul agent dials for the TCP check. Default: the listen
+    /// address, with 127.0.0.1 for an unspecified (0.0.0.0 or [::]) host.
+    #[arg(long, env = "KAFKA_LEASE_CONSUL_CHECK_ADDR")]
+    pub consul_check_addr: Option<String>,
+    /// How often the session is renewed, which is also how often the gateway confirms it
+    /// still holds its locks. Default: a quarter of the self-fence window (see
+    /// docs/ARCHITECTURE.md); refused if fewer than three renewals fit in the window.
+    #[arg(long, env = "KAFKA_LEASE_CONSUL_RENEW_INTERVAL", value_parser = parse_duration)]
+    pub consul_renew_interval: Option<Duration>,
     /// Most kilobytes pre-fetched per leased partition: the per-lease memory bound.
     #[arg(long, env = "KAFKA_LEASE_FETCH_QUEUE_KBYTES", default_value_t = 2048,
           value_parser = clap::value_parser!(u32).range(64..=1_048_576))]
@@ -184,6 +216,29 @@ impl ServeArgs {
                 allowed: "1s ..= 10m".into(),
             });
         }
+        if let Some(addr) = &self.consul_check_addr {
+            if !addr.contains(':') {
+                return Err(ConfigError {
+                    flag: "--consul-check-addr",
+                    value: format!("{addr:?}"),
+                    allowed: "host:port".into(),
+                });
+            }
+        }
+        // The self-fencing invariant (docs/ARCHITECTURE.md) is checked by the lock backend's
+        // own validation; the listen port does not matter to it.
+        let mut listen = self.listen;
+        if listen.port() == 0 {
+            // Port 0 is chosen at bind time; any real port validates the same.
+            listen.set_port(50051);
+        }
+        if let Err(err) = self.consul_config("validate", listen).validate() {
+            return Err(ConfigError {
+                flag: "Consul session settings:",
+                value: err.to_string(),
+                allowed: "see the self-fencing invariant in docs/ARCHITECTURE.md".into(),
+            });
+        }
         for (key, _) in &self.kafka_options {
             if matches!(
                 key.as_str(),
@@ -197,6 +252,27 @@ impl ServeArgs {
             }
         }
         Ok(())
+    }
+
+    /// The Consul lock settings for a gateway listening on `bound`.
+    pub fn consul_config(&self, instance: &str, bound: SocketAddr) -> ConsulLockConfig {
+        let check = match self.consul_check {
+            ConsulCheck::Tcp => Some(match &self.consul_check_addr {
+                Some(addr) => SessionCheck::new(addr.clone()),
+                None => SessionCheck::for_listener(bound),
+            }),
+            ConsulCheck::None => None,
+        };
+        ConsulLockConfig {
+            address: self.consul.clone(),
+            token: self.consul_token.clone(),
+            prefix: self.consul_prefix.trim_matches('/').to_string(),
+            instance: instance.to_string(),
+            session_ttl: self.session_ttl,
+            lock_delay: self.lock_delay,
+            renew_interval: self.consul_renew_interval,
+            check,
+        }
     }
 
     /// The instance id: configured, or `<host>-<8 random hex digits>`.

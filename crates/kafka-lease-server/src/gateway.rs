@@ -190,7 +190,11 @@ impl Gateway {
     /// Ends every lease whose lock was granted under a session that is no longer live.
     async fn on_session_state(&self, state: &SessionState) {
         let stale: Vec<Arc<Lease>> = {
-            let table = self.table();
+            let mut table = self.table();
+            // Keys of ended leases whose release failed belonged to the old session, whose
+            // locks are void now: they may be acquired again (with a new token).
+            let Table { leases, by_key, .. } = &mut *table;
+            by_key.retain(|_, id| leases.contains_key(id));
             table
                 .leases
                 .values()
@@ -403,6 +407,7 @@ impl Gateway {
             committed,
             high_watermark: high,
             feed,
+            locks: self.locks.clone(),
         });
         {
             let mut table = self.table();
@@ -448,19 +453,32 @@ impl Gateway {
             return;
         }
         {
+            // The key stays in `by_key` until the lock is released: while this session still
+            // holds it, Consul would hand it straight back to a new Acquire on this instance
+            // (same session), with the old token, and the release in flight would then free
+            // it under the new lease.
             let mut table = self.table();
             table.leases.remove(&lease.id);
-            if table.by_key.get(&lease.key) == Some(&lease.id) {
-                table.by_key.remove(&lease.key);
-            }
             table.remember_ended(&lease.id, reason.clone());
         }
         // Stop fetching before the lock goes, so a successor on this instance can assign the
         // partition again.
-        if let Some(grant) = lease.dismantle().await {
-            if let Err(err) = self.locks.release(grant).await {
-                // The session's own end (TTL or shutdown) frees the key in the end.
-                tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed");
+        let released = match lease.dismantle().await {
+            Some(grant) => match self.locks.release(grant).await {
+                Ok(()) => true,
+                Err(err) => {
+                    // The key stays blocked on this instance until the session changes; the
+                    // session's own end (TTL or shutdown) frees it for everyone.
+                    tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed");
+                    false
+                }
+            },
+            None => true,
+        };
+        if released {
+            let mut table = self.table();
+            if table.by_key.get(&lease.key) == Some(&lease.id) {
+                table.by_key.remove(&lease.key);
             }
         }
         tracing::info!(parent: &lease.span, %reason, "lease ended");
@@ -497,6 +515,7 @@ impl Gateway {
     /// Opens a Read on a lease, superseding any open one.
     pub async fn read(&self, lease_id: &str, limits: ReadLimits) -> Result<ReadStream, LeaseError> {
         let lease = self.lookup(lease_id).await?;
+        lease.fenced()?;
         lease.touch()?;
         lease.open_read(limits)
     }
@@ -504,6 +523,7 @@ impl Gateway {
     /// Repositions a lease; returns the resolved offset and the new seek epoch.
     pub async fn seek(&self, lease_id: &str, target: SeekTarget) -> Result<(i64, u64), LeaseError> {
         let lease = self.lookup(lease_id).await?;
+        lease.fenced()?;
         lease.touch()?;
         let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
         let (low, high) = self.kafka.watermarks(topic, partition).await?;
@@ -575,7 +595,7 @@ impl Gateway {
                 high,
             });
         }
-        self.fence(lease)?;
+        lease.fenced()?;
         let metadata = match metadata {
             Some(user) if !user.is_empty() => format!("kafka-lease token={};{user}", lease.token),
             _ => format!("kafka-lease token={}", lease.token),
@@ -587,28 +607,6 @@ impl Gateway {
         lease.record_commit(offset);
         tracing::debug!(parent: &lease.span, offset, "committed");
         Ok(metadata)
-    }
-
-    /// Refuses side effects from a lease that has ended or whose lock session is not the
-    /// live one.
-    fn fence(&self, lease: &Lease) -> Result<(), LeaseError> {
-        if let Some(reason) = lease.end_reason() {
-            return Err(LeaseError::LeaseEnded {
-                lease_ref: lease.lease_ref.clone(),
-                reason,
-            });
-        }
-        let live = matches!(
-            &*self.locks.session_state().borrow(),
-            SessionState::Live { id } if lease.session_id() == id
-        );
-        if !live {
-            return Err(LeaseError::LeaseEnded {
-                lease_ref: lease.lease_ref.clone(),
-                reason: EndReason::Lost("the gateway cannot confirm its Consul lock".into()),
-            });
-        }
-        Ok(())
     }
 
     /// Ends a lease at the client's request, committing first if asked. If the commit fails

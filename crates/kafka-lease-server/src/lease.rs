@@ -15,12 +15,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use kafka_lease_proto::v1;
 
-use crate::coordination::{FencingToken, LockGrant, LockKey};
+use crate::coordination::{FencingToken, LockBackend, LockGrant, LockKey, SessionState};
 use crate::error::{EndReason, LeaseError};
 use crate::kafka::{record_size, GroupClient, PartitionFeed};
 
@@ -81,6 +82,7 @@ pub struct Lease {
     interrupts: watch::Sender<u64>,
     feed: tokio::sync::Mutex<Option<PartitionFeed>>,
     grant: Mutex<Option<LockGrant>>,
+    locks: Arc<dyn LockBackend>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -115,6 +117,8 @@ pub struct LeaseParts {
     pub committed: Option<i64>,
     pub high_watermark: i64,
     pub feed: PartitionFeed,
+    /// The lock backend, for the fence checks before side effects.
+    pub locks: Arc<dyn LockBackend>,
 }
 
 impl Lease {
@@ -154,6 +158,7 @@ impl Lease {
             interrupts: watch::channel(0).0,
             feed: tokio::sync::Mutex::new(Some(parts.feed)),
             grant: Mutex::new(Some(parts.grant)),
+            locks: parts.locks,
         })
     }
 
@@ -217,6 +222,31 @@ impl Lease {
     pub async fn dismantle(&self) -> Option<LockGrant> {
         drop(self.feed.lock().await.take());
         self.grant.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Refuses a side effect (a commit, a seek, handing out records) unless the lease is live
+    /// and this instance can still vouch for its lock: the grant's session is the live one
+    /// and the self-fence deadline has not passed. Checked synchronously at the moment of the
+    /// side effect, so a gateway that was paused cannot act on a lock that may have moved.
+    pub fn fenced(&self) -> Result<(), LeaseError> {
+        if let Some(reason) = &self.state().ended {
+            return Err(self.ended_error(reason));
+        }
+        let same_session = matches!(
+            &*self.locks.session_state().borrow(),
+            SessionState::Live { id } if *id == self.session
+        );
+        let in_time = self
+            .locks
+            .valid_until()
+            .is_some_and(|until| Instant::now() < until);
+        if same_session && in_time {
+            Ok(())
+        } else {
+            Err(self.ended_error(&EndReason::Lost(
+                "the gateway cannot confirm its Consul lock (self-fenced)".into(),
+            )))
+        }
     }
 
     /// Repositions the lease: the next batch any Read hands over starts at `offset`, in the
@@ -404,6 +434,18 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
     let budget = limits.max_bytes.saturating_sub(32);
     let mut deadline: Option<Instant> = None;
     while records.len() < limits.max_records {
+        // Fast path: a record librdkafka already has is taken without arming timers (this
+        // loop runs once per record, so its overhead is the gateway's per-record cost).
+        // `next_record` is cancel-safe, so a Pending poll loses nothing.
+        if let Some(record) = feed.next_record().now_or_never() {
+            if !take(&mut records, &mut bytes, record, from, budget, feed) {
+                break;
+            }
+            if deadline.is_none() {
+                deadline = Some(Instant::now() + limits.max_wait);
+            }
+            continue;
+        }
         let next = async {
             match deadline {
                 Some(at) => tokio::time::timeout_at(at, feed.next_record()).await.ok(),
@@ -416,23 +458,11 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
             record = next => record,
         };
         let Some(record) = record else { break };
-        let expected = records.last().map_or(from, |r: &v1::Record| r.offset + 1);
-        if record.offset < expected {
-            // Pre-fetched before a reposition; never deliver a record twice.
-            continue;
-        }
-        let size = record_size(&record);
-        if !records.is_empty() && bytes + size > budget {
-            feed.put_back(record, expected);
+        if !take(&mut records, &mut bytes, record, from, budget, feed) {
             break;
         }
-        bytes += size;
-        records.push(record);
         if deadline.is_none() {
             deadline = Some(Instant::now() + limits.max_wait);
-        }
-        if bytes >= budget {
-            break;
         }
     }
     let high_watermark = feed.cached_high_watermark();
@@ -442,6 +472,31 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
         records,
         high_watermark,
     }
+}
+
+/// Adds `record` to the batch being filled; false when the batch is full (the record is then
+/// put back for the next batch, or was the last that fits).
+fn take(
+    records: &mut Vec<v1::Record>,
+    bytes: &mut usize,
+    record: v1::Record,
+    from: i64,
+    budget: usize,
+    feed: &mut PartitionFeed,
+) -> bool {
+    let expected = records.last().map_or(from, |r| r.offset + 1);
+    if record.offset < expected {
+        // Pre-fetched before a reposition; never deliver a record twice.
+        return true;
+    }
+    let size = record_size(&record);
+    if !records.is_empty() && *bytes + size > budget {
+        feed.put_back(record, expected);
+        return false;
+    }
+    *bytes += size;
+    records.push(record);
+    *bytes < budget
 }
 
 /// The stream behind one Read call. Ends with `None` after Release; yields one error and
@@ -502,6 +557,10 @@ impl futures::Stream for ReadStream {
                 } => {
                     // The handoff: under the state lock, so a Seek either happened before
                     // (and this batch is dropped) or happens after the batch is handed over.
+                    if let Err(fenced) = this.lease.fenced() {
+                        this.finished = true;
+                        return Poll::Ready(Some(Err(fenced)));
+                    }
                     let mut state = this.lease.state();
                     if let Some(stop) = this.lease.read_stop(&state, this.generation) {
                         this.finished = true;

@@ -1,22 +1,26 @@
 //! The `LockBackend` contract: one set of scenarios, each run against two `MemoryLocks` of one
 //! store and against two `ConsulLocks` sessions on the real Consul agent (skipped outside CI
-//! when the services are down), plus the Consul-only behaviour (lock-delay, self-fencing).
+//! when the services are down), plus the Consul-only behaviour (lock-delay, self-fencing,
+//! check-bound sessions and their crash failover, the fence invariant of the configuration).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use consulrs::client::{ConsulClient, ConsulClientSettingsBuilder};
-use kafka_lease_server::coordination::consul::{ConsulLockConfig, ConsulLocks};
+use kafka_lease_server::coordination::consul::{
+    ConsulLockConfig, ConsulLocks, SessionCheck, FENCE_MARGIN,
+};
 use kafka_lease_server::coordination::memory::{MemoryLockStore, MemoryLocks};
 use kafka_lease_server::coordination::{
     Acquisition, CoordinationError, HolderInfo, LockBackend, LockGrant, LockKey, SessionState,
 };
 use kafka_lease_testkit::{unique_name, wait_for, Services};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 /// Long enough for any condition on a healthy local Consul; short enough to fail fast.
@@ -99,7 +103,25 @@ fn consul_config(
         // Consul's minimum TTL, and a quick renew so invalidations are noticed within ~1 s.
         session_ttl: Duration::from_secs(10),
         lock_delay,
-        renew_interval: Duration::from_secs(1),
+        renew_interval: Some(Duration::from_secs(1)),
+        check: None,
+    }
+}
+
+/// A check-bound session's config with the default timings (lock-delay 1.5 s, check every
+/// 1 s, renew interval derived), its check dialing `gateway`.
+fn check_config(
+    address: &str,
+    prefix: &str,
+    instance: &str,
+    gateway: SocketAddr,
+) -> ConsulLockConfig {
+    ConsulLockConfig {
+        address: address.into(),
+        prefix: prefix.into(),
+        instance: instance.into(),
+        check: Some(SessionCheck::for_listener(gateway)),
+        ..ConsulLockConfig::default()
     }
 }
 
@@ -566,13 +588,12 @@ impl Relay {
     }
 }
 
-/// Cut off from Consul, an instance declares its session lost once a whole TTL has passed
-/// since its last confirmed renew, while Consul still holds its lock (nobody else can have
-/// it yet); reconnected, it gets a new session and its old one is gone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consul_self_fences_when_unreachable_and_recovers() {
-    let Some(services) = Services::require("consul_self_fences_when_unreachable_and_recovers")
-    else {
+/// Cut off from Consul, an instance declares its session lost once its fence window has
+/// passed since its last confirmed renew, while Consul still holds its lock (nobody else can
+/// have it yet); reconnected, it gets a new session and its old one is gone. Run for a
+/// TTL-only session (window = TTL - 250 ms) and a check-bound one (lock-delay - 250 ms).
+async fn self_fences_when_unreachable_and_recovers(test: &str, check_bound: bool) {
+    let Some(services) = Services::require(test) else {
         return;
     };
     let consul = services.consul_http_addr.clone();
@@ -586,13 +607,17 @@ async fn consul_self_fences_when_unreachable_and_recovers() {
     let key = LockKey::new(group.clone(), "orders", 0);
     let relayed = format!("http://127.0.0.1:{}", relay.port);
     let lock_delay = Duration::from_secs(1);
-    let a = ConsulLocks::connect(consul_config(&relayed, &prefix, "gw-a", lock_delay))
-        .await
-        .unwrap();
+    let gateway = FakeGateway::start().await;
+    let config = if check_bound {
+        check_config(&relayed, &prefix, &unique_name("gw-a"), gateway.addr)
+    } else {
+        consul_config(&relayed, &prefix, "gw-a", lock_delay)
+    };
+    let a = ConsulLocks::connect(config).await.unwrap();
     let b = ConsulLocks::connect(consul_config(&consul, &prefix, "gw-b", lock_delay))
         .await
         .unwrap();
-    let ttl = a.config().session_ttl;
+    let window = a.config().fence_window();
     let _grant = acquire(&a, &key, &holder("m1", "gw-a")).await;
     let old = live_id(&a);
 
@@ -603,7 +628,7 @@ async fn consul_self_fences_when_unreachable_and_recovers() {
     );
     let mut state = a.session_state();
     let lost = tokio::time::timeout(
-        ttl + PROMPT,
+        window + PROMPT,
         state.wait_for(|s| *s != SessionState::Live { id: old.clone() }),
     )
     .await
@@ -611,14 +636,15 @@ async fn consul_self_fences_when_unreachable_and_recovers() {
     .unwrap()
     .clone();
     let silent = a.last_confirmed().expect("a renew was confirmed").elapsed();
+    assert_eq!(a.valid_until(), None, "no deadline without a live session");
     let SessionState::Lost { reason } = lost else {
         panic!("expected Lost, got {lost:?}")
     };
     assert!(reason.contains("consul unreachable since"), "{reason}");
-    // Not before a whole TTL of silence, and not much later.
+    // Not before a whole window of silence, and not much later.
     assert!(
-        silent >= ttl && silent < ttl + Duration::from_secs(2),
-        "fenced after {silent:?}"
+        silent >= window && silent < window + Duration::from_secs(2),
+        "fenced after {silent:?} (window {window:?})"
     );
     // Consul still holds the lock for the old session at this point: the fence came first.
     assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-a")));
@@ -643,4 +669,382 @@ async fn consul_self_fences_when_unreachable_and_recovers() {
     assert_eq!(fresh.session(), new);
     a.shutdown().await;
     b.shutdown().await;
+    gateway.kill().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_self_fences_when_unreachable_and_recovers() {
+    self_fences_when_unreachable_and_recovers(
+        "consul_self_fences_when_unreachable_and_recovers",
+        false,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_check_bound_self_fences_when_unreachable_and_recovers() {
+    self_fences_when_unreachable_and_recovers(
+        "consul_check_bound_self_fences_when_unreachable_and_recovers",
+        true,
+    )
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Check-bound sessions
+
+/// A stand-in for a gateway's gRPC listener, for the agent's TCP check to dial: accepts and
+/// drops connections until killed, after which connects are refused (as after a crash).
+struct FakeGateway {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl FakeGateway {
+    async fn start() -> FakeGateway {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            while let Ok((connection, _)) = listener.accept().await {
+                drop(connection);
+            }
+        });
+        FakeGateway { addr, task }
+    }
+
+    /// Closes the listener (the task owns it): connection refused from now on.
+    async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+/// The session as Consul has it (empty once it is gone).
+async fn session_info(
+    client: &ConsulClient,
+    id: &str,
+) -> Vec<consulrs::api::session::common::SessionEntry> {
+    consulrs::session::read(client, id, None)
+        .await
+        .expect("reading the session")
+        .response
+}
+
+async fn registered_services(client: &ConsulClient) -> Vec<String> {
+    consulrs::service::list(client, None)
+        .await
+        .expect("listing the agent's services")
+        .response
+        .into_keys()
+        .collect()
+}
+
+/// The crash-failover path: a check-bound holder's "process" dies (its listener closes),
+/// the agent's check fails, Consul invalidates the session, and a waiting instance (TTL-only
+/// in even rounds, check-bound in odd ones) takes the key after the lock-delay. At that
+/// moment the dead holder must no longer consider itself valid: no overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_check_bound_session_fails_over_in_seconds() {
+    const ROUNDS: usize = 10;
+    let Some(services) = Services::require("consul_check_bound_session_fails_over_in_seconds")
+    else {
+        return;
+    };
+    let address = services.consul_http_addr.clone();
+    let client = consul_client(&address);
+    let mut times = Vec::new();
+    for round in 0..ROUNDS {
+        let prefix = unique_name("kafka-lease-test");
+        let key = LockKey::new(unique_name("g"), "orders", 0);
+        let gateway_a = FakeGateway::start().await;
+        let gateway_b = FakeGateway::start().await;
+        let a_config = check_config(&address, &prefix, &unique_name("gw-a"), gateway_a.addr);
+        let b_check_bound = round % 2 == 1;
+        let b_config = if b_check_bound {
+            check_config(&address, &prefix, &unique_name("gw-b"), gateway_b.addr)
+        } else {
+            ConsulLockConfig {
+                check: None,
+                ..check_config(&address, &prefix, &unique_name("gw-b"), gateway_b.addr)
+            }
+        };
+        let a = ConsulLocks::connect(a_config.clone()).await.unwrap();
+        let b = ConsulLocks::connect(b_config.clone()).await.unwrap();
+        let old = live_id(&a);
+
+        if round < 2 {
+            // What Consul made of the two kinds of session.
+            let info = session_info(&client, &old).await;
+            let checks: Vec<_> = info[0]
+                .service_checks
+                .iter()
+                .flatten()
+                .filter_map(|c| c.id.clone())
+                .collect();
+            assert_eq!(checks, vec![a_config.check_id()], "{info:?}");
+            assert_eq!(info[0].node_checks, Some(vec!["serfHealth".to_string()]));
+            assert_eq!(info[0].lock_delay, Some(1_500_000_000));
+            assert_eq!(info[0].behavior.as_deref(), Some("delete"));
+            let info = session_info(&client, &live_id(&b)).await;
+            if b_check_bound {
+                assert!(info[0].service_checks.is_some(), "{info:?}");
+            } else {
+                // TTL-only: no checks at all, not even serfHealth.
+                assert_eq!(info[0].node_checks, Some(vec![]), "{info:?}");
+                assert!(info[0].service_checks.is_none(), "{info:?}");
+            }
+            assert!(registered_services(&client)
+                .await
+                .contains(&a_config.service_id()));
+        }
+
+        let _grant = acquire(&a, &key, &holder("m1", "gw-a")).await;
+        let (_, mut index) = busy(&b, &key).await;
+        gateway_a.kill().await;
+        let killed = Instant::now();
+        let taken = loop {
+            assert!(
+                killed.elapsed() < PROMPT,
+                "round {round}: no failover within {PROMPT:?}"
+            );
+            match b.try_acquire(&key, &holder("m2", "gw-b")).await {
+                Ok(Acquisition::Acquired(grant)) => break grant,
+                Ok(Acquisition::Busy { index: seen, .. }) => {
+                    index = b
+                        .wait_for_change(&key, seen.max(index), Duration::from_secs(5))
+                        .await
+                        .unwrap_or(index);
+                }
+                Err(e) => panic!("round {round}: try_acquire failed: {e}"),
+            }
+        };
+        let took = killed.elapsed();
+        // No overlap: by now the dead holder's deadline has passed and it knows it.
+        let now = Instant::now();
+        let until = a.valid_until();
+        assert!(
+            until.is_none_or(|u| u <= now),
+            "round {round}: the old holder is still valid for {:?} after the takeover",
+            until.map(|u| u - now)
+        );
+        assert_ne!(
+            *a.session_state().borrow(),
+            SessionState::Live { id: old.clone() }
+        );
+        // The old session is gone, its check critical, so no new one was created for it.
+        assert!(session_info(&client, &old).await.is_empty());
+        assert!(matches!(
+            *a.session_state().borrow(),
+            SessionState::Lost { .. }
+        ));
+        assert_eq!(taken.session(), live_id(&b));
+        println!(
+            "round {round}: check-bound holder died, {} waiter acquired after {took:?}",
+            if b_check_bound {
+                "check-bound"
+            } else {
+                "TTL-only"
+            }
+        );
+        times.push(took);
+
+        a.shutdown().await;
+        b.shutdown().await;
+        let left = registered_services(&client).await;
+        assert!(
+            !left.contains(&a_config.service_id()) && !left.contains(&b_config.service_id()),
+            "shutdown must deregister the service checks: {left:?}"
+        );
+        gateway_b.kill().await;
+    }
+    times.sort();
+    println!(
+        "check-bound crash failover over {ROUNDS} rounds: min {:?}, median {:?}, max {:?}",
+        times[0],
+        times[(ROUNDS - 1) / 2],
+        times[ROUNDS - 1]
+    );
+    // check interval (1 s) + lock-delay (1.5 s) + the waiter's reaction, with room for a
+    // loaded machine.
+    assert!(times[ROUNDS - 1] < Duration::from_secs(5), "{times:?}");
+}
+
+/// `valid_until` is `S + fence_window`: never further ahead than the window, moved forward by
+/// every renew so that it never lapses while Consul answers, and gone at shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_valid_until_moves_forward_with_renews_and_ends_at_shutdown() {
+    let Some(services) =
+        Services::require("consul_valid_until_moves_forward_with_renews_and_ends_at_shutdown")
+    else {
+        return;
+    };
+    let address = services.consul_http_addr.clone();
+    let prefix = unique_name("kafka-lease-test");
+    let gateway = FakeGateway::start().await;
+    for config in [
+        check_config(&address, &prefix, &unique_name("gw-a"), gateway.addr),
+        ConsulLockConfig {
+            check: None,
+            renew_interval: Some(Duration::from_millis(500)),
+            ..check_config(&address, &prefix, &unique_name("gw-a"), gateway.addr)
+        },
+    ] {
+        let window = config.fence_window();
+        let a = ConsulLocks::connect(config).await.unwrap();
+        let first = a.valid_until().expect("live after connect");
+        let left = first - Instant::now();
+        assert!(
+            left <= window && left > window / 2,
+            "{left:?} of {window:?}"
+        );
+        // Sampled for 2 s: always ahead of now, never more than a window ahead, and moving.
+        let mut latest = first;
+        let sampling = Instant::now();
+        while sampling.elapsed() < Duration::from_secs(2) {
+            let now = Instant::now();
+            let until = a.valid_until().expect("still live");
+            assert!(until > now, "lapsed while Consul answers");
+            assert!(until <= now + window);
+            assert!(until >= latest, "moved backwards");
+            latest = until;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            latest >= first + Duration::from_millis(1500),
+            "renews moved it by only {:?}",
+            latest - first
+        );
+        a.shutdown().await;
+        assert_eq!(a.valid_until(), None);
+    }
+    gateway.kill().await;
+}
+
+/// A gateway restarted on its port faster than one check interval would keep the dead
+/// process's check passing, and its session and locks alive until the TTL. `connect`
+/// deregisters such a registration (same check address), which ends that session now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_restart_on_the_same_address_ends_the_old_session() {
+    let Some(services) =
+        Services::require("consul_restart_on_the_same_address_ends_the_old_session")
+    else {
+        return;
+    };
+    let address = services.consul_http_addr.clone();
+    let client = consul_client(&address);
+    let prefix = unique_name("kafka-lease-test");
+    let key = LockKey::new(unique_name("g"), "orders", 0);
+    // The port stays open throughout: the "restarted" process listens where the old one did.
+    let gateway = FakeGateway::start().await;
+    let old_config = check_config(&address, &prefix, &unique_name("gw-old"), gateway.addr);
+    let old = ConsulLocks::connect(old_config.clone()).await.unwrap();
+    let old_session = live_id(&old);
+    let _grant = acquire(&old, &key, &holder("m1", "gw-old")).await;
+    // Crash: no shutdown, renews stop, nothing is cleaned up.
+    drop(old);
+    let b = ConsulLocks::connect(consul_config(
+        &address,
+        &prefix,
+        "gw-b",
+        Duration::from_secs(1),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-old")));
+
+    let (new, took) = timed(async {
+        let new = ConsulLocks::connect(check_config(
+            &address,
+            &prefix,
+            &unique_name("gw-new"),
+            gateway.addr,
+        ))
+        .await
+        .unwrap();
+        acquire_eventually(&b, &key, &holder("m2", "gw-b")).await;
+        new
+    })
+    .await;
+    println!("old session's key taken {took:?} after the restart on the same address");
+    // Lock-delay (1.5 s) and a little, far below the old session's TTL (10 s, 20 s server side).
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    assert!(session_info(&client, &old_session).await.is_empty());
+    let services = registered_services(&client).await;
+    assert!(!services.contains(&old_config.service_id()), "{services:?}");
+    assert!(
+        services.contains(&new.config().service_id()),
+        "{services:?}"
+    );
+    new.shutdown().await;
+    b.shutdown().await;
+    gateway.kill().await;
+}
+
+/// `validate` refuses every setting that breaks the self-fence invariant, naming the setting,
+/// the value and the rule.
+#[test]
+fn the_config_refuses_settings_that_break_the_fence_invariant() {
+    let base = ConsulLockConfig {
+        instance: "gw-1".into(),
+        ..ConsulLockConfig::default()
+    };
+    let checked = ConsulLockConfig {
+        check: Some(SessionCheck::new("127.0.0.1:50051")),
+        ..base.clone()
+    };
+    base.validate().unwrap();
+    checked.validate().unwrap();
+    assert_eq!(checked.fence_window(), checked.lock_delay - FENCE_MARGIN);
+    assert_eq!(base.fence_window(), base.session_ttl - FENCE_MARGIN);
+    assert!(checked.renew_interval() * 3 <= checked.fence_window());
+    assert!(base.renew_interval() * 3 <= base.fence_window());
+
+    let refused = |config: ConsulLockConfig| config.validate().unwrap_err().to_string();
+    // Check-bound: fewer than three renews per lock-delay window.
+    let e = refused(ConsulLockConfig {
+        renew_interval: Some(Duration::from_millis(500)),
+        ..checked.clone()
+    });
+    assert!(
+        e.contains("renew_interval = 500ms")
+            && e.contains("lock_delay - 250ms")
+            && e.contains("renew_interval * 3 <= fence_window"),
+        "{e}"
+    );
+    // Check-bound: a lock-delay too short for any margin.
+    let e = refused(ConsulLockConfig {
+        lock_delay: Duration::from_millis(500),
+        ..checked.clone()
+    });
+    assert!(
+        e.contains("lock_delay = 500ms") && e.contains("1s ..= 60s"),
+        "{e}"
+    );
+    // TTL-only: fewer than three renews per TTL window.
+    let e = refused(ConsulLockConfig {
+        renew_interval: Some(Duration::from_secs(4)),
+        ..base.clone()
+    });
+    assert!(
+        e.contains("renew_interval = 4s") && e.contains("session_ttl - 250ms"),
+        "{e}"
+    );
+    // Consul runs no check more often than once a second.
+    let e = refused(ConsulLockConfig {
+        check: Some(SessionCheck {
+            interval: Duration::from_millis(200),
+            ..SessionCheck::new("127.0.0.1:50051")
+        }),
+        ..base
+    });
+    assert!(e.contains("check.interval = 200ms"), "{e}");
+}
+
+#[tokio::test]
+async fn memory_valid_until_is_set_while_live_and_none_after_shutdown() {
+    let store = MemoryLockStore::new();
+    let a = store.backend("gw-a");
+    assert!(a.valid_until().is_some_and(|u| u > Instant::now() + PROMPT));
+    a.shutdown().await;
+    assert_eq!(a.valid_until(), None);
 }

@@ -1,4 +1,4 @@
-//! The Consul [`LockBackend`]: partition locks are KV keys acquired with one TTL session per
+//! The Consul [`LockBackend`]: partition locks are KV keys acquired with one session per
 //! gateway instance, kept alive (and replaced when lost) by a background renew task.
 //!
 //! Layout: `<prefix>/<group>/<topic>/<partition>`, value = [`HolderInfo`] as JSON, held with
@@ -7,15 +7,78 @@
 //! `ModifyIndex` right after the acquire: a Raft index, so it grows across holders even though
 //! `delete` behaviour recreates keys (whose `LockIndex` restarts at 1).
 //!
-//! # Self-fencing
-//! Consul keeps a TTL session alive for at least `TTL` after each renew it answers (it arms
-//! the expiry timer at 2×TTL). This instance measures from the *send* time of its last
-//! successful renew (which is before Consul handled it) with the monotonic tokio clock; when
-//! `session_ttl` has passed since then without another confirmed renew, it declares the
-//! session [`SessionState::Lost`] ("consul unreachable since …") and every grant void, while
-//! Consul still holds the locks for it: nobody else can have taken them yet. When Consul
-//! answers again it destroys the old session (best effort) and creates a new one, since it
-//! cannot know what became of the old locks.
+//! # Sessions: check-bound or TTL-only
+//! - **Check-bound** ([`ConsulLockConfig::check`] set; needs a Consul agent on the gateway's
+//!   host): `connect` registers a service `kafka-lease-<instance>` with the *local* agent,
+//!   with a TCP check (`kafka-lease-<instance>-alive`) that the agent runs against the
+//!   gateway's gRPC listener every `check.interval`. The session is bound to that check and
+//!   to the node's `serfHealth` (`NodeChecks`, `ServiceChecks`). When the gateway process dies
+//!   the next check run fails at once (connection refused), Consul invalidates the session,
+//!   the keys vanish, and after `lock_delay` another gateway's waiter takes them: a crash
+//!   moves the partitions after at most `check.interval + lock_delay` (plus the waiter's
+//!   reaction). A process that hangs but keeps its socket open (SIGSTOP) still passes a TCP
+//!   check; its session then ends by TTL, like a TTL-only one. The registration is
+//!   deregistered at `shutdown`, and `connect` deregisters any earlier registration of a dead
+//!   process with the same service id or the same check address (a gateway restarted on its
+//!   port faster than one check interval would otherwise keep the old check passing and the
+//!   old session, and its locks, alive until its TTL). After losing its session the backend
+//!   re-registers the check only if the agent no longer has it: a check that is registered
+//!   but critical (the agent cannot reach the listener) makes Consul refuse new sessions
+//!   until it passes again, rather than handing out sessions the next check run would end.
+//! - **TTL-only** (no `check`): the session is created with *no* checks at all
+//!   (`NodeChecks: []`), so only its TTL (or an explicit destroy) can end it. A crash then
+//!   frees the keys after at most `2 × session_ttl + lock_delay` (Consul arms the expiry
+//!   timer at twice the TTL): 21.5 s with the defaults.
+//!
+//! # Self-fencing: the timing invariant
+//! Let `S` be the *send* time (monotonic clock of this process) of the last session renew or
+//! create that Consul answered with success. The success proves the session existed when the
+//! leader handled the request, which is after `S`; so Consul cannot have invalidated it before
+//! `S`, and after an invalidation nobody can acquire its keys for `lock_delay`. Hence nobody
+//! else can hold one of this instance's keys before
+//!
+//! - `S + lock_delay` for a check-bound session (a check, the node or an operator can
+//!   invalidate it at any moment after `S`), or
+//! - `S + session_ttl + lock_delay` for a TTL-only session (it has no checks; its TTL timer
+//!   restarts at each renew, and the TTL is a lower bound). The fence below does not count
+//!   that `lock_delay`: it is slack, and keeps `lock_delay = 0` safe.
+//!
+//! This instance stops acting on its grants before that moment:
+//!
+//! ```text
+//! fence_window = (check-bound ? lock_delay : session_ttl) - FENCE_MARGIN     (FENCE_MARGIN = 250 ms)
+//! valid_until  = S + fence_window
+//! ```
+//!
+//! [`LockBackend::valid_until`] returns `valid_until` while the session is live; every side
+//! effect (commit, seek, handing out records) checks it synchronously, and the renew task
+//! declares the session [`SessionState::Lost`] ("consul unreachable since …") when it passes
+//! without a newer confirmation. `FENCE_MARGIN` covers the time between that check and the
+//! side effect taking hold, and the difference in clock rates between this host and the
+//! Consul leader. Renews go out every `renew_interval` (default `fence_window / 4`),
+//! whether or not earlier ones have answered, so one slow request does not delay the next;
+//! the configuration is refused unless
+//!
+//! ```text
+//! renew_interval * 3 <= fence_window      (at least three renew attempts per window)
+//! renew_interval    <= session_ttl / 2
+//! lock_delay        >= 1 s                (check-bound only)
+//! check.interval    >= 1 s                (Consul's minimum)
+//! ```
+//!
+//! With the defaults (`session_ttl` 10 s, `lock_delay` 1.5 s, `check.interval` 1 s):
+//! check-bound `fence_window` = 1.25 s, `renew_interval` = 312.5 ms; TTL-only
+//! `fence_window` = 9.75 s, `renew_interval` = 2.4375 s. That is one leader RPC per instance
+//! per `renew_interval`, whatever the number of leases.
+//!
+//! Outside the invariant: an operator destroying a TTL-only session (`consul session
+//! destroy`) frees its keys after `lock_delay`, not `session_ttl`; Consul keeps lock-delays in
+//! each server's memory, so a restart of every Consul server within `lock_delay` of an
+//! invalidation forgets it; and a KV write by anyone but this backend (ACLs keep others out)
+//! is not fenced at all.
+//!
+//! When Consul answers again after a self-fence, the backend destroys the old session (best
+//! effort) and creates a new one, since it cannot know what became of the old locks.
 //!
 //! # Reads that consulrs cannot express
 //! consulrs turns every non-2xx answer into an error and drops its headers, but Consul
@@ -23,10 +86,12 @@
 //! topic released) with 404 *and* a meaningful `X-Consul-Index`. Without that index a waiter
 //! would either spin or sleep through the change, so KV reads go through consulrs' own request
 //! types and middleware (`rustify::Endpoint`) and read the raw response, whatever its status.
-//! Writes and session calls use the plain consulrs functions.
+//! Writes and session calls use the plain consulrs functions, except the service registration:
+//! consulrs serializes it with an `Ns` field that Consul 1.8 rejects ("unknown field").
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime};
 
@@ -36,12 +101,15 @@ use consulrs::api::kv::common::KVPair;
 use consulrs::api::kv::requests::{
     DeleteKeyRequest, ReadKeyRequest, ReadKeysRequest, SetKeyRequest,
 };
+use consulrs::api::session::common::ServiceCheck;
 use consulrs::api::session::requests::CreateSessionRequest;
 use consulrs::client::{Client as _, ConsulClient, ConsulClientSettingsBuilder};
 use consulrs::error::ClientError;
+use futures::stream::{FuturesUnordered, StreamExt as _};
 use rustify::client::Client as _;
 use rustify::endpoint::{Endpoint, MiddleWare as _};
 use rustify::enums::{RequestMethod, RequestType, ResponseType};
+use serde::Serialize;
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -56,11 +124,32 @@ const TTL_MIN: Duration = Duration::from_secs(10);
 const TTL_MAX: Duration = Duration::from_secs(24 * 60 * 60);
 /// Consul clamps a session's lock-delay to this.
 const LOCK_DELAY_MAX: Duration = Duration::from_secs(60);
+/// The shortest lock-delay allowed for a check-bound session: its fence window is
+/// `lock_delay - FENCE_MARGIN`, and must leave room for three renews.
+const LOCK_DELAY_MIN_WITH_CHECK: Duration = Duration::from_secs(1);
+/// What the self-fence deadline keeps in hand before the earliest moment another instance
+/// could acquire one of this instance's keys (see the module docs): the time from the
+/// synchronous deadline check to the side effect, and clock-rate differences between hosts.
+pub const FENCE_MARGIN: Duration = Duration::from_millis(250);
+/// The defaults of [`ConsulLockConfig`].
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(10);
+pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_millis(1500);
+/// The defaults of [`SessionCheck`].
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_DEREGISTER_AFTER: Duration = Duration::from_secs(60);
+/// Consul runs no check more often than this (it raises shorter intervals to it).
+const CHECK_INTERVAL_MIN: Duration = Duration::from_secs(1);
+/// Consul's reaper ignores `DeregisterCriticalServiceAfter` values below this.
+const DEREGISTER_AFTER_MIN: Duration = Duration::from_secs(60);
+/// The service name every gateway registers under (check-bound sessions only).
+pub const SERVICE_NAME: &str = "kafka-lease";
+/// The service meta keys: the instance, and the address the check dials.
+const META_INSTANCE: &str = "instance";
+const META_CHECK_TCP: &str = "check_tcp";
 /// How long an ordinary (non-blocking) request may take before it counts as a failure. The
 /// HTTP client consulrs builds has no timeout at all, so every call is bounded here.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
-/// Pause between renew attempts after a failed one.
-const RENEW_RETRY: Duration = Duration::from_millis(500);
 /// Backoff bounds for creating a new session while Consul is unreachable.
 const CREATE_BACKOFF_MIN: Duration = Duration::from_millis(500);
 const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -71,40 +160,91 @@ const MIN_SERVER_WAIT: Duration = Duration::from_secs(1);
 /// The floor of the window in which a key that is free but refused is assumed to be under
 /// lock-delay (see [`ConsulLocks::wait_for_change`]).
 const LOCK_DELAY_POLL_MIN: Duration = Duration::from_millis(500);
+/// How soon to try again a key still refused right after its expected lock-delay end.
+const LOCK_DELAY_REPOLL: Duration = Duration::from_millis(100);
 
-/// How to reach Consul and how this instance's session behaves.
+/// How to reach Consul and how this instance's session behaves. The timing settings are
+/// bound by the invariant in the module docs; [`ConsulLockConfig::validate`] enforces it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConsulLockConfig {
-    /// The agent's HTTP API, e.g. `http://127.0.0.1:8500`.
+    /// The agent's HTTP API, e.g. `http://127.0.0.1:8500`. With `check` set it must be the
+    /// agent on the gateway's own host: that agent runs the check.
     pub address: String,
-    /// ACL token (needs `key:write` on the prefix and `session:write` on the node).
+    /// ACL token (needs `key:write` on the prefix and `session:write` on the node; with
+    /// `check`, also `service:write` on `kafka-lease`).
     pub token: Option<String>,
     /// The KV prefix every lock lives under.
     pub prefix: String,
-    /// This gateway instance's name: the session is named `kafka-lease <instance>`.
+    /// This gateway instance's name: the session is named `kafka-lease <instance>`, the
+    /// service (with `check`) `kafka-lease-<instance>`.
     pub instance: String,
-    /// The session TTL (Consul allows 10 s ..= 24 h). Also the self-fence deadline.
+    /// The session TTL (Consul allows 10 s ..= 24 h). Without `check`, the self-fence window
+    /// is `session_ttl - FENCE_MARGIN`; with it, the TTL only ends a hung gateway's session.
     pub session_ttl: Duration,
-    /// How long Consul keeps an invalidated session's keys unlockable (0 ..= 60 s).
+    /// How long Consul keeps an invalidated session's keys unlockable (0 ..= 60 s; at least
+    /// 1 s with `check`). With `check`, the self-fence window is `lock_delay - FENCE_MARGIN`.
     pub lock_delay: Duration,
-    /// How often the session is renewed; at most half the TTL, so a failed renew can be
-    /// retried before the self-fence deadline. Set it with the TTL: the default is the
-    /// default TTL / 3.
-    pub renew_interval: Duration,
+    /// How often the session is renewed. `None` (the default) derives it:
+    /// `fence_window / 4`, so three renews can fail before the fence. See
+    /// [`ConsulLockConfig::renew_interval`].
+    pub renew_interval: Option<Duration>,
+    /// Bind the session to a TCP check the local agent runs against the gateway, for crash
+    /// failover in about `check.interval + lock_delay`. `None`: a TTL-only session.
+    pub check: Option<SessionCheck>,
+}
+
+/// The health check a check-bound session hangs on: the local Consul agent dials `tcp_addr`
+/// every `interval`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionCheck {
+    /// `host:port` the local agent dials: the gateway's gRPC listener.
+    pub tcp_addr: String,
+    /// How often the agent dials (Consul's minimum, and the default: 1 s).
+    pub interval: Duration,
+    /// How long one dial may take (default 1 s). A refused connection fails at once.
+    pub timeout: Duration,
+    /// How long the check may stay critical before the agent drops the registration
+    /// (default 60 s, Consul's minimum): cleans up after a crashed gateway.
+    pub deregister_after: Duration,
+}
+
+impl SessionCheck {
+    /// A check dialing `tcp_addr`, with the default timings.
+    pub fn new(tcp_addr: impl Into<String>) -> Self {
+        Self {
+            tcp_addr: tcp_addr.into(),
+            interval: DEFAULT_CHECK_INTERVAL,
+            timeout: DEFAULT_CHECK_TIMEOUT,
+            deregister_after: DEFAULT_DEREGISTER_AFTER,
+        }
+    }
+
+    /// A check for a gateway listening on `listen`: an unspecified address (`0.0.0.0`, `[::]`)
+    /// is dialed on the loopback of its family (`127.0.0.1`, `[::1]`), since the agent runs
+    /// on the same host.
+    pub fn for_listener(listen: SocketAddr) -> Self {
+        let ip = match listen.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ip => ip,
+        };
+        Self::new(SocketAddr::new(ip, listen.port()).to_string())
+    }
 }
 
 impl Default for ConsulLockConfig {
-    /// Every setting but `instance`, which must be set (`validate` insists).
+    /// Every setting but `instance`, which must be set (`validate` insists). TTL-only: a
+    /// check needs the gateway's address.
     fn default() -> Self {
-        let session_ttl = Duration::from_secs(10);
         Self {
             address: "http://127.0.0.1:8500".into(),
             token: None,
             prefix: "kafka-lease".into(),
             instance: String::new(),
-            session_ttl,
-            lock_delay: Duration::from_secs(1),
-            renew_interval: session_ttl / 3,
+            session_ttl: DEFAULT_SESSION_TTL,
+            lock_delay: DEFAULT_LOCK_DELAY,
+            renew_interval: None,
+            check: None,
         }
     }
 }
@@ -127,8 +267,24 @@ pub enum ConsulConfigError {
     },
 }
 
+fn out_of_range(setting: &'static str, value: Duration, allowed: String) -> ConsulConfigError {
+    ConsulConfigError::OutOfRange {
+        setting,
+        value: format!("{value:?}"),
+        allowed,
+    }
+}
+
+/// A name made only of `[A-Za-z0-9._-]`: safe in a URL path and a Consul service id.
+fn is_plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 impl ConsulLockConfig {
-    /// Checks every setting against what Consul and this backend accept.
+    /// Checks every setting against what Consul and this backend accept, including the
+    /// self-fencing invariant (see the module docs).
     pub fn validate(&self) -> Result<(), ConsulConfigError> {
         let address = self.address.trim_end_matches('/');
         let host = address
@@ -152,13 +308,7 @@ impl ConsulLockConfig {
             }
         }
         let prefix = self.prefix.trim_end_matches('/');
-        let segment_ok = |s: &str| {
-            !s.is_empty()
-                && s != "."
-                && s != ".."
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-        };
+        let segment_ok = |s: &str| is_plain_name(s) && s != "." && s != "..";
         if !prefix.split('/').all(segment_ok) {
             return Err(ConsulConfigError::Invalid {
                 setting: "prefix",
@@ -175,28 +325,127 @@ impl ConsulLockConfig {
             });
         }
         if !(TTL_MIN..=TTL_MAX).contains(&self.session_ttl) {
-            return Err(ConsulConfigError::OutOfRange {
-                setting: "session_ttl",
-                value: format!("{:?}", self.session_ttl),
-                allowed: "10s ..= 24h (Consul's limits)".into(),
-            });
+            return Err(out_of_range(
+                "session_ttl",
+                self.session_ttl,
+                "10s ..= 24h (Consul's limits)".into(),
+            ));
         }
         if self.lock_delay > LOCK_DELAY_MAX {
-            return Err(ConsulConfigError::OutOfRange {
-                setting: "lock_delay",
-                value: format!("{:?}", self.lock_delay),
-                allowed: "0s ..= 60s (Consul's limits)".into(),
-            });
+            return Err(out_of_range(
+                "lock_delay",
+                self.lock_delay,
+                "0s ..= 60s (Consul's limits)".into(),
+            ));
         }
-        let max_renew = self.session_ttl / 2;
-        if self.renew_interval.is_zero() || self.renew_interval > max_renew {
-            return Err(ConsulConfigError::OutOfRange {
-                setting: "renew_interval",
-                value: format!("{:?}", self.renew_interval),
-                allowed: format!("more than 0s ..= session_ttl / 2 = {max_renew:?}"),
-            });
+        if let Some(check) = &self.check {
+            self.validate_check(check)?;
+        }
+        let window = self.fence_window();
+        let formula = self.fence_formula();
+        let renew = self.renew_interval();
+        let max_renew = (window / 3).min(self.session_ttl / 2);
+        if renew.is_zero() || renew > max_renew {
+            return Err(out_of_range(
+                "renew_interval",
+                renew,
+                format!(
+                    "more than 0s ..= min(fence_window / 3, session_ttl / 2) = {max_renew:?}, \
+                     where fence_window = {formula} = {window:?} (renew_interval * 3 <= \
+                     fence_window: at least three renews before the self-fence)"
+                ),
+            ));
         }
         Ok(())
+    }
+
+    fn validate_check(&self, check: &SessionCheck) -> Result<(), ConsulConfigError> {
+        if !is_plain_name(&self.instance) {
+            return Err(ConsulConfigError::Invalid {
+                setting: "instance",
+                value: self.instance.clone(),
+                reason: "must be [A-Za-z0-9._-] with a check: it is part of the Consul \
+                         service id",
+            });
+        }
+        let port_ok = check.tcp_addr.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0)
+        });
+        if !port_ok || check.tcp_addr.contains(['/', ' ']) {
+            return Err(ConsulConfigError::Invalid {
+                setting: "check.tcp_addr",
+                value: check.tcp_addr.clone(),
+                reason: "must be host:port (the gateway's listener as the local agent \
+                         reaches it, e.g. 127.0.0.1:50051)",
+            });
+        }
+        if check.interval < CHECK_INTERVAL_MIN {
+            return Err(out_of_range(
+                "check.interval",
+                check.interval,
+                "1s or more (Consul's minimum)".into(),
+            ));
+        }
+        if check.timeout < Duration::from_millis(1) || check.timeout > check.interval {
+            return Err(out_of_range(
+                "check.timeout",
+                check.timeout,
+                format!("1ms ..= check.interval = {:?}", check.interval),
+            ));
+        }
+        if check.deregister_after < DEREGISTER_AFTER_MIN {
+            return Err(out_of_range(
+                "check.deregister_after",
+                check.deregister_after,
+                "60s or more (Consul's minimum)".into(),
+            ));
+        }
+        if self.lock_delay < LOCK_DELAY_MIN_WITH_CHECK {
+            return Err(out_of_range(
+                "lock_delay",
+                self.lock_delay,
+                "1s ..= 60s with a check: a check-bound session self-fences \
+                 lock_delay - 250ms after its last confirmed renew"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// How long after the send time of its last confirmed renew this instance may act on
+    /// its grants: `lock_delay - FENCE_MARGIN` with a check, `session_ttl - FENCE_MARGIN`
+    /// without (zero if that would be negative; `validate` refuses such settings).
+    pub fn fence_window(&self) -> Duration {
+        let base = if self.check.is_some() {
+            self.lock_delay
+        } else {
+            self.session_ttl
+        };
+        base.saturating_sub(FENCE_MARGIN)
+    }
+
+    fn fence_formula(&self) -> String {
+        if self.check.is_some() {
+            format!("lock_delay - {FENCE_MARGIN:?} (check-bound session)")
+        } else {
+            format!("session_ttl - {FENCE_MARGIN:?} (TTL-only session)")
+        }
+    }
+
+    /// The renew interval in effect: the configured one, or `fence_window / 4`.
+    pub fn renew_interval(&self) -> Duration {
+        self.renew_interval
+            .unwrap_or_else(|| self.fence_window() / 4)
+    }
+
+    /// The Consul service id registered for a check-bound session.
+    pub fn service_id(&self) -> String {
+        format!("{SERVICE_NAME}-{}", self.instance)
+    }
+
+    /// The id of the check a check-bound session is bound to.
+    pub fn check_id(&self) -> String {
+        format!("{SERVICE_NAME}-{}-alive", self.instance)
     }
 
     fn prefix(&self) -> &str {
@@ -215,13 +464,32 @@ pub struct ConsulLocks {
 struct Shared {
     client: ConsulClient,
     config: ConsulLockConfig,
+    /// `config.fence_window()`.
+    fence_window: Duration,
     state: watch::Sender<SessionState>,
-    /// Send time of the last renew (or create) Consul confirmed.
-    last_confirmed: Mutex<Option<Instant>>,
+    /// The last renew (or create) Consul confirmed: its session and its send time `S`.
+    last_confirmed: Mutex<Option<Confirmation>>,
     /// Asks the renew task to renew now (an acquire was told the session is invalid).
     poke: Notify,
-    /// Keys found free but refused, with when that stops looking like lock-delay.
-    refused: Mutex<HashMap<LockKey, Instant>>,
+    /// Keys found free but refused (see `ConsulLocks::note_refused`).
+    refused: Mutex<HashMap<LockKey, Refusal>>,
+}
+
+/// When a key found free but refused is expected to become acquirable.
+#[derive(Clone, Copy, Debug)]
+struct Refusal {
+    /// When to try again.
+    until: Instant,
+    /// The end of the lock-delay window first noted for it.
+    expected_end: Instant,
+}
+
+/// A confirmation that a session was valid: Consul answered a renew (or the create) of
+/// `session` that was sent at `sent`.
+#[derive(Clone, Debug)]
+struct Confirmation {
+    session: String,
+    sent: Instant,
 }
 
 impl fmt::Debug for ConsulLocks {
@@ -326,6 +594,82 @@ impl FeaturedEndpoint for StatusLeader {
     }
 }
 
+/// `PUT /v1/agent/service/register` with exactly the fields set here: consulrs' own request
+/// type also sends `"Ns": null`, which Consul 1.8 refuses ("unknown field").
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct RegisterService {
+    #[serde(rename = "ID")]
+    id: String,
+    name: &'static str,
+    meta: HashMap<&'static str, String>,
+    check: TcpCheck,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct TcpCheck {
+    #[serde(rename = "CheckID")]
+    check_id: String,
+    name: String,
+    #[serde(rename = "TCP")]
+    tcp: String,
+    interval: String,
+    timeout: String,
+    deregister_critical_service_after: String,
+    /// `passing`, so that the session can be bound to the check at once instead of after its
+    /// first run (Consul refuses to bind a session to a critical check).
+    status: &'static str,
+}
+
+impl RegisterService {
+    fn new(config: &ConsulLockConfig, check: &SessionCheck) -> Self {
+        Self {
+            id: config.service_id(),
+            name: SERVICE_NAME,
+            meta: HashMap::from([
+                (META_INSTANCE, config.instance.clone()),
+                (META_CHECK_TCP, check.tcp_addr.clone()),
+            ]),
+            check: TcpCheck {
+                check_id: config.check_id(),
+                name: format!("kafka-lease gateway {} is alive", config.instance),
+                tcp: check.tcp_addr.clone(),
+                interval: go_duration(check.interval),
+                timeout: go_duration(check.timeout),
+                deregister_critical_service_after: go_duration(check.deregister_after),
+                status: "passing",
+            },
+        }
+    }
+}
+
+impl Endpoint for RegisterService {
+    type Response = ();
+    const REQUEST_BODY_TYPE: RequestType = RequestType::JSON;
+    const RESPONSE_BODY_TYPE: ResponseType = ResponseType::JSON;
+
+    fn path(&self) -> String {
+        "agent/service/register".into()
+    }
+
+    fn method(&self) -> RequestMethod {
+        RequestMethod::PUT
+    }
+
+    fn body(&self) -> Result<Option<Vec<u8>>, rustify::errors::ClientError> {
+        serde_json::to_vec(self)
+            .map(Some)
+            .map_err(|e| rustify::errors::ClientError::DataParseError { source: e.into() })
+    }
+}
+
+impl FeaturedEndpoint for RegisterService {
+    fn features(&self) -> Option<Features> {
+        None
+    }
+}
+
 /// The status, `X-Consul-Index` and body of a response.
 struct RawAnswer {
     status: u16,
@@ -423,19 +767,183 @@ impl Shared {
         self.state.send_replace(state);
     }
 
-    fn confirm(&self, sent: Instant) {
-        *lock(&self.last_confirmed) = Some(sent);
+    /// Records that Consul confirmed `session` with a request sent at `sent`. Only moves the
+    /// confirmation forward.
+    fn confirm(&self, session: &str, sent: Instant) {
+        let mut confirmed = lock(&self.last_confirmed);
+        let newer = confirmed
+            .as_ref()
+            .is_none_or(|c| c.session != session || c.sent < sent);
+        if newer {
+            *confirmed = Some(Confirmation {
+                session: session.to_string(),
+                sent,
+            });
+        }
     }
 
-    async fn create_session(&self) -> Result<String, ClientError> {
+    /// `S + fence_window` for the live session, `None` when there is none.
+    fn valid_until(&self) -> Option<Instant> {
+        let state = self.state.borrow();
+        let SessionState::Live { id } = &*state else {
+            return None;
+        };
+        let confirmed = lock(&self.last_confirmed);
+        confirmed
+            .as_ref()
+            .filter(|c| c.session == *id)
+            .map(|c| c.sent + self.fence_window)
+    }
+
+    /// Registers (or re-registers, resetting its check to passing) this instance's service
+    /// and TCP check with the local agent.
+    async fn register_service(&self, check: &SessionCheck) -> Result<(), CoordinationError> {
+        const OPERATION: &str = "register service check";
+        let answer = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            self.send_raw(RegisterService::new(&self.config, check)),
+        )
+        .await
+        .map_err(|_| unavailable(OPERATION, format!("no answer within {REQUEST_TIMEOUT:?}")))?
+        .map_err(|e| unavailable(OPERATION, e))?;
+        if answer.status == 200 {
+            Ok(())
+        } else {
+            Err(unavailable(
+                OPERATION,
+                format!(
+                    "HTTP {}: {}",
+                    answer.status,
+                    String::from_utf8_lossy(&answer.body).trim()
+                ),
+            ))
+        }
+    }
+
+    /// Removes this instance's service (and so its check) from the local agent.
+    async fn deregister_service(&self) -> Result<(), CoordinationError> {
+        bounded(
+            "deregister service check",
+            consulrs::service::deregister(&self.client, &self.config.service_id(), None),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Deregisters the registrations a dead gateway process left on this agent: one with
+    /// this instance's service id (a restart with a fixed instance name), or one whose check
+    /// dials the same address (only one process can listen there: this one). Until their
+    /// check fails, their sessions, and the locks those hold, stay valid, and a process
+    /// restarted on the same port within one check interval keeps the old check passing.
+    /// Deregistering removes the check, which invalidates those sessions now.
+    async fn remove_stale_registrations(
+        &self,
+        check: &SessionCheck,
+    ) -> Result<(), CoordinationError> {
+        let instance = &self.config.instance;
+        let ours = self.config.service_id();
+        let services = bounded("list services", consulrs::service::list(&self.client, None))
+            .await?
+            .response;
+        for (id, service) in services {
+            let meta = service.meta.unwrap_or_default();
+            let stale = service.service.as_deref() == Some(SERVICE_NAME)
+                && (id == ours || meta.get(META_CHECK_TCP) == Some(&check.tcp_addr));
+            if !stale {
+                continue;
+            }
+            tracing::warn!(
+                %instance,
+                service = %id,
+                previous_instance = meta.get(META_INSTANCE).map_or("?", String::as_str),
+                check_tcp = %check.tcp_addr,
+                "deregistering the registration of an earlier gateway process on this address; \
+                 its lock session ends now",
+            );
+            bounded(
+                "deregister stale service",
+                consulrs::service::deregister(&self.client, &id, None),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The local agent's view of this instance's check, for the log after an invalidation.
+    async fn check_status(&self) -> String {
+        let check_id = self.config.check_id();
+        match bounded("list checks", consulrs::check::list(&self.client, None)).await {
+            Ok(answer) => match answer.response.get(&check_id) {
+                Some(check) => format!(
+                    "{}: {}",
+                    check.status.as_deref().unwrap_or("?"),
+                    check.output.as_deref().unwrap_or("").trim()
+                ),
+                None => "not registered".into(),
+            },
+            Err(error) => format!("unknown ({error})"),
+        }
+    }
+
+    /// Whether the local agent has this instance's check registered.
+    async fn check_registered(&self) -> Result<bool, CoordinationError> {
+        let checks = bounded("list checks", consulrs::check::list(&self.client, None)).await?;
+        Ok(checks.response.contains_key(&self.config.check_id()))
+    }
+
+    /// Creates a session, returning its id and the send time of the create request. A
+    /// check-bound one first gets its service check registered: always at `connect`
+    /// ([`Registration::Always`], fresh and passing), and on recovery only if the agent lost
+    /// it ([`Registration::IfMissing`]: an agent restarted without its data, or the
+    /// registration reaped after `deregister_after`). A check that is registered but
+    /// critical is left alone: Consul refuses the session until the check passes again, and
+    /// resetting it to passing would only get a session that the next check run ends.
+    async fn open_session(
+        &self,
+        registration: Registration,
+    ) -> Result<(String, Instant), CoordinationError> {
         let mut request = CreateSessionRequest::builder();
         request
             .name(format!("kafka-lease {}", self.config.instance))
             .ttl(go_duration(self.config.session_ttl))
             .lock_delay(go_duration(self.config.lock_delay))
             .behavior("delete");
-        let created = consulrs::session::create(&self.client, Some(&mut request)).await?;
-        Ok(created.response.id)
+        match &self.config.check {
+            Some(check) => {
+                let register = match registration {
+                    Registration::Always => true,
+                    Registration::IfMissing => !self.check_registered().await?,
+                };
+                if register {
+                    if registration == Registration::IfMissing {
+                        tracing::warn!(
+                            instance = %self.config.instance,
+                            check = %self.config.check_id(),
+                            "the local consul agent lost the service check; registering it again",
+                        );
+                    }
+                    self.register_service(check).await?;
+                }
+                request
+                    .node_checks(vec!["serfHealth".to_string()])
+                    .service_checks(vec![ServiceCheck {
+                        id: Some(self.config.check_id()),
+                        namespace: None,
+                    }]);
+            }
+            // No checks at all, not even the node's `serfHealth` (Consul's default): a
+            // TTL-only session must end only by its TTL, or the TTL-based fence is unsound.
+            None => {
+                request.node_checks(Vec::<String>::new());
+            }
+        }
+        let sent = Instant::now();
+        let created = bounded(
+            "create session",
+            consulrs::session::create(&self.client, Some(&mut request)),
+        )
+        .await?;
+        Ok((created.response.id, sent))
     }
 
     /// Destroys a session and, first, deletes the keys it holds under the prefix one by one:
@@ -501,27 +1009,19 @@ impl Shared {
     async fn create_session_until_done(&self) -> Held {
         let mut backoff = CREATE_BACKOFF_MIN;
         loop {
-            let sent = Instant::now();
-            match tokio::time::timeout(REQUEST_TIMEOUT, self.create_session()).await {
-                Ok(Ok(id)) => {
+            match self.open_session(Registration::IfMissing).await {
+                Ok((id, sent)) => {
                     return Held {
                         id,
                         confirmed: sent,
                     }
                 }
-                Ok(Err(e)) => {
+                Err(error) => {
                     tracing::warn!(
                         instance = %self.config.instance,
-                        error = %describe(&e),
+                        %error,
                         retry_in = ?backoff,
                         "could not create a consul lock session",
-                    );
-                }
-                Err(_) => {
-                    tracing::warn!(
-                        instance = %self.config.instance,
-                        retry_in = ?backoff,
-                        "creating a consul lock session timed out",
                     );
                 }
             }
@@ -530,55 +1030,67 @@ impl Shared {
         }
     }
 
-    /// Renews `held` until it is lost; returns how.
-    async fn keep_alive(&self, held: &mut Held) -> Loss {
-        let ttl = self.config.session_ttl;
-        let instance = &self.config.instance;
-        loop {
-            let fence_at = held.confirmed + ttl;
-            tokio::select! {
-                () = tokio::time::sleep_until(held.confirmed + self.config.renew_interval) => {}
-                () = self.poke.notified() => {}
-            }
-            loop {
-                let now = Instant::now();
-                if now >= fence_at {
-                    return Loss::Unreachable;
-                }
-                let limit = REQUEST_TIMEOUT.min(fence_at - now);
-                let renewed = tokio::time::timeout(
-                    limit,
-                    consulrs::session::renew(&self.client, &held.id, None),
-                )
+    /// One renew of `session`: its send time and what Consul said.
+    async fn renew_once(&self, session: &str, limit: Duration) -> (Instant, Renewal) {
+        let sent = Instant::now();
+        let renewed =
+            tokio::time::timeout(limit, consulrs::session::renew(&self.client, session, None))
                 .await;
-                match renewed {
-                    Ok(Ok(answer)) if !answer.response.is_empty() => {
-                        held.confirmed = now;
-                        self.confirm(now);
-                        break;
-                    }
-                    // Consul 1.8 answers 404 for an unknown session; older ones 200 and `[]`.
-                    Ok(Ok(_)) => return Loss::Invalidated,
-                    Ok(Err(e)) if is_status(&e, 404) => return Loss::Invalidated,
-                    Ok(Err(e)) => {
-                        tracing::warn!(
-                            %instance,
-                            session = %held.id,
-                            error = %describe(&e),
-                            "renewing the consul lock session failed; retrying",
-                        );
-                    }
-                    Err(_) => {
-                        tracing::warn!(
-                            %instance,
-                            session = %held.id,
-                            timeout = ?limit,
-                            "renewing the consul lock session timed out; retrying",
-                        );
+        let outcome = match renewed {
+            Ok(Ok(answer)) if !answer.response.is_empty() => Renewal::Confirmed,
+            // Consul 1.8 answers 404 for an unknown session; older ones 200 and `[]`.
+            Ok(Ok(_)) => Renewal::Gone,
+            Ok(Err(e)) if is_status(&e, 404) => Renewal::Gone,
+            Ok(Err(e)) => Renewal::Failed(describe(&e)),
+            Err(_) => Renewal::Failed(format!("no answer within {limit:?}")),
+        };
+        (sent, outcome)
+    }
+
+    /// Renews `held` until it is lost; returns how. A renew goes out every `renew_interval`
+    /// (and at once when poked) whether or not the earlier ones have answered, so a slow or
+    /// lost request does not hold up the next; each confirmation moves `S` to its own send
+    /// time. The session is lost when `S + fence_window` passes.
+    async fn keep_alive(&self, held: &mut Held) -> Loss {
+        let instance = &self.config.instance;
+        let every = self.config.renew_interval();
+        // An answer later than this is worthless: it would confirm a deadline already past.
+        let limit = REQUEST_TIMEOUT.min(self.fence_window);
+        let mut attempts = FuturesUnordered::new();
+        let mut next = held.confirmed + every;
+        loop {
+            let fence_at = held.confirmed + self.fence_window;
+            tokio::select! {
+                biased;
+                Some((sent, outcome)) = attempts.next(), if !attempts.is_empty() => {
+                    match outcome {
+                        Renewal::Confirmed => {
+                            if sent > held.confirmed {
+                                held.confirmed = sent;
+                                self.confirm(&held.id, sent);
+                            }
+                        }
+                        Renewal::Gone => return Loss::Invalidated,
+                        Renewal::Failed(error) => {
+                            tracing::warn!(
+                                %instance,
+                                session = %held.id,
+                                %error,
+                                fence_in = ?fence_at.saturating_duration_since(Instant::now()),
+                                "renewing the consul lock session failed; retrying",
+                            );
+                        }
                     }
                 }
-                let retry_at = (Instant::now() + RENEW_RETRY).min(fence_at);
-                tokio::time::sleep_until(retry_at).await;
+                () = tokio::time::sleep_until(fence_at) => return Loss::Unreachable,
+                () = tokio::time::sleep_until(next) => {
+                    attempts.push(self.renew_once(&held.id, limit));
+                    next = Instant::now() + every;
+                }
+                () = self.poke.notified() => {
+                    attempts.push(self.renew_once(&held.id, limit));
+                    next = Instant::now() + every;
+                }
             }
         }
     }
@@ -640,17 +1152,33 @@ struct Held {
     confirmed: Instant,
 }
 
+/// When [`Shared::open_session`] registers the service check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Registration {
+    Always,
+    IfMissing,
+}
+
+/// What one renew found out.
+enum Renewal {
+    Confirmed,
+    /// Consul does not know the session (any more).
+    Gone,
+    /// No usable answer: unreachable, an error, or too slow.
+    Failed(String),
+}
+
 enum Loss {
     /// Consul says the session no longer exists.
     Invalidated,
-    /// No renew was confirmed for a whole TTL.
+    /// No renew was confirmed for a whole fence window.
     Unreachable,
 }
 
 /// The renew task: keeps the session alive, and replaces it when it is lost.
 async fn run_renewer(shared: Arc<Shared>, first: Held) {
     let instance = shared.config.instance.clone();
-    let ttl = shared.config.session_ttl;
+    let window = shared.fence_window;
     let mut held = first;
     // Sessions given up while Consul was unreachable: destroyed once it answers again, so
     // their keys go now rather than when Consul's own timer (up to 2×TTL) fires.
@@ -658,14 +1186,19 @@ async fn run_renewer(shared: Arc<Shared>, first: Held) {
     loop {
         match shared.keep_alive(&mut held).await {
             Loss::Invalidated => {
-                tracing::info!(
-                    %instance,
-                    session = %held.id,
-                    "consul lock session invalidated; creating a new one",
-                );
                 shared.set_state(SessionState::Lost {
                     reason: "session invalidated".into(),
                 });
+                let check = match shared.config.check {
+                    Some(_) => shared.check_status().await,
+                    None => "none (TTL-only session)".into(),
+                };
+                tracing::warn!(
+                    %instance,
+                    session = %held.id,
+                    %check,
+                    "consul lock session invalidated; every lock is void, creating a new session",
+                );
             }
             Loss::Unreachable => {
                 let silent = held.confirmed.elapsed();
@@ -673,19 +1206,19 @@ async fn run_renewer(shared: Arc<Shared>, first: Held) {
                     .checked_sub(silent)
                     .unwrap_or(SystemTime::UNIX_EPOCH);
                 let since = humantime::format_rfc3339_seconds(since);
+                shared.set_state(SessionState::Lost {
+                    reason: format!(
+                        "consul unreachable since {since} (no renew confirmed for {silent:?}, \
+                         fence window {window:?})"
+                    ),
+                });
                 tracing::warn!(
                     %instance,
                     session = %held.id,
                     ?silent,
-                    ?ttl,
-                    "consul unreachable for a whole session TTL; every lock is void (self-fence)",
+                    fence_window = ?window,
+                    "no renew confirmed for a whole fence window; every lock is void (self-fence)",
                 );
-                shared.set_state(SessionState::Lost {
-                    reason: format!(
-                        "consul unreachable since {since} (no renew confirmed for {silent:?}, \
-                         session TTL {ttl:?})"
-                    ),
-                });
                 abandoned.push(held.id.clone());
             }
         }
@@ -705,7 +1238,7 @@ async fn run_renewer(shared: Arc<Shared>, first: Held) {
                 );
             }
         }
-        shared.confirm(held.confirmed);
+        shared.confirm(&held.id, held.confirmed);
         tracing::info!(%instance, session = %held.id, "consul lock session recovered");
         shared.set_state(SessionState::Live {
             id: held.id.clone(),
@@ -714,7 +1247,9 @@ async fn run_renewer(shared: Arc<Shared>, first: Held) {
 }
 
 impl ConsulLocks {
-    /// Validates `config`, creates this instance's session and starts renewing it.
+    /// Validates `config`, registers the service check (if any; after deregistering what a
+    /// dead process left on the same address), creates this instance's session and starts
+    /// renewing it.
     pub async fn connect(config: ConsulLockConfig) -> Result<ConsulLocks, CoordinationError> {
         config
             .validate()
@@ -733,20 +1268,34 @@ impl ConsulLocks {
         });
         let shared = Arc::new(Shared {
             client,
+            fence_window: config.fence_window(),
             config,
             state,
             last_confirmed: Mutex::new(None),
             poke: Notify::new(),
             refused: Mutex::new(HashMap::new()),
         });
-        let sent = Instant::now();
-        let id = bounded("connect (create session)", shared.create_session()).await?;
-        shared.confirm(sent);
+        if let Some(check) = &shared.config.check {
+            shared.remove_stale_registrations(check).await?;
+        }
+        let (id, sent) = match shared.open_session(Registration::Always).await {
+            Ok(opened) => opened,
+            Err(error) => {
+                if shared.config.check.is_some() {
+                    let _ = shared.deregister_service().await;
+                }
+                return Err(error);
+            }
+        };
+        shared.confirm(&id, sent);
         tracing::info!(
             instance = %shared.config.instance,
             session = %id,
             ttl = ?shared.config.session_ttl,
             lock_delay = ?shared.config.lock_delay,
+            fence_window = ?shared.fence_window,
+            renew_interval = ?shared.config.renew_interval(),
+            check = ?shared.config.check.as_ref().map(|c| &c.tcp_addr),
             "created consul lock session"
         );
         shared.set_state(SessionState::Live { id: id.clone() });
@@ -763,10 +1312,10 @@ impl ConsulLocks {
         })
     }
 
-    /// The send time of the last renew Consul confirmed; the session is self-fenced once a
-    /// whole `session_ttl` has passed since.
+    /// The send time `S` of the last renew (or create) Consul confirmed, for whichever
+    /// session that was; the session is self-fenced at `S + fence_window`.
     pub fn last_confirmed(&self) -> Option<Instant> {
-        *lock(&self.shared.last_confirmed)
+        lock(&self.shared.last_confirmed).as_ref().map(|c| c.sent)
     }
 
     /// The configuration this backend runs with.
@@ -774,24 +1323,40 @@ impl ConsulLocks {
         &self.shared.config
     }
 
+    /// Notes that `key` was found free but refused: under the lock-delay of a session
+    /// invalidated a moment ago, which ends at most `lock_delay` from now. A refusal inside
+    /// that window keeps its end; one shortly after it (the estimate was a hair early: the
+    /// delay started a moment after the key was seen free, or the leader's clock runs ahead)
+    /// polls again in [`LOCK_DELAY_REPOLL`] instead of arming a whole new window.
     fn note_refused(&self, key: &LockKey) {
-        let window = self.shared.config.lock_delay.max(LOCK_DELAY_POLL_MIN);
-        lock(&self.shared.refused).insert(key.clone(), Instant::now() + window);
+        let delay = self.shared.config.lock_delay.max(LOCK_DELAY_POLL_MIN);
+        let now = Instant::now();
+        let mut refused = lock(&self.shared.refused);
+        refused.retain(|_, r| now < r.expected_end + delay);
+        let refusal = match refused.get(key) {
+            Some(r) if r.until > now => *r,
+            Some(r) => Refusal {
+                until: now + LOCK_DELAY_REPOLL,
+                expected_end: r.expected_end,
+            },
+            None => Refusal {
+                until: now + delay,
+                expected_end: now + delay,
+            },
+        };
+        refused.insert(key.clone(), refusal);
     }
 
-    /// How long a wait on `key` may block: see `wait_for_change`.
-    fn wait_limit(&self, key: &LockKey, timeout: Duration) -> Duration {
-        let mut refused = lock(&self.shared.refused);
-        match refused
+    /// How long a wait on `key` may block, and whether that was cut short to end with a
+    /// lock-delay (see `wait_for_change`).
+    fn wait_limit(&self, key: &LockKey, timeout: Duration) -> (Duration, bool) {
+        let left = lock(&self.shared.refused)
             .get(key)
-            .map(|until| until.checked_duration_since(Instant::now()))
-        {
-            Some(Some(left)) => timeout.min(left),
-            Some(None) => {
-                refused.remove(key);
-                timeout
-            }
-            None => timeout,
+            .and_then(|r| r.until.checked_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero());
+        match left {
+            Some(left) if left < timeout => (left, true),
+            _ => (timeout, false),
         }
     }
 }
@@ -985,8 +1550,9 @@ impl LockBackend for ConsulLocks {
     /// wait on.
     ///
     /// After a `Busy` without holder (a free key refused under lock-delay, which no write
-    /// ends) the wait is cut to the rest of the lock-delay window, so the caller retries when
-    /// the key becomes acquirable instead of at its own timeout.
+    /// ends) the wait is cut to the rest of the lock-delay window and ends exactly then (not
+    /// `× 16/17` early, which would only get refused again), so the caller retries when the
+    /// key becomes acquirable instead of at its own timeout.
     async fn wait_for_change(
         &self,
         key: &LockKey,
@@ -994,10 +1560,16 @@ impl LockBackend for ConsulLocks {
         timeout: Duration,
     ) -> Result<u64, CoordinationError> {
         const OPERATION: &str = "wait_for_change";
-        let timeout = self.wait_limit(key, timeout);
-        let server_wait = (timeout
-            .mul_f64(f64::from(JITTER_DIVISOR) / f64::from(JITTER_DIVISOR + 1)))
-        .max(MIN_SERVER_WAIT);
+        let (timeout, cut) = self.wait_limit(key, timeout);
+        // A wait that must end at a given moment (the end of a lock-delay, or a timeout
+        // below Consul's shortest wait) asks Consul for at least that long and ends locally.
+        let short = cut || timeout < MIN_SERVER_WAIT;
+        let server_wait = if short {
+            Duration::from_millis(timeout.as_micros().div_ceil(1000) as u64).max(MIN_SERVER_WAIT)
+        } else {
+            (timeout.mul_f64(f64::from(JITTER_DIVISOR) / f64::from(JITTER_DIVISOR + 1)))
+                .max(MIN_SERVER_WAIT)
+        };
         let request = ReadKeysRequest {
             features: Some(Features {
                 blocking: Some(Blocking {
@@ -1010,7 +1582,6 @@ impl LockBackend for ConsulLocks {
             keys: true,
             ..ReadKeysRequest::default()
         };
-        let short = timeout < MIN_SERVER_WAIT;
         let limit = if short {
             timeout
         } else {
@@ -1019,7 +1590,7 @@ impl LockBackend for ConsulLocks {
         let answer = match tokio::time::timeout(limit, self.shared.send_raw(request)).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(e)) => return Err(unavailable(OPERATION, e)),
-            // Consul's shortest wait is longer than the caller's: its timeout is the answer.
+            // The wait ends here, not when Consul answers: its timeout is the answer.
             Err(_) if short => return Ok(index),
             Err(_) => {
                 return Err(unavailable(
@@ -1080,6 +1651,11 @@ impl LockBackend for ConsulLocks {
         self.shared.state.subscribe()
     }
 
+    /// `S + fence_window` (see the module docs) while the session is live.
+    fn valid_until(&self) -> Option<Instant> {
+        self.shared.valid_until()
+    }
+
     async fn ping(&self) -> Result<(), CoordinationError> {
         let middleware = self.shared.client.middle(None);
         let answer = bounded("ping", async {
@@ -1099,19 +1675,38 @@ impl LockBackend for ConsulLocks {
         Ok(())
     }
 
+    /// Releases the keys one by one, destroys the session, then deregisters the service check
+    /// (a check-bound session). Only the first call does anything.
     async fn shutdown(&self) {
         let renewer = lock(&self.renewer).take();
-        if let Some(task) = renewer {
-            task.abort();
-            // Wait until it has really stopped, so it cannot publish a new session after the
-            // state below. (A session it was creating at that moment expires by its TTL.)
-            let _ = task.await;
-        }
+        let Some(task) = renewer else {
+            return;
+        };
+        task.abort();
+        // Wait until it has really stopped, so it cannot publish a new session after the
+        // state below. (A session it was creating at that moment expires by its TTL, or
+        // ends with the check deregistered below.)
+        let _ = task.await;
         let previous = self.shared.state.send_replace(SessionState::Lost {
             reason: "shut down".into(),
         });
         if let SessionState::Live { id } = previous {
             self.shared.end_session(&id).await;
+        }
+        if self.shared.config.check.is_some() {
+            match self.shared.deregister_service().await {
+                Ok(()) => tracing::info!(
+                    instance = %self.shared.config.instance,
+                    service = %self.shared.config.service_id(),
+                    "deregistered the service check",
+                ),
+                Err(error) => tracing::warn!(
+                    instance = %self.shared.config.instance,
+                    %error,
+                    "could not deregister the service check; the agent drops it after \
+                     check.deregister_after",
+                ),
+            }
         }
     }
 }
@@ -1136,13 +1731,169 @@ mod tests {
             .to_string()
     }
 
+    fn checked() -> ConsulLockConfig {
+        ConsulLockConfig {
+            check: Some(SessionCheck::new("127.0.0.1:50051")),
+            ..valid()
+        }
+    }
+
     #[test]
     fn defaults_are_valid_once_the_instance_is_named() {
         valid().validate().unwrap();
         assert!(rejected(ConsulLockConfig::default()).contains("instance"));
         let d = ConsulLockConfig::default();
-        assert_eq!(d.renew_interval, d.session_ttl / 3);
+        assert_eq!(d.renew_interval, None);
         assert_eq!(d.prefix, "kafka-lease");
+        assert_eq!(d.check, None);
+        // TTL-only: the window is the TTL less the margin, renewed four times per window.
+        assert_eq!(d.fence_window(), Duration::from_millis(9750));
+        assert_eq!(d.renew_interval(), Duration::from_micros(2_437_500));
+        // Check-bound: the window is the lock-delay less the margin.
+        let c = checked();
+        c.validate().unwrap();
+        assert_eq!(c.fence_window(), Duration::from_millis(1250));
+        assert_eq!(c.renew_interval(), Duration::from_micros(312_500));
+        let check = c.check.unwrap();
+        assert_eq!(check.interval, Duration::from_secs(1));
+        assert_eq!(check.timeout, Duration::from_secs(1));
+        assert_eq!(check.deregister_after, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_fence_invariant_is_enforced() {
+        // Three renews per window: 1.25 s / 3 = 416.66 ms at most with a check.
+        ConsulLockConfig {
+            renew_interval: Some(Duration::from_millis(416)),
+            ..checked()
+        }
+        .validate()
+        .unwrap();
+        let e = rejected(ConsulLockConfig {
+            renew_interval: Some(Duration::from_millis(417)),
+            ..checked()
+        });
+        assert!(
+            e.contains("renew_interval = 417ms")
+                && e.contains("lock_delay - 250ms")
+                && e.contains("fence_window = lock_delay - 250ms (check-bound session) = 1.25s")
+                && e.contains("renew_interval * 3 <= fence_window"),
+            "{e}"
+        );
+        // Without a check the TTL sets the window (and renew <= TTL / 2 still holds).
+        let e = rejected(ConsulLockConfig {
+            renew_interval: Some(Duration::from_millis(3300)),
+            ..valid()
+        });
+        assert!(
+            e.contains("renew_interval = 3.3s") && e.contains("session_ttl - 250ms"),
+            "{e}"
+        );
+        ConsulLockConfig {
+            renew_interval: Some(Duration::from_millis(3250)),
+            ..valid()
+        }
+        .validate()
+        .unwrap();
+        let e = rejected(ConsulLockConfig {
+            lock_delay: Duration::from_millis(999),
+            ..checked()
+        });
+        assert!(
+            e.contains("lock_delay = 999ms") && e.contains("1s ..= 60s with a check"),
+            "{e}"
+        );
+        // A derived interval follows the lock-delay.
+        let c = ConsulLockConfig {
+            lock_delay: Duration::from_secs(1),
+            ..checked()
+        };
+        c.validate().unwrap();
+        assert_eq!(c.fence_window(), Duration::from_millis(750));
+        assert_eq!(c.renew_interval(), Duration::from_micros(187_500));
+    }
+
+    #[test]
+    fn check_settings_are_checked() {
+        let with = |f: fn(&mut SessionCheck)| {
+            let mut config = checked();
+            f(config.check.as_mut().unwrap());
+            config
+        };
+        for (config, needle) in [
+            (with(|c| c.tcp_addr = "50051".into()), "check.tcp_addr"),
+            (with(|c| c.tcp_addr = ":50051".into()), "check.tcp_addr"),
+            (with(|c| c.tcp_addr = "h:0".into()), "check.tcp_addr"),
+            (with(|c| c.tcp_addr = "h:port".into()), "check.tcp_addr"),
+            (
+                with(|c| c.interval = Duration::from_millis(500)),
+                "check.interval = 500ms",
+            ),
+            (with(|c| c.timeout = Duration::ZERO), "check.timeout = 0ns"),
+            (
+                with(|c| c.timeout = Duration::from_secs(2)),
+                "check.timeout = 2s",
+            ),
+            (
+                with(|c| c.deregister_after = Duration::from_secs(30)),
+                "check.deregister_after",
+            ),
+        ] {
+            let e = rejected(config);
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+        with(|c| c.tcp_addr = "[::1]:50051".into())
+            .validate()
+            .unwrap();
+        let e = rejected(ConsulLockConfig {
+            instance: "gw 1".into(),
+            ..checked()
+        });
+        assert!(e.contains("instance") && e.contains("service id"), "{e}");
+    }
+
+    #[test]
+    fn a_check_dials_the_loopback_for_an_unspecified_listen_address() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(
+            SessionCheck::for_listener(addr("0.0.0.0:50051")).tcp_addr,
+            "127.0.0.1:50051"
+        );
+        assert_eq!(
+            SessionCheck::for_listener(addr("[::]:50051")).tcp_addr,
+            "[::1]:50051"
+        );
+        assert_eq!(
+            SessionCheck::for_listener(addr("10.1.2.3:7000")).tcp_addr,
+            "10.1.2.3:7000"
+        );
+    }
+
+    #[test]
+    fn the_registration_has_only_the_fields_consul_accepts() {
+        let config = checked();
+        let body = RegisterService::new(&config, config.check.as_ref().unwrap())
+            .body()
+            .unwrap()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "ID": "kafka-lease-gw-1",
+                "Name": "kafka-lease",
+                "Meta": {"instance": "gw-1", "check_tcp": "127.0.0.1:50051"},
+                "Check": {
+                    "CheckID": "kafka-lease-gw-1-alive",
+                    "Name": "kafka-lease gateway gw-1 is alive",
+                    "TCP": "127.0.0.1:50051",
+                    "Interval": "1s",
+                    "Timeout": "1s",
+                    "DeregisterCriticalServiceAfter": "60s",
+                    "Status": "passing",
+                },
+            })
+        );
     }
 
     #[test]
@@ -1169,12 +1920,15 @@ mod tests {
             "{e}"
         );
         let e = rejected(ConsulLockConfig {
-            renew_interval: Duration::from_secs(6),
+            renew_interval: Some(Duration::from_secs(6)),
             ..valid()
         });
-        assert!(e.contains("renew_interval = 6s") && e.contains("5s"), "{e}");
+        assert!(
+            e.contains("renew_interval = 6s") && e.contains("3.25s"),
+            "{e}"
+        );
         let e = rejected(ConsulLockConfig {
-            renew_interval: Duration::ZERO,
+            renew_interval: Some(Duration::ZERO),
             ..valid()
         });
         assert!(e.contains("renew_interval"), "{e}");

@@ -20,6 +20,9 @@ use super::{
     LockKey, SessionState,
 };
 
+/// How far ahead [`LockBackend::valid_until`] of a live in-memory session lies.
+pub const FAR_FUTURE: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// The shared lock table. Cloning is cheap: every clone is the same store.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryLockStore {
@@ -308,6 +311,16 @@ impl LockBackend for MemoryLocks {
         self.state.subscribe()
     }
 
+    /// Nothing can cut an in-memory session off behind its back: while it is live the
+    /// deadline is always [`FAR_FUTURE`] away; `None` after `shutdown` and during an
+    /// `invalidate_session`.
+    fn valid_until(&self) -> Option<tokio::time::Instant> {
+        match &*self.state.borrow() {
+            SessionState::Live { .. } => Some(tokio::time::Instant::now() + FAR_FUTURE),
+            SessionState::Lost { .. } => None,
+        }
+    }
+
     async fn ping(&self) -> Result<(), CoordinationError> {
         Ok(())
     }
@@ -503,6 +516,21 @@ mod tests {
             .collect();
         assert_eq!(keys, vec![key(2)]);
         acquire(&a, &key(0), "a").await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn valid_until_is_far_ahead_while_live_and_none_once_lost() {
+        let store = MemoryLockStore::new();
+        let a = store.backend("a");
+        let now = tokio::time::Instant::now();
+        assert_eq!(a.valid_until(), Some(now + FAR_FUTURE));
+        let state = a.session_state();
+        a.invalidate_session();
+        // A new session replaced the old one, and it is valid again.
+        assert!(state.has_changed().unwrap());
+        assert!(a.valid_until().is_some());
+        a.shutdown().await;
+        assert_eq!(a.valid_until(), None);
     }
 
     #[tokio::test]

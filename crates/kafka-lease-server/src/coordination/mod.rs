@@ -190,7 +190,7 @@ pub enum CoordinationError {
 
 /// A lock service shared by every gateway instance.
 #[async_trait]
-pub trait LockBackend: Send + Sync + 'static {
+pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
     /// Tries once to lock `key` for this instance, recording `holder` as the value.
     async fn try_acquire(
         &self,
@@ -216,6 +216,13 @@ pub trait LockBackend: Send + Sync + 'static {
 
     /// The current session state; the receiver sees every change.
     fn session_state(&self) -> tokio::sync::watch::Receiver<SessionState>;
+
+    /// Until when this instance may act on its grants: the self-fence deadline, derived from
+    /// the last confirmation that the session was valid. `None` when there is no live
+    /// session. Side effects (commits, handing out records) check this synchronously, so a
+    /// gateway that was paused (SIGSTOP, a long GC-like stall) cannot act on a lock that may
+    /// have moved while it was not running, even before its background tasks catch up.
+    fn valid_until(&self) -> Option<tokio::time::Instant>;
 
     /// Whether the backend answers right now (for health).
     async fn ping(&self) -> Result<(), CoordinationError>;

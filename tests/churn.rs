@@ -1,0 +1,332 @@
+//! Churn with a checker: clients on two gateways repeatedly acquire, read, commit and release
+//! (or vanish) while a chaos loop aborts clients and SIGKILLs a gateway. A checker then
+//! asserts from the log that no commit ever succeeded from a superseded lease (ownership
+//! never overlapped), committed offsets never moved backwards, and every produced record was
+//! delivered at least once.
+//!
+//! Bounded for CI (40 s of chaos, then a drain); `KAFKA_LEASE_CHURN_SECS=600` runs it longer.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use kafka_lease_client::{AcquireOptions, Client, ReadOptions};
+use kafka_lease_testkit::{unique_name, Services};
+use support::{create_topic, kafka_committed, produce_n, producer, unique_prefix, GatewayProcess};
+use tokio::time::Instant;
+
+const PARTITIONS: i32 = 4;
+const RECORDS_PER_PARTITION: usize = 300;
+const WORKERS: usize = 6;
+
+/// One lease as a worker saw it.
+#[derive(Debug, Clone)]
+struct Entry {
+    worker: usize,
+    partition: i32,
+    token: u64,
+    gateway: String,
+    acquired_at: Instant,
+    start_offset: i64,
+    delivered: Vec<i64>,
+    /// (when the request was sent, offset) of each commit the gateway accepted.
+    commits: Vec<(Instant, i64)>,
+    ended: Option<&'static str>,
+}
+
+#[derive(Default)]
+struct Log {
+    entries: Vec<Entry>,
+    kills: usize,
+    aborted_workers: usize,
+}
+
+type SharedLog = Arc<Mutex<Log>>;
+
+fn log(log: &SharedLog) -> std::sync::MutexGuard<'_, Log> {
+    log.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn worker(
+    id: usize,
+    endpoints: Arc<RwLock<Vec<String>>>,
+    group: String,
+    topic: String,
+    shared: SharedLog,
+) {
+    let mut round = 0_usize;
+    loop {
+        round += 1;
+        let endpoint = {
+            let endpoints = endpoints.read().unwrap_or_else(|p| p.into_inner());
+            endpoints[(id + round) % endpoints.len()].clone()
+        };
+        let Ok(client) = Client::connect(endpoint).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let options = AcquireOptions::new(&group, &topic)
+            .member(format!("worker-{id}"))
+            .ttl(Duration::from_secs(2))
+            .wait(Duration::from_secs(2));
+        let Ok(lease) = client.acquire(options).await else {
+            continue;
+        };
+        let index = {
+            let mut log = log(&shared);
+            log.entries.push(Entry {
+                worker: id,
+                partition: lease.partition(),
+                token: lease.fencing_token(),
+                gateway: lease.gateway().to_string(),
+                acquired_at: Instant::now(),
+                start_offset: lease.offset(),
+                delivered: Vec::new(),
+                commits: Vec::new(),
+                ended: None,
+            });
+            log.entries.len() - 1
+        };
+        let target = 10 + (id * 7 + round * 13) % 50;
+        let mut next = lease.offset();
+        if let Ok(mut stream) = lease.records(ReadOptions::new().max_records(20)).await {
+            let mut delivered = 0;
+            while delivered < target {
+                match tokio::time::timeout(Duration::from_secs(1), stream.next_batch()).await {
+                    Ok(Some(Ok(batch))) => {
+                        let offsets: Vec<i64> = batch.records.iter().map(|r| r.offset).collect();
+                        delivered += offsets.len();
+                        if let Some(n) = batch.next_offset() {
+                            next = n;
+                        }
+                        log(&shared).entries[index].delivered.extend(offsets);
+                    }
+                    _ => break,
+                }
+            }
+        }
+        let sent = Instant::now();
+        if lease.commit(next).await.is_ok() {
+            log(&shared).entries[index].commits.push((sent, next));
+        }
+        if round.is_multiple_of(5) {
+            // Vanish: no Release, the lease lapses after its TTL.
+            log(&shared).entries[index].ended = Some("vanished");
+            drop(lease);
+        } else {
+            let how = if lease.release().await.is_ok() {
+                "released"
+            } else {
+                "release failed"
+            };
+            log(&shared).entries[index].ended = Some(how);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
+    let Some(services) =
+        Services::require("churn_never_overlaps_never_goes_back_and_delivers_everything")
+    else {
+        return;
+    };
+    let budget = Duration::from_secs(
+        std::env::var("KAFKA_LEASE_CHURN_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(40),
+    );
+    let prefix = unique_prefix();
+    let mut a = GatewayProcess::start(&services, &prefix, &unique_name("churn-a"), &[]).await;
+    let b = GatewayProcess::start(&services, &prefix, &unique_name("churn-b"), &[]).await;
+    let topic = create_topic(&services, PARTITIONS).await;
+    let producer = producer(&services);
+    for partition in 0..PARTITIONS {
+        produce_n(&producer, &topic, partition, RECORDS_PER_PARTITION).await;
+    }
+    let group = unique_name("churn");
+    let endpoints = Arc::new(RwLock::new(vec![a.endpoint(), b.endpoint()]));
+    let shared: SharedLog = Arc::default();
+    let spawn = |id: usize| {
+        tokio::spawn(worker(
+            id,
+            endpoints.clone(),
+            group.clone(),
+            topic.clone(),
+            shared.clone(),
+        ))
+    };
+    let mut workers: Vec<_> = (0..WORKERS).map(spawn).collect();
+
+    // More records keep arriving while the chaos runs.
+    let produced: Arc<Mutex<BTreeMap<i32, usize>>> = Arc::new(Mutex::new(
+        (0..PARTITIONS)
+            .map(|p| (p, RECORDS_PER_PARTITION))
+            .collect(),
+    ));
+    let producing = {
+        let (topic, produced) = (topic.clone(), produced.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                for partition in 0..PARTITIONS {
+                    produce_n(&producer, &topic, partition, 5).await;
+                    *produced
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(partition)
+                        .or_default() += 5;
+                }
+            }
+        })
+    };
+    let started = Instant::now();
+    let mut chaos_round = 0_usize;
+    while started.elapsed() < budget {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        chaos_round += 1;
+        // Abort one client mid-whatever: its connection drops, its lease lapses.
+        let victim = chaos_round % WORKERS;
+        workers[victim].abort();
+        workers[victim] = spawn(victim);
+        log(&shared).aborted_workers += 1;
+        if log(&shared).kills == 0 && started.elapsed() >= budget / 3 {
+            a.signal("KILL");
+            a.wait_exit(Duration::from_secs(10)).await;
+            log(&shared).kills += 1;
+            a = GatewayProcess::start(&services, &prefix, &unique_name("churn-a2"), &[]).await;
+            endpoints.write().unwrap_or_else(|p| p.into_inner())[0] = a.endpoint();
+        }
+    }
+    producing.abort();
+    let _ = producing.await;
+    // Chaos over: the workers drain what is left.
+    let produced = produced.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let covered = |shared: &SharedLog| {
+        let log = log(shared);
+        let mut seen: BTreeMap<i32, BTreeSet<i64>> = BTreeMap::new();
+        for e in &log.entries {
+            seen.entry(e.partition).or_default().extend(&e.delivered);
+        }
+        produced
+            .iter()
+            .all(|(p, n)| seen.get(p).map_or(0, BTreeSet::len) >= *n)
+    };
+    let drain_deadline = Instant::now() + Duration::from_secs(60);
+    while !covered(&shared) && Instant::now() < drain_deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for w in &workers {
+        w.abort();
+    }
+    let log = log(&shared);
+
+    // The checker.
+    let mut overlaps = Vec::new();
+    let mut backwards = Vec::new();
+    let mut by_partition: BTreeMap<i32, Vec<&Entry>> = BTreeMap::new();
+    for e in &log.entries {
+        by_partition.entry(e.partition).or_default().push(e);
+    }
+    let mut delivered_total = 0;
+    let mut duplicates = 0;
+    for (partition, entries) in &by_partition {
+        // Tokens are unique per partition and grow in acquisition order.
+        let mut by_time = entries.clone();
+        by_time.sort_by_key(|e| e.acquired_at);
+        let tokens: Vec<u64> = by_time.iter().map(|e| e.token).collect();
+        let mut sorted = tokens.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(
+            tokens, sorted,
+            "partition {partition}: tokens grow with each new holder"
+        );
+        // A commit sent after a newer holder's Acquire returned must have been refused: if one
+        // was accepted, two holders overlapped.
+        for e in entries {
+            for (sent, offset) in &e.commits {
+                if let Some(newer) = entries
+                    .iter()
+                    .find(|n| n.token > e.token && n.acquired_at < *sent)
+                {
+                    overlaps.push(format!(
+                        "partition {partition}: commit {offset} by token {} accepted after token {} was granted",
+                        e.token, newer.token
+                    ));
+                }
+            }
+        }
+        // Accepted commits, in the order they were sent, never go backwards.
+        let mut commits: Vec<(Instant, i64, u64)> = entries
+            .iter()
+            .flat_map(|e| e.commits.iter().map(move |(t, o)| (*t, *o, e.token)))
+            .collect();
+        commits.sort();
+        for pair in commits.windows(2) {
+            if pair[1].1 < pair[0].1 {
+                backwards.push(format!(
+                    "partition {partition}: {} then {}",
+                    pair[0].1, pair[1].1
+                ));
+            }
+        }
+        // Every new holder starts where the last accepted commit left the partition.
+        let delivered: Vec<i64> = entries
+            .iter()
+            .flat_map(|e| e.delivered.iter().copied())
+            .collect();
+        delivered_total += delivered.len();
+        let unique: BTreeSet<i64> = delivered.iter().copied().collect();
+        duplicates += delivered.len() - unique.len();
+        let missing: Vec<i64> = (0..RECORDS_PER_PARTITION as i64)
+            .filter(|o| !unique.contains(o))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "partition {partition}: never delivered {missing:?}"
+        );
+        let last_commit = commits.last().map(|c| c.1);
+        assert_eq!(
+            kafka_committed(&services, &group, &topic, *partition).map(|c| c.0),
+            last_commit,
+            "partition {partition}: Kafka has the last accepted commit"
+        );
+    }
+    println!(
+        "churn: {} s, {} records, {} leases, {} client aborts, {} gateway kills, {} deliveries, {} duplicates, {} overlaps, {} backward commits",
+        started.elapsed().as_secs(),
+        produced.values().sum::<usize>(),
+        log.entries.len(),
+        log.aborted_workers,
+        log.kills,
+        delivered_total,
+        duplicates,
+        overlaps.len(),
+        backwards.len()
+    );
+    let per_gateway: BTreeMap<&str, usize> =
+        log.entries.iter().fold(BTreeMap::new(), |mut m, e| {
+            *m.entry(e.gateway.as_str()).or_default() += 1;
+            m
+        });
+    println!(
+        "leases per gateway: {per_gateway:?}; workers seen: {}",
+        log.entries
+            .iter()
+            .map(|e| e.worker)
+            .collect::<BTreeSet<_>>()
+            .len()
+    );
+    assert!(overlaps.is_empty(), "{overlaps:#?}");
+    assert!(backwards.is_empty(), "{backwards:#?}");
+    assert_eq!(log.kills, 1, "the gateway kill happened");
+    let ended: usize = log.entries.iter().filter(|e| e.ended.is_some()).count();
+    assert!(
+        ended > 0 && log.entries.iter().any(|e| e.start_offset > 0),
+        "leases ended and resumed"
+    );
+}

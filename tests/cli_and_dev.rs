@@ -1,0 +1,144 @@
+//! The binary as a person meets it: `--version`, bad configuration refused before anything
+//! is bound, and `kafka-lease dev` serving its sample topic with nothing else installed.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use kafka_lease_client::{AcquireOptions, Client, ReadOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kafka-lease");
+
+#[test]
+fn version_names_the_version_and_the_git_revision() {
+    let out = std::process::Command::new(BIN)
+        .arg("--version")
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with(&format!("kafka-lease {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    assert!(text.contains("(git "), "{text}");
+}
+
+#[test]
+fn bad_configuration_exits_64_with_one_line_naming_the_value() {
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["serve", "--kafka", "k:9092", "--session-ttl", "5s"],
+            "--session-ttl 5s",
+        ),
+        (
+            &["serve", "--kafka", "k:9092", "--lock-delay", "2m"],
+            "--lock-delay 2m",
+        ),
+        (
+            &["serve", "--kafka", "k:9092", "--consul", "localhost:8500"],
+            "http://",
+        ),
+        (
+            &["serve", "--kafka", "k:9092", "--consul-prefix", "a/../b"],
+            "--consul-prefix",
+        ),
+        (&["serve", "--kafka", "nohostport"], "--kafka"),
+        (
+            &["serve", "--kafka", "k:9092", "--listen", "not-an-address"],
+            "not-an-address",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = std::process::Command::new(BIN)
+            .args(args)
+            .env_remove("KAFKA_LEASE_LISTEN")
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "nothing started: {args:?}");
+    }
+    // Environment variables are checked the same way.
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--kafka", "k:9092"])
+        .env("KAFKA_LEASE_SESSION_TTL", "1s")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--session-ttl 1s"));
+}
+
+#[tokio::test]
+async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
+    let mut child = Command::new(BIN)
+        .args(["dev", "--listen", "127.0.0.1:0", "--sample-records", "12"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn dev");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let mut banner = String::new();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.expect("stdout") {
+            if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
+                return addr.to_string();
+            }
+            banner.push_str(&line);
+            banner.push('\n');
+        }
+        panic!("dev exited early");
+    })
+    .await
+    .expect("dev listens");
+    assert!(
+        banner.contains("grpcurl -plaintext"),
+        "the banner shows grpcurl commands: {banner}"
+    );
+
+    let client = Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let mut seen_partitions = Vec::new();
+    let mut leases = Vec::new();
+    for _ in 0..4 {
+        let lease = client
+            .acquire(AcquireOptions::new("dev-test", "demo").member("test"))
+            .await
+            .expect("acquire");
+        assert_eq!(lease.high_watermark(), 12);
+        seen_partitions.push(lease.partition());
+        leases.push(lease);
+    }
+    seen_partitions.sort_unstable();
+    assert_eq!(
+        seen_partitions,
+        vec![0, 1, 2, 3],
+        "the four partitions, once each"
+    );
+    let lease = leases.pop().expect("a lease");
+    let mut stream = lease.records(ReadOptions::new()).await.expect("read");
+    let mut offsets = Vec::new();
+    while offsets.len() < 12 {
+        let batch = tokio::time::timeout(Duration::from_secs(10), stream.next_batch())
+            .await
+            .expect("a batch")
+            .expect("open")
+            .expect("batch");
+        for record in &batch.records {
+            assert!(record.key.is_some() && record.header("source").is_some());
+            offsets.push(record.offset);
+        }
+    }
+    assert_eq!(offsets, (0..12).collect::<Vec<i64>>());
+    lease.release_with_commit(12).await.expect("release");
+    let again = client
+        .acquire(AcquireOptions::new("dev-test", "demo").wait(Duration::from_secs(5)))
+        .await
+        .expect("the released partition");
+    assert_eq!(again.offset(), 12, "resumes at the commit");
+    child.kill().await.expect("stop dev");
+}

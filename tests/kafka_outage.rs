@@ -1,0 +1,119 @@
+//! A Kafka broker restart under load: a Read stalls and resumes with no gap and no repeat,
+//! Acquire answers UNAVAILABLE while the broker is down, and health follows. Its own test
+//! binary, because it restarts the shared broker (test binaries run one after another).
+
+mod support;
+
+use std::time::Duration;
+
+use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
+use kafka_lease_testkit::{unique_name, wait_for, Services};
+use support::{create_topic, produce_n, producer, unique_prefix, GatewayProcess};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn services_script(services: &Services, command: &str) {
+    let script = services.var("KAFKA_LEASE_SERVICES_SCRIPT");
+    let status = std::process::Command::new(script)
+        .arg(command)
+        .status()
+        .expect("run scripts/services");
+    assert!(status.success(), "scripts/services {command} failed");
+}
+
+async fn health_is(
+    health: &HealthClient<tonic::transport::Channel>,
+    want: ServingStatus,
+) -> Option<()> {
+    let status = health
+        .clone()
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .ok()?
+        .into_inner()
+        .status;
+    (status == want as i32).then_some(())
+}
+
+#[tokio::test]
+async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
+    let Some(services) = Services::require("a_broker_restart_stalls_reads_without_gap_or_repeat")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    produce_n(&producer(&services), &topic, 0, 100).await;
+    let client = gateway.client().await;
+    let channel = tonic::transport::Endpoint::from_shared(gateway.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let health = HealthClient::new(channel);
+    wait_for("SERVING", DEADLINE, || {
+        health_is(&health, ServingStatus::Serving)
+    })
+    .await;
+
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic).ttl(Duration::from_secs(60)))
+        .await
+        .expect("acquire");
+    let mut stream = lease
+        .records(ReadOptions::new().max_records(10))
+        .await
+        .expect("read");
+    let mut offsets = Vec::new();
+    while offsets.len() < 50 {
+        let batch = stream.next_batch().await.expect("open").expect("batch");
+        offsets.extend(batch.records.iter().map(|r| r.offset));
+    }
+
+    services_script(&services, "stop-kafka");
+    let outage = async {
+        wait_for("NOT_SERVING", DEADLINE, || {
+            health_is(&health, ServingStatus::NotServing)
+        })
+        .await;
+        match client
+            .acquire(AcquireOptions::new(unique_name("g"), &topic))
+            .await
+        {
+            Err(Error::Unavailable { message }) => {
+                println!("Acquire during the broker outage: {message}")
+            }
+            other => panic!("Acquire with Kafka down: {other:?}"),
+        }
+    };
+    let outage_result = tokio::time::timeout(DEADLINE, outage).await;
+    services_script(&services, "start-kafka");
+    outage_result.expect("the outage checks finish");
+    wait_for("SERVING again", DEADLINE, || {
+        health_is(&health, ServingStatus::Serving)
+    })
+    .await;
+
+    // More records after the restart; the same Read goes on from where it was.
+    produce_n(&producer(&services), &topic, 0, 100).await;
+    while offsets.len() < 200 {
+        let batch = tokio::time::timeout(DEADLINE, stream.next_batch())
+            .await
+            .expect("the Read resumes")
+            .expect("open")
+            .expect("batch");
+        offsets.extend(batch.records.iter().map(|r| r.offset));
+    }
+    assert_eq!(
+        offsets,
+        (0..200).collect::<Vec<i64>>(),
+        "no gap, no repeat across the restart"
+    );
+    drop(stream);
+    lease.release().await.expect("release");
+}
