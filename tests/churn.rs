@@ -1,5 +1,6 @@
 //! Churn with a checker: clients on two gateways repeatedly acquire, read, commit and release
-//! (or vanish) while a chaos loop aborts clients and SIGKILLs a gateway. A checker then
+//! (or vanish) while a chaos loop aborts clients, SIGKILLs a gateway, then restarts both
+//! gateways in turn with SIGTERM (a rolling restart). A checker then
 //! asserts from the log that no commit ever succeeded from a superseded lease (ownership
 //! never overlapped), committed offsets never moved backwards, and every produced record was
 //! delivered at least once.
@@ -40,6 +41,7 @@ struct Entry {
 struct Log {
     entries: Vec<Entry>,
     kills: usize,
+    rolling_restarts: usize,
     aborted_workers: usize,
 }
 
@@ -141,7 +143,7 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
     );
     let prefix = unique_prefix();
     let mut a = GatewayProcess::start(&services, &prefix, &unique_name("churn-a"), &[]).await;
-    let b = GatewayProcess::start(&services, &prefix, &unique_name("churn-b"), &[]).await;
+    let mut b = GatewayProcess::start(&services, &prefix, &unique_name("churn-b"), &[]).await;
     let topic = create_topic(&services, PARTITIONS).await;
     let producer = producer(&services);
     for partition in 0..PARTITIONS {
@@ -199,6 +201,27 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
             log(&shared).kills += 1;
             a = GatewayProcess::start(&services, &prefix, &unique_name("churn-a2"), &[]).await;
             endpoints.write().unwrap_or_else(|p| p.into_inner())[0] = a.endpoint();
+        }
+        // Then a rolling restart: SIGTERM each gateway in turn, start a new one in its place.
+        let restarts = log(&shared).rolling_restarts;
+        if restarts < 2 && started.elapsed() >= budget * (3 + restarts as u32) / 6 {
+            let (gateway, slot) = if restarts == 0 {
+                (&mut b, 1)
+            } else {
+                (&mut a, 0)
+            };
+            gateway.signal("TERM");
+            let code = gateway.wait_exit(Duration::from_secs(15)).await;
+            assert_eq!(
+                code,
+                Some(0),
+                "a graceful stop exits 0; log: {}",
+                gateway.log()
+            );
+            *gateway =
+                GatewayProcess::start(&services, &prefix, &unique_name("churn-r"), &[]).await;
+            endpoints.write().unwrap_or_else(|p| p.into_inner())[slot] = gateway.endpoint();
+            log(&shared).rolling_restarts += 1;
         }
     }
     producing.abort();
@@ -297,12 +320,13 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
         );
     }
     println!(
-        "churn: {} s, {} records, {} leases, {} client aborts, {} gateway kills, {} deliveries, {} duplicates, {} overlaps, {} backward commits",
+        "churn: {} s, {} records, {} leases, {} client aborts, {} gateway kills, {} graceful restarts, {} deliveries, {} duplicates, {} overlaps, {} backward commits",
         started.elapsed().as_secs(),
         produced.values().sum::<usize>(),
         log.entries.len(),
         log.aborted_workers,
         log.kills,
+        log.rolling_restarts,
         delivered_total,
         duplicates,
         overlaps.len(),
@@ -324,6 +348,10 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
     assert!(overlaps.is_empty(), "{overlaps:#?}");
     assert!(backwards.is_empty(), "{backwards:#?}");
     assert_eq!(log.kills, 1, "the gateway kill happened");
+    assert_eq!(
+        log.rolling_restarts, 2,
+        "both gateways were restarted gracefully"
+    );
     let ended: usize = log.entries.iter().filter(|e| e.ended.is_some()).count();
     assert!(
         ended > 0 && log.entries.iter().any(|e| e.start_offset > 0),

@@ -86,7 +86,7 @@ pub struct ServeArgs {
     )]
     pub consul_check: ConsulCheck,
     /// The `host:port` the Consul agent dials for the TCP check. Default: the listen
-    /// address, with 127.0.0.1 for an unspecified (0.0.0.0 or [::]) host.
+    /// address, with the loopback address (127.0.0.1 or [::1]) for an unspecified host.
     #[arg(long, env = "KAFKA_LEASE_CONSUL_CHECK_ADDR")]
     pub consul_check_addr: Option<String>,
     /// How often the session is renewed, which is also how often the gateway confirms it
