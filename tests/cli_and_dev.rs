@@ -142,3 +142,57 @@ async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
     assert_eq!(again.offset(), 12, "resumes at the commit");
     child.kill().await.expect("stop dev");
 }
+
+#[tokio::test]
+async fn json_logs_carry_the_lease_span_fields() {
+    let log_path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dev-json.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut child = Command::new(BIN)
+        .args(["dev", "--listen", "127.0.0.1:0", "--log-format", "json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn dev");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.expect("stdout") {
+            if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
+                return addr.to_string();
+            }
+        }
+        panic!("dev exited early");
+    })
+    .await
+    .expect("dev listens");
+    let client = Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let lease = client
+        .acquire(
+            AcquireOptions::new("json-logs", "demo")
+                .partition(2)
+                .member("logger"),
+        )
+        .await
+        .expect("acquire");
+    let token = lease.fencing_token();
+    lease.release().await.expect("release");
+    let granted =
+        kafka_lease_testkit::wait_for("the lease's log lines", Duration::from_secs(10), || {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let found = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find(|v| v["message"] == "lease granted");
+            async move { found }
+        })
+        .await;
+    let span = &granted["span"];
+    assert_eq!(span["name"], "lease", "{granted}");
+    assert_eq!(span["group"], "json-logs");
+    assert_eq!(span["topic"], "demo");
+    assert_eq!(span["partition"], 2);
+    assert_eq!(span["token"], token);
+    child.kill().await.expect("stop dev");
+}

@@ -16,6 +16,7 @@ use std::ffi::CString;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use futures::FutureExt;
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, DefaultConsumerContext, StreamConsumer,
@@ -28,6 +29,13 @@ use tokio::task::JoinHandle;
 use kafka_lease_proto::v1;
 
 use crate::error::LeaseError;
+
+/// How long a partition queue waits for a wake-up before it looks again by itself.
+const REPOLL: Duration = Duration::from_millis(20);
+
+/// How long a group's client stays open after its last lease ended, so the next Acquire in
+/// the group does not pay for a new client and a coordinator lookup (tens of ms).
+const IDLE_GROUP_CLIENT: Duration = Duration::from_secs(60);
 
 /// How the gateway talks to Kafka.
 #[derive(Clone, Debug)]
@@ -89,13 +97,19 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| unavailable(operation, format!("blocking task failed: {e}")))?
 }
 
+/// A group client and since when no lease uses it.
+struct CachedGroup {
+    client: Arc<GroupClient>,
+    idle_since: Option<tokio::time::Instant>,
+}
+
 /// The gateway's Kafka clients: one metadata client, and one [`GroupClient`] per group that
-/// has leases on this instance.
+/// has leases on this instance (kept for [`IDLE_GROUP_CLIENT`] after its last lease).
 #[derive(Clone)]
 pub struct Kafka {
     settings: Arc<KafkaSettings>,
     metadata: Arc<BaseConsumer>,
-    groups: Arc<Mutex<HashMap<String, Weak<GroupClient>>>>,
+    groups: Arc<Mutex<HashMap<String, CachedGroup>>>,
 }
 
 impl std::fmt::Debug for Kafka {
@@ -120,10 +134,12 @@ impl Kafka {
         let metadata: BaseConsumer = config
             .create()
             .map_err(|e| unavailable("creating the metadata client", e))?;
+        let groups: Arc<Mutex<HashMap<String, CachedGroup>>> = Arc::default();
+        tokio::spawn(close_idle_group_clients(Arc::downgrade(&groups)));
         Ok(Self {
             settings: Arc::new(settings),
             metadata: Arc::new(metadata),
-            groups: Arc::new(Mutex::new(HashMap::new())),
+            groups,
         })
     }
 
@@ -221,13 +237,53 @@ impl Kafka {
     /// of the group. It is closed when its last lease ends.
     pub fn group(&self, group: &str) -> Result<Arc<GroupClient>, LeaseError> {
         let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(client) = groups.get(group).and_then(Weak::upgrade) {
-            return Ok(client);
+        if let Some(cached) = groups.get_mut(group) {
+            cached.idle_since = None;
+            return Ok(cached.client.clone());
         }
         let client = Arc::new(GroupClient::new(&self.settings, group)?);
-        groups.retain(|_, weak| weak.strong_count() > 0);
-        groups.insert(group.to_string(), Arc::downgrade(&client));
+        groups.insert(
+            group.to_string(),
+            CachedGroup {
+                client: client.clone(),
+                idle_since: None,
+            },
+        );
         Ok(client)
+    }
+}
+
+/// Closes group clients no lease has used for [`IDLE_GROUP_CLIENT`]; ends with the clients.
+async fn close_idle_group_clients(groups: Weak<Mutex<HashMap<String, CachedGroup>>>) {
+    let mut ticker = tokio::time::interval(IDLE_GROUP_CLIENT / 6);
+    loop {
+        ticker.tick().await;
+        let Some(groups) = groups.upgrade() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let closing: Vec<CachedGroup> = {
+            let mut groups = groups.lock().unwrap_or_else(|p| p.into_inner());
+            for cached in groups.values_mut() {
+                // Only the cache holds it: no lease of the group is open on this instance.
+                if Arc::strong_count(&cached.client) == 1 {
+                    cached.idle_since.get_or_insert(now);
+                } else {
+                    cached.idle_since = None;
+                }
+            }
+            let idle: Vec<String> = groups
+                .iter()
+                .filter(|(_, c)| c.idle_since.is_some_and(|t| now - t >= IDLE_GROUP_CLIENT))
+                .map(|(name, _)| name.clone())
+                .collect();
+            idle.iter().filter_map(|name| groups.remove(name)).collect()
+        };
+        // Closing a librdkafka consumer blocks briefly; keep it off the reactor.
+        if !closing.is_empty() {
+            tracing::debug!(groups = closing.len(), "closing idle group clients");
+            let _ = tokio::task::spawn_blocking(move || drop(closing)).await;
+        }
     }
 }
 
@@ -484,19 +540,33 @@ impl PartitionFeed {
         Ok(())
     }
 
+    /// The next record if one is already queued, without waiting or arming a timer: the
+    /// per-record fast path of a batch.
+    pub fn try_next_record(&mut self) -> Option<v1::Record> {
+        if let Some((record, _)) = self.pending.take() {
+            return Some(record);
+        }
+        loop {
+            match self.queue.recv().now_or_never()? {
+                Ok(message) => return Some(pulled(&mut self.pulled_up_to, &message)),
+                Err(err) => self.log_fetch_error(&err),
+            }
+        }
+    }
+
     /// The next record (cancel-safe). Transient fetch errors are logged and waited out.
     pub async fn next_record(&mut self) -> v1::Record {
         if let Some((record, _)) = self.pending.take() {
             return record;
         }
         loop {
-            match self.queue.recv().await {
-                Ok(message) => {
-                    let record = record_of(&message);
-                    self.pulled_up_to = record.offset + 1;
-                    return record;
-                }
-                Err(err) => self.log_fetch_error(&err),
+            // Look again every REPOLL even without a wake-up: a split partition queue can
+            // miss the wake-up for records that arrive just as it is polled (seen as
+            // one-second first-record delays), and a missed one then costs at most this.
+            match tokio::time::timeout(REPOLL, self.queue.recv()).await {
+                Ok(Ok(message)) => return pulled(&mut self.pulled_up_to, &message),
+                Ok(Err(err)) => self.log_fetch_error(&err),
+                Err(_) => {}
             }
         }
     }
@@ -524,6 +594,13 @@ impl PartitionFeed {
 pub fn record_size(record: &v1::Record) -> usize {
     let len = prost::Message::encoded_len(record);
     len + 1 + prost::length_delimiter_len(len)
+}
+
+/// Converts a record taken from the queue, noting where the queue now stands.
+fn pulled(pulled_up_to: &mut i64, message: &BorrowedMessage<'_>) -> v1::Record {
+    let record = record_of(message);
+    *pulled_up_to = record.offset + 1;
+    record
 }
 
 fn record_of(message: &BorrowedMessage<'_>) -> v1::Record {

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use futures::FutureExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -436,8 +435,7 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
     while records.len() < limits.max_records {
         // Fast path: a record librdkafka already has is taken without arming timers (this
         // loop runs once per record, so its overhead is the gateway's per-record cost).
-        // `next_record` is cancel-safe, so a Pending poll loses nothing.
-        if let Some(record) = feed.next_record().now_or_never() {
+        if let Some(record) = feed.try_next_record() {
             if !take(&mut records, &mut bytes, record, from, budget, feed) {
                 break;
             }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
@@ -65,9 +65,14 @@ pub async fn serve(
         .add_service(PartitionLeaseServiceServer::new(LeaseService::new(
             gateway.clone(),
         )))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-            let _ = server_stopped.await;
-        });
+        // TCP_NODELAY: without it Nagle's algorithm holds small ReadResponses back until the
+        // client's delayed ACK, adding ~40 ms to delivery latency.
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                let _ = server_stopped.await;
+            },
+        );
     tokio::pin!(server);
 
     tokio::select! {

@@ -1,0 +1,363 @@
+//! The benchmark's surroundings: the real services, the real gateway binary as child
+//! processes, topics and records on the real broker, and `/proc` figures of a process.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use futures::StreamExt;
+use kafka_lease_client::Client;
+use kafka_lease_testkit::Services;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::progress::Progress;
+use crate::Plan;
+
+/// Everything a scenario needs: where the services are, which gateway binary to run with
+/// which extra flags, where logs go, the counts of this mode, and the progress output.
+#[derive(Debug)]
+pub(crate) struct Env {
+    pub(crate) services: Services,
+    pub(crate) gateway_bin: PathBuf,
+    pub(crate) gateway_args: Vec<String>,
+    pub(crate) log_dir: PathBuf,
+    pub(crate) plan: Plan,
+    pub(crate) progress: Progress,
+    /// Unique per run: Consul prefixes, topics and groups carry it.
+    pub(crate) run_id: String,
+}
+
+impl Env {
+    /// A name unique to this run and `what`, valid as a topic, group and key segment.
+    pub(crate) fn name(&self, what: &str) -> String {
+        kafka_lease_testkit::unique_name(&format!("bench-{what}"))
+    }
+
+    /// A fresh Consul key prefix for one scenario.
+    pub(crate) fn prefix(&self, scenario: &str) -> String {
+        format!("kafka-lease-bench/{}/{scenario}", self.run_id)
+    }
+
+    /// librdkafka settings of a direct consumer that match the gateway's per-group consumer
+    /// (`GroupClient::new` in crates/kafka-lease-server/src/kafka.rs): same fetch and queue
+    /// settings, including what `--gateway-arg` changes (`--fetch-queue-kbytes`,
+    /// `--kafka-option`).
+    pub(crate) fn direct_consumer_config(&self, group: &str) -> ClientConfig {
+        let mut fetch_queue_kbytes = "2048".to_string();
+        let mut options: Vec<(String, String)> = Vec::new();
+        let mut args = self.gateway_args.iter();
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+                _ => (arg.as_str(), None),
+            };
+            let mut value = || inline.clone().or_else(|| args.next().cloned());
+            match flag {
+                "--fetch-queue-kbytes" => {
+                    if let Some(v) = value() {
+                        fetch_queue_kbytes = v;
+                    }
+                }
+                "--kafka-option" => {
+                    if let Some((k, v)) = value().as_deref().and_then(|kv| kv.split_once('=')) {
+                        options.push((k.to_string(), v.to_string()));
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &self.services.kafka_bootstrap)
+            .set("client.id", format!("kafka-lease-bench-direct-{group}"))
+            .set("socket.keepalive.enable", "true")
+            .set("topic.metadata.refresh.interval.ms", "30000")
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("queued.max.messages.kbytes", fetch_queue_kbytes)
+            .set("queued.min.messages", "10000")
+            .set("fetch.queue.backoff.ms", "10")
+            .set("fetch.wait.max.ms", "100");
+        for (k, v) in options {
+            config.set(k, v);
+        }
+        config
+    }
+}
+
+/// A `kafka-lease serve` child process on 127.0.0.1 with a port of its own.
+#[derive(Debug)]
+pub(crate) struct Gateway {
+    child: Option<Child>,
+    pid: u32,
+    pub(crate) addr: String,
+    pub(crate) instance: String,
+}
+
+impl Gateway {
+    /// Starts the gateway binary against the services (or against `consul` instead of the
+    /// real Consul address, for the counting proxy), with lock keys under `prefix`, and waits
+    /// until it prints the address it listens on.
+    pub(crate) async fn start(
+        env: &Env,
+        prefix: &str,
+        instance: &str,
+        consul: Option<&str>,
+    ) -> Result<Gateway> {
+        let log_path = env.log_dir.join(format!("{instance}.log"));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("creating {}", log_path.display()))?;
+        let consul = consul.unwrap_or(&env.services.consul_http_addr);
+        let mut child = Command::new(&env.gateway_bin)
+            .args([
+                "serve",
+                "--kafka",
+                &env.services.kafka_bootstrap,
+                "--consul",
+                consul,
+                "--consul-prefix",
+                prefix,
+                "--listen",
+                "127.0.0.1:0",
+                "--instance-id",
+                instance,
+                "--log-format",
+                "json",
+            ])
+            .args(&env.gateway_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawning {}", env.gateway_bin.display()))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("the gateway exited at once"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow!("no stdout pipe"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(line) = lines.next_line().await? {
+                if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
+                    return Ok::<_, std::io::Error>(Some(addr.trim().to_string()));
+                }
+            }
+            Ok(None)
+        })
+        .await;
+        let addr = match found {
+            Ok(Ok(Some(addr))) => addr,
+            Ok(Ok(None)) | Ok(Err(_)) => bail!(
+                "gateway {instance} exited before listening; its log: {}\n{}",
+                log_path.display(),
+                log_tail(&log_path)
+            ),
+            Err(_) => bail!(
+                "gateway {instance} did not listen within 30 s; its log: {}\n{}",
+                log_path.display(),
+                log_tail(&log_path)
+            ),
+        };
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Gateway {
+            child: Some(child),
+            pid,
+            addr,
+            instance: instance.to_string(),
+        })
+    }
+
+    pub(crate) fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A new client connection (its own HTTP/2 channel).
+    pub(crate) async fn client(&self) -> Result<Client> {
+        Client::connect(self.endpoint())
+            .await
+            .with_context(|| format!("connecting to gateway {} at {}", self.instance, self.addr))
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// SIGKILL, at once; does not wait.
+    pub(crate) fn kill(&mut self) -> Result<()> {
+        match self.child.as_mut() {
+            Some(child) => child.start_kill().context("SIGKILL of the gateway"),
+            None => Ok(()),
+        }
+    }
+
+    /// SIGTERM (the gateway releases its locks and exits), SIGKILL after 20 s.
+    pub(crate) async fn stop(mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if tokio::time::timeout(Duration::from_secs(20), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// Waits for a killed gateway to be reaped.
+    pub(crate) async fn reap(mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait().await;
+        }
+    }
+}
+
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+/// The `VmRSS` (bytes) and `Threads` of a process, from `/proc/<pid>/status`.
+pub(crate) fn proc_status(pid: u32) -> Result<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let field = |name: &str| -> Result<u64> {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(name))
+            .ok_or_else(|| anyhow!("/proc/{pid}/status has no {name}"))?;
+        let number = line[name.len()..]
+            .split_whitespace()
+            .next()
+            .ok_or_else(|| anyhow!("empty {name} line"))?;
+        number
+            .parse::<u64>()
+            .with_context(|| format!("parsing {name} {number:?}"))
+    };
+    Ok((field("VmRSS:")? * 1024, field("Threads:")?))
+}
+
+/// Creates `topic` with `partitions` partitions and waits until the broker's metadata lists
+/// every partition with a leader.
+pub(crate) async fn create_topic(env: &Env, topic: &str, partitions: i32) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &env.services.kafka_bootstrap)
+        .create()
+        .context("admin client")?;
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(60))),
+        )
+        .await
+        .context("create topic")?;
+    for r in results {
+        r.map_err(|(t, e)| anyhow!("creating topic {t}: {e}"))?;
+    }
+    let metadata: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &env.services.kafka_bootstrap)
+        .create()
+        .context("metadata client")?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let topic_owned = topic.to_string();
+        let ready = {
+            let m = metadata.fetch_metadata(Some(&topic_owned), Duration::from_secs(5));
+            m.ok().is_some_and(|m| {
+                m.topics().iter().any(|t| {
+                    t.name() == topic
+                        && t.error().is_none()
+                        && t.partitions().len() == partitions as usize
+                        && t.partitions().iter().all(|p| p.leader() >= 0)
+                })
+            })
+        };
+        if ready {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            bail!("topic {topic} did not show {partitions} partitions with leaders within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A producer for bulk loading: batches, acks from the leader.
+pub(crate) fn bulk_producer(env: &Env) -> Result<FutureProducer> {
+    ClientConfig::new()
+        .set("bootstrap.servers", &env.services.kafka_bootstrap)
+        .set("linger.ms", "5")
+        .set("batch.size", "1000000")
+        .set("acks", "1")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .context("producer")
+}
+
+/// Produces `per_partition` records with values of `value_size` bytes to each of
+/// `partitions` (round-robin), and waits until every one is acknowledged.
+pub(crate) async fn produce_fill(
+    env: &Env,
+    label: &str,
+    topic: &str,
+    partitions: i32,
+    per_partition: usize,
+    value_size: usize,
+) -> Result<()> {
+    let producer = bulk_producer(env)?;
+    let value: Vec<u8> = (0..value_size).map(|i| (i % 251) as u8).collect();
+    let total = per_partition * partitions as usize;
+    let done = Arc::new(AtomicU64::new(0));
+    let _ticker = env.progress.ticker(
+        format!("{label} producing"),
+        done.clone(),
+        total as u64,
+        "records",
+    );
+    let started = Instant::now();
+    let producer_ref = &producer;
+    let value_ref = value.as_slice();
+    let done_ref = &done;
+    let mut results = futures::stream::iter(0..total)
+        .map(|i| async move {
+            let partition = (i % partitions as usize) as i32;
+            let record = FutureRecord::<[u8], [u8]>::to(topic)
+                .partition(partition)
+                .payload(value_ref);
+            let r = producer_ref.send(record, Duration::from_secs(30)).await;
+            done_ref.fetch_add(1, Ordering::Relaxed);
+            r.map(|_| ()).map_err(|(e, _)| e)
+        })
+        .buffer_unordered(50_000);
+    while let Some(r) = results.next().await {
+        r.context("producing")?;
+    }
+    env.progress.say(format!(
+        "  {label}: produced {total} records of {value_size} B in {:.1}s",
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! `kafka-lease-bench`: benchmarks of the kafka-lease gateway against direct baselines, on the
+//! real services started by `scripts/services up`. See docs/BENCHMARKS.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use kafka_lease_bench::{Config, Mode, SCENARIOS};
+
+/// Benchmarks the kafka-lease gateway against direct Kafka and Consul baselines, in the same
+/// run, on the services of `scripts/services up`.
+#[derive(Debug, Parser)]
+#[command(version, after_help = after_help())]
+struct Cli {
+    /// Quick mode: the whole run in under 5 minutes on 2 cores.
+    #[arg(long, conflicts_with = "smoke")]
+    quick: bool,
+    /// Smoke mode: tiny counts, seconds; for the test suite (the figures mean nothing).
+    #[arg(long)]
+    smoke: bool,
+    /// Where results.json, results.md, one SVG per scenario and the gateway logs go.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// The kafka-lease binary [default: kafka-lease next to this executable].
+    #[arg(long)]
+    gateway_bin: Option<PathBuf>,
+    /// An extra flag for every gateway started, e.g. `--gateway-arg=--session-ttl=15s`
+    /// (repeatable).
+    #[arg(long = "gateway-arg", allow_hyphen_values = true)]
+    gateway_args: Vec<String>,
+    /// Run only this scenario (repeatable); default: all.
+    #[arg(long = "scenario", value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
+    scenarios: Vec<String>,
+}
+
+fn after_help() -> String {
+    format!(
+        "Scenarios: {}.\nNeeds the services: scripts/services up. Build the gateway first: \
+         cargo build --release --bin kafka-lease",
+        SCENARIOS.join(", ")
+    )
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let mode = if cli.smoke {
+        Mode::Smoke
+    } else if cli.quick {
+        Mode::Quick
+    } else {
+        Mode::Full
+    };
+    let config = Config {
+        mode,
+        out: cli.out,
+        gateway_bin: cli.gateway_bin,
+        gateway_args: cli.gateway_args,
+        scenarios: cli.scenarios,
+    };
+    match kafka_lease_bench::run(config).await {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("kafka-lease-bench: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! Drain scenarios: read a pre-produced partition (or 16) to the end, through the gateway
+//! (the Rust client crate over loopback) versus a direct rdkafka consumer.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use kafka_lease_client::{AcquireOptions, Client, ReadOptions};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::{json, Map, Value};
+use tokio::time::Instant;
+
+use super::{acquire, r3, ratio, Row};
+use crate::env::{create_topic, produce_fill, Env, Gateway};
+use crate::report::{Chart, ScenarioResult};
+use crate::stats::{median, min_max};
+
+/// The Read options of the gateway arm: the largest batches the contract allows, and a short
+/// fill wait so the last batch of a drain does not sit out the default 100 ms.
+const READ_MAX_RECORDS: u32 = 10_000;
+const READ_MAX_BYTES: u32 = 4 * 1024 * 1024;
+const READ_MAX_WAIT: Duration = Duration::from_millis(10);
+
+/// How the direct arm reads.
+pub(crate) const CONSUMER_STYLE: &str =
+    "rdkafka BaseConsumer: assign() (no group join, like the gateway), \
+     poll() of the consumer's queue in a loop on one dedicated thread, one message at a time; \
+     librdkafka settings as the gateway's per-group consumer (GroupClient::new: \
+     queued.max.messages.kbytes=2048, queued.min.messages=10000, fetch.wait.max.ms=100, \
+     fetch.queue.backoff.ms=10, auto commit off)";
+
+/// How long one drain may take before the scenario fails.
+const DRAIN_DEADLINE: Duration = Duration::from_secs(600);
+
+/// One drain of one arm.
+#[derive(Debug, Clone)]
+struct DrainRun {
+    records: u64,
+    bytes: u64,
+    secs: f64,
+    /// records/s of each partition: its record count over the time its last record arrived.
+    partition_rates: Vec<f64>,
+    /// When the first record arrived (seconds after the start), the earliest over partitions.
+    first_record_secs: f64,
+    /// Records and value bytes that arrived with the first record (its batch, for the
+    /// gateway): not counted in the steady-state rate, whose clock starts then.
+    first_records: u64,
+    first_bytes: u64,
+}
+
+impl DrainRun {
+    /// Steady-state drain rate: the records after the first arrival over the time from the
+    /// first arrival to the last record.
+    /// (With tiny counts everything can come in the first batch: then the end-to-end rate.)
+    fn rate(&self) -> f64 {
+        if self.steady_window_empty() {
+            return self.end_to_end_rate();
+        }
+        (self.records - self.first_records) as f64 / (self.secs - self.first_record_secs)
+    }
+    fn mb_s(&self) -> f64 {
+        if self.steady_window_empty() {
+            return self.bytes as f64 / 1e6 / self.secs;
+        }
+        (self.bytes - self.first_bytes) as f64 / 1e6 / (self.secs - self.first_record_secs)
+    }
+    fn steady_window_empty(&self) -> bool {
+        self.records <= self.first_records || self.secs <= self.first_record_secs
+    }
+    /// Including start-up: all records over the time from the start to the last record.
+    fn end_to_end_rate(&self) -> f64 {
+        self.records as f64 / self.secs
+    }
+    fn fairness(&self) -> f64 {
+        let (lo, hi) = min_max(&self.partition_rates);
+        lo / hi
+    }
+}
+
+fn read_options() -> ReadOptions {
+    ReadOptions::new()
+        .max_records(READ_MAX_RECORDS)
+        .max_bytes(READ_MAX_BYTES)
+        .max_wait(READ_MAX_WAIT)
+}
+
+/// Gateway arm: every client acquires its partitions (concurrently) and reads each to
+/// `per_partition` records. Timed from just before the Acquires to the last record.
+async fn gateway_drain(
+    env: &Env,
+    clients: &[Client],
+    topic: &str,
+    layout: &[Vec<i32>],
+    per_partition: u64,
+    done: Arc<AtomicU64>,
+) -> Result<DrainRun> {
+    let group = env.name("drain");
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for (client, partitions) in clients.iter().zip(layout) {
+        for &partition in partitions {
+            let client = client.clone();
+            let group = group.clone();
+            let topic = topic.to_string();
+            let done = done.clone();
+            tasks.push(tokio::spawn(async move {
+                let lease = acquire(
+                    &client,
+                    AcquireOptions::new(group, topic)
+                        .partition(partition)
+                        .member("bench-drain")
+                        .ttl(Duration::from_secs(60)),
+                )
+                .await?;
+                let mut stream = lease.records(read_options()).await.context("Read")?;
+                let (mut n, mut bytes) = (0_u64, 0_u64);
+                let mut first = (f64::NAN, 0_u64, 0_u64);
+                while n < per_partition {
+                    match stream.next_batch().await {
+                        Some(Ok(batch)) => {
+                            let size: u64 = batch
+                                .records
+                                .iter()
+                                .map(|r| r.value.as_ref().map_or(0, |v| v.len()) as u64)
+                                .sum();
+                            if n == 0 {
+                                first =
+                                    (t0.elapsed().as_secs_f64(), batch.records.len() as u64, size);
+                            }
+                            bytes += size;
+                            n += batch.records.len() as u64;
+                            done.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                        }
+                        Some(Err(e)) => return Err(anyhow!(e).context("Read failed")),
+                        None => bail!("the Read ended after {n} records"),
+                    }
+                }
+                let finish = t0.elapsed().as_secs_f64();
+                drop(stream);
+                let _ = lease.release().await;
+                Ok::<_, anyhow::Error>((n, bytes, finish, first))
+            }));
+        }
+    }
+    let joined = tokio::time::timeout(DRAIN_DEADLINE, futures::future::join_all(tasks))
+        .await
+        .map_err(|_| anyhow!("gateway drain took longer than {DRAIN_DEADLINE:?}"))?;
+    let mut run = DrainRun {
+        records: 0,
+        bytes: 0,
+        secs: 0.0,
+        partition_rates: Vec::new(),
+        first_record_secs: f64::INFINITY,
+        first_records: 0,
+        first_bytes: 0,
+    };
+    let mut finishes = Vec::new();
+    for j in joined {
+        let (n, bytes, finish, (first, first_n, first_b)) = j.context("drain task panicked")??;
+        if first < run.first_record_secs {
+            run.first_record_secs = first;
+            run.first_records = first_n;
+            run.first_bytes = first_b;
+        }
+        finishes.push((n, finish));
+        run.records += n;
+        run.bytes += bytes;
+        run.secs = run.secs.max(finish);
+    }
+    run.partition_rates = finishes
+        .iter()
+        .map(|(n, finish)| *n as f64 / (finish - run.first_record_secs))
+        .collect();
+    Ok(run)
+}
+
+/// Direct arm: one consumer assigned every partition from the beginning, polled on a
+/// blocking thread until each partition delivered `per_partition` records. Timed from just
+/// before the consumer is created to the last record.
+async fn direct_drain(
+    env: &Env,
+    topic: &str,
+    partitions: &[i32],
+    per_partition: u64,
+    done: Arc<AtomicU64>,
+) -> Result<DrainRun> {
+    let config = env.direct_consumer_config(&env.name("direct"));
+    let topic = topic.to_string();
+    let partitions = partitions.to_vec();
+    tokio::task::spawn_blocking(move || {
+        direct_drain_blocking(config, &topic, &partitions, per_partition, &done)
+    })
+    .await
+    .context("direct drain thread panicked")?
+}
+
+fn direct_drain_blocking(
+    config: ClientConfig,
+    topic: &str,
+    partitions: &[i32],
+    per_partition: u64,
+    done: &AtomicU64,
+) -> Result<DrainRun> {
+    let t0 = Instant::now();
+    let consumer: BaseConsumer = config.create().context("direct consumer")?;
+    let mut list = TopicPartitionList::new();
+    for &p in partitions {
+        list.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&list).context("assign")?;
+    let mut counts: HashMap<i32, u64> = HashMap::new();
+    let mut finish: HashMap<i32, f64> = HashMap::new();
+    let mut bytes = 0_u64;
+    let mut errors = 0_u32;
+    let mut first = f64::NAN;
+    let mut first_bytes = 0_u64;
+    while finish.len() < partitions.len() {
+        if t0.elapsed() > DRAIN_DEADLINE {
+            bail!("direct drain took longer than {DRAIN_DEADLINE:?}");
+        }
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            Some(Err(e)) => {
+                errors += 1;
+                if errors > 100 {
+                    bail!("direct consumer keeps failing: {e}");
+                }
+            }
+            Some(Ok(m)) => {
+                if first.is_nan() {
+                    first = t0.elapsed().as_secs_f64();
+                    first_bytes = m.payload().map_or(0, <[u8]>::len) as u64;
+                }
+                bytes += m.payload().map_or(0, <[u8]>::len) as u64;
+                let c = counts.entry(m.partition()).or_insert(0);
+                *c += 1;
+                done.fetch_add(1, Ordering::Relaxed);
+                if *c == per_partition {
+                    finish.insert(m.partition(), t0.elapsed().as_secs_f64());
+                }
+            }
+        }
+    }
+    let secs = finish.values().copied().fold(0.0, f64::max);
+    Ok(DrainRun {
+        first_record_secs: first,
+        first_records: 1,
+        first_bytes,
+        records: counts.values().sum(),
+        bytes,
+        secs,
+        partition_rates: partitions
+            .iter()
+            .map(|p| {
+                counts.get(p).copied().unwrap_or(0) as f64
+                    / finish.get(p).copied().unwrap_or(f64::NAN)
+            })
+            .collect(),
+    })
+}
+
+/// Runs both arms `rounds` times, gateway first in each round, after one unmeasured warm-up
+/// drain of each arm (a tenth of the records).
+async fn rounds(
+    env: &Env,
+    name: &str,
+    clients: &[Client],
+    topic: &str,
+    layout: &[Vec<i32>],
+    per_partition: u64,
+) -> Result<Vec<(DrainRun, DrainRun)>> {
+    let partitions: Vec<i32> = layout.iter().flatten().copied().collect();
+    let total = per_partition * partitions.len() as u64;
+    let warm = (per_partition / 10).max(1);
+    env.progress.say(format!(
+        "  {name}: warm-up (gateway, direct: {} records each)",
+        warm * partitions.len() as u64
+    ));
+    gateway_drain(env, clients, topic, layout, warm, Arc::default()).await?;
+    direct_drain(env, topic, &partitions, warm, Arc::default()).await?;
+    let mut out = Vec::new();
+    for round in 1..=env.plan.rounds {
+        let label = format!("{name} round {round}/{}", env.plan.rounds);
+        let done = Arc::new(AtomicU64::new(0));
+        let g = {
+            let _t =
+                env.progress
+                    .ticker(format!("{label} gateway"), done.clone(), total, "records");
+            gateway_drain(env, clients, topic, layout, per_partition, done).await?
+        };
+        env.progress.say(format!(
+            "  {label} gateway: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s",
+            g.secs,
+            g.first_record_secs,
+            g.rate(),
+            g.mb_s()
+        ));
+        let done = Arc::new(AtomicU64::new(0));
+        let d = {
+            let _t = env
+                .progress
+                .ticker(format!("{label} direct"), done.clone(), total, "records");
+            direct_drain(env, topic, &partitions, per_partition, done).await?
+        };
+        env.progress.say(format!(
+            "  {label} direct: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s",
+            d.secs,
+            d.first_record_secs,
+            d.rate(),
+            d.mb_s()
+        ));
+        out.push((g, d));
+    }
+    Ok(out)
+}
+
+fn round_details(runs: &[(DrainRun, DrainRun)]) -> Value {
+    Value::Array(
+        runs.iter()
+            .enumerate()
+            .map(|(i, (g, d))| {
+                json!({
+                    "round": i + 1,
+                    "gateway_records_per_s": r3(g.rate()),
+                    "direct_records_per_s": r3(d.rate()),
+                    "gateway_mb_per_s": r3(g.mb_s()),
+                    "direct_mb_per_s": r3(d.mb_s()),
+                    "gateway_secs": r3(g.secs),
+                    "direct_secs": r3(d.secs),
+                    "gateway_end_to_end_records_per_s": r3(g.end_to_end_rate()),
+                    "direct_end_to_end_records_per_s": r3(d.end_to_end_rate()),
+                    "gateway_first_record_secs": r3(g.first_record_secs),
+                    "direct_first_record_secs": r3(d.first_record_secs),
+                    "gateway_partition_records_per_s": g.partition_rates.iter().map(|x| r3(*x)).collect::<Vec<_>>(),
+                    "direct_partition_records_per_s": d.partition_rates.iter().map(|x| r3(*x)).collect::<Vec<_>>(),
+                })
+            })
+            .collect(),
+    )
+}
+
+fn chart(title: String, runs: &[(DrainRun, DrainRun)], goal_line: Option<(String, f64)>) -> Chart {
+    Chart {
+        title,
+        unit: "records/s".into(),
+        groups: runs
+            .iter()
+            .enumerate()
+            .map(|(i, (g, d))| {
+                (
+                    format!("round {}", i + 1),
+                    vec![
+                        ("gateway".into(), g.rate()),
+                        ("direct rdkafka".into(), d.rate()),
+                    ],
+                )
+            })
+            .collect(),
+        lines: goal_line.into_iter().collect(),
+    }
+}
+
+/// Medians of the start-up figures, beside the steady-state headline.
+fn startup_details(details: &mut Map<String, Value>, runs: &[(DrainRun, DrainRun)]) {
+    let med = |f: &dyn Fn(&(DrainRun, DrainRun)) -> f64| {
+        r3(median(&runs.iter().map(f).collect::<Vec<_>>()))
+    };
+    details.insert(
+        "gateway_first_record_secs".into(),
+        med(&|(g, _)| g.first_record_secs).into(),
+    );
+    details.insert(
+        "baseline_first_record_secs".into(),
+        med(&|(_, d)| d.first_record_secs).into(),
+    );
+    details.insert(
+        "gateway_end_to_end_records_per_s".into(),
+        med(&|(g, _)| g.end_to_end_rate()).into(),
+    );
+    details.insert(
+        "baseline_end_to_end_records_per_s".into(),
+        med(&|(_, d)| d.end_to_end_rate()).into(),
+    );
+}
+
+fn common_details(
+    details: &mut Map<String, Value>,
+    value_size: usize,
+    per_partition: u64,
+    partitions: usize,
+) {
+    details.insert("value_bytes".into(), value_size.into());
+    details.insert("records_per_partition".into(), per_partition.into());
+    details.insert("partitions".into(), partitions.into());
+    details.insert("consumer_style".into(), CONSUMER_STYLE.into());
+    details.insert(
+        "gateway_read_options".into(),
+        json!({"max_records": READ_MAX_RECORDS, "max_bytes": READ_MAX_BYTES, "max_wait_ms": READ_MAX_WAIT.as_millis() as u64}),
+    );
+    details.insert(
+        "timing".into(),
+        "steady-state rate: records after the first arrival (the first batch, for the gateway) over the time from the first arrival to the last record; start-up separately: gateway from just before Acquire, direct from just before the consumer is created, to the first record (first_record_secs) and end-to-end rates including it; MB = 10^6 bytes of record values".into(),
+    );
+}
+
+/// `drain-1p-1KiB` / `drain-1p-100B`.
+pub(crate) async fn one_partition(
+    env: &Env,
+    name: &str,
+    value_size: usize,
+    records: usize,
+    goal: f64,
+) -> Result<Vec<ScenarioResult>> {
+    let topic = env.name("drain1");
+    create_topic(env, &topic, 1).await?;
+    produce_fill(env, name, &topic, 1, records, value_size).await?;
+    let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-drain"), None).await?;
+    let client = gateway.client().await?;
+    let runs = rounds(env, name, &[client], &topic, &[vec![0]], records as u64).await;
+    gateway.stop().await;
+    let runs = runs?;
+    let g = median(&runs.iter().map(|(g, _)| g.rate()).collect::<Vec<_>>());
+    let d = median(&runs.iter().map(|(_, d)| d.rate()).collect::<Vec<_>>());
+    let g_mb = median(&runs.iter().map(|(g, _)| g.mb_s()).collect::<Vec<_>>());
+    let d_mb = median(&runs.iter().map(|(_, d)| d.mb_s()).collect::<Vec<_>>());
+    let ratio = ratio(g, d);
+    let mut details = Map::new();
+    common_details(&mut details, value_size, records as u64, 1);
+    details.insert("gateway_mb_per_s".into(), r3(g_mb).into());
+    details.insert("baseline_mb_per_s".into(), r3(d_mb).into());
+    startup_details(&mut details, &runs);
+    details.insert("rounds".into(), round_details(&runs));
+    Ok(vec![Row {
+        name: name.to_string(),
+        scenario: if value_size == 1024 {
+            "drain-1p-1KiB"
+        } else {
+            "drain-1p-100B"
+        },
+        unit: "records/s",
+        gateway: r3(g),
+        baseline: r3(d),
+        baseline_kind: "measured: direct rdkafka BaseConsumer of the same partition, same run"
+            .into(),
+        ratio: ratio.map(r3),
+        ratio_definition: "gateway records/s / direct records/s (medians across rounds)",
+        goal: format!(">= {goal}"),
+        met: ratio.is_some_and(|r| r >= goal),
+        summary: format!(
+            "{g_mb:.1} vs {d_mb:.1} MB/s steady; first record after {:.2} vs {:.2} s",
+            median(
+                &runs
+                    .iter()
+                    .map(|(g, _)| g.first_record_secs)
+                    .collect::<Vec<_>>()
+            ),
+            median(
+                &runs
+                    .iter()
+                    .map(|(_, d)| d.first_record_secs)
+                    .collect::<Vec<_>>()
+            ),
+        ),
+        details,
+        chart: chart(
+            format!("{name}: drain one partition, records/s per round"),
+            &runs,
+            Some((format!("{goal} x direct median"), goal * d)),
+        ),
+    }
+    .build()])
+}
+
+/// `drain-16p`: 16 leases over 4 client connections versus one consumer of all 16.
+pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
+    let per_partition = env.plan.drain16_per_partition;
+    let value_size = 1024;
+    let topic = env.name("drain16");
+    create_topic(env, &topic, 16).await?;
+    produce_fill(env, name, &topic, 16, per_partition, value_size).await?;
+    let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-drain16"), None).await?;
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(gateway.client().await?);
+    }
+    let layout: Vec<Vec<i32>> = (0..4).map(|c| (c * 4..c * 4 + 4).collect()).collect();
+    let runs = rounds(env, name, &clients, &topic, &layout, per_partition as u64).await;
+    gateway.stop().await;
+    let runs = runs?;
+    let g = median(&runs.iter().map(|(g, _)| g.rate()).collect::<Vec<_>>());
+    let d = median(&runs.iter().map(|(_, d)| d.rate()).collect::<Vec<_>>());
+    let g_mb = median(&runs.iter().map(|(g, _)| g.mb_s()).collect::<Vec<_>>());
+    let d_mb = median(&runs.iter().map(|(_, d)| d.mb_s()).collect::<Vec<_>>());
+    let g_fair = median(&runs.iter().map(|(g, _)| g.fairness()).collect::<Vec<_>>());
+    let d_fair = median(&runs.iter().map(|(_, d)| d.fairness()).collect::<Vec<_>>());
+    let ratio = ratio(g, d);
+    let met = ratio.is_some_and(|r| r >= 0.9) && g_fair >= 0.8;
+    let mut details = Map::new();
+    common_details(&mut details, value_size, per_partition as u64, 16);
+    details.insert("client_connections".into(), 4.into());
+    details.insert("leases_per_connection".into(), 4.into());
+    details.insert("gateway_mb_per_s".into(), r3(g_mb).into());
+    details.insert("baseline_mb_per_s".into(), r3(d_mb).into());
+    details.insert(
+        "gateway_slowest_over_fastest_partition".into(),
+        r3(g_fair).into(),
+    );
+    details.insert(
+        "direct_slowest_over_fastest_partition".into(),
+        r3(d_fair).into(),
+    );
+    details.insert(
+        "fairness_definition".into(),
+        "per partition: its records over the time its last record arrived (from the arm's start); slowest / fastest, median across rounds".into(),
+    );
+    startup_details(&mut details, &runs);
+    details.insert("rounds".into(), round_details(&runs));
+    Ok(vec![Row {
+        name: name.to_string(),
+        scenario: "drain-16p",
+        unit: "records/s",
+        gateway: r3(g),
+        baseline: r3(d),
+        baseline_kind: "measured: one direct rdkafka BaseConsumer assigned all 16 partitions, same run".into(),
+        ratio: ratio.map(r3),
+        ratio_definition: "gateway records/s / direct records/s (medians across rounds)",
+        goal: ">= 0.9 and slowest/fastest partition >= 0.8".into(),
+        met,
+        summary: format!(
+            "{g_mb:.1} vs {d_mb:.1} MB/s; slowest/fastest partition {g_fair:.2} (direct {d_fair:.2})"
+        ),
+        details,
+        chart: chart(
+            format!("{name}: 16 partitions, 4 connections x 4 leases, records/s per round"),
+            &runs,
+            Some(("0.9 x direct median".into(), 0.9 * d)),
+        ),
+    }
+    .build()])
+}
