@@ -8,21 +8,12 @@ use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
 use kafka_lease_testkit::{unique_name, wait_for, Services};
-use support::{create_topic, produce_n, producer, unique_prefix, GatewayProcess};
+use support::{create_topic, produce_n, producer, services_script, unique_prefix, GatewayProcess};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-fn services_script(services: &Services, command: &str) {
-    let script = services.var("KAFKA_LEASE_SERVICES_SCRIPT");
-    let status = std::process::Command::new(script)
-        .arg(command)
-        .status()
-        .expect("run scripts/services");
-    assert!(status.success(), "scripts/services {command} failed");
-}
 
 async fn health_is(
     health: &HealthClient<tonic::transport::Channel>,

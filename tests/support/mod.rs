@@ -134,6 +134,16 @@ impl GatewayProcess {
     }
 }
 
+/// Runs `scripts/services <command>` (e.g. `stop-consul`, `start-kafka`) for an outage test.
+pub fn services_script(services: &Services, command: &str) {
+    let script = services.var("KAFKA_LEASE_SERVICES_SCRIPT");
+    let status = std::process::Command::new(script)
+        .arg(command)
+        .status()
+        .expect("run scripts/services");
+    assert!(status.success(), "scripts/services {command} failed");
+}
+
 /// A fresh Consul key prefix for one test, so tests never see each other's locks.
 pub fn unique_prefix() -> String {
     format!("kafka-lease-test/{}", unique_name("p"))
