@@ -8,30 +8,10 @@ use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
 use kafka_lease_testkit::{unique_name, wait_for, Services};
-use support::{create_topic, services_script, unique_prefix, GatewayProcess};
+use support::{create_topic, services_script, unique_prefix, wait_health, GatewayProcess};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-async fn wait_health(health: &HealthClient<tonic::transport::Channel>, want: ServingStatus) {
-    wait_for(&format!("health {want:?}"), DEADLINE, || {
-        let mut health = health.clone();
-        async move {
-            let status = health
-                .check(HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-                .ok()?
-                .into_inner()
-                .status;
-            (status == want as i32).then_some(())
-        }
-    })
-    .await;
-}
 
 #[tokio::test]
 async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
@@ -43,13 +23,8 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let client = gateway.client().await;
-    let channel = tonic::transport::Endpoint::from_shared(gateway.endpoint())
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let health = HealthClient::new(channel);
-    wait_health(&health, ServingStatus::Serving).await;
+    let health = gateway.health().await;
+    wait_health(&health, "", ServingStatus::Serving, DEADLINE).await;
     let held = client
         .acquire(AcquireOptions::new(unique_name("g"), &topic))
         .await
@@ -62,7 +37,7 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
         let (health, client, topic) = (health.clone(), client.clone(), topic.clone());
         let mut reads = reads;
         async move {
-            wait_health(&health, ServingStatus::NotServing).await;
+            wait_health(&health, "", ServingStatus::NotServing, DEADLINE).await;
             // The held lease self-fences: its Read ends with "lease lost" once the gateway
             // can no longer confirm its session.
             let end = tokio::time::timeout(DEADLINE, async {
@@ -107,7 +82,7 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
         std::panic::resume_unwind(panic.into_panic());
     }
 
-    wait_health(&health, ServingStatus::Serving).await;
+    wait_health(&health, "", ServingStatus::Serving, DEADLINE).await;
     let lease = wait_for("an Acquire after Consul returned", DEADLINE, || {
         let client = client.clone();
         let topic = topic.clone();

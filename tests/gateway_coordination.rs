@@ -10,9 +10,12 @@ use tokio::time::Instant;
 
 use kafka_lease_client::proto;
 use kafka_lease_client::{AcquireOptions, Error, LeaseFilter};
-use kafka_lease_testkit::{unique_name, wait_for, Services};
-use support::{consul_keys, create_topic, produce_n, producer, unique_prefix, GatewayProcess};
+use kafka_lease_testkit::{unique_name, Services};
+use support::{
+    consul_keys, create_topic, produce_n, producer, unique_prefix, wait_health, GatewayProcess,
+};
 use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -645,30 +648,9 @@ async fn health_is_serving_with_both_services_up() {
         return;
     };
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
-    let channel = tonic::transport::Endpoint::from_shared(gateway.endpoint())
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let health = gateway.health().await;
     for service in ["", "kafka_lease.v1.PartitionLeaseService"] {
-        let status = wait_for("health SERVING", DEADLINE, || {
-            let mut health = health.clone();
-            async move {
-                let s = health
-                    .check(tonic_health::pb::HealthCheckRequest {
-                        service: service.to_string(),
-                    })
-                    .await
-                    .ok()?
-                    .into_inner()
-                    .status;
-                (s == tonic_health::pb::health_check_response::ServingStatus::Serving as i32)
-                    .then_some(s)
-            }
-        })
-        .await;
+        let status = wait_health(&health, service, ServingStatus::Serving, DEADLINE).await;
         assert_eq!(status, 1);
     }
-    let _ = &mut health;
 }

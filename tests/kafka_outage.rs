@@ -7,29 +7,13 @@ mod support;
 use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
-use kafka_lease_testkit::{unique_name, wait_for, Services};
-use support::{create_topic, produce_n, producer, services_script, unique_prefix, GatewayProcess};
+use kafka_lease_testkit::{unique_name, Services};
+use support::{
+    create_topic, produce_n, producer, services_script, unique_prefix, wait_health, GatewayProcess,
+};
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 
 const DEADLINE: Duration = Duration::from_secs(90);
-
-async fn health_is(
-    health: &HealthClient<tonic::transport::Channel>,
-    want: ServingStatus,
-) -> Option<()> {
-    let status = health
-        .clone()
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .ok()?
-        .into_inner()
-        .status;
-    (status == want as i32).then_some(())
-}
 
 #[tokio::test]
 async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
@@ -41,16 +25,8 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 100).await;
     let client = gateway.client().await;
-    let channel = tonic::transport::Endpoint::from_shared(gateway.endpoint())
-        .expect("endpoint")
-        .connect()
-        .await
-        .expect("connect");
-    let health = HealthClient::new(channel);
-    wait_for("SERVING", DEADLINE, || {
-        health_is(&health, ServingStatus::Serving)
-    })
-    .await;
+    let health = gateway.health().await;
+    wait_health(&health, "", ServingStatus::Serving, DEADLINE).await;
 
     let lease = client
         .acquire(AcquireOptions::new(unique_name("g"), &topic).ttl(Duration::from_secs(60)))
@@ -68,10 +44,7 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
 
     services_script(&services, "stop-kafka");
     let outage = async {
-        wait_for("NOT_SERVING", DEADLINE, || {
-            health_is(&health, ServingStatus::NotServing)
-        })
-        .await;
+        wait_health(&health, "", ServingStatus::NotServing, DEADLINE).await;
         match client
             .acquire(AcquireOptions::new(unique_name("g"), &topic))
             .await
@@ -85,10 +58,7 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
     let outage_result = tokio::time::timeout(DEADLINE, outage).await;
     services_script(&services, "start-kafka");
     outage_result.expect("the outage checks finish");
-    wait_for("SERVING again", DEADLINE, || {
-        health_is(&health, ServingStatus::Serving)
-    })
-    .await;
+    wait_health(&health, "", ServingStatus::Serving, DEADLINE).await;
 
     // More records after the restart; the same Read goes on from where it was.
     produce_n(&producer(&services), &topic, 0, 100).await;

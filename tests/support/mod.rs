@@ -20,6 +20,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 /// A `kafka-lease serve` process on 127.0.0.1 with a port of its own.
 pub struct GatewayProcess {
@@ -129,9 +133,47 @@ impl GatewayProcess {
         status.code()
     }
 
+    /// A gRPC health client for the gateway.
+    pub async fn health(&self) -> HealthClient<Channel> {
+        let channel = tonic::transport::Endpoint::from_shared(self.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
+        HealthClient::new(channel)
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
+}
+
+/// Waits until the gateway reports `want` for `service` ("" is the whole server); returns
+/// the status as the wire carries it.
+pub async fn wait_health(
+    health: &HealthClient<Channel>,
+    service: &str,
+    want: ServingStatus,
+    deadline: Duration,
+) -> i32 {
+    kafka_lease_testkit::wait_for(
+        &format!("health {want:?} for {service:?}"),
+        deadline,
+        || {
+            let mut health = health.clone();
+            let service = service.to_string();
+            async move {
+                let status = health
+                    .check(HealthCheckRequest { service })
+                    .await
+                    .ok()?
+                    .into_inner()
+                    .status;
+                (status == want as i32).then_some(status)
+            }
+        },
+    )
+    .await
 }
 
 /// Runs `scripts/services <command>` (e.g. `stop-consul`, `start-kafka`) for an outage test.

@@ -258,33 +258,28 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     details.insert("baseline_p50_ms".into(), r3(r50).into());
     details.insert("gateway_p99_ms".into(), r3(g99).into());
     details.insert("baseline_p99_ms".into(), r3(r99).into());
+    // The medians across rounds of one arm's p50 and p99 of one latency series.
+    let p50_p99 = |series: &dyn Fn(&(Arm, Arm)) -> &Vec<f64>| {
+        json!([
+            r3(med(&|round| percentile(series(round), 50.0))),
+            r3(med(&|round| percentile(series(round), 99.0)))
+        ])
+    };
     details.insert(
         "gateway_acquire_p50_p99_ms".into(),
-        json!([
-            r3(med(&|(g, _)| percentile(&g.acquire_ms, 50.0))),
-            r3(med(&|(g, _)| percentile(&g.acquire_ms, 99.0)))
-        ]),
+        p50_p99(&|(g, _)| &g.acquire_ms),
     );
     details.insert(
         "gateway_release_p50_p99_ms".into(),
-        json!([
-            r3(med(&|(g, _)| percentile(&g.release_ms, 50.0))),
-            r3(med(&|(g, _)| percentile(&g.release_ms, 99.0)))
-        ]),
+        p50_p99(&|(g, _)| &g.release_ms),
     );
     details.insert(
         "raw_acquire_p50_p99_ms".into(),
-        json!([
-            r3(med(&|(_, r)| percentile(&r.acquire_ms, 50.0))),
-            r3(med(&|(_, r)| percentile(&r.acquire_ms, 99.0)))
-        ]),
+        p50_p99(&|(_, r)| &r.acquire_ms),
     );
     details.insert(
         "raw_release_p50_p99_ms".into(),
-        json!([
-            r3(med(&|(_, r)| percentile(&r.release_ms, 50.0))),
-            r3(med(&|(_, r)| percentile(&r.release_ms, 99.0)))
-        ]),
+        p50_p99(&|(_, r)| &r.release_ms),
     );
     details.insert("cycles_per_arm_and_round".into(), cycles.into());
     let warm_med = |q: f64| {

@@ -109,6 +109,42 @@ impl Arm {
     }
 }
 
+/// What a reader of either arm makes of the records it receives: the probe record marks it
+/// ready, every other record is a latency sample (kept once past the warm-up).
+struct Samples {
+    warmup: u64,
+    latencies: Vec<f64>,
+    seen: usize,
+    done: Arc<AtomicU64>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Samples {
+    fn new(count: usize, warmup: u64, done: Arc<AtomicU64>, ready: Arc<AtomicBool>) -> Self {
+        Self {
+            warmup,
+            latencies: Vec::with_capacity(count),
+            seen: 0,
+            done,
+            ready,
+        }
+    }
+
+    fn observe(&mut self, value: Option<&[u8]>, received_micros: u64) {
+        match value.and_then(|v| decode(v, received_micros)) {
+            Some((PROBE, _)) => self.ready.store(true, Ordering::Release),
+            Some((seq, ms)) => {
+                if seq >= self.warmup {
+                    self.latencies.push(ms);
+                }
+                self.seen += 1;
+                self.done.fetch_add(1, Ordering::Relaxed);
+            }
+            None => {}
+        }
+    }
+}
+
 async fn gateway_arm(
     env: &Env,
     client: &kafka_lease_client::Client,
@@ -138,31 +174,20 @@ async fn gateway_arm(
     let ready = Arc::new(AtomicBool::new(false));
     let reader_ready = ready.clone();
     let reader = tokio::spawn(async move {
-        let mut latencies = Vec::with_capacity(count);
-        let mut seen = 0_usize;
-        while seen < count {
+        let mut samples = Samples::new(count, warmup, done, reader_ready);
+        while samples.seen < count {
             match stream.next_batch().await {
                 Some(Ok(batch)) => {
                     let now = now_micros();
                     for r in &batch.records {
-                        match r.value.as_deref().and_then(|v| decode(v, now)) {
-                            Some((PROBE, _)) => reader_ready.store(true, Ordering::Release),
-                            Some((seq, ms)) => {
-                                if seq >= warmup {
-                                    latencies.push(ms);
-                                }
-                                seen += 1;
-                                done.fetch_add(1, Ordering::Relaxed);
-                            }
-                            None => {}
-                        }
+                        samples.observe(r.value.as_deref(), now);
                     }
                 }
                 Some(Err(e)) => return Err(anyhow!(e).context("Read failed")),
-                None => bail!("the Read ended after {seen} records"),
+                None => bail!("the Read ended after {} records", samples.seen),
             }
         }
-        Ok((latencies, stream))
+        Ok((samples.latencies, stream))
     });
     let produce_rate = paced_produce(producer, topic, count, &ready).await?;
     let deadline = Duration::from_secs_f64(count as f64 / RATE + 60.0);
@@ -215,28 +240,19 @@ async fn direct_arm(
         };
         let started = Instant::now();
         let limit = Duration::from_secs_f64(count as f64 / RATE + 60.0);
-        let mut latencies = Vec::with_capacity(count);
-        let mut seen = 0_usize;
-        while seen < count {
+        let mut samples = Samples::new(count, warmup, done, reader_ready);
+        while samples.seen < count {
             if started.elapsed() > limit {
-                bail!("the direct reader got {seen} of {count} records within {limit:?}");
+                bail!(
+                    "the direct reader got {} of {count} records within {limit:?}",
+                    samples.seen
+                );
             }
             if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
-                let now = now_micros();
-                match m.payload().and_then(|v| decode(v, now)) {
-                    Some((PROBE, _)) => reader_ready.store(true, Ordering::Release),
-                    Some((seq, ms)) => {
-                        if seq >= warmup {
-                            latencies.push(ms);
-                        }
-                        seen += 1;
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    None => {}
-                }
+                samples.observe(m.payload(), now_micros());
             }
         }
-        Ok(latencies)
+        Ok(samples.latencies)
     });
     ready_rx.await.context("direct reader setup")??;
     let produce_rate = paced_produce(producer, topic, count, &ready).await?;
