@@ -387,6 +387,7 @@ async fn bad_requests_get_their_documented_code_and_change_nothing() {
         max_records,
         max_bytes,
         max_wait: None,
+        from_offset: None,
     };
     let reads: Vec<(&str, proto::ReadRequest, Code, &str)> = vec![
         (
@@ -394,6 +395,15 @@ async fn bad_requests_get_their_documented_code_and_change_nothing() {
             read(held.lease_id(), 0, 4 * 1024 * 1024 + 1),
             Code::InvalidArgument,
             "4194305",
+        ),
+        (
+            "negative from_offset",
+            proto::ReadRequest {
+                from_offset: Some(-7),
+                ..read(held.lease_id(), 0, 0)
+            },
+            Code::OutOfRange,
+            "-7",
         ),
         (
             "max_records too large",
@@ -509,6 +519,17 @@ async fn bad_requests_get_their_documented_code_and_change_nothing() {
             },
             Code::InvalidArgument,
             "5000 bytes",
+        ),
+        (
+            // With the token prefix this would exceed Kafka's offset.metadata.max.bytes: it
+            // must be refused before anything is sent, not come back UNAVAILABLE.
+            "commit metadata that fits 4096 only without the prefix",
+            proto::CommitRequest {
+                metadata: Some("m".repeat(4096)),
+                ..commit(held.lease_id(), 1)
+            },
+            Code::InvalidArgument,
+            "4096 bytes",
         ),
     ];
     for (name, request, code, needle) in commits {

@@ -126,6 +126,7 @@ async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
             max_records: 100,
             max_bytes: 3_500,
             max_wait: None,
+            from_offset: None,
         })
         .await
         .expect("read")
@@ -188,12 +189,14 @@ async fn seeks_while_reading_start_each_epoch_at_the_resolved_offset() {
             max_records: 5,
             max_bytes: 0,
             max_wait: None,
+            from_offset: None,
         })
         .await
         .expect("read")
         .into_inner();
     let first = stream.next().await.expect("open").expect("first batch");
-    assert_eq!(first.records[0].offset, 0);
+    // The commit moved the lease's resume point: the Read starts there.
+    assert_eq!(first.records[0].offset, 123);
 
     let targets = [
         (SeekTo::Offset(250), 250),
@@ -424,14 +427,17 @@ async fn a_newer_read_supersedes_the_open_one() {
     .await
     .expect("the old read ends");
     assert!(matches!(err, Error::Superseded { .. }), "{err:?}");
-    // The new Read continues right after what the old one delivered: no gap, no repeat.
+    assert!(old_last >= 4);
+    // The new Read starts at the lease's resume point (nothing committed, no seek: the
+    // Acquire offset), not after what the old one handed to gRPC, which the client may never
+    // have received: at least once, never a gap.
     produce_n(&producer, &topic, 0, 5).await;
     let batch = tokio::time::timeout(DEADLINE, new.next_batch())
         .await
         .expect("a batch within the deadline")
         .expect("open")
         .expect("batch");
-    assert_eq!(batch.records[0].offset, old_last + 1);
+    assert_eq!(batch.records[0].offset, 0);
     drop(new);
     lease.release().await.expect("release");
 }

@@ -1,6 +1,7 @@
 //! A held lease ([`Lease`]): reading its partition, seeking, committing, releasing.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::client::Client;
@@ -9,8 +10,11 @@ use crate::convert::{
 };
 use crate::proto;
 use crate::proto::seek_request::Position;
-use crate::stream::{EpochFilter, RecordStream};
+use crate::stream::{EpochFilter, OpenRead, RecordStream, Reopen, ResponseStream};
 use crate::Result;
+
+/// How many times in a row a broken Read is reopened before the error reaches the caller.
+const DEFAULT_RECONNECT_ATTEMPTS: u32 = 8;
 
 /// The contract's default TTL, assumed when the gateway does not say which TTL it granted.
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -143,21 +147,49 @@ impl Lease {
         self.epochs.newest()
     }
 
-    /// Opens a Read: the partition's records from the lease's current position, in order,
-    /// with no gaps and no repeats, for as long as the lease is held.
+    /// Opens a Read: the partition's records in order, with no gaps and no repeats, for as
+    /// long as the lease is held. It starts at [`ReadOptions::from_offset`] if set, else at
+    /// the lease's resume point: the most recent of the Acquire offset, the last commit and
+    /// the last seek (so a new Read after a broken one may repeat records, never skip one).
+    ///
+    /// The stream reopens itself when it breaks, continuing right after the last record it
+    /// handed out (see [`RecordStream`]).
     ///
     /// One Read per lease: opening another ends the previous stream with
     /// [`Error::Superseded`](crate::Error::Superseded). Batches made stale by a concurrent
     /// [`seek`](Self::seek) are dropped for you.
     pub async fn records(&self, options: ReadOptions) -> Result<RecordStream> {
-        let request = proto::ReadRequest {
+        let template = proto::ReadRequest {
             lease_id: self.lease_id.clone(),
             max_records: options.max_records,
             max_bytes: options.max_bytes,
             max_wait: options.max_wait.map(duration_to_proto),
+            from_offset: None,
         };
-        let stream = self.client.raw().read(request).await?.into_inner();
-        Ok(RecordStream::new(stream, self.epochs.clone()))
+        let client = self.client.clone();
+        let open: OpenRead = Arc::new(move |from_offset: Option<i64>| {
+            let request = proto::ReadRequest {
+                from_offset,
+                ..template.clone()
+            };
+            let mut raw = client.raw();
+            Box::pin(async move {
+                let stream = raw.read(request).await?.into_inner();
+                Ok(Box::pin(stream) as ResponseStream)
+            })
+        });
+        let first = open(options.from_offset).await?;
+        let reopen = Reopen {
+            open,
+            attempts: options
+                .reconnect_attempts
+                .unwrap_or(DEFAULT_RECONNECT_ATTEMPTS),
+        };
+        Ok(RecordStream::from_stream(
+            first,
+            self.epochs.clone(),
+            Some(reopen),
+        ))
     }
 
     /// Repositions the lease. Once this returns, no batch from before the seek is delivered by
@@ -190,8 +222,9 @@ impl Lease {
         self.send_commit(offset, None).await
     }
 
-    /// Like [`commit`](Self::commit), storing `metadata` (at most 4096 bytes) with the offset.
-    /// The gateway prefixes it with the lease's fencing token.
+    /// Like [`commit`](Self::commit), storing `metadata` (at most 4057 UTF-8 bytes, so that
+    /// with the gateway's fencing-token prefix it fits Kafka's default limit of 4096) with the
+    /// offset.
     pub async fn commit_with_metadata(
         &self,
         offset: i64,
@@ -250,6 +283,8 @@ pub struct ReadOptions {
     max_records: u32,
     max_bytes: u32,
     max_wait: Option<Duration>,
+    from_offset: Option<i64>,
+    reconnect_attempts: Option<u32>,
 }
 
 impl ReadOptions {
@@ -275,6 +310,22 @@ impl ReadOptions {
     /// 100 ms; allowed 0 ..= 10 s).
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// Start at this offset (between the log start and the high watermark, else
+    /// [`Error::OutOfRange`](crate::Error::OutOfRange)), as a seek to it would, instead of at
+    /// the lease's resume point.
+    pub fn from_offset(mut self, offset: i64) -> Self {
+        self.from_offset = Some(offset);
+        self
+    }
+
+    /// How many times in a row a broken stream is reopened (with backoff from 50 ms up to
+    /// 2 s between attempts) before the error reaches the caller. Default 8 (about 7 s);
+    /// 0 turns reopening off.
+    pub fn reconnect_attempts(mut self, attempts: u32) -> Self {
+        self.reconnect_attempts = Some(attempts);
         self
     }
 }
@@ -352,9 +403,13 @@ mod tests {
             ReadOptions {
                 max_records: 0,
                 max_bytes: 0,
-                max_wait: None
+                max_wait: None,
+                from_offset: None,
+                reconnect_attempts: None,
             }
         );
+        let o = ReadOptions::new().from_offset(42).reconnect_attempts(0);
+        assert_eq!((o.from_offset, o.reconnect_attempts), (Some(42), Some(0)));
         let o = ReadOptions::new()
             .max_records(10)
             .max_bytes(1024)

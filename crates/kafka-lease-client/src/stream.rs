@@ -5,11 +5,12 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::future::BoxFuture;
 use futures::stream::{FusedStream, Stream, StreamExt};
 use tonic::codec::Streaming;
-use tonic::Status;
+use tonic::{Code, Status};
 
 use crate::convert::system_time_from_proto;
 use crate::proto;
@@ -144,27 +145,71 @@ impl From<proto::ReadResponse> for Batch {
 /// - Batches of a seek epoch older than the newest one the lease has seen are dropped
 ///   silently (see [`EpochFilter`]), so after [`Lease::seek`](crate::Lease::seek) returns, the
 ///   next batch starts at the sought position.
+/// - A broken stream is reopened by itself (see [`ReadOptions::reconnect_attempts`](crate::ReadOptions::reconnect_attempts)):
+///   when the connection drops, a proxy resets the stream or the gateway answers `UNAVAILABLE`,
+///   it opens a new Read with `from_offset` = the offset after the last record it handed to
+///   you, so nothing is skipped and nothing you already received comes again. If a seek
+///   happened since the last batch you received, it reopens at the lease's resume point (the
+///   seek's offset, or a later commit) instead.
 /// - The stream ends (`None`) when the gateway ends it with `OK`, which it does after the lease
 ///   is released.
 /// - An error status is yielded once as `Err` and then the stream ends:
 ///   [`Error::LeaseEnded`](crate::Error::LeaseEnded) when the lease was lost or expired,
 ///   [`Error::Superseded`](crate::Error::Superseded) when a newer Read on the lease took over,
-///   [`Error::Unavailable`](crate::Error::Unavailable) when the gateway shuts down.
+///   [`Error::Unavailable`](crate::Error::Unavailable) when reopening failed every time.
 ///
 /// While it is open the lease does not expire. Dropping it closes the Read.
 pub struct RecordStream {
-    inner: ResponseStream,
+    inner: Option<ResponseStream>,
     filter: EpochFilter,
     done: bool,
+    reopen: Option<Reopen>,
+    /// A reopen in progress: the new Read being opened.
+    reopening: Option<ReopenFuture>,
+    /// The offset after the last record handed to the caller, and the epoch of its batch.
+    delivered: Option<(i64, u64)>,
+    /// Failed reopen attempts since the last batch delivered.
+    failures: u32,
 }
 
 /// The Read responses, boxed so the filtering can be tested without a gateway.
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<proto::ReadResponse, Status>> + Send>>;
+pub(crate) type ResponseStream =
+    Pin<Box<dyn Stream<Item = Result<proto::ReadResponse, Status>> + Send>>;
+
+/// Opens a new Read from the given offset (or the lease's resume point).
+pub(crate) type OpenRead =
+    Arc<dyn Fn(Option<i64>) -> BoxFuture<'static, Result<ResponseStream, Status>> + Send + Sync>;
+
+type ReopenFuture = BoxFuture<'static, Result<ResponseStream, Status>>;
+
+/// How a [`RecordStream`] reopens itself.
+#[derive(Clone)]
+pub(crate) struct Reopen {
+    pub(crate) open: OpenRead,
+    /// Consecutive failed attempts before the error is handed to the caller.
+    pub(crate) attempts: u32,
+}
+
+/// The first pause before a reopen; it doubles with each failed attempt, up to
+/// [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Whether a status that ended a Read says the stream broke, not the lease: the connection
+/// dropped (tonic reports `UNAVAILABLE`, `UNKNOWN` or `INTERNAL` for that, depending on where
+/// it broke), an intermediary cancelled it, or the gateway was unreachable for a moment.
+fn stream_broke(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
+    )
+}
 
 impl std::fmt::Debug for RecordStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RecordStream")
             .field("newest_seek_epoch", &self.filter.newest())
+            .field("delivered_up_to", &self.delivered.map(|(next, _)| next))
             .field("done", &self.done)
             .finish_non_exhaustive()
     }
@@ -172,23 +217,64 @@ impl std::fmt::Debug for RecordStream {
 
 impl RecordStream {
     /// Wraps a Read response stream opened through [`Client::raw`](crate::Client::raw),
-    /// filtering it by `filter` (share the filter with whatever code does the seeks).
+    /// filtering it by `filter` (share the filter with whatever code does the seeks). A stream
+    /// made this way does not reopen itself.
     pub fn new(inner: Streaming<proto::ReadResponse>, filter: EpochFilter) -> Self {
-        Self::from_stream(Box::pin(inner), filter)
+        Self::from_stream(Box::pin(inner), filter, None)
     }
 
     /// Wraps any stream of Read responses.
-    fn from_stream(inner: ResponseStream, filter: EpochFilter) -> Self {
+    pub(crate) fn from_stream(
+        inner: ResponseStream,
+        filter: EpochFilter,
+        reopen: Option<Reopen>,
+    ) -> Self {
         RecordStream {
-            inner,
+            inner: Some(inner),
             filter,
             done: false,
+            reopen,
+            reopening: None,
+            delivered: None,
+            failures: 0,
         }
     }
 
     /// The next batch; `None` once the stream has ended.
     pub async fn next_batch(&mut self) -> Option<Result<Batch>> {
         self.next().await
+    }
+
+    /// Where a reopened Read must start: right after the last record handed out, unless a
+    /// seek happened since (then the lease's resume point, which the seek set).
+    fn reopen_from(&self) -> Option<i64> {
+        match self.delivered {
+            Some((next, epoch)) if self.filter.newest() <= epoch => Some(next),
+            _ => None,
+        }
+    }
+
+    /// Starts a reopen after `status` broke the stream, if that is allowed; false if the error
+    /// must go to the caller.
+    fn start_reopen(&mut self, status: &Status) -> bool {
+        let Some(reopen) = &self.reopen else {
+            return false;
+        };
+        if !stream_broke(status) || self.failures >= reopen.attempts {
+            return false;
+        }
+        let backoff = FIRST_BACKOFF
+            .saturating_mul(1 << self.failures.min(6))
+            .min(MAX_BACKOFF);
+        self.failures += 1;
+        let open = reopen.open.clone();
+        let from = self.reopen_from();
+        self.inner = None;
+        self.reopening = Some(Box::pin(async move {
+            tokio::time::sleep(backoff).await;
+            open(from).await
+        }));
+        true
     }
 }
 
@@ -201,7 +287,25 @@ impl Stream for RecordStream {
             if this.done {
                 return Poll::Ready(None);
             }
-            let Some(item) = futures::ready!(this.inner.as_mut().poll_next(cx)) else {
+            if let Some(reopening) = this.reopening.as_mut() {
+                let opened = futures::ready!(reopening.as_mut().poll(cx));
+                this.reopening = None;
+                match opened {
+                    Ok(stream) => this.inner = Some(stream),
+                    Err(status) => {
+                        if this.start_reopen(&status) {
+                            continue;
+                        }
+                        this.done = true;
+                        return Poll::Ready(Some(Err(status.into())));
+                    }
+                }
+            }
+            let Some(inner) = this.inner.as_mut() else {
+                this.done = true;
+                return Poll::Ready(None);
+            };
+            let Some(item) = futures::ready!(inner.as_mut().poll_next(cx)) else {
                 this.done = true;
                 return Poll::Ready(None);
             };
@@ -209,10 +313,18 @@ impl Stream for RecordStream {
                 // Checked when handed out, not when received: a batch buffered before a seek
                 // returned is still dropped if it is stale.
                 Ok(response) if this.filter.admit(response.seek_epoch) => {
-                    return Poll::Ready(Some(Ok(Batch::from(response))));
+                    let batch = Batch::from(response);
+                    if let Some(next) = batch.next_offset() {
+                        this.delivered = Some((next, batch.seek_epoch));
+                    }
+                    this.failures = 0;
+                    return Poll::Ready(Some(Ok(batch)));
                 }
                 Ok(_stale) => continue,
                 Err(status) => {
+                    if this.start_reopen(&status) {
+                        continue;
+                    }
                     this.done = true;
                     return Poll::Ready(Some(Err(status.into())));
                 }
@@ -311,7 +423,7 @@ mod tests {
         items: Vec<Result<proto::ReadResponse, Status>>,
         filter: &EpochFilter,
     ) -> RecordStream {
-        RecordStream::from_stream(Box::pin(futures::stream::iter(items)), filter.clone())
+        RecordStream::from_stream(Box::pin(futures::stream::iter(items)), filter.clone(), None)
     }
 
     fn offsets(batch: &Batch) -> Vec<i64> {
@@ -394,6 +506,116 @@ mod tests {
             ));
             assert!(stream.next_batch().await.is_none());
         });
+    }
+
+    /// A reopen that records each `from_offset` asked for and answers with the next scripted
+    /// stream (or an error once the script runs out).
+    fn scripted_reopen(
+        script: Vec<Vec<Result<proto::ReadResponse, Status>>>,
+        attempts: u32,
+    ) -> (Reopen, Arc<std::sync::Mutex<Vec<Option<i64>>>>) {
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let script = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
+            script,
+        )));
+        let log = asked.clone();
+        let open: OpenRead = Arc::new(move |from: Option<i64>| {
+            log.lock().unwrap().push(from);
+            let next = script.lock().unwrap().pop_front();
+            Box::pin(async move {
+                match next {
+                    Some(items) => Ok(Box::pin(futures::stream::iter(items)) as ResponseStream),
+                    None => Err(Status::unavailable("connection refused")),
+                }
+            })
+        });
+        (Reopen { open, attempts }, asked)
+    }
+
+    async fn drain(stream: &mut RecordStream) -> (Vec<i64>, Option<crate::Error>) {
+        let mut got = Vec::new();
+        while let Some(item) = stream.next_batch().await {
+            match item {
+                Ok(batch) => got.extend(offsets(&batch)),
+                Err(e) => return (got, Some(e)),
+            }
+        }
+        (got, None)
+    }
+
+    #[tokio::test]
+    async fn a_broken_stream_reopens_right_after_the_last_record_handed_out() {
+        let filter = EpochFilter::new();
+        let (reopen, asked) =
+            scripted_reopen(vec![vec![response(1, &[4, 5]), response(1, &[6])]], 3);
+        let first = vec![
+            response(0, &[0, 1]),
+            response(0, &[2, 3]),
+            Err(Status::unknown("error reading a body from connection")),
+        ];
+        let mut stream =
+            RecordStream::from_stream(Box::pin(futures::stream::iter(first)), filter, Some(reopen));
+        let (got, err) = drain(&mut stream).await;
+        assert_eq!(got, vec![0, 1, 2, 3, 4, 5, 6], "no gap, no repeat");
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(*asked.lock().unwrap(), vec![Some(4)]);
+    }
+
+    #[tokio::test]
+    async fn a_seek_since_the_last_batch_reopens_at_the_resume_point() {
+        let filter = EpochFilter::new();
+        let (reopen, asked) = scripted_reopen(vec![vec![response(1, &[50])]], 3);
+        let first = vec![
+            response(0, &[0, 1]),
+            Err(Status::unavailable("h2 protocol error")),
+        ];
+        let mut stream = RecordStream::from_stream(
+            Box::pin(futures::stream::iter(first)),
+            filter.clone(),
+            Some(reopen),
+        );
+        assert!(matches!(stream.next_batch().await, Some(Ok(_))));
+        filter.observe(1); // the caller's Seek returned epoch 1
+        let (got, err) = drain(&mut stream).await;
+        assert_eq!(got, vec![50]);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(*asked.lock().unwrap(), vec![None]);
+    }
+
+    #[tokio::test]
+    async fn lease_errors_are_not_reopened_and_attempts_are_bounded() {
+        let (reopen, asked) = scripted_reopen(vec![], 3);
+        let mut stream = RecordStream::from_stream(
+            Box::pin(futures::stream::iter(vec![Err(Status::aborted(
+                "superseded",
+            ))])),
+            EpochFilter::new(),
+            Some(reopen),
+        );
+        let (_, err) = drain(&mut stream).await;
+        assert!(
+            matches!(err, Some(crate::Error::Superseded { .. })),
+            "{err:?}"
+        );
+        assert!(asked.lock().unwrap().is_empty());
+
+        let (reopen, asked) = scripted_reopen(vec![], 3);
+        let mut stream = RecordStream::from_stream(
+            Box::pin(futures::stream::iter(vec![
+                response(0, &[0]),
+                Err(Status::unavailable("gone")),
+            ])),
+            EpochFilter::new(),
+            Some(reopen),
+        );
+        let (got, err) = drain(&mut stream).await;
+        assert_eq!(got, vec![0]);
+        assert!(
+            matches!(err, Some(crate::Error::Unavailable { .. })),
+            "{err:?}"
+        );
+        assert_eq!(*asked.lock().unwrap(), vec![Some(1), Some(1), Some(1)]);
+        assert!(stream.next_batch().await.is_none());
     }
 
     #[test]

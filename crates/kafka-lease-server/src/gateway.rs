@@ -512,12 +512,40 @@ impl Gateway {
         }
     }
 
-    /// Opens a Read on a lease, superseding any open one.
-    pub async fn read(&self, lease_id: &str, limits: ReadLimits) -> Result<ReadStream, LeaseError> {
+    /// Opens a Read on a lease, superseding any open one: at `from_offset` (checked against
+    /// the partition's range, as a Seek to it is) or at the lease's resume point.
+    pub async fn read(
+        &self,
+        lease_id: &str,
+        limits: ReadLimits,
+        from_offset: Option<i64>,
+    ) -> Result<ReadStream, LeaseError> {
         let lease = self.lookup(lease_id).await?;
         lease.fenced()?;
         lease.touch()?;
-        lease.open_read(limits)
+        if let Some(offset) = from_offset {
+            self.check_in_range(&lease, offset).await?;
+        }
+        lease.open_read(limits, from_offset)
+    }
+
+    /// Fails with OUT_OF_RANGE unless `offset` lies between the partition's log start offset
+    /// and its high watermark, inclusive.
+    async fn check_in_range(&self, lease: &Lease, offset: i64) -> Result<(), LeaseError> {
+        let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
+        let (low, high) = self.kafka.watermarks(topic, partition).await?;
+        lease.note_high_watermark(high);
+        if (low..=high).contains(&offset) {
+            Ok(())
+        } else {
+            Err(LeaseError::OffsetOutOfRange {
+                topic: topic.to_string(),
+                partition,
+                offset,
+                low,
+                high,
+            })
+        }
     }
 
     /// Repositions a lease; returns the resolved offset and the new seek epoch.

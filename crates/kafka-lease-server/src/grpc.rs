@@ -201,7 +201,11 @@ impl PartitionLeaseService for LeaseService {
         let limits = read_limits(request.get_ref()).map_err(status_of)?;
         let stream = self
             .gateway
-            .read(&request.get_ref().lease_id, limits)
+            .read(
+                &request.get_ref().lease_id,
+                limits,
+                request.get_ref().from_offset,
+            )
             .await
             .map_err(status_of)?;
         Ok(Response::new(Box::pin(

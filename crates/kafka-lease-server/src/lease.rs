@@ -52,6 +52,11 @@ pub struct ReadLimits {
 struct LeaseState {
     /// The offset of the next record to deliver.
     position: i64,
+    /// Where a Read without `from_offset` starts: the most recent of the Acquire offset, the
+    /// last commit accepted in this lease and the last Seek's resolved offset. Never the
+    /// position: records past the resume point may have been handed to a stream that broke
+    /// before the client received them (the resume contract in docs/ARCHITECTURE.md).
+    resume_point: i64,
     seek_epoch: u64,
     /// The id of the newest Read; an older Read seeing a different id is superseded.
     read_generation: u64,
@@ -146,6 +151,7 @@ impl Lease {
             session: parts.grant.session().to_string(),
             state: Mutex::new(LeaseState {
                 position: parts.position,
+                resume_point: parts.position,
                 seek_epoch: 0,
                 read_generation: 0,
                 read_open: false,
@@ -258,6 +264,7 @@ impl Lease {
             }
             state.seek_epoch += 1;
             state.position = offset;
+            state.resume_point = offset;
             state.expires_at = state.expires_at.max(Instant::now() + self.ttl);
             state.seek_epoch
         };
@@ -265,8 +272,16 @@ impl Lease {
         Ok(epoch)
     }
 
+    /// Notes an accepted commit: the group's committed offset, and the lease's resume point.
     pub fn record_commit(&self, offset: i64) {
-        self.state().committed = Some(offset);
+        let mut state = self.state();
+        state.committed = Some(offset);
+        state.resume_point = offset;
+    }
+
+    /// Where a Read without `from_offset` would start now.
+    pub fn resume_point(&self) -> i64 {
+        self.state().resume_point
     }
 
     pub fn committed(&self) -> Option<i64> {
@@ -300,12 +315,27 @@ impl Lease {
         }
     }
 
-    /// Opens a Read, superseding any open one.
-    pub fn open_read(self: &Arc<Self>, limits: ReadLimits) -> Result<ReadStream, LeaseError> {
+    /// Opens a Read, superseding any open one. It starts at `from` (a repositioning like a
+    /// Seek: new epoch, new resume point) or, without it, at the resume point. Either way the
+    /// position moves under the state lock together with the generation, so a batch the
+    /// superseded Read was filling can never be handed out in the new one.
+    pub fn open_read(
+        self: &Arc<Self>,
+        limits: ReadLimits,
+        from: Option<i64>,
+    ) -> Result<ReadStream, LeaseError> {
         let generation = {
             let mut state = self.state();
             if let Some(reason) = &state.ended {
                 return Err(self.ended_error(reason));
+            }
+            match from {
+                Some(offset) => {
+                    state.seek_epoch += 1;
+                    state.position = offset;
+                    state.resume_point = offset;
+                }
+                None => state.position = state.resume_point,
             }
             state.read_generation += 1;
             state.read_open = true;

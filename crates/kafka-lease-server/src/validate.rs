@@ -10,8 +10,15 @@ use crate::error::LeaseError;
 pub const MAX_NAME_LEN: usize = 249;
 /// The longest `member` label, in UTF-8 bytes.
 pub const MAX_MEMBER_BYTES: usize = 256;
-/// The longest commit metadata a client may pass, in UTF-8 bytes.
-pub const MAX_METADATA_BYTES: usize = 4096;
+/// Kafka's default `offset.metadata.max.bytes`: the longest metadata a broker stores with a
+/// committed offset. A longer one is refused by the broker (OFFSET_METADATA_TOO_LARGE).
+pub const KAFKA_METADATA_LIMIT: usize = 4096;
+/// The longest prefix the gateway puts before the client's metadata:
+/// `kafka-lease token=<u64>;` with the token at its longest (20 digits).
+pub const METADATA_PREFIX_MAX: usize = "kafka-lease token=".len() + 20 + 1;
+/// The longest commit metadata a client may pass, in UTF-8 bytes: what fits beside the
+/// prefix within Kafka's default limit, so a valid commit is never refused by the broker.
+pub const MAX_METADATA_BYTES: usize = KAFKA_METADATA_LIMIT - METADATA_PREFIX_MAX;
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 pub const MIN_TTL: Duration = Duration::from_secs(1);
@@ -117,7 +124,9 @@ pub fn metadata(value: &str) -> Result<(), LeaseError> {
         return Err(invalid(
             "metadata",
             format!(
-                "metadata is {} bytes long; at most {MAX_METADATA_BYTES} UTF-8 bytes are allowed",
+                "metadata is {} bytes long; at most {MAX_METADATA_BYTES} UTF-8 bytes are allowed \
+                 (Kafka stores at most {KAFKA_METADATA_LIMIT}, and the gateway's token prefix \
+                 takes up to {METADATA_PREFIX_MAX})",
                 value.len()
             ),
         ));
@@ -237,6 +246,16 @@ pub fn timestamp_ms(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_longest_metadata_fits_kafkas_limit_with_the_longest_prefix() {
+        let user = "m".repeat(MAX_METADATA_BYTES);
+        assert!(metadata(&user).is_ok());
+        let stored = format!("kafka-lease token={};{user}", u64::MAX);
+        assert_eq!(stored.len(), KAFKA_METADATA_LIMIT);
+        let err = metadata(&format!("{user}m")).unwrap_err().to_string();
+        assert!(err.contains("4058 bytes") && err.contains("4057"), "{err}");
+    }
 
     #[test]
     fn names_follow_kafka_rules() {

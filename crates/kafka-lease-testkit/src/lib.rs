@@ -6,6 +6,9 @@
 //! is a loud failure; elsewhere the test is skipped with a message saying how to start the
 //! services.
 
+pub mod relay;
+pub use relay::Relay;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};

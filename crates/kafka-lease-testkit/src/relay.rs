@@ -1,0 +1,142 @@
+//! A TCP relay for fault injection: put it between a client and a real service, then cut
+//! every connection through it, or hold traffic (new connections wait, bytes stop flowing)
+//! and let it go again. Listens on 127.0.0.1 only.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// A running relay from a loopback port of its own to `target`. Dropping it stops it and
+/// closes every connection through it.
+pub struct Relay {
+    addr: SocketAddr,
+    target: SocketAddr,
+    held: watch::Sender<bool>,
+    connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accepted: Arc<AtomicU64>,
+    acceptor: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("addr", &self.addr)
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    /// Starts relaying from `127.0.0.1:<free port>` to `target`.
+    pub async fn start(target: SocketAddr) -> std::io::Result<Relay> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (held, _) = watch::channel(false);
+        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let acceptor = {
+            let held = held.clone();
+            let connections = connections.clone();
+            let accepted = accepted.clone();
+            tokio::spawn(async move {
+                while let Ok((inbound, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::Relaxed);
+                    let _ = inbound.set_nodelay(true);
+                    let task = tokio::spawn(relay_one(inbound, target, held.subscribe()));
+                    let mut all = connections.lock().unwrap_or_else(|p| p.into_inner());
+                    all.retain(|t| !t.is_finished());
+                    all.push(task);
+                }
+            })
+        };
+        Ok(Relay {
+            addr,
+            target,
+            held,
+            connections,
+            accepted,
+            acceptor,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Closes every open connection through the relay at once (both sides see the socket
+    /// close). New connections are relayed as before.
+    pub fn cut(&self) {
+        let all = std::mem::take(&mut *self.connections.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in all {
+            task.abort();
+        }
+    }
+
+    /// Holds traffic: bytes already read are kept, nothing more is forwarded in either
+    /// direction and new connections are not dialled until [`release`](Self::release).
+    pub fn hold(&self) {
+        self.held.send_replace(true);
+    }
+
+    /// Lets held traffic flow again.
+    pub fn release(&self) {
+        self.held.send_replace(false);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+        self.cut();
+    }
+}
+
+async fn wait_released(held: &mut watch::Receiver<bool>) {
+    let _ = held.wait_for(|h| !*h).await;
+}
+
+async fn relay_one(inbound: TcpStream, target: SocketAddr, mut held: watch::Receiver<bool>) {
+    wait_released(&mut held).await;
+    let Ok(outbound) = TcpStream::connect(target).await else {
+        return;
+    };
+    let _ = outbound.set_nodelay(true);
+    let (in_read, in_write) = inbound.into_split();
+    let (out_read, out_write) = outbound.into_split();
+    let up = pump(in_read, out_write, held.clone());
+    let down = pump(out_read, in_write, held);
+    // Either direction closing ends the connection.
+    tokio::select! {
+        () = up => {}
+        () = down => {}
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut held: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0_u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        wait_released(&mut held).await;
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
