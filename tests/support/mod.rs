@@ -35,17 +35,19 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     /// Starts the real binary against the test services, with lock keys under `prefix`, and
-    /// waits until it listens.
+    /// waits until it listens. `extra` may name another `--consul` agent.
     pub async fn start(services: &Services, prefix: &str, instance: &str, extra: &[&str]) -> Self {
         let log_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{instance}.log"));
         let log = std::fs::File::create(&log_path).expect("gateway log file");
+        let consul: &[&str] = if extra.contains(&"--consul") {
+            &[]
+        } else {
+            &["--consul", &services.consul_http_addr]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_kafka-lease"))
+            .args(["serve", "--kafka", &services.kafka_bootstrap])
+            .args(consul)
             .args([
-                "serve",
-                "--kafka",
-                &services.kafka_bootstrap,
-                "--consul",
-                &services.consul_http_addr,
                 "--consul-prefix",
                 prefix,
                 "--listen",

@@ -73,8 +73,9 @@ pub struct ServeArgs {
     /// session within this time stops serving its leases.
     #[arg(long, env = "KAFKA_LEASE_SESSION_TTL", value_parser = parse_duration, default_value = "10s")]
     pub session_ttl: Duration,
-    /// Consul lock-delay after the gateway's session is invalidated (0s ..= 60s). Explicit
-    /// releases set none.
+    /// Consul lock-delay after the gateway's session is invalidated (1s ..= 60s). Explicit
+    /// releases set none. The gateway stops acting on its locks this long less 250 ms after
+    /// its last confirmed session renewal (the self-fence window).
     #[arg(long, env = "KAFKA_LEASE_LOCK_DELAY", value_parser = parse_duration, default_value = "1500ms")]
     pub lock_delay: Duration,
     /// How Consul learns that this gateway died (see the README's failover section).
@@ -200,11 +201,13 @@ impl ServeArgs {
                 allowed: "10s ..= 24h (Consul's range)".into(),
             });
         }
-        if self.lock_delay > Duration::from_secs(60) {
+        if !(Duration::from_secs(1)..=Duration::from_secs(60)).contains(&self.lock_delay) {
             return Err(ConfigError {
                 flag: "--lock-delay",
                 value: humantime::format_duration(self.lock_delay).to_string(),
-                allowed: "0s ..= 60s (Consul's range)".into(),
+                allowed: "1s ..= 60s (the self-fence window is lock-delay - 250ms; Consul \
+                          allows at most 60s)"
+                    .into(),
             });
         }
         if self.shutdown_grace < Duration::from_secs(1)

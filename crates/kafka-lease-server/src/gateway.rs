@@ -14,7 +14,7 @@ use kafka_lease_proto::v1;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::coordination::{Acquisition, HolderInfo, LockBackend, LockKey, SessionState};
+use crate::coordination::{Acquisition, HolderInfo, LockBackend, LockGrant, LockKey, SessionState};
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::Kafka;
 use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts, ReadLimits, ReadStream};
@@ -75,27 +75,98 @@ pub struct ListedLease {
 /// rather than "unknown lease".
 const ENDED_MEMORY: usize = 10_000;
 
+/// The local lease table, and the rules that keep leases on this instance exclusive. Its
+/// methods are the only place those rules are written down:
+///
+/// - a key has at most one live lease here (`by_key`);
+/// - a key is *claimed* by at most one Acquire attempt at a time (`claimed`), because the
+///   lock backend cannot tell two attempts by the same session apart;
+/// - a key this instance may still hold in the backend without a lease (a lease ended but its
+///   release is not confirmed, or an acquire whose answer was lost) is *unreleased*, and
+///   cannot be claimed until the release is confirmed or the session that held it is gone.
+///   Otherwise the backend would hand the key straight back to this session (with the old
+///   token), and the release in flight would then free it under the new lease.
 #[derive(Default)]
 struct Table {
     leases: HashMap<String, Arc<Lease>>,
     by_key: HashMap<LockKey, String>,
-    /// Keys an Acquire on this instance is trying right now. The lock backend cannot tell
-    /// two attempts by the same session apart, so this instance must.
-    reserved: HashSet<LockKey>,
+    claimed: HashSet<LockKey>,
+    /// Key → the lock session that may still hold it.
+    unreleased: HashMap<LockKey, String>,
     ended: HashMap<String, EndReason>,
     ended_order: VecDeque<String>,
 }
 
+/// Why an Acquire attempt could not claim a key on this instance.
+enum LocalBusy {
+    /// A live lease here holds it.
+    Leased(Arc<Lease>),
+    /// Another attempt is on it, or its release is not confirmed yet.
+    Pending,
+}
+
 impl Table {
-    fn remember_ended(&mut self, id: &str, reason: EndReason) {
-        if self.ended.insert(id.to_string(), reason).is_none() {
-            self.ended_order.push_back(id.to_string());
+    /// Claims `key` for one Acquire attempt, unless this instance leases it, is trying it,
+    /// or may still hold it in the backend.
+    fn claim(&mut self, key: &LockKey) -> Result<(), LocalBusy> {
+        if let Some(lease) = self.by_key.get(key).and_then(|id| self.leases.get(id)) {
+            return Err(LocalBusy::Leased(lease.clone()));
+        }
+        if self.by_key.contains_key(key)
+            || self.unreleased.contains_key(key)
+            || !self.claimed.insert(key.clone())
+        {
+            return Err(LocalBusy::Pending);
+        }
+        Ok(())
+    }
+
+    /// Ends a claim that produced no lease. `unreleased_by` names the session that may hold
+    /// the key anyway (an acquire whose outcome is unknown).
+    fn unclaim(&mut self, key: &LockKey, unreleased_by: Option<&str>) {
+        self.claimed.remove(key);
+        if let Some(session) = unreleased_by {
+            self.unreleased.insert(key.clone(), session.to_string());
+        }
+    }
+
+    /// Turns a claim into a live lease.
+    fn install(&mut self, lease: Arc<Lease>) {
+        self.claimed.remove(&lease.key);
+        self.by_key.insert(lease.key.clone(), lease.id.clone());
+        self.leases.insert(lease.id.clone(), lease);
+    }
+
+    /// Takes an ended lease out: its key stays unreleased until [`Table::released`].
+    fn remove_ended(&mut self, lease: &Lease, reason: EndReason) {
+        self.leases.remove(&lease.id);
+        if self.by_key.get(&lease.key) == Some(&lease.id) {
+            self.by_key.remove(&lease.key);
+        }
+        self.unreleased
+            .insert(lease.key.clone(), lease.session_id().to_string());
+        if self.ended.insert(lease.id.clone(), reason).is_none() {
+            self.ended_order.push_back(lease.id.clone());
         }
         while self.ended_order.len() > ENDED_MEMORY {
             if let Some(old) = self.ended_order.pop_front() {
                 self.ended.remove(&old);
             }
         }
+    }
+
+    /// The backend confirmed that `session` no longer holds `key`.
+    fn released(&mut self, key: &LockKey, session: &str) {
+        if self.unreleased.get(key).is_some_and(|s| s == session) {
+            self.unreleased.remove(key);
+        }
+    }
+
+    /// The backend session is now `live` (or none): locks of every other session are void,
+    /// so their keys can be claimed again (with a new token).
+    fn session_changed(&mut self, live: Option<&str>) {
+        self.unreleased
+            .retain(|_, session| Some(session.as_str()) == live);
     }
 }
 
@@ -124,17 +195,68 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Releases a reservation when an Acquire attempt finishes, however it finishes.
-struct Reservation<'a> {
+/// Ends an Acquire attempt's claim on a key however the attempt finishes (an error, or the
+/// task being dropped), unless the claim became a lease.
+struct Claim<'a> {
     gateway: &'a Gateway,
     key: LockKey,
+    /// Set when the backend may hold the key for this instance although no grant came back.
+    unreleased_by: Option<String>,
+    installed: bool,
 }
 
-impl Drop for Reservation<'_> {
+impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        self.gateway.table().reserved.remove(&self.key);
+        if self.installed {
+            return;
+        }
+        self.gateway
+            .table()
+            .unclaim(&self.key, self.unreleased_by.as_deref());
+        if let Some(session) = self.unreleased_by.take() {
+            self.gateway.spawn_release_key(self.key.clone(), session);
+        }
     }
 }
+
+/// A lock grant not yet owned by a lease. Dropped unconsumed (the attempt failed or its task
+/// was cancelled), it hands the grant to the background releaser, which retries until the
+/// backend confirms.
+struct GrantGuard<'a> {
+    gateway: &'a Gateway,
+    grant: Option<LockGrant>,
+}
+
+impl GrantGuard<'_> {
+    fn key(&self) -> &LockKey {
+        self.grant
+            .as_ref()
+            .map(LockGrant::key)
+            .expect("a guard holds its grant until taken")
+    }
+
+    fn take(mut self) -> LockGrant {
+        self.grant
+            .take()
+            .expect("a guard holds its grant until taken")
+    }
+}
+
+impl Drop for GrantGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(grant) = self.grant.take() {
+            let session = grant.session().to_string();
+            self.gateway
+                .table()
+                .unreleased
+                .insert(grant.key().clone(), session.clone());
+            self.gateway.spawn_release_key(grant.key().clone(), session);
+        }
+    }
+}
+
+/// How long the background releaser waits between attempts at most.
+const RELEASE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Gateway {
     /// Creates the gateway and starts the task that ends leases when the lock session is
@@ -191,10 +313,10 @@ impl Gateway {
     async fn on_session_state(&self, state: &SessionState) {
         let stale: Vec<Arc<Lease>> = {
             let mut table = self.table();
-            // Keys of ended leases whose release failed belonged to the old session, whose
-            // locks are void now: they may be acquired again (with a new token).
-            let Table { leases, by_key, .. } = &mut *table;
-            by_key.retain(|_, id| leases.contains_key(id));
+            table.session_changed(match state {
+                SessionState::Live { id } => Some(id.as_str()),
+                SessionState::Lost { .. } => None,
+            });
             table
                 .leases
                 .values()
@@ -209,11 +331,13 @@ impl Gateway {
             SessionState::Live { .. } => "the gateway's Consul session was replaced".to_string(),
             SessionState::Lost { reason } => reason.clone(),
         };
-        for lease in stale {
+        // All at once: every one of them must stop before the fence window is over, and
+        // ending one never waits on another.
+        futures::future::join_all(stale.iter().map(|lease| {
             tracing::warn!(parent: &lease.span, %reason, "lock session lost; ending lease");
-            self.end_lease(&lease, EndReason::Lost(reason.clone()))
-                .await;
-        }
+            self.end_lease(lease, EndReason::Lost(reason.clone()))
+        }))
+        .await;
     }
 
     /// Grants a lease, waiting up to `spec.wait` for a partition to become free.
@@ -249,7 +373,7 @@ impl Gateway {
                     return Err(LeaseError::ShuttingDown);
                 }
                 let key = LockKey::new(&spec.group, &spec.topic, partition);
-                match self.try_partition(&spec, &key).await? {
+                match self.attempt(&spec, key).await? {
                     Ok(granted) => return Ok(granted),
                     Err((entry, index)) => {
                         busy.push(entry);
@@ -284,6 +408,36 @@ impl Gateway {
         }
     }
 
+    /// One attempt at one partition, run to its end in a task of its own: once the lock
+    /// request is out, the attempt must finish (a lease, or the lock given back) even if the
+    /// Acquire call is cancelled (its deadline, its client gone). A lease granted after the
+    /// caller went away is ended at once, so no key stays held without a lease.
+    async fn attempt(
+        &self,
+        spec: &AcquireSpec,
+        key: LockKey,
+    ) -> Result<Result<Granted, (BusyPartition, Option<u64>)>, LeaseError> {
+        let Some(gateway) = self.me.upgrade() else {
+            return Err(LeaseError::ShuttingDown);
+        };
+        let spec = spec.clone();
+        let (answer, asked) = tokio::sync::oneshot::channel();
+        tokio::spawn(
+            async move {
+                let outcome = gateway.try_partition(&spec, &key).await;
+                if let Err(Ok(Ok(granted))) = answer.send(outcome) {
+                    let lease = gateway.table().leases.get(&granted.lease_id).cloned();
+                    if let Some(lease) = lease {
+                        tracing::info!(parent: &lease.span, "the Acquire call went away; ending its lease");
+                        gateway.end_lease(&lease, EndReason::Abandoned).await;
+                    }
+                }
+            }
+            .in_current_span(),
+        );
+        asked.await.unwrap_or(Err(LeaseError::ShuttingDown))
+    }
+
     /// One attempt at one partition. `Ok(Err(..))` is contention: who holds it, and the lock
     /// backend's index to wait from.
     async fn try_partition(
@@ -291,31 +445,27 @@ impl Gateway {
         spec: &AcquireSpec,
         key: &LockKey,
     ) -> Result<Result<Granted, (BusyPartition, Option<u64>)>, LeaseError> {
-        let reservation = {
-            let mut table = self.table();
-            if let Some(id) = table.by_key.get(key) {
-                let local = table.leases.get(id).cloned();
-                let busy = BusyPartition {
+        let claimed = self.table().claim(key);
+        if let Err(local) = claimed {
+            let busy = match local {
+                LocalBusy::Leased(lease) => BusyPartition {
                     partition: key.partition,
-                    holder: local.as_ref().map(|l| self.holder_of(l)),
-                    expires_at: local.map(|l| l.snapshot().expires_at),
-                };
-                return Ok(Err((busy, None)));
-            }
-            if !table.reserved.insert(key.clone()) {
-                return Ok(Err((
-                    BusyPartition {
-                        partition: key.partition,
-                        holder: None,
-                        expires_at: None,
-                    },
-                    None,
-                )));
-            }
-            Reservation {
-                gateway: self,
-                key: key.clone(),
-            }
+                    holder: Some(self.holder_of(&lease)),
+                    expires_at: Some(lease.snapshot().expires_at),
+                },
+                LocalBusy::Pending => BusyPartition {
+                    partition: key.partition,
+                    holder: None,
+                    expires_at: None,
+                },
+            };
+            return Ok(Err((busy, None)));
+        }
+        let mut claim = Claim {
+            gateway: self,
+            key: key.clone(),
+            unreleased_by: None,
+            installed: false,
         };
         let id = new_lease_id();
         let holder = HolderInfo {
@@ -325,9 +475,10 @@ impl Gateway {
             acquired_at_ms: now_ms(),
             ttl_ms: spec.ttl.as_millis() as u64,
         };
-        let grant = match self.locks.try_acquire(key, &holder).await? {
-            Acquisition::Acquired(grant) => grant,
-            Acquisition::Busy { holder, index } => {
+        let session = self.live_session();
+        let grant = match self.locks.try_acquire(key, &holder).await {
+            Ok(Acquisition::Acquired(grant)) => grant,
+            Ok(Acquisition::Busy { holder, index }) => {
                 let busy = BusyPartition {
                     partition: key.partition,
                     holder,
@@ -335,20 +486,67 @@ impl Gateway {
                 };
                 return Ok(Err((busy, Some(index))));
             }
+            Err(err) => {
+                // The request may have reached Consul and taken the lock although no answer
+                // came back: keep the key blocked here and make sure it is free.
+                claim.unreleased_by = session;
+                return Err(err.into());
+            }
         };
-        // The lock is ours. From here on, any failure must give it back.
-        match self.open_lease(spec, id, holder, grant).await {
-            Ok(granted) => {
-                drop(reservation);
-                Ok(Ok(granted))
-            }
-            Err((err, grant)) => {
-                if let Err(release_err) = self.locks.release(grant).await {
-                    tracing::warn!(key = %key, error = %release_err, "releasing after a failed acquire failed");
-                }
-                Err(err)
-            }
+        // The lock is ours. From here on, whatever happens gives it back unless a lease
+        // takes it over.
+        let grant = GrantGuard {
+            gateway: self,
+            grant: Some(grant),
+        };
+        let granted = self.open_lease(spec, id, holder, grant).await?;
+        claim.installed = true;
+        Ok(Ok(granted))
+    }
+
+    /// The id of the backend's live session, if there is one.
+    fn live_session(&self) -> Option<String> {
+        match &*self.locks.session_state().borrow() {
+            SessionState::Live { id } => Some(id.clone()),
+            SessionState::Lost { .. } => None,
         }
+    }
+
+    /// Makes sure `session` no longer holds `key`, in the background: asks the backend what
+    /// it holds and releases that, retrying until the backend answers or the session is gone
+    /// (its locks are then void). The key stays unreleased in the table until then.
+    fn spawn_release_key(&self, key: LockKey, session: String) {
+        let gateway = self.me.clone();
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(100);
+            loop {
+                let Some(gateway) = gateway.upgrade() else {
+                    return;
+                };
+                if gateway.live_session().as_deref() != Some(session.as_str()) {
+                    gateway.table().released(&key, &session);
+                    return;
+                }
+                let outcome = match gateway.locks.held_grant(&key).await {
+                    Ok(None) => Ok(()),
+                    Ok(Some(grant)) => gateway.locks.release(grant).await,
+                    Err(err) => Err(err),
+                };
+                match outcome {
+                    Ok(()) => {
+                        gateway.table().released(&key, &session);
+                        tracing::info!(key = %key, "lock released after an earlier attempt failed");
+                        return;
+                    }
+                    Err(err) => {
+                        tracing::warn!(key = %key, error = %err, retry_in = ?pause, "releasing a lock failed; retrying");
+                    }
+                }
+                drop(gateway);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RELEASE_RETRY_MAX);
+            }
+        });
     }
 
     fn holder_of(&self, lease: &Lease) -> HolderInfo {
@@ -364,14 +562,15 @@ impl Gateway {
         }
     }
 
-    /// Finds where the lease starts and starts fetching; on failure hands the grant back.
+    /// Finds where the lease starts, starts fetching and puts the lease in the table. On
+    /// failure the guard gives the lock back.
     async fn open_lease(
         &self,
         spec: &AcquireSpec,
         id: String,
         holder: HolderInfo,
-        grant: crate::coordination::LockGrant,
-    ) -> Result<Granted, (LeaseError, crate::coordination::LockGrant)> {
+        grant: GrantGuard<'_>,
+    ) -> Result<Granted, LeaseError> {
         let key = grant.key().clone();
         let prepared = async {
             let group_client = self.kafka.group(&key.group)?;
@@ -392,10 +591,8 @@ impl Gateway {
             Ok::<_, LeaseError>((start, committed, high, feed))
         }
         .await;
-        let (start, committed, high, feed) = match prepared {
-            Ok(parts) => parts,
-            Err(err) => return Err((err, grant)),
-        };
+        let (start, committed, high, feed) = prepared?;
+        let grant = grant.take();
         let token = grant.token();
         let lease = Lease::new(LeaseParts {
             id: id.clone(),
@@ -409,11 +606,7 @@ impl Gateway {
             feed,
             locks: self.locks.clone(),
         });
-        {
-            let mut table = self.table();
-            table.by_key.insert(key.clone(), id.clone());
-            table.leases.insert(id.clone(), lease.clone());
-        }
+        self.table().install(lease.clone());
         tracing::info!(parent: &lease.span, member = %spec.member, offset = start, "lease granted");
         self.spawn_supervisor(lease.clone());
         let snapshot = lease.snapshot();
@@ -447,39 +640,28 @@ impl Gateway {
     }
 
     /// Ends a lease: out of the table, partition fetching stopped, lock released. Safe to
-    /// call more than once; only the first call does anything.
+    /// call more than once; only the first call does anything. The first release attempt is
+    /// awaited (so that after Release returns, a successor's Acquire succeeds at once); if it
+    /// fails, the background releaser retries until Consul confirms or the session is gone,
+    /// and the key stays blocked on this instance until then (see [`Table`]).
     pub async fn end_lease(&self, lease: &Arc<Lease>, reason: EndReason) {
         if !lease.mark_ended(reason.clone()) {
             return;
         }
-        {
-            // The key stays in `by_key` until the lock is released: while this session still
-            // holds it, Consul would hand it straight back to a new Acquire on this instance
-            // (same session), with the old token, and the release in flight would then free
-            // it under the new lease.
-            let mut table = self.table();
-            table.leases.remove(&lease.id);
-            table.remember_ended(&lease.id, reason.clone());
-        }
+        self.table().remove_ended(lease, reason.clone());
         // Stop fetching before the lock goes, so a successor on this instance can assign the
         // partition again.
-        let released = match lease.dismantle().await {
-            Some(grant) => match self.locks.release(grant).await {
-                Ok(()) => true,
+        if let Some(grant) = lease.dismantle().await {
+            let (key, session) = (grant.key().clone(), grant.session().to_string());
+            match self.locks.release(grant).await {
+                Ok(()) => self.table().released(&key, &session),
                 Err(err) => {
-                    // The key stays blocked on this instance until the session changes; the
-                    // session's own end (TTL or shutdown) frees it for everyone.
-                    tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed");
-                    false
+                    tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed; retrying in the background");
+                    self.spawn_release_key(key, session);
                 }
-            },
-            None => true,
-        };
-        if released {
-            let mut table = self.table();
-            if table.by_key.get(&lease.key) == Some(&lease.id) {
-                table.by_key.remove(&lease.key);
             }
+        } else {
+            self.table().released(&lease.key, lease.session_id());
         }
         tracing::info!(parent: &lease.span, %reason, "lease ended");
     }

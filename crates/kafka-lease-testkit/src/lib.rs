@@ -6,7 +6,9 @@
 //! is a loud failure; elsewhere the test is skipped with a message saying how to start the
 //! services.
 
+pub mod consul_agent;
 pub mod relay;
+pub use consul_agent::ConsulClientAgent;
 pub use relay::Relay;
 
 use std::collections::BTreeMap;

@@ -26,56 +26,20 @@
 //!   but critical (the agent cannot reach the listener) makes Consul refuse new sessions
 //!   until it passes again, rather than handing out sessions the next check run would end.
 //! - **TTL-only** (no `check`): the session is created with *no* checks at all
-//!   (`NodeChecks: []`), so only its TTL (or an explicit destroy) can end it. A crash then
-//!   frees the keys after at most `2 × session_ttl + lock_delay` (Consul arms the expiry
-//!   timer at twice the TTL): 21.5 s with the defaults.
+//!   (`NodeChecks: []`), so no health check ends it; a crash then frees the keys after at
+//!   most `2 × session_ttl + lock_delay` (Consul arms the expiry timer at twice the TTL):
+//!   21.5 s with the defaults. It can still end at any moment for other reasons (its node is
+//!   deregistered: an agent restart with `leave_on_terminate`, `force-leave`, reaping; or an
+//!   operator destroys it), which is why its fence is the same as a check-bound session's.
 //!
-//! # Self-fencing: the timing invariant
-//! Let `S` be the *send* time (monotonic clock of this process) of the last session renew or
-//! create that Consul answered with success. The success proves the session existed when the
-//! leader handled the request, which is after `S`; so Consul cannot have invalidated it before
-//! `S`, and after an invalidation nobody can acquire its keys for `lock_delay`. Hence nobody
-//! else can hold one of this instance's keys before
-//!
-//! - `S + lock_delay` for a check-bound session (a check, the node or an operator can
-//!   invalidate it at any moment after `S`), or
-//! - `S + session_ttl + lock_delay` for a TTL-only session (it has no checks; its TTL timer
-//!   restarts at each renew, and the TTL is a lower bound). The fence below does not count
-//!   that `lock_delay`: it is slack, and keeps `lock_delay = 0` safe.
-//!
-//! This instance stops acting on its grants before that moment:
-//!
-//! ```text
-//! fence_window = (check-bound ? lock_delay : session_ttl) - FENCE_MARGIN     (FENCE_MARGIN = 250 ms)
-//! valid_until  = S + fence_window
-//! ```
-//!
-//! [`LockBackend::valid_until`] returns `valid_until` while the session is live; every side
-//! effect (commit, seek, handing out records) checks it synchronously, and the renew task
-//! declares the session [`SessionState::Lost`] ("consul unreachable since …") when it passes
-//! without a newer confirmation. `FENCE_MARGIN` covers the time between that check and the
-//! side effect taking hold, and the difference in clock rates between this host and the
-//! Consul leader. Renews go out every `renew_interval` (default `fence_window / 4`),
-//! whether or not earlier ones have answered, so one slow request does not delay the next;
-//! the configuration is refused unless
-//!
-//! ```text
-//! renew_interval * 3 <= fence_window      (at least three renew attempts per window)
-//! renew_interval    <= session_ttl / 2
-//! lock_delay        >= 1 s                (check-bound only)
-//! check.interval    >= 1 s                (Consul's minimum)
-//! ```
-//!
-//! With the defaults (`session_ttl` 10 s, `lock_delay` 1.5 s, `check.interval` 1 s):
-//! check-bound `fence_window` = 1.25 s, `renew_interval` = 312.5 ms; TTL-only
-//! `fence_window` = 9.75 s, `renew_interval` = 2.4375 s. That is one leader RPC per instance
-//! per `renew_interval`, whatever the number of leases.
-//!
-//! Outside the invariant: an operator destroying a TTL-only session (`consul session
-//! destroy`) frees its keys after `lock_delay`, not `session_ttl`; Consul keeps lock-delays in
-//! each server's memory, so a restart of every Consul server within `lock_delay` of an
-//! invalidation forgets it; and a KV write by anyone but this backend (ACLs keep others out)
-//! is not fenced at all.
+//! # Self-fencing
+//! The timing invariant is stated once, in docs/ARCHITECTURE.md ("Self-fencing"); this
+//! backend implements it. In short: `valid_until = S + lock_delay - FENCE_MARGIN`, where `S`
+//! is the send time of the last renew (or create) Consul confirmed, for every kind of session.
+//! [`LockBackend::valid_until`] returns it while the session is live, every side effect checks
+//! it synchronously, and the renew task declares the session [`SessionState::Lost`] when it
+//! passes without a newer confirmation. [`ConsulLockConfig::validate`] refuses settings that
+//! break it.
 //!
 //! When Consul answers again after a self-fence, the backend destroys the old session (best
 //! effort) and creates a new one, since it cannot know what became of the old locks.
@@ -124,9 +88,9 @@ const TTL_MIN: Duration = Duration::from_secs(10);
 const TTL_MAX: Duration = Duration::from_secs(24 * 60 * 60);
 /// Consul clamps a session's lock-delay to this.
 const LOCK_DELAY_MAX: Duration = Duration::from_secs(60);
-/// The shortest lock-delay allowed for a check-bound session: its fence window is
-/// `lock_delay - FENCE_MARGIN`, and must leave room for three renews.
-const LOCK_DELAY_MIN_WITH_CHECK: Duration = Duration::from_secs(1);
+/// The shortest lock-delay allowed: the fence window is `lock_delay - FENCE_MARGIN`, and must
+/// leave room for three renews.
+const LOCK_DELAY_MIN: Duration = Duration::from_secs(1);
 /// What the self-fence deadline keeps in hand before the earliest moment another instance
 /// could acquire one of this instance's keys (see the module docs): the time from the
 /// synchronous deadline check to the side effect, and clock-rate differences between hosts.
@@ -178,11 +142,11 @@ pub struct ConsulLockConfig {
     /// This gateway instance's name: the session is named `kafka-lease <instance>`, the
     /// service (with `check`) `kafka-lease-<instance>`.
     pub instance: String,
-    /// The session TTL (Consul allows 10 s ..= 24 h). Without `check`, the self-fence window
-    /// is `session_ttl - FENCE_MARGIN`; with it, the TTL only ends a hung gateway's session.
+    /// The session TTL (Consul allows 10 s ..= 24 h): how long a gateway that stopped
+    /// renewing (crashed without a check, or hung) keeps its keys, up to twice this.
     pub session_ttl: Duration,
-    /// How long Consul keeps an invalidated session's keys unlockable (0 ..= 60 s; at least
-    /// 1 s with `check`). With `check`, the self-fence window is `lock_delay - FENCE_MARGIN`.
+    /// How long Consul keeps an invalidated session's keys unlockable (1 s ..= 60 s). The
+    /// self-fence window is `lock_delay - FENCE_MARGIN`.
     pub lock_delay: Duration,
     /// How often the session is renewed. `None` (the default) derives it:
     /// `fence_window / 4`, so three renews can fail before the fence. See
@@ -331,18 +295,19 @@ impl ConsulLockConfig {
                 "10s ..= 24h (Consul's limits)".into(),
             ));
         }
-        if self.lock_delay > LOCK_DELAY_MAX {
+        if !(LOCK_DELAY_MIN..=LOCK_DELAY_MAX).contains(&self.lock_delay) {
             return Err(out_of_range(
                 "lock_delay",
                 self.lock_delay,
-                "0s ..= 60s (Consul's limits)".into(),
+                "1s ..= 60s (the self-fence window is lock_delay - 250ms, and Consul allows \
+                 at most 60s)"
+                    .into(),
             ));
         }
         if let Some(check) = &self.check {
             self.validate_check(check)?;
         }
         let window = self.fence_window();
-        let formula = self.fence_formula();
         let renew = self.renew_interval();
         let max_renew = (window / 3).min(self.session_ttl / 2);
         if renew.is_zero() || renew > max_renew {
@@ -351,7 +316,7 @@ impl ConsulLockConfig {
                 renew,
                 format!(
                     "more than 0s ..= min(fence_window / 3, session_ttl / 2) = {max_renew:?}, \
-                     where fence_window = {formula} = {window:?} (renew_interval * 3 <= \
+                     where fence_window = lock_delay - {FENCE_MARGIN:?} = {window:?} (renew_interval * 3 <= \
                      fence_window: at least three renews before the self-fence)"
                 ),
             ));
@@ -400,36 +365,17 @@ impl ConsulLockConfig {
                 "60s or more (Consul's minimum)".into(),
             ));
         }
-        if self.lock_delay < LOCK_DELAY_MIN_WITH_CHECK {
-            return Err(out_of_range(
-                "lock_delay",
-                self.lock_delay,
-                "1s ..= 60s with a check: a check-bound session self-fences \
-                 lock_delay - 250ms after its last confirmed renew"
-                    .into(),
-            ));
-        }
         Ok(())
     }
 
     /// How long after the send time of its last confirmed renew this instance may act on
-    /// its grants: `lock_delay - FENCE_MARGIN` with a check, `session_ttl - FENCE_MARGIN`
-    /// without (zero if that would be negative; `validate` refuses such settings).
+    /// its grants: `lock_delay - FENCE_MARGIN`, whatever the session's checks (zero if that
+    /// would be negative; `validate` refuses such settings). Any session can be invalidated
+    /// at any moment after its last confirmation (a check, its node's deregistration, a
+    /// destroy), and its keys are free for others `lock_delay` after that; see "Self-fencing"
+    /// in docs/ARCHITECTURE.md.
     pub fn fence_window(&self) -> Duration {
-        let base = if self.check.is_some() {
-            self.lock_delay
-        } else {
-            self.session_ttl
-        };
-        base.saturating_sub(FENCE_MARGIN)
-    }
-
-    fn fence_formula(&self) -> String {
-        if self.check.is_some() {
-            format!("lock_delay - {FENCE_MARGIN:?} (check-bound session)")
-        } else {
-            format!("session_ttl - {FENCE_MARGIN:?} (TTL-only session)")
-        }
+        self.lock_delay.saturating_sub(FENCE_MARGIN)
     }
 
     /// The renew interval in effect: the configured one, or `fence_window / 4`.
@@ -931,8 +877,9 @@ impl Shared {
                         namespace: None,
                     }]);
             }
-            // No checks at all, not even the node's `serfHealth` (Consul's default): a
-            // TTL-only session must end only by its TTL, or the TTL-based fence is unsound.
+            // No checks at all, not even the node's `serfHealth` (Consul's default), so a
+            // flapping gossip link does not end it. The fence does not rely on that: the node's
+            // deregistration or a destroy can still end it at any moment.
             None => {
                 request.node_checks(Vec::<String>::new());
             }
@@ -1541,6 +1488,21 @@ impl LockBackend for ConsulLocks {
         }
     }
 
+    async fn held_grant(&self, key: &LockKey) -> Result<Option<LockGrant>, CoordinationError> {
+        let shared = &*self.shared;
+        let session = shared.live_session()?;
+        let entry = shared
+            .read_key(
+                "held_grant",
+                &key.path(shared.prefix()),
+                Some(ConsistencyMode::CONSISTENT),
+            )
+            .await?;
+        Ok(entry
+            .filter(|e| e.session.as_deref() == Some(session.as_str()))
+            .map(|e| LockGrant::new(key.clone(), FencingToken(e.modify_index), session)))
+    }
+
     /// A blocking query on the topic prefix (`?keys`, so no values travel). Consul's `wait`
     /// is set to `timeout × 16/17` (at least 1 s), so that with its jitter of up to `wait/16`
     /// the answer still comes within `timeout`; the local limit only catches a dead
@@ -1746,10 +1708,10 @@ mod tests {
         assert_eq!(d.renew_interval, None);
         assert_eq!(d.prefix, "kafka-lease");
         assert_eq!(d.check, None);
-        // TTL-only: the window is the TTL less the margin, renewed four times per window.
-        assert_eq!(d.fence_window(), Duration::from_millis(9750));
-        assert_eq!(d.renew_interval(), Duration::from_micros(2_437_500));
-        // Check-bound: the window is the lock-delay less the margin.
+        // TTL-only or check-bound: the window is the lock-delay less the margin, renewed four
+        // times per window (a TTL-only session can end early too: its node deregistered).
+        assert_eq!(d.fence_window(), Duration::from_millis(1250));
+        assert_eq!(d.renew_interval(), Duration::from_micros(312_500));
         let c = checked();
         c.validate().unwrap();
         assert_eq!(c.fence_window(), Duration::from_millis(1250));
@@ -1776,33 +1738,43 @@ mod tests {
         assert!(
             e.contains("renew_interval = 417ms")
                 && e.contains("lock_delay - 250ms")
-                && e.contains("fence_window = lock_delay - 250ms (check-bound session) = 1.25s")
+                && e.contains("fence_window = lock_delay - 250ms = 1.25s")
                 && e.contains("renew_interval * 3 <= fence_window"),
             "{e}"
         );
-        // Without a check the TTL sets the window (and renew <= TTL / 2 still holds).
+        // Without a check the lock-delay sets the window too, not the TTL: the window that
+        // the old TTL-based rule allowed is refused.
         let e = rejected(ConsulLockConfig {
-            renew_interval: Some(Duration::from_millis(3300)),
+            renew_interval: Some(Duration::from_millis(3250)),
             ..valid()
         });
         assert!(
-            e.contains("renew_interval = 3.3s") && e.contains("session_ttl - 250ms"),
+            e.contains("renew_interval = 3.25s") && e.contains("lock_delay - 250ms"),
             "{e}"
         );
         ConsulLockConfig {
-            renew_interval: Some(Duration::from_millis(3250)),
+            renew_interval: Some(Duration::from_millis(416)),
             ..valid()
         }
         .validate()
         .unwrap();
+        // A long lock-delay widens the window, still bounded by renew <= TTL / 2.
         let e = rejected(ConsulLockConfig {
-            lock_delay: Duration::from_millis(999),
-            ..checked()
+            lock_delay: Duration::from_secs(30),
+            renew_interval: Some(Duration::from_secs(6)),
+            ..valid()
         });
-        assert!(
-            e.contains("lock_delay = 999ms") && e.contains("1s ..= 60s with a check"),
-            "{e}"
-        );
+        assert!(e.contains("renew_interval = 6s"), "{e}");
+        for config in [valid(), checked()] {
+            let e = rejected(ConsulLockConfig {
+                lock_delay: Duration::from_millis(999),
+                ..config
+            });
+            assert!(
+                e.contains("lock_delay = 999ms") && e.contains("1s ..= 60s"),
+                "{e}"
+            );
+        }
         // A derived interval follows the lock-delay.
         let c = ConsulLockConfig {
             lock_delay: Duration::from_secs(1),
@@ -1916,7 +1888,7 @@ mod tests {
             ..valid()
         });
         assert!(
-            e.contains("lock_delay = 61s") && e.contains("0s ..= 60s"),
+            e.contains("lock_delay = 61s") && e.contains("1s ..= 60s"),
             "{e}"
         );
         let e = rejected(ConsulLockConfig {
@@ -1924,7 +1896,7 @@ mod tests {
             ..valid()
         });
         assert!(
-            e.contains("renew_interval = 6s") && e.contains("3.25s"),
+            e.contains("renew_interval = 6s") && e.contains("416.666666ms"),
             "{e}"
         );
         let e = rejected(ConsulLockConfig {
@@ -1932,12 +1904,12 @@ mod tests {
             ..valid()
         });
         assert!(e.contains("renew_interval"), "{e}");
-        ConsulLockConfig {
+        // No lock-delay leaves no fence window, with or without a check.
+        let e = rejected(ConsulLockConfig {
             lock_delay: Duration::ZERO,
             ..valid()
-        }
-        .validate()
-        .unwrap();
+        });
+        assert!(e.contains("lock_delay = 0ns"), "{e}");
     }
 
     #[test]

@@ -268,6 +268,16 @@ impl LockBackend for MemoryLocks {
         Ok(())
     }
 
+    async fn held_grant(&self, key: &LockKey) -> Result<Option<LockGrant>, CoordinationError> {
+        let session = self.live_session()?;
+        let table = self.store.table();
+        Ok(table
+            .locks
+            .get(key)
+            .filter(|entry| entry.session == session)
+            .map(|entry| LockGrant::new(key.clone(), entry.token, session.clone())))
+    }
+
     async fn wait_for_change(
         &self,
         key: &LockKey,

@@ -202,6 +202,11 @@ pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
     /// lock-delay). Releasing a lock that was already lost is not an error.
     async fn release(&self, grant: LockGrant) -> Result<(), CoordinationError>;
 
+    /// The grant this instance's live session holds on `key`, read consistently, or `None`
+    /// when it holds none. For cleaning up after an outcome that is not known: an acquire
+    /// whose answer was lost (it may have taken the lock), or a release that failed.
+    async fn held_grant(&self, key: &LockKey) -> Result<Option<LockGrant>, CoordinationError>;
+
     /// Waits until something under `key`'s topic prefix changes after `index`, or `timeout`
     /// passes; returns the new index. Returns at once if the index has moved already.
     async fn wait_for_change(
