@@ -97,6 +97,82 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| unavailable(operation, format!("blocking task failed: {e}")))?
 }
 
+/// Broker states that clear by themselves within seconds: a coordinator or partition leader
+/// that is loading, moving or not elected yet (a freshly started broker loading its offsets
+/// topic answers NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS for a while), and requests
+/// lost with a connection. Kafka's own clients retry these; so does the gateway, within the
+/// request's deadline, instead of handing the caller an error it can do nothing about.
+fn is_transient(err: &KafkaError) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        err.rdkafka_error_code(),
+        Some(
+            C::NotCoordinator
+                | C::CoordinatorLoadInProgress
+                | C::CoordinatorNotAvailable
+                | C::LeaderNotAvailable
+                | C::NotLeaderForPartition
+                | C::RequestTimedOut
+                | C::NetworkException
+                | C::BrokerTransportFailure
+                | C::AllBrokersDown
+                | C::OperationTimedOut
+        )
+    )
+}
+
+/// One failed attempt at a broker request, and whether trying again may succeed.
+struct Failure {
+    error: LeaseError,
+    transient: bool,
+}
+
+impl Failure {
+    fn kafka(operation: &'static str, err: KafkaError) -> Self {
+        Failure {
+            transient: is_transient(&err),
+            error: unavailable(operation, err),
+        }
+    }
+}
+
+impl From<LeaseError> for Failure {
+    fn from(error: LeaseError) -> Self {
+        Failure {
+            error,
+            transient: false,
+        }
+    }
+}
+
+/// Runs a blocking broker request on the blocking pool, again and again while it fails with
+/// a transient broker state, until `budget` has passed since the first attempt. The last
+/// error is returned once the budget is spent.
+async fn retrying<T: Send + 'static>(
+    operation: &'static str,
+    budget: Duration,
+    f: impl Fn() -> Result<T, Failure> + Send + Sync + 'static,
+) -> Result<T, LeaseError> {
+    let f = Arc::new(f);
+    let deadline = tokio::time::Instant::now() + budget;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let attempt = f.clone();
+        let outcome = tokio::task::spawn_blocking(move || attempt())
+            .await
+            .map_err(|e| unavailable(operation, format!("blocking task failed: {e}")))?;
+        match outcome {
+            Ok(value) => return Ok(value),
+            Err(failure) if failure.transient && tokio::time::Instant::now() + pause < deadline => {
+                tracing::debug!(operation, error = %failure.error, retry_in = ?pause, "transient broker state; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+            Err(failure) => return Err(failure.error),
+        }
+    }
+}
+
 /// A group client and since when no lease uses it.
 struct CachedGroup {
     client: Arc<GroupClient>,
@@ -149,24 +225,34 @@ impl Kafka {
 
     /// The number of partitions of `topic`, from broker metadata.
     pub async fn partition_count(&self, topic: &str) -> Result<i32, LeaseError> {
+        const OPERATION: &str = "fetching topic metadata";
         let client = self.metadata.clone();
         let topic = topic.to_string();
         let timeout = self.settings.request_timeout;
-        blocking("fetching topic metadata", move || {
+        retrying(OPERATION, timeout, move || {
             let metadata = client
                 .fetch_metadata(Some(&topic), timeout)
-                .map_err(|e| unavailable("fetching topic metadata", e))?;
+                .map_err(|e| Failure::kafka(OPERATION, e))?;
             let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
-                return Err(LeaseError::TopicNotFound { topic });
+                return Err(LeaseError::TopicNotFound {
+                    topic: topic.clone(),
+                }
+                .into());
             };
             match t.error() {
                 None if !t.partitions().is_empty() => Ok(t.partitions().len() as i32),
-                None => Err(LeaseError::TopicNotFound { topic }),
+                None => Err(LeaseError::TopicNotFound {
+                    topic: topic.clone(),
+                }
+                .into()),
                 Some(code) => match RDKafkaErrorCode::from(code) {
                     RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => {
-                        Err(LeaseError::TopicNotFound { topic })
+                        Err(LeaseError::TopicNotFound {
+                            topic: topic.clone(),
+                        }
+                        .into())
                     }
-                    other => Err(unavailable("fetching topic metadata", other)),
+                    other => Err(Failure::kafka(OPERATION, KafkaError::MetadataFetch(other))),
                 },
             }
         })
@@ -178,10 +264,10 @@ impl Kafka {
         let client = self.metadata.clone();
         let topic = topic.to_string();
         let timeout = self.settings.request_timeout;
-        blocking("fetching watermarks", move || {
+        retrying("fetching watermarks", timeout, move || {
             client
                 .fetch_watermarks(&topic, partition, timeout)
-                .map_err(|e| unavailable("fetching watermarks", e))
+                .map_err(|e| Failure::kafka("fetching watermarks", e))
         })
         .await
     }
@@ -377,17 +463,18 @@ impl GroupClient {
         let consumer = self.consumer.clone();
         let topic = topic.to_string();
         let timeout = self.request_timeout;
-        blocking("fetching the committed offset", move || {
+        const OPERATION: &str = "fetching the committed offset";
+        retrying(OPERATION, timeout, move || {
             let mut query = TopicPartitionList::new();
             query.add_partition(&topic, partition);
             let answer = consumer
                 .committed_offsets(query, timeout)
-                .map_err(|e| unavailable("fetching the committed offset", e))?;
+                .map_err(|e| Failure::kafka(OPERATION, e))?;
             let Some(entry) = answer.find_partition(&topic, partition) else {
                 return Ok(None);
             };
             if let Err(e) = entry.error() {
-                return Err(unavailable("fetching the committed offset", e));
+                return Err(Failure::kafka(OPERATION, e));
             }
             Ok(match entry.offset() {
                 Offset::Offset(o) if o >= 0 => Some((o, entry.metadata().to_string())),
