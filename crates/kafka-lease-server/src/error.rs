@@ -17,6 +17,9 @@ pub enum EndReason {
     Lost(String),
     /// The gateway is shutting down.
     Shutdown,
+    /// The Acquire call that took the lock went away (its deadline passed, or its client
+    /// cancelled it) before it could answer; nobody ever learnt the lease id.
+    Abandoned,
 }
 
 impl fmt::Display for EndReason {
@@ -28,6 +31,9 @@ impl fmt::Display for EndReason {
             }
             EndReason::Lost(why) => write!(f, "lease lost: {why}"),
             EndReason::Shutdown => f.write_str("gateway shutting down"),
+            EndReason::Abandoned => {
+                f.write_str("lease abandoned (its Acquire call was cancelled before it answered)")
+            }
         }
     }
 }
