@@ -51,7 +51,7 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
             .await
             .expect("the Read ends during the outage");
             match end {
-                Some(Err(Error::LeaseEnded { message })) => {
+                Some(Err(Error::LeaseEnded { message, .. })) => {
                     assert!(message.contains("lease lost"), "{message}");
                     println!(
                         "held lease ended {:?} into the outage: {message}",
@@ -68,7 +68,7 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
                 .acquire(AcquireOptions::new(unique_name("g"), &topic))
                 .await
             {
-                Err(Error::Unavailable { message }) => {
+                Err(Error::Unavailable { message, .. }) => {
                     println!("Acquire during the outage: {message}")
                 }
                 other => panic!("Acquire with Consul down: {other:?}"),

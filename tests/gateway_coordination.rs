@@ -55,7 +55,7 @@ async fn two_gateways_never_grant_one_partition_twice() {
                     .push(i as usize);
                 leases.push(lease);
             }
-            Err(Error::Busy { message }) => {
+            Err(Error::Busy { message, .. }) => {
                 assert!(message.contains("member-"), "names the holder: {message}");
                 refused += 1;
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use kafka_lease_client::proto;
-use kafka_lease_client::{AcquireOptions, Error, ReadOptions, SeekTo};
+use kafka_lease_client::{AcquireOptions, Error, ReadOptions, Reason, SeekTo};
 use kafka_lease_testkit::{unique_name, wait_for, Services};
 use support::{
     create_topic, kafka_committed, produce, produce_n, producer, unique_prefix, GatewayProcess,
@@ -279,11 +279,20 @@ async fn seeks_while_reading_start_each_epoch_at_the_resolved_offset() {
     let range = format!("0 ..= {high_watermark}");
     for bad in [-1, high_watermark + 1, i64::MAX] {
         match lease.seek(SeekTo::Offset(bad)).await {
-            Err(Error::OutOfRange { message }) => {
+            Err(e @ Error::OutOfRange { .. }) => {
+                let message = e.message();
                 assert!(
                     message.contains(&bad.to_string()) && message.contains(&range),
                     "{message}"
-                )
+                );
+                // The same facts, machine-readable.
+                assert_eq!(e.reason(), Some(Reason::OffsetOutOfRange));
+                assert_eq!(e.metadata("offset"), Some(bad.to_string().as_str()));
+                assert_eq!(e.metadata("low"), Some("0"));
+                assert_eq!(
+                    e.metadata("high"),
+                    Some(high_watermark.to_string().as_str())
+                );
             }
             other => panic!("seek to {bad}: {other:?}"),
         }
@@ -469,7 +478,12 @@ async fn an_idle_lease_expires_and_an_open_read_keeps_it_alive() {
         .acquire(AcquireOptions::new(&group, &topic).partition(0))
         .await
     {
-        Err(Error::Busy { message }) => assert!(message.contains("holder"), "{message}"),
+        Err(e @ Error::Busy { .. }) => {
+            assert!(e.message().contains("holder"), "{e}");
+            assert_eq!(e.reason(), Some(Reason::PartitionBusy));
+            assert_eq!(e.metadata("partition"), Some("0"));
+            assert!(e.retry_after().is_some(), "{e:?}");
+        }
         other => panic!("expected the partition to be held: {other:?}"),
     }
     lease.commit(0).await.expect("the lease is alive");
@@ -488,8 +502,9 @@ async fn an_idle_lease_expires_and_an_open_read_keeps_it_alive() {
     })
     .await;
     match lease.commit(0).await {
-        Err(Error::LeaseEnded { message }) => {
-            assert!(message.contains("lease expired"), "{message}")
+        Err(e @ Error::LeaseEnded { .. }) => {
+            assert!(e.message().contains("lease expired"), "{e}");
+            assert_eq!(e.reason(), Some(Reason::LeaseExpired));
         }
         other => panic!("commit on an expired lease: {other:?}"),
     }

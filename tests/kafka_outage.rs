@@ -50,7 +50,7 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
             .acquire(AcquireOptions::new(unique_name("g"), &topic))
             .await
         {
-            Err(Error::Unavailable { message }) => {
+            Err(Error::Unavailable { message, .. }) => {
                 println!("Acquire during the broker outage: {message}")
             }
             other => panic!("Acquire with Kafka down: {other:?}"),

@@ -67,7 +67,9 @@ impl Client {
     /// # Errors
     /// [`Error::InvalidArgument`] (bad names, TTL, wait or partition), [`Error::NotFound`]
     /// (no such topic or partition), [`Error::Busy`] (leased by another member and `wait` ran
-    /// out; the message names the holder), [`Error::Unavailable`] (retryable).
+    /// out; the message names the holder, and so do [`Error::metadata`]'s `holder_member` and
+    /// `partition`, with [`Error::retry_after`] until its lease expires where the gateway
+    /// knows it), [`Error::Unavailable`] (retryable).
     pub async fn acquire(&self, options: AcquireOptions) -> Result<Lease> {
         let requested_ttl = options.ttl;
         let requested_group = options.group.clone();

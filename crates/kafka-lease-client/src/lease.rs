@@ -214,9 +214,10 @@ impl Lease {
     ///
     /// # Errors
     /// [`Error::OutOfRange`](crate::Error::OutOfRange) (below 0 or above the high watermark),
-    /// [`Error::LeaseEnded`](crate::Error::LeaseEnded) or
-    /// [`Error::FailedPrecondition`](crate::Error::FailedPrecondition) (fenced: nothing
-    /// changed), [`Error::NotFound`](crate::Error::NotFound),
+    /// [`Error::LeaseEnded`](crate::Error::LeaseEnded) (fenced: the lease was lost, expired or
+    /// released, and nothing changed; [`Error::reason`](crate::Error::reason) says which),
+    /// [`Error::FailedPrecondition`](crate::Error::FailedPrecondition) (another gateway
+    /// instance serves the lease), [`Error::NotFound`](crate::Error::NotFound),
     /// [`Error::Unavailable`](crate::Error::Unavailable).
     pub async fn commit(&self, offset: i64) -> Result<()> {
         self.send_commit(offset, None).await

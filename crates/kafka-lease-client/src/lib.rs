@@ -48,6 +48,28 @@
 //! contract: [`Error::Busy`] when the partition is leased by someone else,
 //! [`Error::LeaseEnded`] when the lease is gone, [`Error::is_retryable`] for
 //! `UNAVAILABLE`, and so on.
+//!
+//! The variant follows the status code and the gateway's machine-readable reason (the
+//! `google.rpc.ErrorInfo` in the status details), never the message text. Branch on
+//! [`Error::reason`] for finer cases, read the values involved with [`Error::metadata`], and
+//! the gateway's retry advice with [`Error::retry_after`]:
+//!
+//! ```no_run
+//! use kafka_lease_client::{AcquireOptions, Client, Error, Reason};
+//!
+//! # async fn run(client: Client) -> kafka_lease_client::Result<()> {
+//! match client.acquire(AcquireOptions::new("billing", "payments").partition(3)).await {
+//!     Ok(lease) => println!("got {}", lease.partition()),
+//!     Err(e) if e.reason() == Some(Reason::PartitionBusy) => println!(
+//!         "held by {:?}, try again in {:?}",
+//!         e.metadata("holder_member"),
+//!         e.retry_after()
+//!     ),
+//!     Err(e) => return Err(e),
+//! }
+//! # Ok(())
+//! # }
+//! ```
 
 #![warn(missing_docs)]
 
@@ -63,6 +85,6 @@ pub use kafka_lease_proto::v1 as proto;
 pub use client::{
     AcquireOptions, Client, LeaseFilter, LeaseInfo, Reset, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
 };
-pub use error::{Error, Result};
+pub use error::{Error, Reason, Result, StatusDetails, ERROR_DOMAIN};
 pub use lease::{Lease, ReadOptions, SeekOutcome, SeekTo};
 pub use stream::{Batch, EpochFilter, Record, RecordStream};

@@ -14,7 +14,7 @@ use tonic::{Code, Status};
 
 use crate::convert::system_time_from_proto;
 use crate::proto;
-use crate::Result;
+use crate::{Result, StatusDetails};
 
 /// The newest seek epoch a lease's client has seen, shared between the lease (whose
 /// [`seek`](crate::Lease::seek) raises it) and its [`RecordStream`]s (which drop responses of
@@ -146,8 +146,8 @@ impl From<proto::ReadResponse> for Batch {
 ///   silently (see [`EpochFilter`]), so after [`Lease::seek`](crate::Lease::seek) returns, the
 ///   next batch starts at the sought position.
 /// - A broken stream is reopened by itself (see [`ReadOptions::reconnect_attempts`](crate::ReadOptions::reconnect_attempts)):
-///   when the connection drops, a proxy resets the stream or the gateway answers `UNAVAILABLE`,
-///   it opens a new Read with `from_offset` = the offset after the last record it handed to
+///   when the connection drops, a proxy resets the stream or the gateway answers that Kafka
+///   or Consul is unavailable (with retry advice), it opens a new Read with `from_offset` = the offset after the last record it handed to
 ///   you, so nothing is skipped and nothing you already received comes again. If a seek
 ///   happened since the last batch you received, it reopens at the lease's resume point (the
 ///   seek's offset, or a later commit) instead.
@@ -156,7 +156,9 @@ impl From<proto::ReadResponse> for Batch {
 /// - An error status is yielded once as `Err` and then the stream ends:
 ///   [`Error::LeaseEnded`](crate::Error::LeaseEnded) when the lease was lost or expired,
 ///   [`Error::Superseded`](crate::Error::Superseded) when a newer Read on the lease took over,
-///   [`Error::Unavailable`](crate::Error::Unavailable) when reopening failed every time.
+///   [`Error::Unavailable`](crate::Error::Unavailable) when reopening failed every time, or
+///   at once when the gateway shut down (the lease ended with it:
+///   [`Error::is_lease_ended`](crate::Error::is_lease_ended) says so).
 ///
 /// While it is open the lease does not expire. Dropping it closes the Read.
 pub struct RecordStream {
@@ -195,10 +197,20 @@ pub(crate) struct Reopen {
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Whether a status that ended a Read says the stream broke, not the lease: the connection
-/// dropped (tonic reports `UNAVAILABLE`, `UNKNOWN` or `INTERNAL` for that, depending on where
-/// it broke), an intermediary cancelled it, or the gateway was unreachable for a moment.
+/// Whether a status that ended a Read says the stream broke, not the lease, so that
+/// reopening it can succeed.
+///
+/// Where the gateway gave a reason, its retry advice decides: Kafka or Consul unreachable
+/// for a moment carries RetryInfo; a lease that ended (lost, expired, or with its gateway's
+/// shutdown) or a superseded Read carries none. A status without a reason was made up by
+/// tonic or an intermediary (or comes from a gateway older than the details): the
+/// connection dropped (tonic reports `UNAVAILABLE`, `UNKNOWN` or `INTERNAL` for that,
+/// depending on where it broke), or an intermediary cancelled it.
 fn stream_broke(status: &Status) -> bool {
+    let details = StatusDetails::from_status(status);
+    if details.reason().is_some() {
+        return details.retry_after().is_some();
+    }
     matches!(
         status.code(),
         Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
@@ -616,6 +628,104 @@ mod tests {
         );
         assert_eq!(*asked.lock().unwrap(), vec![Some(1), Some(1), Some(1)]);
         assert!(stream.next_batch().await.is_none());
+    }
+
+    fn gateway_status(code: Code, reason: &str, lease_ref: bool, retry: bool) -> Status {
+        use tonic_types::{ErrorDetails, StatusExt};
+        let mut metadata = std::collections::HashMap::new();
+        if lease_ref {
+            metadata.insert("lease_ref".to_owned(), "r1".to_owned());
+        }
+        let mut details = ErrorDetails::with_error_info(reason, crate::ERROR_DOMAIN, metadata);
+        if retry {
+            details.set_retry_info(Some(Duration::from_secs(1)));
+        }
+        Status::with_error_details(code, "m", details)
+    }
+
+    #[test]
+    fn reopening_follows_the_gateway_reason_where_there_is_one() {
+        // Outages the gateway advises retrying.
+        assert!(stream_broke(&gateway_status(
+            Code::Unavailable,
+            "KAFKA_UNAVAILABLE",
+            false,
+            true
+        )));
+        assert!(stream_broke(&gateway_status(
+            Code::Unavailable,
+            "CONSUL_UNAVAILABLE",
+            false,
+            true
+        )));
+        // The lease ended with its gateway: same code, but reopening cannot succeed.
+        assert!(!stream_broke(&gateway_status(
+            Code::Unavailable,
+            "SHUTTING_DOWN",
+            true,
+            false
+        )));
+        for (code, reason) in [
+            (Code::FailedPrecondition, "LEASE_LOST"),
+            (Code::FailedPrecondition, "LEASE_EXPIRED"),
+            (Code::Aborted, "SUPERSEDED"),
+            (Code::NotFound, "LEASE_NOT_FOUND"),
+        ] {
+            assert!(
+                !stream_broke(&gateway_status(code, reason, true, false)),
+                "{reason}"
+            );
+        }
+        // No details: the transport made the status up; the code decides.
+        assert!(stream_broke(&Status::unavailable("connection reset")));
+        assert!(stream_broke(&Status::unknown("error reading a body")));
+        assert!(!stream_broke(&Status::failed_precondition("lease lost")));
+    }
+
+    #[tokio::test]
+    async fn a_read_ended_by_the_gateway_shutdown_is_not_reopened() {
+        let (reopen, asked) = scripted_reopen(vec![vec![response(0, &[1])]], 3);
+        let mut stream = RecordStream::from_stream(
+            Box::pin(futures::stream::iter(vec![
+                response(0, &[0]),
+                Err(gateway_status(
+                    Code::Unavailable,
+                    "SHUTTING_DOWN",
+                    true,
+                    false,
+                )),
+            ])),
+            EpochFilter::new(),
+            Some(reopen),
+        );
+        let (got, err) = drain(&mut stream).await;
+        assert_eq!(got, vec![0]);
+        let err = err.expect("the shutdown is reported");
+        assert!(matches!(err, crate::Error::Unavailable { .. }), "{err:?}");
+        assert!(err.is_lease_ended() && !err.is_retryable(), "{err:?}");
+        assert!(asked.lock().unwrap().is_empty(), "no reopen attempted");
+    }
+
+    #[tokio::test]
+    async fn a_kafka_outage_reopens_the_read() {
+        let (reopen, asked) = scripted_reopen(vec![vec![response(0, &[1])]], 3);
+        let mut stream = RecordStream::from_stream(
+            Box::pin(futures::stream::iter(vec![
+                response(0, &[0]),
+                Err(gateway_status(
+                    Code::Unavailable,
+                    "KAFKA_UNAVAILABLE",
+                    false,
+                    true,
+                )),
+            ])),
+            EpochFilter::new(),
+            Some(reopen),
+        );
+        let (got, err) = drain(&mut stream).await;
+        assert_eq!(got, vec![0, 1]);
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(*asked.lock().unwrap(), vec![Some(1)]);
     }
 
     #[test]

@@ -399,7 +399,8 @@ impl Lease {
         match &state.ended {
             None => None,
             Some(EndReason::Released) => Some(None),
-            Some(EndReason::Shutdown) => Some(Some(LeaseError::ShuttingDown)),
+            // A shutdown ends the lease too (UNAVAILABLE, naming it, with no retry advice):
+            // reopening the Read elsewhere cannot succeed.
             Some(reason) => Some(Some(self.ended_error(reason))),
         }
     }

@@ -47,13 +47,17 @@ pub async fn serve(
     set_health(&reporter, ServingStatus::NotServing).await;
     let health_task = tokio::spawn(watch_health(gateway.clone(), reporter.clone()));
 
+    // google.rpc's error details are served too, so that reflection-driven tools (grpcurl,
+    // grpcui) can decode the ErrorInfo and RetryInfo in every error status.
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
