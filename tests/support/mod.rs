@@ -35,18 +35,23 @@ pub struct GatewayProcess {
 
 impl GatewayProcess {
     /// Starts the real binary against the test services, with lock keys under `prefix`, and
-    /// waits until it listens. `extra` may name another `--consul` agent.
+    /// waits until it listens. `extra` may name another `--kafka` or `--consul`.
     pub async fn start(services: &Services, prefix: &str, instance: &str, extra: &[&str]) -> Self {
         let log_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{instance}.log"));
         let log = std::fs::File::create(&log_path).expect("gateway log file");
-        let consul: &[&str] = if extra.contains(&"--consul") {
-            &[]
-        } else {
-            &["--consul", &services.consul_http_addr]
-        };
+        // The test services unless `extra` names others (a relay, an agent of the test's own).
+        let mut services_args = Vec::new();
+        for (flag, value) in [
+            ("--kafka", &services.kafka_bootstrap),
+            ("--consul", &services.consul_http_addr),
+        ] {
+            if !extra.contains(&flag) {
+                services_args.extend([flag, value.as_str()]);
+            }
+        }
         let mut child = Command::new(env!("CARGO_BIN_EXE_kafka-lease"))
-            .args(["serve", "--kafka", &services.kafka_bootstrap])
-            .args(consul)
+            .arg("serve")
+            .args(&services_args)
             .args([
                 "--consul-prefix",
                 prefix,

@@ -255,6 +255,10 @@ impl Drop for GrantGuard<'_> {
     }
 }
 
+/// How long the end of a lease waits in the foreground for its commits in flight to settle
+/// before it leaves the rest to a background task.
+const COMMIT_SETTLE_WAIT: Duration = Duration::from_secs(5);
+
 /// How long the background releaser waits between attempts at most.
 const RELEASE_RETRY_MAX: Duration = Duration::from_secs(2);
 
@@ -639,31 +643,54 @@ impl Gateway {
         );
     }
 
-    /// Ends a lease: out of the table, partition fetching stopped, lock released. Safe to
-    /// call more than once; only the first call does anything. The first release attempt is
-    /// awaited (so that after Release returns, a successor's Acquire succeeds at once); if it
-    /// fails, the background releaser retries until Consul confirms or the session is gone,
-    /// and the key stays blocked on this instance until then (see [`Table`]).
+    /// Ends a lease: out of the table, commits in flight settled, partition fetching
+    /// stopped, lock released. Safe to call more than once; only the first call does
+    /// anything.
+    ///
+    /// The lock is released only once no commit of the lease can still land (the commit
+    /// gate), so a successor never sees its committed offset overwritten by this lease. That
+    /// wait is bounded by librdkafka's request timeout; the caller waits for it at most
+    /// [`COMMIT_SETTLE_WAIT`], after which the rest happens in the background and the key
+    /// stays held (and blocked here) until it is done. The first release attempt is awaited
+    /// (so that after Release returns, a successor's Acquire succeeds at once); if it fails,
+    /// the background releaser retries until Consul confirms or the session is gone, and the
+    /// key stays blocked on this instance until then (see [`Table`]).
     pub async fn end_lease(&self, lease: &Arc<Lease>, reason: EndReason) {
         if !lease.mark_ended(reason.clone()) {
             return;
         }
         self.table().remove_ended(lease, reason.clone());
-        // Stop fetching before the lock goes, so a successor on this instance can assign the
-        // partition again.
-        if let Some(grant) = lease.dismantle().await {
-            let (key, session) = (grant.key().clone(), grant.session().to_string());
-            match self.locks.release(grant).await {
-                Ok(()) => self.table().released(&key, &session),
-                Err(err) => {
-                    tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed; retrying in the background");
-                    self.spawn_release_key(key, session);
-                }
+        match tokio::time::timeout(COMMIT_SETTLE_WAIT, lease.commits_settled()).await {
+            Ok(_settled) => self.dismantle_and_release(lease).await,
+            Err(_) => {
+                tracing::warn!(parent: &lease.span, "a commit is still in flight; the lock is released once it settles");
+                let (gateway, lease) = (self.me.clone(), lease.clone());
+                tokio::spawn(async move {
+                    let _settled = lease.commits_settled().await;
+                    if let Some(gateway) = gateway.upgrade() {
+                        gateway.dismantle_and_release(&lease).await;
+                    }
+                });
             }
-        } else {
-            self.table().released(&lease.key, lease.session_id());
         }
         tracing::info!(parent: &lease.span, %reason, "lease ended");
+    }
+
+    /// Stops fetching the partition (so a successor on this instance can assign it again),
+    /// then releases the lease's lock.
+    async fn dismantle_and_release(&self, lease: &Lease) {
+        let Some(grant) = lease.dismantle().await else {
+            self.table().released(&lease.key, lease.session_id());
+            return;
+        };
+        let (key, session) = (grant.key().clone(), grant.session().to_string());
+        match self.locks.release(grant).await {
+            Ok(()) => self.table().released(&key, &session),
+            Err(err) => {
+                tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed; retrying in the background");
+                self.spawn_release_key(key, session);
+            }
+        }
     }
 
     /// The lease a call names, or why there is none.
@@ -805,14 +832,18 @@ impl Gateway {
                 high,
             });
         }
+        // The permit is taken before the fence check and travels with the request until
+        // librdkafka has its outcome: the end of the lease waits for it (the commit gate).
+        let permit = lease.commit_permit().await;
         lease.fenced()?;
         let metadata = match metadata {
             Some(user) if !user.is_empty() => format!("kafka-lease token={};{user}", lease.token),
             _ => format!("kafka-lease token={}", lease.token),
         };
+        tracing::debug!(parent: &lease.span, offset, "commit sent to Kafka");
         lease
             .group_client
-            .commit(topic, partition, offset, metadata.clone())
+            .commit(topic, partition, offset, metadata.clone(), permit)
             .await?;
         lease.record_commit(offset);
         tracing::debug!(parent: &lease.span, offset, "committed");

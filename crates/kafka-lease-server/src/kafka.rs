@@ -37,6 +37,9 @@ const REPOLL: Duration = Duration::from_millis(20);
 /// the group does not pay for a new client and a coordinator lookup (tens of ms).
 const IDLE_GROUP_CLIENT: Duration = Duration::from_secs(60);
 
+/// librdkafka's `socket.timeout.ms` for the gateway's clients.
+const SOCKET_TIMEOUT_MS: &str = "10000";
+
 /// How the gateway talks to Kafka.
 #[derive(Clone, Debug)]
 pub struct KafkaSettings {
@@ -70,6 +73,10 @@ impl KafkaSettings {
             .set("bootstrap.servers", &self.bootstrap_servers)
             .set("client.id", format!("kafka-lease-{}", self.instance))
             .set("socket.keepalive.enable", "true")
+            // librdkafka's own bound on a request in flight (default 60 s): how long the end
+            // of a lease may wait for a commit whose answer is missing (see the commit gate
+            // in docs/ARCHITECTURE.md).
+            .set("socket.timeout.ms", SOCKET_TIMEOUT_MS)
             .set("topic.metadata.refresh.interval.ms", "30000");
         config
     }
@@ -491,21 +498,38 @@ impl GroupClient {
         partition: i32,
         offset: i64,
         metadata: String,
+        in_flight: impl Send + 'static,
     ) -> Result<(), LeaseError> {
+        const OPERATION: &str = "committing an offset";
         let consumer = self.consumer.clone();
         let topic = topic.to_string();
-        blocking("committing an offset", move || {
+        let request = tokio::task::spawn_blocking(move || {
+            // Held until librdkafka has the request's outcome (an answer, or its own request
+            // timeout), even after the caller stopped waiting: whoever waits for this
+            // guard's release (the end of a lease) knows the commit can no longer land.
+            let _in_flight = in_flight;
             let mut list = TopicPartitionList::new();
             list.add_partition_offset(&topic, partition, Offset::Offset(offset))
-                .map_err(|e| unavailable("committing an offset", e))?;
+                .map_err(|e| unavailable(OPERATION, e))?;
             if let Some(mut entry) = list.find_partition(&topic, partition) {
                 entry.set_metadata(metadata);
             }
             consumer
                 .commit(&list, CommitMode::Sync)
-                .map_err(|e| unavailable("committing an offset", e))
-        })
-        .await
+                .map_err(|e| unavailable(OPERATION, e))
+        });
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(joined) => {
+                joined.map_err(|e| unavailable(OPERATION, format!("blocking task failed: {e}")))?
+            }
+            Err(_) => Err(unavailable(
+                OPERATION,
+                format!(
+                    "no answer within {:?}; the commit may still land while the lease lasts",
+                    self.request_timeout
+                ),
+            )),
+        }
     }
 
     /// Starts fetching `topic`/`partition` at `offset` into a queue of its own.

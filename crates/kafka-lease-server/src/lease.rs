@@ -87,6 +87,10 @@ pub struct Lease {
     feed: tokio::sync::Mutex<Option<PartitionFeed>>,
     grant: Mutex<Option<LockGrant>>,
     locks: Arc<dyn LockBackend>,
+    /// The commit gate: every commit holds a read permit from before its fence check until
+    /// librdkafka has its outcome; the end of the lease takes the write side before its lock
+    /// is released, so no commit of this lease can land after a successor's Acquire.
+    commit_gate: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -164,6 +168,7 @@ impl Lease {
             feed: tokio::sync::Mutex::new(Some(parts.feed)),
             grant: Mutex::new(Some(parts.grant)),
             locks: parts.locks,
+            commit_gate: Arc::default(),
         })
     }
 
@@ -220,6 +225,18 @@ impl Lease {
 
     pub fn end_reason(&self) -> Option<EndReason> {
         self.state().ended.clone()
+    }
+
+    /// A permit for one commit: take it before the fence check and keep it until the commit's
+    /// outcome is known (see the commit gate).
+    pub async fn commit_permit(&self) -> tokio::sync::OwnedRwLockReadGuard<()> {
+        self.commit_gate.clone().read_owned().await
+    }
+
+    /// Waits until no commit of this lease is in flight. Once the lease has ended, none can
+    /// start (their fence check fails), so the lock can then be released.
+    pub async fn commits_settled(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.commit_gate.clone().write_owned().await
     }
 
     /// Stops fetching the partition and hands back the lock grant, for the gateway to

@@ -34,7 +34,15 @@ impl std::fmt::Debug for Relay {
 impl Relay {
     /// Starts relaying from `127.0.0.1:<free port>` to `target`.
     pub async fn start(target: SocketAddr) -> std::io::Result<Relay> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        Self::start_at(SocketAddr::from(([127, 0, 0, 1], 0)), target).await
+    }
+
+    /// Starts relaying from `listen` (a loopback address; port 0 picks a free one) to
+    /// `target`. A fixed port is for a service that advertises the relay's address, as the
+    /// test broker's `RELAYED` listener does.
+    pub async fn start_at(listen: SocketAddr, target: SocketAddr) -> std::io::Result<Relay> {
+        assert!(listen.ip().is_loopback(), "relays listen on loopback only");
+        let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let (held, _) = watch::channel(false);
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();

@@ -1,0 +1,146 @@
+//! A commit that is slow to reach Kafka (held in the network) when its lease ends must not land
+//! after the next holder's commits: the end of a lease waits for its commits in flight before
+//! the lock goes (the commit gate in docs/ARCHITECTURE.md). Gateway A reaches Kafka through a
+//! relay on the test broker's `RELAYED` listener, so every byte it sends Kafka can be held.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kafka_lease_client::AcquireOptions;
+use kafka_lease_testkit::{unique_name, wait_for, Relay, Services};
+use support::{create_topic, kafka_committed, produce_n, producer, unique_prefix, GatewayProcess};
+use tokio::time::Instant;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// How long the test holds A's traffic at most when nothing else lets it go: a successor
+/// that could commit while A's commit is held would have done so long before.
+const HOLD_AT_MOST: Duration = Duration::from_secs(3);
+
+fn loopback(port: &str) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port.parse().expect("a port number")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_held_in_flight_at_release_never_lands_after_the_successors() {
+    let Some(services) =
+        Services::require("a_commit_held_in_flight_at_release_never_lands_after_the_successors")
+    else {
+        return;
+    };
+    let relay = Relay::start_at(
+        loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_ADVERTISED_PORT")),
+        loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_LISTEN_PORT")),
+    )
+    .await
+    .expect("a relay on the broker's advertised RELAYED port");
+    let relayed = relay.addr().to_string();
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(
+        &services,
+        &prefix,
+        &unique_name("gw-a"),
+        &["--kafka", &relayed],
+    )
+    .await;
+    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    produce_n(&producer(&services), &topic, 0, 40).await;
+    let group = unique_name("g");
+    let (client_a, client_b) = (a.client().await, b.client().await);
+
+    let old = client_a
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .partition(0)
+                .member("old"),
+        )
+        .await
+        .expect("acquire on A");
+    old.commit(5).await.expect("a commit through the relay");
+    let sent_before = a.log().matches("commit sent to Kafka").count();
+
+    // A's next commit passes its fence check and goes out, but the network holds it.
+    relay.hold();
+    let held_commit = {
+        let mut raw = client_a.raw();
+        let request = kafka_lease_proto::v1::CommitRequest {
+            lease_id: old.lease_id().to_string(),
+            offset: 10,
+            ..Default::default()
+        };
+        tokio::spawn(async move { raw.commit(request).await })
+    };
+    wait_for(
+        "gateway A to send the commit to Kafka",
+        DEADLINE,
+        || async { (a.log().matches("commit sent to Kafka").count() > sent_before).then_some(()) },
+    )
+    .await;
+
+    // The holder releases; the successor on B waits for the partition and commits at once.
+    let release = tokio::spawn(async move { old.release().await });
+    let mut successor = {
+        let group = group.clone();
+        let topic = topic.clone();
+        tokio::spawn(async move {
+            let lease = client_b
+                .acquire(
+                    AcquireOptions::new(&group, &topic)
+                        .partition(0)
+                        .member("successor")
+                        .wait(DEADLINE),
+                )
+                .await
+                .expect("the successor gets the partition");
+            lease.commit(20).await.expect("the successor commits");
+            lease
+        })
+    };
+
+    // Let A's traffic go once the successor has committed, or after HOLD_AT_MOST if it
+    // cannot (because A keeps the lock while its commit is in flight).
+    let held_at = Instant::now();
+    let committed_during_hold = tokio::select! {
+        done = &mut successor => Some(done.expect("join")),
+        () = tokio::time::sleep(HOLD_AT_MOST) => None,
+    };
+    println!(
+        "A's traffic held for {:?}; the successor {} meanwhile",
+        held_at.elapsed(),
+        if committed_during_hold.is_some() {
+            "acquired and committed"
+        } else {
+            "could not commit"
+        }
+    );
+    relay.release();
+    let held_result = tokio::time::timeout(DEADLINE, held_commit)
+        .await
+        .expect("the held commit answers")
+        .expect("join");
+    println!(
+        "the held commit answered: {:?}",
+        held_result.as_ref().map(|_| "OK").map_err(|s| s.code())
+    );
+    tokio::time::timeout(DEADLINE, release)
+        .await
+        .expect("Release answers")
+        .expect("join")
+        .expect("release");
+    let successor = match committed_during_hold {
+        Some(lease) => lease,
+        None => tokio::time::timeout(DEADLINE, successor)
+            .await
+            .expect("the successor commits once the held commit settled")
+            .expect("join"),
+    };
+    assert_eq!(
+        kafka_committed(&services, &group, &topic, 0).map(|c| c.0),
+        Some(20),
+        "the successor's commit stands; the held commit must not land after it"
+    );
+    successor.release().await.expect("release");
+}
