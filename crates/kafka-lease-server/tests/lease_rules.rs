@@ -1,0 +1,295 @@
+//! The lease rules that need no real services, on an in-process gateway: librdkafka's mock
+//! cluster for Kafka and the in-memory lock backend, so they run in well under a second each.
+//! Where a Read starts (the resume point, `from_offset`), seek epochs, how a lease ends and
+//! what is said to calls on it afterwards, and what an Acquire that goes away leaves behind.
+//! The same rules hold against real Kafka and Consul; the end-to-end suites check those.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kafka_lease_server::coordination::memory::MemoryLockStore;
+use kafka_lease_server::coordination::LockBackend;
+use kafka_lease_server::dev::{DevKafka, DEMO_TOPIC};
+use kafka_lease_server::error::{EndReason, LeaseError};
+use kafka_lease_server::gateway::{AcquireSpec, Gateway, Granted, Reset, SeekTarget};
+use kafka_lease_server::kafka::{Kafka, KafkaSettings};
+use kafka_lease_server::lease::{ReadLimits, ReadStream};
+use kafka_lease_testkit::unique_name;
+
+const RECORDS: u32 = 50;
+const DEADLINE: Duration = Duration::from_secs(20);
+
+struct Rig {
+    gateway: Arc<Gateway>,
+    locks: Arc<MemoryLocksHandle>,
+    _kafka: DevKafka,
+}
+
+type MemoryLocksHandle = kafka_lease_server::coordination::memory::MemoryLocks;
+
+async fn rig() -> Rig {
+    let kafka = DevKafka::start(RECORDS).await.expect("mock cluster");
+    let store = MemoryLockStore::new();
+    let locks = Arc::new(store.backend("rig"));
+    let backend: Arc<dyn LockBackend> = locks.clone();
+    let client = Kafka::new(KafkaSettings::new(kafka.bootstrap_servers(), "rig")).expect("kafka");
+    let gateway = Gateway::new("rig".into(), backend, client);
+    Rig {
+        gateway,
+        locks,
+        _kafka: kafka,
+    }
+}
+
+fn spec(group: &str, partition: i32) -> AcquireSpec {
+    AcquireSpec {
+        group: group.into(),
+        topic: DEMO_TOPIC.into(),
+        partition: Some(partition),
+        member: "rules".into(),
+        ttl: Duration::from_secs(30),
+        wait: Duration::ZERO,
+        reset: Reset::Earliest,
+    }
+}
+
+fn limits(max_records: usize) -> ReadLimits {
+    ReadLimits {
+        max_records,
+        max_bytes: 1 << 20,
+        max_wait: Duration::from_millis(20),
+    }
+}
+
+/// The next response of a Read: `(seek_epoch, offsets)`.
+async fn next(stream: &mut ReadStream) -> (u64, Vec<i64>) {
+    let response = tokio::time::timeout(DEADLINE, stream.next())
+        .await
+        .expect("a response in time")
+        .expect("the stream is open")
+        .expect("a batch");
+    (
+        response.seek_epoch,
+        response.records.iter().map(|r| r.offset).collect(),
+    )
+}
+
+async fn acquire(rig: &Rig, group: &str, partition: i32) -> Granted {
+    rig.gateway
+        .acquire(spec(group, partition))
+        .await
+        .expect("acquire")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_to() {
+    let rig = rig().await;
+    let group = unique_name("g");
+    let lease = acquire(&rig, &group, 0).await;
+    assert_eq!(lease.offset, 0);
+
+    let mut first = rig
+        .gateway
+        .read(&lease.lease_id, limits(10), None)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut first).await.1, (0..10).collect::<Vec<_>>());
+    assert_eq!(next(&mut first).await.1, (10..20).collect::<Vec<_>>());
+    // The stream broke after 20 records were handed to gRPC; none was committed. The next
+    // Read starts at the Acquire offset again (at least once), superseding the first.
+    let mut second = rig
+        .gateway
+        .read(&lease.lease_id, limits(10), None)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut second).await.1[0], 0);
+    match tokio::time::timeout(DEADLINE, first.next())
+        .await
+        .expect("ends")
+    {
+        Some(Err(LeaseError::Superseded { .. })) => {}
+        other => panic!("the first Read is superseded: {other:?}"),
+    }
+
+    // A commit moves the resume point.
+    rig.gateway.commit(&lease.lease_id, 7, None).await.unwrap();
+    let mut third = rig
+        .gateway
+        .read(&lease.lease_id, limits(10), None)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut third).await.1[0], 7);
+
+    // So does a Seek, in a new epoch.
+    let (offset, epoch) = rig
+        .gateway
+        .seek(&lease.lease_id, SeekTarget::Offset(30))
+        .await
+        .unwrap();
+    assert_eq!((offset, epoch), (30, 1));
+    let mut fourth = rig
+        .gateway
+        .read(&lease.lease_id, limits(10), None)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut fourth).await, (1, (30..40).collect::<Vec<_>>()));
+
+    // `from_offset` starts exactly there, as a Seek would: a new epoch.
+    let mut fifth = rig
+        .gateway
+        .read(&lease.lease_id, limits(5), Some(12))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut fifth).await, (2, (12..17).collect::<Vec<_>>()));
+    // ... and it is the new resume point.
+    let mut sixth = rig
+        .gateway
+        .read(&lease.lease_id, limits(5), None)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut sixth).await.1[0], 12);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_seek_no_record_of_the_old_epoch_is_handed_out() {
+    let rig = rig().await;
+    let lease = acquire(&rig, &unique_name("g"), 1).await;
+    let mut stream = rig
+        .gateway
+        .read(&lease.lease_id, limits(3), None)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut stream).await, (0, vec![0, 1, 2]));
+    for round in 1..=5_u64 {
+        let target = (round as i64) * 7;
+        let (offset, epoch) = rig
+            .gateway
+            .seek(&lease.lease_id, SeekTarget::Offset(target))
+            .await
+            .unwrap();
+        assert_eq!((offset, epoch), (target, round));
+        let (got_epoch, offsets) = next(&mut stream).await;
+        assert_eq!(
+            got_epoch, round,
+            "every response after the SeekResponse is of its epoch"
+        );
+        assert_eq!(offsets[0], target, "and starts at the resolved offset");
+    }
+    let (offset, _) = rig
+        .gateway
+        .seek(&lease.lease_id, SeekTarget::Earliest)
+        .await
+        .unwrap();
+    assert_eq!(offset, 0);
+    assert_eq!(next(&mut stream).await.1[0], 0);
+    // Out of range: refused with the range, nothing changes.
+    match rig
+        .gateway
+        .seek(&lease.lease_id, SeekTarget::Offset(i64::from(RECORDS) + 1))
+        .await
+    {
+        Err(LeaseError::OffsetOutOfRange { low, high, .. }) => {
+            assert_eq!((low, high), (0, i64::from(RECORDS)))
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_ends_the_read_with_ok_and_later_calls_say_so() {
+    let rig = rig().await;
+    let group = unique_name("g");
+    let lease = acquire(&rig, &group, 2).await;
+    let mut stream = rig
+        .gateway
+        .read(&lease.lease_id, limits(RECORDS as usize), None)
+        .await
+        .unwrap();
+    assert_eq!(next(&mut stream).await.1.len(), RECORDS as usize);
+    rig.gateway
+        .release(&lease.lease_id, Some(25))
+        .await
+        .unwrap();
+    // The open Read (waiting for records that will not come) ends with OK.
+    assert!(
+        tokio::time::timeout(DEADLINE, stream.next())
+            .await
+            .expect("the Read ends")
+            .is_none(),
+        "a released lease's Read ends with OK"
+    );
+    match rig.gateway.commit(&lease.lease_id, 30, None).await {
+        Err(LeaseError::LeaseEnded {
+            reason: EndReason::Released,
+            ..
+        }) => {}
+        other => panic!("a commit after Release is refused: {other:?}"),
+    }
+    match rig.gateway.release(&lease.lease_id, None).await {
+        Err(LeaseError::LeaseNotFound { .. }) => {}
+        other => panic!("a second Release is NOT_FOUND: {other:?}"),
+    }
+    // The partition is free at once, and the next holder starts at the commit.
+    let next_holder = acquire(&rig, &group, 2).await;
+    assert_eq!(next_holder.offset, 25);
+    assert!(next_holder.fencing_token > lease.fencing_token);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_session_ends_every_lease_and_their_reads_say_lease_lost() {
+    let rig = rig().await;
+    let group = unique_name("g");
+    let mut streams = Vec::new();
+    for partition in 0..4 {
+        let lease = acquire(&rig, &group, partition).await;
+        let mut stream = rig
+            .gateway
+            .read(&lease.lease_id, limits(RECORDS as usize), None)
+            .await
+            .unwrap();
+        next(&mut stream).await;
+        streams.push(stream);
+    }
+    rig.locks.invalidate_session();
+    for mut stream in streams {
+        match tokio::time::timeout(DEADLINE, stream.next())
+            .await
+            .expect("ends")
+        {
+            Some(Err(LeaseError::LeaseEnded {
+                reason: EndReason::Lost(_),
+                ..
+            })) => {}
+            other => panic!("expected lease lost, got {other:?}"),
+        }
+    }
+    // A Read can see the fence before the session watcher has ended its lease; the table
+    // empties right after.
+    kafka_lease_testkit::wait_for("every lease to end", DEADLINE, || async {
+        (rig.gateway.lease_count() == 0).then_some(())
+    })
+    .await;
+    // The partitions can be leased again under the new session.
+    acquire(&rig, &group, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_dropped_at_any_point_leaves_no_lock_without_a_lease() {
+    let rig = rig().await;
+    let group = unique_name("g");
+    // Cut the Acquire future after 0, 1, 2, ... polls' worth of progress: each cut lands at a
+    // different await point (the partition count, the lock, the committed offset, ...).
+    for step in 0..40_u64 {
+        let call = rig.gateway.acquire(spec(&group, (step % 4) as i32));
+        let cut = Duration::from_micros(step * 250);
+        let _ = tokio::time::timeout(cut, call).await;
+    }
+    // Whatever became of the calls, every lock the backend holds belongs to a lease the
+    // gateway serves, and the abandoned ones are given back.
+    kafka_lease_testkit::wait_for("every lock to belong to a lease", DEADLINE, || async {
+        let held = rig.locks.list(Some(&group)).await.ok()?;
+        (held.len() == rig.gateway.lease_count()).then_some(())
+    })
+    .await;
+}
