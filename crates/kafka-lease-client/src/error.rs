@@ -65,6 +65,13 @@ pub enum Reason {
     /// `CONSUL_UNAVAILABLE`: Consul is unreachable or the gateway has no valid session
     /// (retry advice).
     ConsulUnavailable,
+    /// `KAFKA_DENIED`: Kafka refused the gateway's own principal (authorization or
+    /// authentication; code PERMISSION_DENIED, metadata `operation`). An operator must fix
+    /// the gateway's Kafka credentials or ACLs; no retry helps.
+    KafkaDenied,
+    /// `KAFKA_REFUSED`: Kafka answered and refused the request for a reason no retry mends
+    /// (code FAILED_PRECONDITION, metadata `operation`).
+    KafkaRefused,
     /// A reason this version of the crate does not know, as the gateway spelled it.
     Unknown(String),
 }
@@ -90,6 +97,8 @@ impl Reason {
             Some(R::ShuttingDown) => Reason::ShuttingDown,
             Some(R::KafkaUnavailable) => Reason::KafkaUnavailable,
             Some(R::ConsulUnavailable) => Reason::ConsulUnavailable,
+            Some(R::KafkaDenied) => Reason::KafkaDenied,
+            Some(R::KafkaRefused) => Reason::KafkaRefused,
             Some(R::Unspecified) | None => Reason::Unknown(name.to_owned()),
         }
     }
@@ -113,6 +122,8 @@ impl Reason {
             Reason::ShuttingDown => R::ShuttingDown,
             Reason::KafkaUnavailable => R::KafkaUnavailable,
             Reason::ConsulUnavailable => R::ConsulUnavailable,
+            Reason::KafkaDenied => R::KafkaDenied,
+            Reason::KafkaRefused => R::KafkaRefused,
             Reason::Unknown(name) => return name,
         };
         known.as_str_name()

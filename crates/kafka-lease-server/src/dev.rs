@@ -83,4 +83,9 @@ impl DevKafka {
     pub fn bootstrap_servers(&self) -> String {
         self.cluster.bootstrap_servers()
     }
+
+    /// The mock cluster itself, for tests that inject broker errors or delays.
+    pub fn mock(&self) -> &MockCluster<'static, DefaultProducerContext> {
+        &self.cluster
+    }
 }

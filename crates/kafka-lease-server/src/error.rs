@@ -106,6 +106,15 @@ pub enum LeaseError {
         detail: String,
     },
 
+    /// Kafka answered, and refused: a retry of the same request cannot succeed. `denied`
+    /// when the refusal is an authorization failure of the gateway's own Kafka principal.
+    #[error("Kafka refused {operation}: {detail}")]
+    KafkaRefused {
+        operation: &'static str,
+        detail: String,
+        denied: bool,
+    },
+
     #[error("Consul is unavailable: {0}")]
     Coordination(#[from] CoordinationError),
 }

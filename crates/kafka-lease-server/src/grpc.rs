@@ -143,6 +143,16 @@ fn status_at(err: LeaseError, now: SystemTime) -> Status {
             retry = Some(RETRY_DELAY);
             (Code::Unavailable, R::KafkaUnavailable)
         }
+        LeaseError::KafkaRefused {
+            operation, denied, ..
+        } => {
+            put("operation", (*operation).to_owned());
+            if *denied {
+                (Code::PermissionDenied, R::KafkaDenied)
+            } else {
+                (Code::FailedPrecondition, R::KafkaRefused)
+            }
+        }
         LeaseError::Coordination(coordination) => {
             if let CoordinationError::Unavailable { operation, .. } = coordination {
                 put("operation", (*operation).to_owned());
@@ -511,6 +521,22 @@ mod tests {
                 },
                 Code::Unavailable,
             ),
+            (
+                LeaseError::KafkaRefused {
+                    operation: "x",
+                    detail: "y".into(),
+                    denied: true,
+                },
+                Code::PermissionDenied,
+            ),
+            (
+                LeaseError::KafkaRefused {
+                    operation: "x",
+                    detail: "y".into(),
+                    denied: false,
+                },
+                Code::FailedPrecondition,
+            ),
         ];
         for (err, code) in cases {
             let text = err.to_string();
@@ -626,6 +652,24 @@ mod tests {
                 LeaseError::Coordination(CoordinationError::NoSession { reason: "z".into() }),
                 "CONSUL_UNAVAILABLE",
                 true,
+            ),
+            (
+                LeaseError::KafkaRefused {
+                    operation: "committing an offset",
+                    detail: "GroupAuthorizationFailed".into(),
+                    denied: true,
+                },
+                "KAFKA_DENIED",
+                false,
+            ),
+            (
+                LeaseError::KafkaRefused {
+                    operation: "committing an offset",
+                    detail: "InvalidGroupId".into(),
+                    denied: false,
+                },
+                "KAFKA_REFUSED",
+                false,
             ),
         ];
         for (err, want_reason, want_retry) in cases {

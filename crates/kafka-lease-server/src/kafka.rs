@@ -138,8 +138,48 @@ impl Failure {
     fn kafka(operation: &'static str, err: KafkaError) -> Self {
         Failure {
             transient: is_transient(&err),
-            error: unavailable(operation, err),
+            error: kafka_error(operation, err),
         }
+    }
+}
+
+/// What a librdkafka error means to the caller. A broker's refusal that no retry can mend
+/// (an authorization failure, a malformed request) is not UNAVAILABLE, which the contract
+/// calls safe to retry: a client would retry it forever. Everything else (the connection,
+/// timeouts, broker states that clear) is.
+fn kafka_error(operation: &'static str, err: KafkaError) -> LeaseError {
+    use RDKafkaErrorCode as C;
+    let (refused, denied) = match err.rdkafka_error_code() {
+        Some(
+            C::TopicAuthorizationFailed
+            | C::GroupAuthorizationFailed
+            | C::ClusterAuthorizationFailed
+            | C::TransactionalIdAuthorizationFailed
+            | C::DelegationTokenAuthorizationFailed
+            | C::SaslAuthenticationFailed,
+        ) => (true, true),
+        Some(
+            C::OffsetMetadataTooLarge
+            | C::InvalidCommitOffsetSize
+            | C::InvalidTopic
+            | C::InvalidGroupId
+            | C::IllegalGeneration
+            | C::UnknownMemberId
+            | C::UnsupportedVersion
+            | C::InvalidRequest
+            | C::InvalidPartitions
+            | C::GroupIdNotFound,
+        ) => (true, false),
+        _ => (false, false),
+    };
+    if refused {
+        LeaseError::KafkaRefused {
+            operation,
+            detail: err.to_string(),
+            denied,
+        }
+    } else {
+        unavailable(operation, err)
     }
 }
 
@@ -516,7 +556,7 @@ impl GroupClient {
             }
             consumer
                 .commit(&list, CommitMode::Sync)
-                .map_err(|e| unavailable(OPERATION, e))
+                .map_err(|e| kafka_error(OPERATION, e))
         });
         match tokio::time::timeout(self.request_timeout, request).await {
             Ok(joined) => {

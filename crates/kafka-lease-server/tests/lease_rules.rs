@@ -23,7 +23,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 struct Rig {
     gateway: Arc<Gateway>,
     locks: Arc<MemoryLocksHandle>,
-    _kafka: DevKafka,
+    kafka: DevKafka,
 }
 
 type MemoryLocksHandle = kafka_lease_server::coordination::memory::MemoryLocks;
@@ -38,7 +38,7 @@ async fn rig() -> Rig {
     Rig {
         gateway,
         locks,
-        _kafka: kafka,
+        kafka,
     }
 }
 
@@ -292,4 +292,36 @@ async fn an_acquire_dropped_at_any_point_leaves_no_lock_without_a_lease() {
         (held.len() == rig.gateway.lease_count()).then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_broker_states_are_retried_and_refusals_are_not_unavailable() {
+    use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+    let rig = rig().await;
+    let group = unique_name("g");
+    // A coordinator still loading its offsets answers NOT_COORDINATOR and
+    // COORDINATOR_LOAD_IN_PROGRESS for a while: the Acquire gets its lease all the same.
+    rig.kafka.mock().request_errors(
+        RDKafkaApiKey::OffsetFetch,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_COORDINATOR,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_COORDINATOR_LOAD_IN_PROGRESS,
+        ],
+    );
+    let lease = acquire(&rig, &group, 3).await;
+    // A refusal no retry can mend is said as such, not as "unavailable, safe to retry".
+    rig.kafka.mock().request_errors(
+        RDKafkaApiKey::OffsetCommit,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED],
+    );
+    match rig.gateway.commit(&lease.lease_id, 5, None).await {
+        Err(LeaseError::KafkaRefused { denied: true, .. }) => {}
+        other => panic!("an authorization failure is KAFKA_DENIED: {other:?}"),
+    }
+    // The lease is still usable once Kafka accepts again.
+    rig.gateway
+        .commit(&lease.lease_id, 5, None)
+        .await
+        .expect("commit");
 }
