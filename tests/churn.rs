@@ -1,9 +1,11 @@
-//! Churn with a checker: clients on two gateways repeatedly acquire, read, commit and release
-//! (or vanish) while a chaos loop aborts clients, SIGKILLs a gateway, then restarts both
-//! gateways in turn with SIGTERM (a rolling restart). A checker then
-//! asserts from the log that no commit ever succeeded from a superseded lease (ownership
-//! never overlapped), committed offsets never moved backwards, and every produced record was
-//! delivered at least once.
+//! Churn with a checker: clients on two gateways repeatedly acquire, read (reopening their
+//! Read within a lease now and then), commit and release (or vanish) while a chaos loop aborts
+//! clients, SIGKILLs a gateway, then restarts both gateways in turn with SIGTERM (a rolling
+//! restart). A sampler reads Kafka's committed offsets and their metadata (which names the
+//! fencing token of the lease that wrote them) all along. A checker then asserts that no commit
+//! ever succeeded from a superseded lease (ownership never overlapped), accepted commits never
+//! moved backwards, Kafka's committed offset never went back to an older lease's (no commit
+//! landed late), and every record produced, during the chaos too, was delivered at least once.
 //!
 //! Bounded for CI (40 s of chaos, then a drain); `KAFKA_LEASE_CHURN_SECS=600` runs it longer.
 
@@ -15,6 +17,8 @@ use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Client, ReadOptions};
 use kafka_lease_testkit::{unique_name, Services};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use support::{create_topic, kafka_committed, produce_n, producer, unique_prefix, GatewayProcess};
 use tokio::time::Instant;
 
@@ -43,9 +47,14 @@ struct Log {
     kills: usize,
     rolling_restarts: usize,
     aborted_workers: usize,
+    reopened_reads: usize,
 }
 
 type SharedLog = Arc<Mutex<Log>>;
+
+/// Per partition, each distinct `(fencing token, committed offset)` Kafka was seen to hold, in
+/// the order seen.
+type SharedHistory = Arc<Mutex<BTreeMap<i32, Vec<(u64, i64)>>>>;
 
 fn log(log: &SharedLog) -> std::sync::MutexGuard<'_, Log> {
     log.lock().unwrap_or_else(|p| p.into_inner())
@@ -93,9 +102,24 @@ async fn worker(
         };
         let target = 10 + (id * 7 + round * 13) % 50;
         let mut next = lease.offset();
-        if let Ok(mut stream) = lease.records(ReadOptions::new().max_records(20)).await {
-            let mut delivered = 0;
+        // Every other lease reopens its Read once half-way, without `from_offset`: the new
+        // Read starts at the resume point, so records come again (at least once, never less).
+        let reopen_after = if round.is_multiple_of(2) {
+            target / 2
+        } else {
+            usize::MAX
+        };
+        let mut delivered = 0;
+        let mut reopened = false;
+        'reads: while delivered < target {
+            let Ok(mut stream) = lease.records(ReadOptions::new().max_records(20)).await else {
+                break;
+            };
             while delivered < target {
+                if !reopened && delivered >= reopen_after {
+                    reopened = true;
+                    continue 'reads;
+                }
                 match tokio::time::timeout(Duration::from_secs(1), stream.next_batch()).await {
                     Ok(Some(Ok(batch))) => {
                         let offsets: Vec<i64> = batch.records.iter().map(|r| r.offset).collect();
@@ -105,9 +129,12 @@ async fn worker(
                         }
                         log(&shared).entries[index].delivered.extend(offsets);
                     }
-                    _ => break,
+                    _ => break 'reads,
                 }
             }
+        }
+        if reopened {
+            log(&shared).reopened_reads += 1;
         }
         let sent = Instant::now();
         if lease.commit(next).await.is_ok() {
@@ -185,6 +212,37 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
             }
         })
     };
+    // Kafka's committed offsets as they change, with the token of the lease that wrote each.
+    let history: SharedHistory = Arc::default();
+    let sampling = {
+        let (topic, history) = (topic.clone(), history.clone());
+        let consumer: Arc<BaseConsumer> = Arc::new(
+            ClientConfig::new()
+                .set("bootstrap.servers", &services.kafka_bootstrap)
+                .set("group.id", &group)
+                .create()
+                .expect("sampling consumer"),
+        );
+        tokio::spawn(async move {
+            loop {
+                let (consumer, topic) = (consumer.clone(), topic.clone());
+                let seen =
+                    tokio::task::spawn_blocking(move || committed_with_tokens(&consumer, &topic))
+                        .await
+                        .unwrap_or_default();
+                {
+                    let mut history = history.lock().unwrap_or_else(|p| p.into_inner());
+                    for (partition, entry) in seen {
+                        let list = history.entry(partition).or_default();
+                        if list.last() != Some(&entry) {
+                            list.push(entry);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
     let started = Instant::now();
     let mut chaos_round = 0_usize;
     while started.elapsed() < budget {
@@ -242,9 +300,13 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
     while !covered(&shared) && Instant::now() < drain_deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let drained = covered(&shared);
     for w in &workers {
         w.abort();
     }
+    sampling.abort();
+    let _ = sampling.await;
+    let history = history.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let log = log(&shared);
 
     // The checker.
@@ -256,6 +318,11 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
     }
     let mut delivered_total = 0;
     let mut duplicates = 0;
+    let mut late = Vec::new();
+    assert!(
+        drained,
+        "the drain did not deliver every produced record within 60 s ({produced:?} produced)"
+    );
     for (partition, entries) in &by_partition {
         // Tokens are unique per partition and grow in acquisition order.
         let mut by_time = entries.clone();
@@ -305,13 +372,28 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
         delivered_total += delivered.len();
         let unique: BTreeSet<i64> = delivered.iter().copied().collect();
         duplicates += delivered.len() - unique.len();
-        let missing: Vec<i64> = (0..RECORDS_PER_PARTITION as i64)
-            .filter(|o| !unique.contains(o))
-            .collect();
+        let produced_here = produced.get(partition).copied().unwrap_or_default() as i64;
+        let missing: Vec<i64> = (0..produced_here).filter(|o| !unique.contains(o)).collect();
         assert!(
             missing.is_empty(),
-            "partition {partition}: never delivered {missing:?}"
+            "partition {partition}: of {produced_here} records produced, never delivered \
+             {missing:?}"
         );
+        // Kafka's committed offset never goes back to an older lease's: a commit of a lease
+        // that landed after a newer holder's commit would show its older token again.
+        let tokens_seen: Vec<u64> = history
+            .get(partition)
+            .map(|h| h.iter().map(|(token, _)| *token).collect())
+            .unwrap_or_default();
+        if let Some(pair) = tokens_seen.windows(2).find(|w| w[1] < w[0]) {
+            late.push(format!(
+                "partition {partition}: Kafka's committed offset went from token {} back to \
+                 token {} (history {:?})",
+                pair[0],
+                pair[1],
+                history.get(partition)
+            ));
+        }
         let last_commit = commits.last().map(|c| c.1);
         assert_eq!(
             kafka_committed(&services, &group, &topic, *partition).map(|c| c.0),
@@ -320,17 +402,20 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
         );
     }
     println!(
-        "churn: {} s, {} records, {} leases, {} client aborts, {} gateway kills, {} graceful restarts, {} deliveries, {} duplicates, {} overlaps, {} backward commits",
+        "churn: {} s, {} records, {} leases, {} reopened Reads, {} client aborts, {} gateway kills, {} graceful restarts, {} deliveries, {} duplicates, {} overlaps, {} backward commits, {} committed-offset changes seen, {} late commits",
         started.elapsed().as_secs(),
         produced.values().sum::<usize>(),
         log.entries.len(),
+        log.reopened_reads,
         log.aborted_workers,
         log.kills,
         log.rolling_restarts,
         delivered_total,
         duplicates,
         overlaps.len(),
-        backwards.len()
+        backwards.len(),
+        history.values().map(Vec::len).sum::<usize>(),
+        late.len()
     );
     let per_gateway: BTreeMap<&str, usize> =
         log.entries.iter().fold(BTreeMap::new(), |mut m, e| {
@@ -347,6 +432,15 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
     );
     assert!(overlaps.is_empty(), "{overlaps:#?}");
     assert!(backwards.is_empty(), "{backwards:#?}");
+    assert!(late.is_empty(), "{late:#?}");
+    assert!(
+        history.values().map(Vec::len).sum::<usize>() >= PARTITIONS as usize,
+        "the sampler saw the committed offsets change: {history:?}"
+    );
+    assert!(
+        log.reopened_reads > 0,
+        "workers reopened Reads within a lease"
+    );
     assert_eq!(log.kills, 1, "the gateway kill happened");
     assert_eq!(
         log.rolling_restarts, 2,
@@ -357,4 +451,33 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
         ended > 0 && log.entries.iter().any(|e| e.start_offset > 0),
         "leases ended and resumed"
     );
+}
+
+/// The group's committed offset of every partition of `topic`, each with the fencing token
+/// its metadata names (`kafka-lease token=<t>;…`), as Kafka's coordinator has them now.
+fn committed_with_tokens(consumer: &BaseConsumer, topic: &str) -> Vec<(i32, (u64, i64))> {
+    let mut query = TopicPartitionList::new();
+    for partition in 0..PARTITIONS {
+        query.add_partition(topic, partition);
+    }
+    let Ok(answer) = consumer.committed_offsets(query, Duration::from_secs(5)) else {
+        return Vec::new();
+    };
+    answer
+        .elements()
+        .iter()
+        .filter_map(|entry| {
+            let Offset::Offset(offset) = entry.offset() else {
+                return None;
+            };
+            let token = entry
+                .metadata()
+                .strip_prefix("kafka-lease token=")?
+                .split(';')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((entry.partition(), (token, offset)))
+        })
+        .collect()
 }
