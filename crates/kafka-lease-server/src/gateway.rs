@@ -832,22 +832,7 @@ impl Gateway {
                 high,
             });
         }
-        // The permit is taken before the fence check and travels with the request until
-        // librdkafka has its outcome: the end of the lease waits for it (the commit gate).
-        let permit = lease.commit_permit().await;
-        lease.fenced()?;
-        let metadata = match metadata {
-            Some(user) if !user.is_empty() => format!("kafka-lease token={};{user}", lease.token),
-            _ => format!("kafka-lease token={}", lease.token),
-        };
-        tracing::debug!(parent: &lease.span, offset, "commit sent to Kafka");
-        lease
-            .group_client
-            .commit(topic, partition, offset, metadata.clone(), permit)
-            .await?;
-        lease.record_commit(offset);
-        tracing::debug!(parent: &lease.span, offset, "committed");
-        Ok(metadata)
+        lease.commit(offset, metadata).await
     }
 
     /// Ends a lease at the client's request, committing first if asked. If the commit fails

@@ -227,10 +227,31 @@ impl Lease {
         self.state().ended.clone()
     }
 
-    /// A permit for one commit: take it before the fence check and keep it until the commit's
-    /// outcome is known (see the commit gate).
-    pub async fn commit_permit(&self) -> tokio::sync::OwnedRwLockReadGuard<()> {
-        self.commit_gate.clone().read_owned().await
+    /// Stores `offset` as the group's committed offset for the lease's partition, with
+    /// `kafka-lease token=<token>;<user metadata>` as its metadata, which it returns. The fence
+    /// is checked at the side effect, under a commit-gate permit that travels with the request
+    /// until librdkafka has its outcome: the end of the lease waits for it (the commit gate in
+    /// docs/ARCHITECTURE.md). The caller has checked the offset's range.
+    pub async fn commit(&self, offset: i64, metadata: Option<&str>) -> Result<String, LeaseError> {
+        let permit = self.commit_gate.clone().read_owned().await;
+        self.fenced()?;
+        let metadata = match metadata {
+            Some(user) if !user.is_empty() => format!("kafka-lease token={};{user}", self.token),
+            _ => format!("kafka-lease token={}", self.token),
+        };
+        tracing::debug!(parent: &self.span, offset, "commit sent to Kafka");
+        self.group_client
+            .commit(
+                &self.key.topic,
+                self.key.partition,
+                offset,
+                metadata.clone(),
+                permit,
+            )
+            .await?;
+        self.record_commit(offset);
+        tracing::debug!(parent: &self.span, offset, "committed");
+        Ok(metadata)
     }
 
     /// Waits until no commit of this lease is in flight. Once the lease has ended, none can
@@ -290,7 +311,7 @@ impl Lease {
     }
 
     /// Notes an accepted commit: the group's committed offset, and the lease's resume point.
-    pub fn record_commit(&self, offset: i64) {
+    fn record_commit(&self, offset: i64) {
         let mut state = self.state();
         state.committed = Some(offset);
         state.resume_point = offset;

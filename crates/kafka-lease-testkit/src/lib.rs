@@ -9,7 +9,7 @@
 pub mod consul_agent;
 pub mod relay;
 pub use consul_agent::ConsulClientAgent;
-pub use relay::Relay;
+pub use relay::{Fault, Relay};
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -1,9 +1,11 @@
 //! A TCP relay for fault injection: put it between a client and a real service, then cut
-//! every connection through it, or hold traffic (new connections wait, bytes stop flowing)
-//! and let it go again. Listens on 127.0.0.1 only.
+//! every connection through it, hold traffic (new connections wait, bytes stop flowing) and
+//! let it go again, or fail the next request that starts with given bytes (for a text
+//! protocol such as Consul's HTTP API): lose it on the way, or lose its answer after the
+//! service acted on it. Listens on loopback only.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -13,10 +15,26 @@ use tokio::task::JoinHandle;
 
 /// A running relay from a loopback port of its own to `target`. Dropping it stops it and
 /// closes every connection through it.
+/// What happens to a request picked out by [`Relay::fail_next`]. Either way the client's
+/// connection closes without an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The request never reaches the service.
+    LoseRequest,
+    /// The service gets the request and acts on it; its answer is lost.
+    LoseAnswer,
+}
+
+/// Faults armed for the next requests with a prefix; each fires once.
+type Faults = Arc<Mutex<Vec<(Vec<u8>, Fault)>>>;
+
 pub struct Relay {
     addr: SocketAddr,
     target: SocketAddr,
     held: watch::Sender<bool>,
+    faults: Faults,
+    /// Faults that fired so far.
+    fired: Arc<AtomicU64>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     accepted: Arc<AtomicU64>,
     acceptor: JoinHandle<()>,
@@ -47,15 +65,24 @@ impl Relay {
         let (held, _) = watch::channel(false);
         let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let accepted = Arc::new(AtomicU64::new(0));
+        let faults: Faults = Arc::default();
+        let fired = Arc::new(AtomicU64::new(0));
         let acceptor = {
             let held = held.clone();
             let connections = connections.clone();
             let accepted = accepted.clone();
+            let (faults, fired) = (faults.clone(), fired.clone());
             tokio::spawn(async move {
                 while let Ok((inbound, _)) = listener.accept().await {
                     accepted.fetch_add(1, Ordering::Relaxed);
                     let _ = inbound.set_nodelay(true);
-                    let task = tokio::spawn(relay_one(inbound, target, held.subscribe()));
+                    let task = tokio::spawn(relay_one(
+                        inbound,
+                        target,
+                        held.subscribe(),
+                        faults.clone(),
+                        fired.clone(),
+                    ));
                     let mut all = connections.lock().unwrap_or_else(|p| p.into_inner());
                     all.retain(|t| !t.is_finished());
                     all.push(task);
@@ -66,6 +93,8 @@ impl Relay {
             addr,
             target,
             held,
+            faults,
+            fired,
             connections,
             accepted,
             acceptor,
@@ -101,6 +130,21 @@ impl Relay {
     pub fn release(&self) {
         self.held.send_replace(false);
     }
+
+    /// Arms a fault for the next request whose first bytes (in one read from the client) are
+    /// `prefix`, e.g. `b"DELETE /v1/kv/"`: the request or its answer is lost and the
+    /// connection closes, as when a network path dies mid-request.
+    pub fn fail_next(&self, prefix: &[u8], fault: Fault) {
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((prefix.to_vec(), fault));
+    }
+
+    /// How many armed faults have fired.
+    pub fn faults_fired(&self) -> u64 {
+        self.fired.load(Ordering::SeqCst)
+    }
 }
 
 impl Drop for Relay {
@@ -114,7 +158,13 @@ async fn wait_released(held: &mut watch::Receiver<bool>) {
     let _ = held.wait_for(|h| !*h).await;
 }
 
-async fn relay_one(inbound: TcpStream, target: SocketAddr, mut held: watch::Receiver<bool>) {
+async fn relay_one(
+    inbound: TcpStream,
+    target: SocketAddr,
+    mut held: watch::Receiver<bool>,
+    faults: Faults,
+    fired: Arc<AtomicU64>,
+) {
     wait_released(&mut held).await;
     let Ok(outbound) = TcpStream::connect(target).await else {
         return;
@@ -122,8 +172,15 @@ async fn relay_one(inbound: TcpStream, target: SocketAddr, mut held: watch::Rece
     let _ = outbound.set_nodelay(true);
     let (in_read, in_write) = inbound.into_split();
     let (out_read, out_write) = outbound.into_split();
-    let up = pump(in_read, out_write, held.clone());
-    let down = pump(out_read, in_write, held);
+    // Set when the request on its way up must lose its answer on the way down.
+    let lose_answer = Arc::new(AtomicBool::new(false));
+    let up = pump(
+        in_read,
+        out_write,
+        held.clone(),
+        Some((faults, fired, lose_answer.clone())),
+    );
+    let down = pump_down(out_read, in_write, held, lose_answer);
     // Either direction closing ends the connection.
     tokio::select! {
         () = up => {}
@@ -131,10 +188,22 @@ async fn relay_one(inbound: TcpStream, target: SocketAddr, mut held: watch::Rece
     }
 }
 
+/// The fault armed for a request that starts with `chunk`, taken (each fires once).
+fn take_fault(faults: &Faults, chunk: &[u8]) -> Option<Fault> {
+    let mut armed = faults.lock().unwrap_or_else(|p| p.into_inner());
+    let at = armed
+        .iter()
+        .position(|(prefix, _)| chunk.starts_with(prefix))?;
+    Some(armed.remove(at).1)
+}
+
+type UpFaults = (Faults, Arc<AtomicU64>, Arc<AtomicBool>);
+
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut held: watch::Receiver<bool>,
+    faults: Option<UpFaults>,
 ) {
     let mut buf = vec![0_u8; 64 * 1024];
     loop {
@@ -142,6 +211,43 @@ async fn pump(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        wait_released(&mut held).await;
+        if let Some((armed, fired, lose_answer)) = &faults {
+            match take_fault(armed, &buf[..n]) {
+                Some(Fault::LoseRequest) => {
+                    fired.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+                Some(Fault::LoseAnswer) => {
+                    fired.fetch_add(1, Ordering::SeqCst);
+                    lose_answer.store(true, Ordering::SeqCst);
+                }
+                None => {}
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The service-to-client direction: like [`pump`], but once an answer must be lost, the next
+/// bytes from the service (its answer) are dropped and the connection closes.
+async fn pump_down(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut held: watch::Receiver<bool>,
+    lose_answer: Arc<AtomicBool>,
+) {
+    let mut buf = vec![0_u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if lose_answer.load(Ordering::SeqCst) {
+            return;
+        }
         wait_released(&mut held).await;
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -1,0 +1,130 @@
+//! Consul requests lost on the way, or answered after the answer was lost: the gateway never
+//! keeps a lock nobody leases. A release whose request is lost is retried until Consul
+//! confirms; an acquire whose answer is lost (Consul took the lock, the gateway heard nothing)
+//! is cleaned up. Either way the partition becomes free for the next holder, although the
+//! gateway's session stays live throughout (so Consul itself would never free the key).
+
+mod support;
+
+use std::time::Duration;
+
+use kafka_lease_client::{AcquireOptions, Error};
+use kafka_lease_testkit::{unique_name, Fault, Relay, Services};
+use support::{create_topic, unique_prefix, GatewayProcess};
+use tokio::time::Instant;
+
+/// How long the next holder waits: far longer than a retry takes, far shorter than the
+/// gateway's session lasts.
+const WAIT: Duration = Duration::from_secs(10);
+
+struct Setup {
+    relay: Relay,
+    relayed: GatewayProcess,
+    direct: GatewayProcess,
+    topic: String,
+    group: String,
+}
+
+async fn setup(services: &Services) -> Setup {
+    let consul = services
+        .consul_http_addr
+        .trim_start_matches("http://")
+        .parse()
+        .expect("consul address");
+    let relay = Relay::start(consul).await.expect("relay to Consul");
+    let relayed_addr = format!("http://{}", relay.addr());
+    let prefix = unique_prefix();
+    let relayed = GatewayProcess::start(
+        services,
+        &prefix,
+        &unique_name("gw-relayed"),
+        &["--consul", &relayed_addr, "--consul-check", "none"],
+    )
+    .await;
+    let direct = GatewayProcess::start(services, &prefix, &unique_name("gw-direct"), &[]).await;
+    let topic = create_topic(services, 1).await;
+    Setup {
+        relay,
+        relayed,
+        direct,
+        topic,
+        group: unique_name("g"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_on_the_way_to_consul_is_retried_until_the_key_is_free() {
+    let Some(services) =
+        Services::require("a_release_lost_on_the_way_to_consul_is_retried_until_the_key_is_free")
+    else {
+        return;
+    };
+    let s = setup(&services).await;
+    let lease = s
+        .relayed
+        .client()
+        .await
+        .acquire(AcquireOptions::new(&s.group, &s.topic).partition(0))
+        .await
+        .expect("acquire");
+    s.relay.fail_next(b"DELETE /v1/kv/", Fault::LoseRequest);
+    lease.release().await.expect("Release answers");
+    assert_eq!(s.relay.faults_fired(), 1, "the release request was lost");
+
+    let started = Instant::now();
+    let next = s
+        .direct
+        .client()
+        .await
+        .acquire(
+            AcquireOptions::new(&s.group, &s.topic)
+                .partition(0)
+                .wait(WAIT),
+        )
+        .await
+        .expect("the partition becomes free although the first release was lost");
+    println!(
+        "the next holder got the partition {:?} after Release",
+        started.elapsed()
+    );
+    next.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_whose_answer_is_lost_leaves_no_lock_behind() {
+    let Some(services) = Services::require("an_acquire_whose_answer_is_lost_leaves_no_lock_behind")
+    else {
+        return;
+    };
+    let s = setup(&services).await;
+    s.relay.fail_next(b"PUT /v1/kv/", Fault::LoseAnswer);
+    match s
+        .relayed
+        .client()
+        .await
+        .acquire(AcquireOptions::new(&s.group, &s.topic).partition(0))
+        .await
+    {
+        Err(e @ Error::Unavailable { .. }) => println!("the Acquire failed as it should: {e}"),
+        other => panic!("an Acquire whose lock answer was lost is UNAVAILABLE: {other:?}"),
+    }
+    assert_eq!(s.relay.faults_fired(), 1, "the acquire's answer was lost");
+
+    let started = Instant::now();
+    let next = s
+        .direct
+        .client()
+        .await
+        .acquire(
+            AcquireOptions::new(&s.group, &s.topic)
+                .partition(0)
+                .wait(WAIT),
+        )
+        .await
+        .expect("the lock Consul granted without an answer is given back");
+    println!(
+        "the next holder got the partition {:?} later",
+        started.elapsed()
+    );
+    next.release().await.expect("release");
+}
