@@ -4,7 +4,6 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use consulrs::api::kv::requests::ReadKeyRequest;
@@ -12,22 +11,20 @@ use consulrs::client::{ConsulClient, ConsulClientSettingsBuilder};
 use kafka_lease_client::Client;
 use kafka_lease_testkit::{unique_name, Services};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::HealthCheckRequest;
 
-/// A `kafka-lease serve` process on 127.0.0.1 with a port of its own.
+/// A `kafka-lease serve` process on 127.0.0.1 with a port of its own: the shared launcher
+/// ([`kafka_lease_testkit::GatewayProcess`]) with the test services' addresses, panicking
+/// with the gateway's log on failure.
 pub struct GatewayProcess {
-    child: Option<Child>,
+    inner: kafka_lease_testkit::GatewayProcess,
     pub addr: String,
     pub instance: String,
     pub log_path: PathBuf,
@@ -38,68 +35,41 @@ impl GatewayProcess {
     /// waits until it listens. `extra` may name another `--kafka` or `--consul`.
     pub async fn start(services: &Services, prefix: &str, instance: &str, extra: &[&str]) -> Self {
         let log_path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{instance}.log"));
-        let log = std::fs::File::create(&log_path).expect("gateway log file");
         // The test services unless `extra` names others (a relay, an agent of the test's own).
-        let mut services_args = Vec::new();
+        let mut args = Vec::new();
         for (flag, value) in [
             ("--kafka", &services.kafka_bootstrap),
             ("--consul", &services.consul_http_addr),
         ] {
             if !extra.contains(&flag) {
-                services_args.extend([flag, value.as_str()]);
+                args.extend([flag, value.as_str()]);
             }
         }
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kafka-lease"))
-            .arg("serve")
-            .args(&services_args)
-            .args([
-                "--consul-prefix",
-                prefix,
-                "--listen",
-                "127.0.0.1:0",
-                "--instance-id",
-                instance,
-                "--log",
-                "info,kafka_lease_server=debug",
-            ])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn kafka-lease");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let addr = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await.expect("read stdout") {
-                if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
-                    return addr.trim().to_string();
-                }
-            }
-            panic!(
-                "kafka-lease exited before listening; log: {}",
-                log_path.display()
-            );
-        })
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "kafka-lease did not listen within 30 s; log: {}",
-                log_path.display()
-            )
-        });
-        // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Self {
-            child: Some(child),
-            addr,
-            instance: instance.to_string(),
+        args.extend([
+            "--consul-prefix",
+            prefix,
+            "--log",
+            "info,kafka_lease_server=debug",
+        ]);
+        args.extend_from_slice(extra);
+        let inner = kafka_lease_testkit::GatewayProcess::spawn(
+            std::path::Path::new(env!("CARGO_BIN_EXE_kafka-lease")),
+            &args,
+            instance,
             log_path,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        Self {
+            addr: inner.addr.clone(),
+            instance: inner.instance.clone(),
+            log_path: inner.log_path.clone(),
+            inner,
         }
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        self.inner.endpoint()
     }
 
     pub async fn client(&self) -> Client {
@@ -109,35 +79,20 @@ impl GatewayProcess {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child
-            .as_ref()
-            .and_then(Child::id)
-            .expect("gateway pid")
+        self.inner.pid()
     }
 
     /// Sends a signal (`TERM`, `KILL`, `STOP`, `CONT`) to the gateway process.
     pub fn signal(&self, signal: &str) {
-        let status = std::process::Command::new("kill")
-            .args([&format!("-{signal}"), &self.pid().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success(), "kill -{signal} failed");
+        self.inner.signal(signal).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Waits for the process to exit and returns its exit code.
     pub async fn wait_exit(&mut self, deadline: Duration) -> Option<i32> {
-        let child = self.child.as_mut().expect("child");
-        let status = tokio::time::timeout(deadline, child.wait())
+        self.inner
+            .wait_exit(deadline)
             .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "gateway did not exit within {deadline:?}; log: {}",
-                    self.log_path.display()
-                )
-            })
-            .expect("wait");
-        self.child = None;
-        status.code()
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// A gRPC health client for the gateway.
@@ -151,7 +106,7 @@ impl GatewayProcess {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+        self.inner.log()
     }
 }
 
@@ -201,46 +156,9 @@ pub fn unique_prefix() -> String {
 /// Creates a topic with `partitions` partitions and returns its name.
 pub async fn create_topic(services: &Services, partitions: i32) -> String {
     let topic = unique_name("topic");
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &services.kafka_bootstrap)
-        .create()
-        .expect("admin client");
-    let result = admin
-        .create_topics(
-            &[NewTopic::new(
-                &topic,
-                partitions,
-                TopicReplication::Fixed(1),
-            )],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
+    kafka_lease_testkit::create_topic(&services.kafka_bootstrap, &topic, partitions)
         .await
-        .expect("create topic");
-    assert!(result.iter().all(Result::is_ok), "{result:?}");
-    // CreateTopics returns once the controller has the topic; the broker's metadata cache
-    // follows a moment later. Wait until it lists every partition with a leader.
-    let metadata: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &services.kafka_bootstrap)
-        .create()
-        .expect("metadata client");
-    kafka_lease_testkit::wait_for(
-        "the new topic in broker metadata",
-        Duration::from_secs(30),
-        || {
-            let visible = metadata
-                .fetch_metadata(Some(&topic), Duration::from_secs(5))
-                .ok()
-                .and_then(|m| {
-                    let t = m.topics().iter().find(|t| t.name() == topic)?;
-                    let ready = t.error().is_none()
-                        && t.partitions().len() == partitions as usize
-                        && t.partitions().iter().all(|p| p.leader() >= 0);
-                    ready.then_some(())
-                });
-            async move { visible }
-        },
-    )
-    .await;
+        .unwrap_or_else(|e| panic!("{e}"));
     topic
 }
 

@@ -1,23 +1,17 @@
 //! The benchmark's surroundings: the real services, the real gateway binary as child
 //! processes, topics and records on the real broker, and `/proc` figures of a process.
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use futures::StreamExt;
 use kafka_lease_client::Client;
-use kafka_lease_testkit::Services;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use kafka_lease_testkit::{GatewayProcess, Services};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use crate::progress::Progress;
@@ -98,11 +92,11 @@ impl Env {
     }
 }
 
-/// A `kafka-lease serve` child process on 127.0.0.1 with a port of its own.
+/// A `kafka-lease serve` child process on 127.0.0.1 with a port of its own: the launcher the
+/// tests use too ([`kafka_lease_testkit::GatewayProcess`]), with the benchmark's settings.
 #[derive(Debug)]
 pub(crate) struct Gateway {
-    child: Option<Child>,
-    pid: u32,
+    inner: GatewayProcess,
     pub(crate) addr: String,
     pub(crate) instance: String,
 }
@@ -118,74 +112,30 @@ impl Gateway {
         consul: Option<&str>,
     ) -> Result<Gateway> {
         let log_path = env.log_dir.join(format!("{instance}.log"));
-        let log = std::fs::File::create(&log_path)
-            .with_context(|| format!("creating {}", log_path.display()))?;
         let consul = consul.unwrap_or(&env.services.consul_http_addr);
-        let mut child = Command::new(&env.gateway_bin)
-            .args([
-                "serve",
-                "--kafka",
-                &env.services.kafka_bootstrap,
-                "--consul",
-                consul,
-                "--consul-prefix",
-                prefix,
-                "--listen",
-                "127.0.0.1:0",
-                "--instance-id",
-                instance,
-                "--log-format",
-                "json",
-            ])
-            .args(&env.gateway_args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(log))
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("spawning {}", env.gateway_bin.display()))?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("the gateway exited at once"))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| anyhow!("no stdout pipe"))?;
-        let mut lines = BufReader::new(stdout).lines();
-        let found = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
-                    return Ok::<_, std::io::Error>(Some(addr.trim().to_string()));
-                }
-            }
-            Ok(None)
-        })
-        .await;
-        let addr = match found {
-            Ok(Ok(Some(addr))) => addr,
-            Ok(Ok(None)) | Ok(Err(_)) => bail!(
-                "gateway {instance} exited before listening; its log: {}\n{}",
-                log_path.display(),
-                log_tail(&log_path)
-            ),
-            Err(_) => bail!(
-                "gateway {instance} did not listen within 30 s; its log: {}\n{}",
-                log_path.display(),
-                log_tail(&log_path)
-            ),
-        };
-        // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let mut args = vec![
+            "--kafka",
+            &env.services.kafka_bootstrap,
+            "--consul",
+            consul,
+            "--consul-prefix",
+            prefix,
+            "--log-format",
+            "json",
+        ];
+        args.extend(env.gateway_args.iter().map(String::as_str));
+        let inner = GatewayProcess::spawn(&env.gateway_bin, &args, instance, log_path)
+            .await
+            .map_err(|e| anyhow!(e))?;
         Ok(Gateway {
-            child: Some(child),
-            pid,
-            addr,
-            instance: instance.to_string(),
+            addr: inner.addr.clone(),
+            instance: inner.instance.clone(),
+            inner,
         })
     }
 
     pub(crate) fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        self.inner.endpoint()
     }
 
     /// A new client connection (its own HTTP/2 channel).
@@ -196,48 +146,23 @@ impl Gateway {
     }
 
     pub(crate) fn pid(&self) -> u32 {
-        self.pid
+        self.inner.pid()
     }
 
     /// SIGKILL, at once; does not wait.
     pub(crate) fn kill(&mut self) -> Result<()> {
-        match self.child.as_mut() {
-            Some(child) => child.start_kill().context("SIGKILL of the gateway"),
-            None => Ok(()),
-        }
+        self.inner.signal("KILL").map_err(|e| anyhow!(e))
     }
 
     /// SIGTERM (the gateway releases its locks and exits), SIGKILL after 20 s.
-    pub(crate) async fn stop(mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-        if tokio::time::timeout(Duration::from_secs(20), child.wait())
-            .await
-            .is_err()
-        {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-        }
+    pub(crate) async fn stop(self) {
+        self.inner.stop(Duration::from_secs(20)).await;
     }
 
     /// Waits for a killed gateway to be reaped.
-    pub(crate) async fn reap(mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.wait().await;
-        }
+    pub(crate) async fn reap(self) {
+        self.inner.kill().await;
     }
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(15)..].join("\n")
 }
 
 /// The `VmRSS` (bytes) and `Threads` of a process, from `/proc/<pid>/status`.
@@ -263,46 +188,9 @@ pub(crate) fn proc_status(pid: u32) -> Result<(u64, u64)> {
 /// Creates `topic` with `partitions` partitions and waits until the broker's metadata lists
 /// every partition with a leader.
 pub(crate) async fn create_topic(env: &Env, topic: &str, partitions: i32) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", &env.services.kafka_bootstrap)
-        .create()
-        .context("admin client")?;
-    let results = admin
-        .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(60))),
-        )
+    kafka_lease_testkit::create_topic(&env.services.kafka_bootstrap, topic, partitions)
         .await
-        .context("create topic")?;
-    for r in results {
-        r.map_err(|(t, e)| anyhow!("creating topic {t}: {e}"))?;
-    }
-    let metadata: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &env.services.kafka_bootstrap)
-        .create()
-        .context("metadata client")?;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let topic_owned = topic.to_string();
-        let ready = {
-            let m = metadata.fetch_metadata(Some(&topic_owned), Duration::from_secs(5));
-            m.ok().is_some_and(|m| {
-                m.topics().iter().any(|t| {
-                    t.name() == topic
-                        && t.error().is_none()
-                        && t.partitions().len() == partitions as usize
-                        && t.partitions().iter().all(|p| p.leader() >= 0)
-                })
-            })
-        };
-        if ready {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            bail!("topic {topic} did not show {partitions} partitions with leaders within 60 s");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        .map_err(|e| anyhow!(e))
 }
 
 /// A producer for bulk loading: batches, acks from the leader.

@@ -7,9 +7,13 @@
 //! services.
 
 pub mod consul_agent;
+pub mod gateway;
 pub mod relay;
+pub mod topics;
 pub use consul_agent::ConsulClientAgent;
+pub use gateway::GatewayProcess;
 pub use relay::{Fault, Relay};
+pub use topics::create_topic;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -144,7 +148,23 @@ pub fn unique_name(prefix: &str) -> String {
 
 /// Polls `condition` every 20 ms until it yields `Some`, or panics after `deadline` naming
 /// `what`. Tests wait for conditions, never for fixed times.
-pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut condition: F) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, condition: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    wait_for_result(what, deadline, condition)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`wait_for`] for callers that report failure as a value (the benchmark): an error naming
+/// `what` after `deadline`.
+pub async fn wait_for_result<T, F, Fut>(
+    what: &str,
+    deadline: Duration,
+    mut condition: F,
+) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -152,10 +172,10 @@ where
     let started = tokio::time::Instant::now();
     loop {
         if let Some(value) = condition().await {
-            return value;
+            return Ok(value);
         }
         if started.elapsed() >= deadline {
-            panic!("timed out after {deadline:?} waiting for {what}");
+            return Err(format!("timed out after {deadline:?} waiting for {what}"));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -1,0 +1,58 @@
+//! Topics on the real test broker: created, then waited for until the broker's metadata lists
+//! every partition with a leader (CreateTopics answers when the controller has the topic; the
+//! broker's metadata cache follows a moment later, and a client that asks in between is told
+//! the topic does not exist). Shared by the end-to-end tests and the benchmark.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+
+use crate::wait_for_result;
+
+/// How long a new topic may take to appear with leaders for every partition.
+const TOPIC_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Creates `topic` with `partitions` partitions (replication factor 1) on the broker at
+/// `bootstrap`, and waits until its metadata lists every partition with a leader.
+pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), String> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| format!("admin client: {e}"))?;
+    let results = admin
+        .create_topics(
+            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+            &AdminOptions::new().operation_timeout(Some(TOPIC_DEADLINE)),
+        )
+        .await
+        .map_err(|e| format!("creating topic {topic}: {e}"))?;
+    for result in results {
+        result.map_err(|(t, e)| format!("creating topic {t}: {e}"))?;
+    }
+    let metadata: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| format!("metadata client: {e}"))?;
+    wait_for_result(
+        &format!("topic {topic} to list {partitions} partitions with leaders"),
+        TOPIC_DEADLINE,
+        || {
+            let ready = metadata
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+                .ok()
+                .is_some_and(|m| {
+                    m.topics().iter().any(|t| {
+                        t.name() == topic
+                            && t.error().is_none()
+                            && t.partitions().len() == partitions as usize
+                            && t.partitions().iter().all(|p| p.leader() >= 0)
+                    })
+                });
+            async move { ready.then_some(()) }
+        },
+    )
+    .await
+}
