@@ -126,8 +126,14 @@ impl Table {
     fn unclaim(&mut self, key: &LockKey, unreleased_by: Option<&str>) {
         self.claimed.remove(key);
         if let Some(session) = unreleased_by {
-            self.unreleased.insert(key.clone(), session.to_string());
+            self.unreleased(key, session);
         }
+    }
+
+    /// `session` may hold `key` in the backend with no lease behind it: the key cannot be
+    /// claimed until [`Table::released`].
+    fn unreleased(&mut self, key: &LockKey, session: &str) {
+        self.unreleased.insert(key.clone(), session.to_string());
     }
 
     /// Turns a claim into a live lease.
@@ -143,8 +149,7 @@ impl Table {
         if self.by_key.get(&lease.key) == Some(&lease.id) {
             self.by_key.remove(&lease.key);
         }
-        self.unreleased
-            .insert(lease.key.clone(), lease.session_id().to_string());
+        self.unreleased(&lease.key, lease.session_id());
         if self.ended.insert(lease.id.clone(), reason).is_none() {
             self.ended_order.push_back(lease.id.clone());
         }
@@ -246,10 +251,7 @@ impl Drop for GrantGuard<'_> {
     fn drop(&mut self) {
         if let Some(grant) = self.grant.take() {
             let session = grant.session().to_string();
-            self.gateway
-                .table()
-                .unreleased
-                .insert(grant.key().clone(), session.clone());
+            self.gateway.table().unreleased(grant.key(), &session);
             self.gateway.spawn_release_key(grant.key().clone(), session);
         }
     }
