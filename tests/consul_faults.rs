@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error};
 use kafka_lease_testkit::{unique_name, Fault, Relay, Services};
-use support::{create_topic, unique_prefix, GatewayProcess};
+use support::{consul_relay, create_topic, unique_prefix, GatewayProcess};
 use tokio::time::Instant;
 
 /// How long the next holder waits: far longer than a retry takes, far shorter than the
@@ -25,14 +25,29 @@ struct Setup {
     group: String,
 }
 
+impl Setup {
+    /// A client of the other gateway waits for partition 0 and gets it: how long it took.
+    async fn next_holder_gets_the_partition(&self, why: &str) -> Duration {
+        let started = Instant::now();
+        let next = self
+            .direct
+            .client()
+            .await
+            .acquire(
+                AcquireOptions::new(&self.group, &self.topic)
+                    .partition(0)
+                    .wait(WAIT),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{why}: {e}"));
+        let took = started.elapsed();
+        next.release().await.expect("release");
+        took
+    }
+}
+
 async fn setup(services: &Services) -> Setup {
-    let consul = services
-        .consul_http_addr
-        .trim_start_matches("http://")
-        .parse()
-        .expect("consul address");
-    let relay = Relay::start(consul).await.expect("relay to Consul");
-    let relayed_addr = format!("http://{}", relay.addr());
+    let (relay, relayed_addr) = consul_relay(services).await;
     let prefix = unique_prefix();
     let relayed = GatewayProcess::start(
         services,
@@ -71,23 +86,12 @@ async fn a_release_lost_on_the_way_to_consul_is_retried_until_the_key_is_free() 
     lease.release().await.expect("Release answers");
     assert_eq!(s.relay.faults_fired(), 1, "the release request was lost");
 
-    let started = Instant::now();
-    let next = s
-        .direct
-        .client()
-        .await
-        .acquire(
-            AcquireOptions::new(&s.group, &s.topic)
-                .partition(0)
-                .wait(WAIT),
+    let after = s
+        .next_holder_gets_the_partition(
+            "the partition becomes free although the first release was lost",
         )
-        .await
-        .expect("the partition becomes free although the first release was lost");
-    println!(
-        "the next holder got the partition {:?} after Release",
-        started.elapsed()
-    );
-    next.release().await.expect("release");
+        .await;
+    println!("the next holder got the partition {after:?} after Release");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -110,21 +114,8 @@ async fn an_acquire_whose_answer_is_lost_leaves_no_lock_behind() {
     }
     assert_eq!(s.relay.faults_fired(), 1, "the acquire's answer was lost");
 
-    let started = Instant::now();
-    let next = s
-        .direct
-        .client()
-        .await
-        .acquire(
-            AcquireOptions::new(&s.group, &s.topic)
-                .partition(0)
-                .wait(WAIT),
-        )
-        .await
-        .expect("the lock Consul granted without an answer is given back");
-    println!(
-        "the next holder got the partition {:?} later",
-        started.elapsed()
-    );
-    next.release().await.expect("release");
+    let after = s
+        .next_holder_gets_the_partition("the lock Consul granted without an answer is given back")
+        .await;
+    println!("the next holder got the partition {after:?} later");
 }

@@ -7,8 +7,10 @@ mod support;
 use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions, Reason};
-use kafka_lease_testkit::{unique_name, Relay, Services};
-use support::{create_topic, produce, producer, unique_prefix, GatewayProcess, TestRecord};
+use kafka_lease_testkit::{unique_name, Services};
+use support::{
+    consul_relay, create_topic, produce, producer, unique_prefix, GatewayProcess, TestRecord,
+};
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -20,13 +22,7 @@ async fn cut_off_from_consul_every_idle_read_ends_lease_lost_within_the_fence_wi
     ) else {
         return;
     };
-    let consul = services
-        .consul_http_addr
-        .trim_start_matches("http://")
-        .parse()
-        .expect("consul address");
-    let relay = Relay::start(consul).await.expect("relay to Consul");
-    let relayed = format!("http://{}", relay.addr());
+    let (relay, relayed) = consul_relay(&services).await;
     // TTL-only: the agent's check would dial the gateway directly, around the relay.
     let gateway = GatewayProcess::start(
         &services,

@@ -148,6 +148,21 @@ pub fn services_script(services: &Services, command: &str) {
     assert!(status.success(), "scripts/services {command} failed");
 }
 
+/// A relay in front of the test Consul agent's HTTP API (to cut, hold or fail its traffic),
+/// and its `http://` address for a gateway's `--consul`.
+pub async fn consul_relay(services: &Services) -> (kafka_lease_testkit::Relay, String) {
+    let consul = services
+        .consul_http_addr
+        .trim_start_matches("http://")
+        .parse()
+        .expect("consul address");
+    let relay = kafka_lease_testkit::Relay::start(consul)
+        .await
+        .expect("relay to Consul");
+    let addr = format!("http://{}", relay.addr());
+    (relay, addr)
+}
+
 /// A fresh Consul key prefix for one test, so tests never see each other's locks.
 pub fn unique_prefix() -> String {
     format!("kafka-lease-test/{}", unique_name("p"))
