@@ -62,13 +62,15 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
     // The broker listens again but is still loading its offsets topic (NOT_COORDINATOR,
     // COORDINATOR_LOAD_IN_PROGRESS): an Acquire in a group it has never seen, sent at once,
     // gets its lease; the gateway retries those states within the call's deadline.
+    let asked = tokio::time::Instant::now();
     let fresh = client
         .acquire(AcquireOptions::new(unique_name("g"), &topic).member("right after the restart"))
         .await
         .expect("an Acquire right after the broker restart succeeds");
     println!(
-        "Acquire right after the broker restart: offset {}",
-        fresh.offset()
+        "Acquire right after the broker restart: offset {}, answered in {:?}",
+        fresh.offset(),
+        asked.elapsed()
     );
     fresh.release().await.expect("release");
     wait_health(&health, "", ServingStatus::Serving, DEADLINE).await;

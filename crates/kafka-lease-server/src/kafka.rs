@@ -77,6 +77,10 @@ impl KafkaSettings {
             // of a lease may wait for a commit whose answer is missing (see the commit gate
             // in docs/ARCHITECTURE.md).
             .set("socket.timeout.ms", SOCKET_TIMEOUT_MS)
+            // librdkafka backs off reconnects up to 10 s by default: after a broker restart
+            // the gateway could then stay cut off for longer than a request's deadline (5 s)
+            // and answer UNAVAILABLE to calls a running broker could serve.
+            .set("reconnect.backoff.max.ms", "1000")
             .set("topic.metadata.refresh.interval.ms", "30000");
         config
     }
