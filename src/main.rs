@@ -12,7 +12,7 @@ use kafka_lease_server::coordination::consul::ConsulLocks;
 use kafka_lease_server::coordination::memory::MemoryLockStore;
 use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::{DevKafka, DEMO_PARTITIONS, DEMO_TOPIC};
-use kafka_lease_server::gateway::Gateway;
+use kafka_lease_server::gateway::{Gateway, Limits};
 use kafka_lease_server::kafka::{Kafka, KafkaSettings};
 
 /// The version and the git revision this binary was built from.
@@ -163,8 +163,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut settings = KafkaSettings::new(&args.kafka, &instance);
     settings.options = args.kafka_options.clone();
     settings.queue_kbytes_per_partition = args.fetch_queue_kbytes;
+    settings.max_groups = args.max_groups as usize;
     let kafka = Kafka::new(settings)?;
-    let gateway = Gateway::new(instance, Arc::new(locks), kafka);
+    let limits = Limits {
+        max_leases: args.max_leases as usize,
+        max_waiting_acquires: args.max_waiting_acquires as usize,
+    };
+    let gateway = Gateway::with_limits(instance, Arc::new(locks), kafka, limits);
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "serving");
     // One machine-readable line on stdout, for scripts and tests started with port 0.

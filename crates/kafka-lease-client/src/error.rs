@@ -72,6 +72,9 @@ pub enum Reason {
     /// `KAFKA_REFUSED`: Kafka answered and refused the request for a reason no retry mends
     /// (code FAILED_PRECONDITION, metadata `operation`).
     KafkaRefused,
+    /// `LIMIT_REACHED`: the gateway instance is at one of its limits (code
+    /// RESOURCE_EXHAUSTED, metadata `limit` naming the flag and `value`; retry advice).
+    LimitReached,
     /// A reason this version of the crate does not know, as the gateway spelled it.
     Unknown(String),
 }
@@ -99,6 +102,7 @@ impl Reason {
             Some(R::ConsulUnavailable) => Reason::ConsulUnavailable,
             Some(R::KafkaDenied) => Reason::KafkaDenied,
             Some(R::KafkaRefused) => Reason::KafkaRefused,
+            Some(R::LimitReached) => Reason::LimitReached,
             Some(R::Unspecified) | None => Reason::Unknown(name.to_owned()),
         }
     }
@@ -124,6 +128,7 @@ impl Reason {
             Reason::ConsulUnavailable => R::ConsulUnavailable,
             Reason::KafkaDenied => R::KafkaDenied,
             Reason::KafkaRefused => R::KafkaRefused,
+            Reason::LimitReached => R::LimitReached,
             Reason::Unknown(name) => return name,
         };
         known.as_str_name()

@@ -99,6 +99,19 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_LEASE_FETCH_QUEUE_KBYTES", default_value_t = 2048,
           value_parser = clap::value_parser!(u32).range(64..=1_048_576))]
     pub fetch_queue_kbytes: u32,
+    /// Most leases this instance serves at once; an Acquire past it is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "KAFKA_LEASE_MAX_LEASES", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_leases: u32,
+    /// Most Acquires waiting for a partition on this instance at once.
+    #[arg(long, env = "KAFKA_LEASE_MAX_WAITING_ACQUIRES", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub max_waiting_acquires: u32,
+    /// Most consumer groups with leases on this instance at once (each costs a Kafka client
+    /// with its own threads and broker connections).
+    #[arg(long, env = "KAFKA_LEASE_MAX_GROUPS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub max_groups: u32,
     /// Extra librdkafka property, `key=value` (repeatable; comma-separated in the env var),
     /// e.g. `security.protocol=ssl`.
     #[arg(long = "kafka-option", env = "KAFKA_LEASE_KAFKA_OPTIONS", value_delimiter = ',',

@@ -115,6 +115,16 @@ pub enum LeaseError {
         denied: bool,
     },
 
+    /// A per-gateway limit that keeps one client from taking what the gateway has for all.
+    #[error("{what}: the limit is {limit} ({flag}); retry later, or raise {flag}")]
+    LimitReached {
+        /// The flag that sets the limit, e.g. `--max-leases`.
+        flag: &'static str,
+        limit: usize,
+        /// What is at the limit, in words.
+        what: String,
+    },
+
     #[error("Consul is unavailable: {0}")]
     Coordination(#[from] CoordinationError),
 }

@@ -6,7 +6,7 @@
 //! holder never overlaps with it on this instance.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -103,14 +103,19 @@ enum LocalBusy {
     Leased(Arc<Lease>),
     /// Another attempt is on it, or its release is not confirmed yet.
     Pending,
+    /// This instance serves as many leases as it may.
+    Full,
 }
 
 impl Table {
     /// Claims `key` for one Acquire attempt, unless this instance leases it, is trying it,
     /// or may still hold it in the backend.
-    fn claim(&mut self, key: &LockKey) -> Result<(), LocalBusy> {
+    fn claim(&mut self, key: &LockKey, max_leases: usize) -> Result<(), LocalBusy> {
         if let Some(lease) = self.by_key.get(key).and_then(|id| self.leases.get(id)) {
             return Err(LocalBusy::Leased(lease.clone()));
+        }
+        if self.leases.len() + self.claimed.len() >= max_leases {
+            return Err(LocalBusy::Full);
         }
         if self.by_key.contains_key(key)
             || self.unreleased.contains_key(key)
@@ -175,11 +180,42 @@ impl Table {
     }
 }
 
+/// What one gateway instance takes on at most, so one client cannot take what it has for
+/// all (each is a flag; see the README's configuration table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Leases served at once (`--max-leases`).
+    pub max_leases: usize,
+    /// Acquires waiting for a partition at once (`--max-waiting-acquires`).
+    pub max_waiting_acquires: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_leases: 10_000,
+            max_waiting_acquires: 1_000,
+        }
+    }
+}
+
+/// Counts an Acquire as waiting for as long as it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The gateway: one per instance.
 pub struct Gateway {
     instance: String,
     locks: Arc<dyn LockBackend>,
     kafka: Kafka,
+    limits: Limits,
+    /// Acquires waiting for a partition right now.
+    waiting: AtomicUsize,
     table: Mutex<Table>,
     shutting_down: AtomicBool,
     /// This gateway itself, for tasks that must not keep it alive.
@@ -265,13 +301,25 @@ const COMMIT_SETTLE_WAIT: Duration = Duration::from_secs(5);
 const RELEASE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl Gateway {
-    /// Creates the gateway and starts the task that ends leases when the lock session is
-    /// lost.
+    /// Creates the gateway with the default [`Limits`] and starts the task that ends leases
+    /// when the lock session is lost.
     pub fn new(instance: String, locks: Arc<dyn LockBackend>, kafka: Kafka) -> Arc<Self> {
+        Self::with_limits(instance, locks, kafka, Limits::default())
+    }
+
+    /// [`Gateway::new`] with the given limits.
+    pub fn with_limits(
+        instance: String,
+        locks: Arc<dyn LockBackend>,
+        kafka: Kafka,
+        limits: Limits,
+    ) -> Arc<Self> {
         let gateway = Arc::new_cyclic(|me| Self {
             instance,
             locks,
             kafka,
+            limits,
+            waiting: AtomicUsize::new(0),
             table: Mutex::new(Table::default()),
             shutting_down: AtomicBool::new(false),
             me: me.clone(),
@@ -371,6 +419,7 @@ impl Gateway {
             }
         };
         let deadline = Instant::now() + spec.wait;
+        let mut waiting: Option<Waiting<'_>> = None;
         loop {
             let mut busy = Vec::new();
             let mut first_index: Option<u64> = None;
@@ -398,8 +447,22 @@ impl Gateway {
                     busy,
                 });
             }
-            // Every candidate is held: wait for a change under the topic's keys, from the
-            // index seen before the first attempt, so a release in between is not missed.
+            // Every candidate is held: wait, if this gateway may take one more waiter.
+            if waiting.is_none() {
+                if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.limits.max_waiting_acquires {
+                    self.waiting.fetch_sub(1, Ordering::SeqCst);
+                    return Err(LeaseError::LimitReached {
+                        flag: "--max-waiting-acquires",
+                        limit: self.limits.max_waiting_acquires,
+                        what: "as many Acquires as this gateway allows are already waiting \
+                               for a partition"
+                            .into(),
+                    });
+                }
+                waiting = Some(Waiting(&self.waiting));
+            }
+            // Wait for a change under the topic's keys, from the index seen before the
+            // first attempt, so a release in between is not missed.
             let watch_key = LockKey::new(&spec.group, &spec.topic, candidates[0]);
             let remaining = deadline - now;
             match first_index {
@@ -451,9 +514,16 @@ impl Gateway {
         spec: &AcquireSpec,
         key: &LockKey,
     ) -> Result<Result<Granted, (BusyPartition, Option<u64>)>, LeaseError> {
-        let claimed = self.table().claim(key);
+        let claimed = self.table().claim(key, self.limits.max_leases);
         if let Err(local) = claimed {
             let busy = match local {
+                LocalBusy::Full => {
+                    return Err(LeaseError::LimitReached {
+                        flag: "--max-leases",
+                        limit: self.limits.max_leases,
+                        what: "this gateway serves as many leases as it may".into(),
+                    })
+                }
                 LocalBusy::Leased(lease) => BusyPartition {
                     partition: key.partition,
                     holder: Some(self.holder_of(&lease)),
@@ -473,6 +543,9 @@ impl Gateway {
             unreleased_by: None,
             installed: false,
         };
+        // The group's Kafka client first (held until the attempt ends, so it cannot be closed
+        // as idle meanwhile): a gateway at its group limit refuses before it touches Consul.
+        let _group_client = self.kafka.group(&key.group)?;
         let id = new_lease_id();
         let holder = HolderInfo {
             member: spec.member.clone(),

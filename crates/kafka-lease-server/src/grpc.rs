@@ -153,6 +153,12 @@ fn status_at(err: LeaseError, now: SystemTime) -> Status {
                 (Code::FailedPrecondition, R::KafkaRefused)
             }
         }
+        LeaseError::LimitReached { flag, limit, .. } => {
+            put("limit", (*flag).to_owned());
+            put("value", limit.to_string());
+            retry = Some(RETRY_DELAY);
+            (Code::ResourceExhausted, R::LimitReached)
+        }
         LeaseError::Coordination(coordination) => {
             if let CoordinationError::Unavailable { operation, .. } = coordination {
                 put("operation", (*operation).to_owned());
@@ -670,6 +676,15 @@ mod tests {
                 },
                 "KAFKA_REFUSED",
                 false,
+            ),
+            (
+                LeaseError::LimitReached {
+                    flag: "--max-leases",
+                    limit: 3,
+                    what: "full".into(),
+                },
+                "LIMIT_REACHED",
+                true,
             ),
         ];
         for (err, want_reason, want_retry) in cases {

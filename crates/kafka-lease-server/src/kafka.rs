@@ -37,6 +37,9 @@ const REPOLL: Duration = Duration::from_millis(20);
 /// the group does not pay for a new client and a coordinator lookup (tens of ms).
 const IDLE_GROUP_CLIENT: Duration = Duration::from_secs(60);
 
+/// The default of [`KafkaSettings::max_groups`].
+pub const DEFAULT_MAX_GROUPS: usize = 100;
+
 /// librdkafka's `socket.timeout.ms` for the gateway's clients.
 const SOCKET_TIMEOUT_MS: &str = "10000";
 
@@ -54,6 +57,9 @@ pub struct KafkaSettings {
     pub request_timeout: Duration,
     /// Used in `client.id`, so broker logs show which gateway a connection belongs to.
     pub instance: String,
+    /// Most consumer groups with a client on this gateway at once (`--max-groups`): each
+    /// costs a librdkafka client with its own threads and broker connections.
+    pub max_groups: usize,
 }
 
 impl KafkaSettings {
@@ -64,6 +70,7 @@ impl KafkaSettings {
             queue_kbytes_per_partition: 2048,
             request_timeout: Duration::from_secs(5),
             instance: instance.into(),
+            max_groups: DEFAULT_MAX_GROUPS,
         }
     }
 
@@ -377,6 +384,29 @@ impl Kafka {
         if let Some(cached) = groups.get_mut(group) {
             cached.idle_since = None;
             return Ok(cached.client.clone());
+        }
+        if groups.len() >= self.settings.max_groups {
+            // At the limit: make room by closing a client no lease uses (one kept idle for
+            // a while), or refuse.
+            let idle = groups
+                .iter()
+                .find(|(_, cached)| Arc::strong_count(&cached.client) == 1)
+                .map(|(name, _)| name.clone());
+            match idle.and_then(|name| groups.remove(&name)) {
+                // Closing a librdkafka consumer blocks briefly; keep it off the reactor.
+                Some(closing) => drop(tokio::task::spawn_blocking(move || drop(closing))),
+                None => {
+                    return Err(LeaseError::LimitReached {
+                        flag: "--max-groups",
+                        limit: self.settings.max_groups,
+                        what: format!(
+                            "this gateway already has leases in {} consumer groups, so it \
+                             cannot take one in group {group:?}",
+                            groups.len()
+                        ),
+                    })
+                }
+            }
         }
         let client = Arc::new(GroupClient::new(&self.settings, group)?);
         groups.insert(

@@ -12,7 +12,7 @@ use kafka_lease_server::coordination::memory::MemoryLockStore;
 use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::{DevKafka, DEMO_TOPIC};
 use kafka_lease_server::error::{EndReason, LeaseError};
-use kafka_lease_server::gateway::{AcquireSpec, Gateway, Granted, Reset, SeekTarget};
+use kafka_lease_server::gateway::{AcquireSpec, Gateway, Granted, Limits, Reset, SeekTarget};
 use kafka_lease_server::kafka::{Kafka, KafkaSettings};
 use kafka_lease_server::lease::{ReadLimits, ReadStream};
 use kafka_lease_testkit::unique_name;
@@ -29,12 +29,22 @@ struct Rig {
 type MemoryLocksHandle = kafka_lease_server::coordination::memory::MemoryLocks;
 
 async fn rig() -> Rig {
+    rig_with(
+        Limits::default(),
+        kafka_lease_server::kafka::DEFAULT_MAX_GROUPS,
+    )
+    .await
+}
+
+async fn rig_with(limits: Limits, max_groups: usize) -> Rig {
     let kafka = DevKafka::start(RECORDS).await.expect("mock cluster");
     let store = MemoryLockStore::new();
     let locks = Arc::new(store.backend("rig"));
     let backend: Arc<dyn LockBackend> = locks.clone();
-    let client = Kafka::new(KafkaSettings::new(kafka.bootstrap_servers(), "rig")).expect("kafka");
-    let gateway = Gateway::new("rig".into(), backend, client);
+    let mut settings = KafkaSettings::new(kafka.bootstrap_servers(), "rig");
+    settings.max_groups = max_groups;
+    let client = Kafka::new(settings).expect("kafka");
+    let gateway = Gateway::with_limits("rig".into(), backend, client, limits);
     Rig {
         gateway,
         locks,
@@ -324,4 +334,79 @@ async fn transient_broker_states_are_retried_and_refusals_are_not_unavailable() 
         .commit(&lease.lease_id, 5, None)
         .await
         .expect("commit");
+}
+
+/// The limit an error names, or a panic showing what came instead.
+fn limit_of(result: Result<Granted, LeaseError>) -> (&'static str, usize) {
+    match result {
+        Err(LeaseError::LimitReached { flag, limit, what }) => {
+            assert!(!what.is_empty());
+            (flag, limit)
+        }
+        other => panic!("expected a limit, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_gateway_limit_is_refused_with_its_flag_and_value() {
+    let limits = Limits {
+        max_leases: 2,
+        max_waiting_acquires: 1,
+    };
+    let rig = rig_with(limits, 2).await;
+    let group = unique_name("g");
+    let first = acquire(&rig, &group, 0).await;
+    acquire(&rig, &group, 1).await;
+    // A third lease is past --max-leases, and stores nothing.
+    assert_eq!(
+        limit_of(rig.gateway.acquire(spec(&group, 2)).await),
+        ("--max-leases", 2)
+    );
+    let held = rig.locks.list(Some(&group)).await.expect("list");
+    assert_eq!(held.len(), 2, "the refused Acquire took no lock");
+    rig.gateway.release(&first.lease_id, None).await.unwrap();
+
+    // One Acquire may wait for the held partition 1; a second waiter is refused at once.
+    let waiting = {
+        let gateway = rig.gateway.clone();
+        let spec = AcquireSpec {
+            wait: Duration::from_secs(30),
+            ..spec(&group, 1)
+        };
+        tokio::spawn(async move { gateway.acquire(spec).await })
+    };
+    let second = AcquireSpec {
+        wait: Duration::from_secs(30),
+        ..spec(&group, 1)
+    };
+    let refused =
+        kafka_lease_testkit::wait_for("the second waiter to be refused", DEADLINE, || {
+            let (gateway, second) = (rig.gateway.clone(), second.clone());
+            async move {
+                match tokio::time::timeout(Duration::from_millis(200), gateway.acquire(second))
+                    .await
+                {
+                    Ok(Err(err @ LeaseError::LimitReached { .. })) => Some(err),
+                    _ => None,
+                }
+            }
+        })
+        .await;
+    assert_eq!(limit_of(Err(refused)), ("--max-waiting-acquires", 1));
+    waiting.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_group_limit_counts_groups_in_use_and_makes_room_from_idle_ones() {
+    let rig = rig_with(Limits::default(), 2).await;
+    let (one, two, three) = (unique_name("g"), unique_name("g"), unique_name("g"));
+    acquire(&rig, &one, 0).await;
+    let second = acquire(&rig, &two, 0).await;
+    assert_eq!(
+        limit_of(rig.gateway.acquire(spec(&three, 0)).await),
+        ("--max-groups", 2)
+    );
+    // The second group's client is idle once its lease is gone: the third takes its place.
+    rig.gateway.release(&second.lease_id, None).await.unwrap();
+    acquire(&rig, &three, 0).await;
 }
