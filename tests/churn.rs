@@ -38,6 +38,8 @@ struct Entry {
     delivered: Vec<i64>,
     /// (when the request was sent, offset) of each commit the gateway accepted.
     commits: Vec<(Instant, i64)>,
+    /// A commit sent whose answer never came back (its worker was aborted).
+    unanswered: Option<i64>,
     ended: Option<&'static str>,
 }
 
@@ -96,6 +98,7 @@ async fn worker(
                 start_offset: lease.offset(),
                 delivered: Vec::new(),
                 commits: Vec::new(),
+                unanswered: None,
                 ended: None,
             });
             log.entries.len() - 1
@@ -137,8 +140,16 @@ async fn worker(
             log(&shared).reopened_reads += 1;
         }
         let sent = Instant::now();
-        if lease.commit(next).await.is_ok() {
-            log(&shared).entries[index].commits.push((sent, next));
+        // Noted before it is sent: a worker aborted mid-call (the chaos, or the end of the
+        // drain) leaves a commit whose outcome nobody heard, which may still have landed.
+        log(&shared).entries[index].unanswered = Some(next);
+        let accepted = lease.commit(next).await.is_ok();
+        {
+            let mut log = log(&shared);
+            log.entries[index].unanswered = None;
+            if accepted {
+                log.entries[index].commits.push((sent, next));
+            }
         }
         if round.is_multiple_of(5) {
             // Vanish: no Release, the lease lapses after its TTL.
@@ -394,11 +405,22 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
                 history.get(partition)
             ));
         }
-        let last_commit = commits.last().map(|c| c.1);
-        assert_eq!(
-            kafka_committed(&services, &group, &topic, *partition).map(|c| c.0),
-            last_commit,
-            "partition {partition}: Kafka has the last accepted commit"
+        // Kafka ends with the last accepted commit, or with a commit of the same lease or a
+        // newer one whose answer was lost when its worker was aborted: never with an older
+        // lease's.
+        let last = commits.last().map(|c| (c.2, c.1));
+        let in_kafka = committed_with_token(&services, &group, &topic, *partition);
+        let explained = in_kafka == last
+            || in_kafka.is_some_and(|(token, offset)| {
+                last.is_none_or(|(last_token, _)| token >= last_token)
+                    && entries
+                        .iter()
+                        .any(|e| e.token == token && e.unanswered == Some(offset))
+            });
+        assert!(
+            explained,
+            "partition {partition}: Kafka has (token, offset) {in_kafka:?}; the last accepted \
+             commit was {last:?}"
         );
     }
     println!(
@@ -453,6 +475,28 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
     );
 }
 
+/// Kafka's committed `(token, offset)` for one partition of the group, read afresh.
+fn committed_with_token(
+    services: &Services,
+    group: &str,
+    topic: &str,
+    partition: i32,
+) -> Option<(u64, i64)> {
+    let (offset, metadata) = kafka_committed(services, group, topic, partition)?;
+    let token = token_of(&metadata)?;
+    Some((token, offset))
+}
+
+/// The fencing token named by a commit's metadata (`kafka-lease token=<t>;…`).
+fn token_of(metadata: &str) -> Option<u64> {
+    metadata
+        .strip_prefix("kafka-lease token=")?
+        .split(';')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The group's committed offset of every partition of `topic`, each with the fencing token
 /// its metadata names (`kafka-lease token=<t>;…`), as Kafka's coordinator has them now.
 fn committed_with_tokens(consumer: &BaseConsumer, topic: &str) -> Vec<(i32, (u64, i64))> {
@@ -470,13 +514,7 @@ fn committed_with_tokens(consumer: &BaseConsumer, topic: &str) -> Vec<(i32, (u64
             let Offset::Offset(offset) = entry.offset() else {
                 return None;
             };
-            let token = entry
-                .metadata()
-                .strip_prefix("kafka-lease token=")?
-                .split(';')
-                .next()?
-                .parse()
-                .ok()?;
+            let token = token_of(entry.metadata())?;
             Some((entry.partition(), (token, offset)))
         })
         .collect()
