@@ -1,0 +1,558 @@
+//! The Consul backend's settings: what they are, their defaults, and the one validation of
+//! them, including the self-fencing invariant (stated in docs/ARCHITECTURE.md, "Self-fencing").
+
+use super::*;
+
+/// Consul's bounds for a session TTL.
+pub(super) const TTL_MIN: Duration = Duration::from_secs(10);
+pub(super) const TTL_MAX: Duration = Duration::from_secs(24 * 60 * 60);
+/// Consul clamps a session's lock-delay to this.
+pub(super) const LOCK_DELAY_MAX: Duration = Duration::from_secs(60);
+/// The shortest lock-delay allowed: the fence window is `lock_delay - FENCE_MARGIN`, and must
+/// leave room for three renews.
+pub(super) const LOCK_DELAY_MIN: Duration = Duration::from_secs(1);
+/// What the self-fence deadline keeps in hand before the earliest moment another instance
+/// could acquire one of this instance's keys (see the module docs): the time from the
+/// synchronous deadline check to the side effect, and clock-rate differences between hosts.
+pub const FENCE_MARGIN: Duration = Duration::from_millis(250);
+/// The defaults of [`ConsulLockConfig`].
+pub const DEFAULT_SESSION_TTL: Duration = Duration::from_secs(10);
+pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_millis(1500);
+/// The defaults of [`SessionCheck`].
+pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+pub const DEFAULT_DEREGISTER_AFTER: Duration = Duration::from_secs(60);
+/// Consul runs no check more often than this (it raises shorter intervals to it).
+pub(super) const CHECK_INTERVAL_MIN: Duration = Duration::from_secs(1);
+/// Consul's reaper ignores `DeregisterCriticalServiceAfter` values below this.
+pub(super) const DEREGISTER_AFTER_MIN: Duration = Duration::from_secs(60);
+
+/// How to reach Consul and how this instance's session behaves. The timing settings are
+/// bound by the invariant in the module docs; [`ConsulLockConfig::validate`] enforces it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsulLockConfig {
+    /// The agent's HTTP API, e.g. `http://127.0.0.1:8500`. With `check` set it must be the
+    /// agent on the gateway's own host: that agent runs the check.
+    pub address: String,
+    /// ACL token (needs `key:write` on the prefix and `session:write` on the node; with
+    /// `check`, also `service:write` on `kafka-lease`).
+    pub token: Option<String>,
+    /// The KV prefix every lock lives under.
+    pub prefix: String,
+    /// This gateway instance's name: the session is named `kafka-lease <instance>`, the
+    /// service (with `check`) `kafka-lease-<instance>`.
+    pub instance: String,
+    /// The session TTL (Consul allows 10 s ..= 24 h): how long a gateway that stopped
+    /// renewing (crashed without a check, or hung) keeps its keys, up to twice this.
+    pub session_ttl: Duration,
+    /// How long Consul keeps an invalidated session's keys unlockable (1 s ..= 60 s). The
+    /// self-fence window is `lock_delay - FENCE_MARGIN`.
+    pub lock_delay: Duration,
+    /// How often the session is renewed. `None` (the default) derives it:
+    /// `fence_window / 4`, so three renews can fail before the fence. See
+    /// [`ConsulLockConfig::renew_interval`].
+    pub renew_interval: Option<Duration>,
+    /// Bind the session to a TCP check the local agent runs against the gateway, for crash
+    /// failover in about `check.interval + lock_delay`. `None`: a TTL-only session.
+    pub check: Option<SessionCheck>,
+}
+
+/// The health check a check-bound session hangs on: the local Consul agent dials `tcp_addr`
+/// every `interval`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionCheck {
+    /// `host:port` the local agent dials: the gateway's gRPC listener.
+    pub tcp_addr: String,
+    /// How often the agent dials (Consul's minimum, and the default: 1 s).
+    pub interval: Duration,
+    /// How long one dial may take (default 1 s). A refused connection fails at once.
+    pub timeout: Duration,
+    /// How long the check may stay critical before the agent drops the registration
+    /// (default 60 s, Consul's minimum): cleans up after a crashed gateway.
+    pub deregister_after: Duration,
+}
+
+impl SessionCheck {
+    /// A check dialing `tcp_addr`, with the default timings.
+    pub fn new(tcp_addr: impl Into<String>) -> Self {
+        Self {
+            tcp_addr: tcp_addr.into(),
+            interval: DEFAULT_CHECK_INTERVAL,
+            timeout: DEFAULT_CHECK_TIMEOUT,
+            deregister_after: DEFAULT_DEREGISTER_AFTER,
+        }
+    }
+
+    /// A check for a gateway listening on `listen`: an unspecified address (`0.0.0.0`, `[::]`)
+    /// is dialed on the loopback of its family (`127.0.0.1`, `[::1]`), since the agent runs
+    /// on the same host.
+    pub fn for_listener(listen: SocketAddr) -> Self {
+        let ip = match listen.ip() {
+            IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ip => ip,
+        };
+        Self::new(SocketAddr::new(ip, listen.port()).to_string())
+    }
+}
+
+impl Default for ConsulLockConfig {
+    /// Every setting but `instance`, which must be set (`validate` insists). TTL-only: a
+    /// check needs the gateway's address.
+    fn default() -> Self {
+        Self {
+            address: "http://127.0.0.1:8500".into(),
+            token: None,
+            prefix: "kafka-lease".into(),
+            instance: String::new(),
+            session_ttl: DEFAULT_SESSION_TTL,
+            lock_delay: DEFAULT_LOCK_DELAY,
+            renew_interval: None,
+            check: None,
+        }
+    }
+}
+
+/// A [`ConsulLockConfig`] setting that cannot work.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConsulConfigError {
+    #[error("{setting} = {value} is out of range; allowed: {allowed}")]
+    OutOfRange {
+        setting: &'static str,
+        value: String,
+        allowed: String,
+    },
+    #[error("{setting} = {value:?} is invalid: {reason}")]
+    Invalid {
+        setting: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+pub(super) fn out_of_range(
+    setting: &'static str,
+    value: Duration,
+    allowed: String,
+) -> ConsulConfigError {
+    ConsulConfigError::OutOfRange {
+        setting,
+        value: format!("{value:?}"),
+        allowed,
+    }
+}
+
+/// A name made only of `[A-Za-z0-9._-]`: safe in a URL path and a Consul service id.
+pub(super) fn is_plain_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+impl ConsulLockConfig {
+    /// Checks every setting against what Consul and this backend accept, including the
+    /// self-fencing invariant (see the module docs).
+    pub fn validate(&self) -> Result<(), ConsulConfigError> {
+        let address = self.address.trim_end_matches('/');
+        let host = address
+            .strip_prefix("http://")
+            .or_else(|| address.strip_prefix("https://"));
+        if host.is_none_or(|h| h.is_empty() || h.contains(['/', '?', '#'])) {
+            return Err(ConsulConfigError::Invalid {
+                setting: "address",
+                value: self.address.clone(),
+                reason: "must be http://host:port or https://host:port",
+            });
+        }
+        if let Some(token) = &self.token {
+            // The token goes into a header; consulrs would panic on anything else.
+            if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(ConsulConfigError::Invalid {
+                    setting: "token",
+                    value: "<redacted>".into(),
+                    reason: "must be non-empty printable ASCII without spaces",
+                });
+            }
+        }
+        let prefix = self.prefix.trim_end_matches('/');
+        let segment_ok = |s: &str| is_plain_name(s) && s != "." && s != "..";
+        if !prefix.split('/').all(segment_ok) {
+            return Err(ConsulConfigError::Invalid {
+                setting: "prefix",
+                value: self.prefix.clone(),
+                reason: "must be one or more `/`-separated segments of [A-Za-z0-9._-], \
+                         without a leading `/`, `.` or `..`",
+            });
+        }
+        if self.instance.trim().is_empty() {
+            return Err(ConsulConfigError::Invalid {
+                setting: "instance",
+                value: self.instance.clone(),
+                reason: "must name this gateway instance",
+            });
+        }
+        if !(TTL_MIN..=TTL_MAX).contains(&self.session_ttl) {
+            return Err(out_of_range(
+                "session_ttl",
+                self.session_ttl,
+                "10s ..= 24h (Consul's limits)".into(),
+            ));
+        }
+        if !(LOCK_DELAY_MIN..=LOCK_DELAY_MAX).contains(&self.lock_delay) {
+            return Err(out_of_range(
+                "lock_delay",
+                self.lock_delay,
+                "1s ..= 60s (the self-fence window is lock_delay - 250ms, and Consul allows \
+                 at most 60s)"
+                    .into(),
+            ));
+        }
+        if let Some(check) = &self.check {
+            self.validate_check(check)?;
+        }
+        let window = self.fence_window();
+        let renew = self.renew_interval();
+        let max_renew = (window / 3).min(self.session_ttl / 2);
+        if renew.is_zero() || renew > max_renew {
+            return Err(out_of_range(
+                "renew_interval",
+                renew,
+                format!(
+                    "more than 0s ..= min(fence_window / 3, session_ttl / 2) = {max_renew:?}, \
+                     where fence_window = lock_delay - {FENCE_MARGIN:?} = {window:?} (renew_interval * 3 <= \
+                     fence_window: at least three renews before the self-fence)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_check(&self, check: &SessionCheck) -> Result<(), ConsulConfigError> {
+        if !is_plain_name(&self.instance) {
+            return Err(ConsulConfigError::Invalid {
+                setting: "instance",
+                value: self.instance.clone(),
+                reason: "must be [A-Za-z0-9._-] with a check: it is part of the Consul \
+                         service id",
+            });
+        }
+        let port_ok = check.tcp_addr.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0)
+        });
+        if !port_ok || check.tcp_addr.contains(['/', ' ']) {
+            return Err(ConsulConfigError::Invalid {
+                setting: "check.tcp_addr",
+                value: check.tcp_addr.clone(),
+                reason: "must be host:port (the gateway's listener as the local agent \
+                         reaches it, e.g. 127.0.0.1:50051)",
+            });
+        }
+        if check.interval < CHECK_INTERVAL_MIN {
+            return Err(out_of_range(
+                "check.interval",
+                check.interval,
+                "1s or more (Consul's minimum)".into(),
+            ));
+        }
+        if check.timeout < Duration::from_millis(1) || check.timeout > check.interval {
+            return Err(out_of_range(
+                "check.timeout",
+                check.timeout,
+                format!("1ms ..= check.interval = {:?}", check.interval),
+            ));
+        }
+        if check.deregister_after < DEREGISTER_AFTER_MIN {
+            return Err(out_of_range(
+                "check.deregister_after",
+                check.deregister_after,
+                "60s or more (Consul's minimum)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// How long after the send time of its last confirmed renew this instance may act on
+    /// its grants: `lock_delay - FENCE_MARGIN`, whatever the session's checks (zero if that
+    /// would be negative; `validate` refuses such settings). Any session can be invalidated
+    /// at any moment after its last confirmation (a check, its node's deregistration, a
+    /// destroy), and its keys are free for others `lock_delay` after that; see "Self-fencing"
+    /// in docs/ARCHITECTURE.md.
+    pub fn fence_window(&self) -> Duration {
+        self.lock_delay.saturating_sub(FENCE_MARGIN)
+    }
+
+    /// The renew interval in effect: the configured one, or `fence_window / 4`.
+    pub fn renew_interval(&self) -> Duration {
+        self.renew_interval
+            .unwrap_or_else(|| self.fence_window() / 4)
+    }
+
+    /// The Consul service id registered for a check-bound session.
+    pub fn service_id(&self) -> String {
+        format!("{SERVICE_NAME}-{}", self.instance)
+    }
+
+    /// The id of the check a check-bound session is bound to.
+    pub fn check_id(&self) -> String {
+        format!("{SERVICE_NAME}-{}-alive", self.instance)
+    }
+
+    pub(super) fn prefix(&self) -> &str {
+        self.prefix.trim_end_matches('/')
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn valid() -> ConsulLockConfig {
+        ConsulLockConfig {
+            instance: "gw-1".into(),
+            ..ConsulLockConfig::default()
+        }
+    }
+
+    fn rejected(config: ConsulLockConfig) -> String {
+        config
+            .validate()
+            .expect_err("should be rejected")
+            .to_string()
+    }
+
+    fn checked() -> ConsulLockConfig {
+        ConsulLockConfig {
+            check: Some(SessionCheck::new("127.0.0.1:50051")),
+            ..valid()
+        }
+    }
+
+    #[test]
+    fn defaults_are_valid_once_the_instance_is_named() {
+        valid().validate().unwrap();
+        assert!(rejected(ConsulLockConfig::default()).contains("instance"));
+        let d = ConsulLockConfig::default();
+        assert_eq!(d.renew_interval, None);
+        assert_eq!(d.prefix, "kafka-lease");
+        assert_eq!(d.check, None);
+        // TTL-only or check-bound: the window is the lock-delay less the margin, renewed four
+        // times per window (a TTL-only session can end early too: its node deregistered).
+        assert_eq!(d.fence_window(), Duration::from_millis(1250));
+        assert_eq!(d.renew_interval(), Duration::from_micros(312_500));
+        let c = checked();
+        c.validate().unwrap();
+        assert_eq!(c.fence_window(), Duration::from_millis(1250));
+        assert_eq!(c.renew_interval(), Duration::from_micros(312_500));
+        let check = c.check.unwrap();
+        assert_eq!(check.interval, Duration::from_secs(1));
+        assert_eq!(check.timeout, Duration::from_secs(1));
+        assert_eq!(check.deregister_after, Duration::from_secs(60));
+    }
+
+    #[test]
+    fn the_fence_invariant_is_enforced() {
+        // Three renews per window: 1.25 s / 3 = 416.66 ms at most with a check.
+        ConsulLockConfig {
+            renew_interval: Some(Duration::from_millis(416)),
+            ..checked()
+        }
+        .validate()
+        .unwrap();
+        let e = rejected(ConsulLockConfig {
+            renew_interval: Some(Duration::from_millis(417)),
+            ..checked()
+        });
+        assert!(
+            e.contains("renew_interval = 417ms")
+                && e.contains("lock_delay - 250ms")
+                && e.contains("fence_window = lock_delay - 250ms = 1.25s")
+                && e.contains("renew_interval * 3 <= fence_window"),
+            "{e}"
+        );
+        // Without a check the lock-delay sets the window too, not the TTL: the window that
+        // the old TTL-based rule allowed is refused.
+        let e = rejected(ConsulLockConfig {
+            renew_interval: Some(Duration::from_millis(3250)),
+            ..valid()
+        });
+        assert!(
+            e.contains("renew_interval = 3.25s") && e.contains("lock_delay - 250ms"),
+            "{e}"
+        );
+        ConsulLockConfig {
+            renew_interval: Some(Duration::from_millis(416)),
+            ..valid()
+        }
+        .validate()
+        .unwrap();
+        // A long lock-delay widens the window, still bounded by renew <= TTL / 2.
+        let e = rejected(ConsulLockConfig {
+            lock_delay: Duration::from_secs(30),
+            renew_interval: Some(Duration::from_secs(6)),
+            ..valid()
+        });
+        assert!(e.contains("renew_interval = 6s"), "{e}");
+        for config in [valid(), checked()] {
+            let e = rejected(ConsulLockConfig {
+                lock_delay: Duration::from_millis(999),
+                ..config
+            });
+            assert!(
+                e.contains("lock_delay = 999ms") && e.contains("1s ..= 60s"),
+                "{e}"
+            );
+        }
+        // A derived interval follows the lock-delay.
+        let c = ConsulLockConfig {
+            lock_delay: Duration::from_secs(1),
+            ..checked()
+        };
+        c.validate().unwrap();
+        assert_eq!(c.fence_window(), Duration::from_millis(750));
+        assert_eq!(c.renew_interval(), Duration::from_micros(187_500));
+    }
+
+    #[test]
+    fn check_settings_are_checked() {
+        let with = |f: fn(&mut SessionCheck)| {
+            let mut config = checked();
+            f(config.check.as_mut().unwrap());
+            config
+        };
+        for (config, needle) in [
+            (with(|c| c.tcp_addr = "50051".into()), "check.tcp_addr"),
+            (with(|c| c.tcp_addr = ":50051".into()), "check.tcp_addr"),
+            (with(|c| c.tcp_addr = "h:0".into()), "check.tcp_addr"),
+            (with(|c| c.tcp_addr = "h:port".into()), "check.tcp_addr"),
+            (
+                with(|c| c.interval = Duration::from_millis(500)),
+                "check.interval = 500ms",
+            ),
+            (with(|c| c.timeout = Duration::ZERO), "check.timeout = 0ns"),
+            (
+                with(|c| c.timeout = Duration::from_secs(2)),
+                "check.timeout = 2s",
+            ),
+            (
+                with(|c| c.deregister_after = Duration::from_secs(30)),
+                "check.deregister_after",
+            ),
+        ] {
+            let e = rejected(config);
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+        with(|c| c.tcp_addr = "[::1]:50051".into())
+            .validate()
+            .unwrap();
+        let e = rejected(ConsulLockConfig {
+            instance: "gw 1".into(),
+            ..checked()
+        });
+        assert!(e.contains("instance") && e.contains("service id"), "{e}");
+    }
+
+    #[test]
+    fn a_check_dials_the_loopback_for_an_unspecified_listen_address() {
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(
+            SessionCheck::for_listener(addr("0.0.0.0:50051")).tcp_addr,
+            "127.0.0.1:50051"
+        );
+        assert_eq!(
+            SessionCheck::for_listener(addr("[::]:50051")).tcp_addr,
+            "[::1]:50051"
+        );
+        assert_eq!(
+            SessionCheck::for_listener(addr("10.1.2.3:7000")).tcp_addr,
+            "10.1.2.3:7000"
+        );
+    }
+
+    #[test]
+    fn out_of_range_values_name_the_setting_and_the_range() {
+        let e = rejected(ConsulLockConfig {
+            session_ttl: Duration::from_secs(5),
+            ..valid()
+        });
+        assert!(
+            e.contains("session_ttl = 5s") && e.contains("10s ..= 24h"),
+            "{e}"
+        );
+        let e = rejected(ConsulLockConfig {
+            session_ttl: Duration::from_secs(25 * 3600),
+            ..valid()
+        });
+        assert!(e.contains("session_ttl"), "{e}");
+        let e = rejected(ConsulLockConfig {
+            lock_delay: Duration::from_secs(61),
+            ..valid()
+        });
+        assert!(
+            e.contains("lock_delay = 61s") && e.contains("1s ..= 60s"),
+            "{e}"
+        );
+        let e = rejected(ConsulLockConfig {
+            renew_interval: Some(Duration::from_secs(6)),
+            ..valid()
+        });
+        assert!(
+            e.contains("renew_interval = 6s") && e.contains("416.666666ms"),
+            "{e}"
+        );
+        let e = rejected(ConsulLockConfig {
+            renew_interval: Some(Duration::ZERO),
+            ..valid()
+        });
+        assert!(e.contains("renew_interval"), "{e}");
+        // No lock-delay leaves no fence window, with or without a check.
+        let e = rejected(ConsulLockConfig {
+            lock_delay: Duration::ZERO,
+            ..valid()
+        });
+        assert!(e.contains("lock_delay = 0ns"), "{e}");
+    }
+
+    #[test]
+    fn addresses_prefixes_and_tokens_are_checked() {
+        for bad in [
+            "127.0.0.1:8500",
+            "localhost:8500",
+            "http://",
+            "ftp://x",
+            "http://h/p",
+        ] {
+            let e = rejected(ConsulLockConfig {
+                address: bad.into(),
+                ..valid()
+            });
+            assert!(e.contains("address"), "{bad}: {e}");
+        }
+        ConsulLockConfig {
+            address: "https://consul.example:8501/".into(),
+            ..valid()
+        }
+        .validate()
+        .unwrap();
+        for bad in ["", "/abs", "a//b", "a/../b", "sp ace", "a/./b"] {
+            let e = rejected(ConsulLockConfig {
+                prefix: bad.into(),
+                ..valid()
+            });
+            assert!(e.contains("prefix"), "{bad:?}: {e}");
+        }
+        ConsulLockConfig {
+            prefix: "team/kafka-lease_1/".into(),
+            ..valid()
+        }
+        .validate()
+        .unwrap();
+        let e = rejected(ConsulLockConfig {
+            token: Some("a b".into()),
+            ..valid()
+        });
+        assert!(e.contains("token") && !e.contains("a b"), "{e}");
+    }
+}

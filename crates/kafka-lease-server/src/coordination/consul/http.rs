@@ -1,0 +1,345 @@
+//! Consul's HTTP API as this backend uses it: consulrs calls bounded by a time limit, the raw
+//! KV reads consulrs cannot express (a 404 with a meaningful index), the service registration
+//! Consul 1.8 accepts, and the conversions of their answers.
+
+use super::*;
+
+/// A consulrs error with the server's message, which consulrs' own `Display` leaves out.
+pub(super) fn describe(error: &ClientError) -> String {
+    match error {
+        ClientError::APIError { code, message } => {
+            format!("HTTP {code}: {}", message.as_deref().unwrap_or("").trim())
+        }
+        other => error_chain(other),
+    }
+}
+
+pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+pub(super) fn is_status(error: &ClientError, status: u16) -> bool {
+    matches!(error, ClientError::APIError { code, .. } if *code == status)
+}
+
+/// A Go duration string, as Consul parses them.
+pub(super) fn go_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+pub(super) fn unavailable(operation: &'static str, detail: impl Into<String>) -> CoordinationError {
+    CoordinationError::Unavailable {
+        operation,
+        detail: detail.into(),
+    }
+}
+
+/// Bounds one ordinary request by [`REQUEST_TIMEOUT`]: the one place that limit is applied
+/// (the HTTP client consulrs builds has no timeout of its own). No answer in time is
+/// `Unavailable`; the request's own outcome is the caller's to judge.
+pub(super) async fn in_time<T>(
+    operation: &'static str,
+    request: impl std::future::Future<Output = T>,
+) -> Result<T, CoordinationError> {
+    tokio::time::timeout(REQUEST_TIMEOUT, request)
+        .await
+        .map_err(|_| unavailable(operation, format!("no answer within {REQUEST_TIMEOUT:?}")))
+}
+
+/// [`in_time`] for a consulrs call, whose errors are all `Unavailable`.
+pub(super) async fn bounded<T>(
+    operation: &'static str,
+    request: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, CoordinationError> {
+    in_time(operation, request)
+        .await?
+        .map_err(|e| unavailable(operation, describe(&e)))
+}
+
+/// A KV read with its index, whatever the status: 404 is "no entries", not an error.
+pub(super) struct KvRead<T> {
+    pub(super) index: u64,
+    pub(super) entries: Vec<T>,
+}
+
+/// `GET /v1/status/leader`, which consulrs has no call for.
+pub(super) struct StatusLeader;
+
+impl Endpoint for StatusLeader {
+    type Response = String;
+    const REQUEST_BODY_TYPE: RequestType = RequestType::JSON;
+    const RESPONSE_BODY_TYPE: ResponseType = ResponseType::JSON;
+
+    fn path(&self) -> String {
+        "status/leader".into()
+    }
+
+    fn method(&self) -> RequestMethod {
+        RequestMethod::GET
+    }
+}
+
+impl FeaturedEndpoint for StatusLeader {
+    fn features(&self) -> Option<Features> {
+        None
+    }
+}
+
+/// `PUT /v1/agent/service/register` with exactly the fields set here: consulrs' own request
+/// type also sends `"Ns": null`, which Consul 1.8 refuses ("unknown field").
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub(super) struct RegisterService {
+    #[serde(rename = "ID")]
+    pub(super) id: String,
+    pub(super) name: &'static str,
+    pub(super) meta: HashMap<&'static str, String>,
+    pub(super) check: TcpCheck,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub(super) struct TcpCheck {
+    #[serde(rename = "CheckID")]
+    pub(super) check_id: String,
+    pub(super) name: String,
+    #[serde(rename = "TCP")]
+    pub(super) tcp: String,
+    pub(super) interval: String,
+    pub(super) timeout: String,
+    pub(super) deregister_critical_service_after: String,
+    /// `passing`, so that the session can be bound to the check at once instead of after its
+    /// first run (Consul refuses to bind a session to a critical check).
+    pub(super) status: &'static str,
+}
+
+impl RegisterService {
+    pub(super) fn new(config: &ConsulLockConfig, check: &SessionCheck) -> Self {
+        Self {
+            id: config.service_id(),
+            name: SERVICE_NAME,
+            meta: HashMap::from([
+                (META_INSTANCE, config.instance.clone()),
+                (META_CHECK_TCP, check.tcp_addr.clone()),
+            ]),
+            check: TcpCheck {
+                check_id: config.check_id(),
+                name: format!("kafka-lease gateway {} is alive", config.instance),
+                tcp: check.tcp_addr.clone(),
+                interval: go_duration(check.interval),
+                timeout: go_duration(check.timeout),
+                deregister_critical_service_after: go_duration(check.deregister_after),
+                status: "passing",
+            },
+        }
+    }
+}
+
+impl Endpoint for RegisterService {
+    type Response = ();
+    const REQUEST_BODY_TYPE: RequestType = RequestType::JSON;
+    const RESPONSE_BODY_TYPE: ResponseType = ResponseType::JSON;
+
+    fn path(&self) -> String {
+        "agent/service/register".into()
+    }
+
+    fn method(&self) -> RequestMethod {
+        RequestMethod::PUT
+    }
+
+    fn body(&self) -> Result<Option<Vec<u8>>, rustify::errors::ClientError> {
+        serde_json::to_vec(self)
+            .map(Some)
+            .map_err(|e| rustify::errors::ClientError::DataParseError { source: e.into() })
+    }
+}
+
+impl FeaturedEndpoint for RegisterService {
+    fn features(&self) -> Option<Features> {
+        None
+    }
+}
+
+/// The status, `X-Consul-Index` and body of a response.
+pub(super) struct RawAnswer {
+    pub(super) status: u16,
+    pub(super) index: Option<u64>,
+    pub(super) body: Vec<u8>,
+}
+
+impl Shared {
+    /// Sends a consulrs request the way consulrs would (version prefix, token, features),
+    /// but keeps the response whatever its status (see the module docs).
+    pub(super) async fn send_raw<E: Endpoint + FeaturedEndpoint>(
+        &self,
+        endpoint: E,
+    ) -> Result<RawAnswer, String> {
+        let middleware = self.client.middle(endpoint.features());
+        let mut request = endpoint
+            .request(self.client.http().base())
+            .map_err(|e| error_chain(&e))?;
+        middleware
+            .request(&endpoint, &mut request)
+            .map_err(|e| error_chain(&e))?;
+        let response = self
+            .client
+            .http()
+            .send(request)
+            .await
+            .map_err(|e| error_chain(&e))?;
+        let index = response
+            .headers()
+            .get("X-Consul-Index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        Ok(RawAnswer {
+            status: response.status().as_u16(),
+            index,
+            body: response.into_body(),
+        })
+    }
+
+    /// Reads KV entries (one key, or a prefix with `recurse`); 404 means none.
+    pub(super) async fn read_kv(
+        &self,
+        operation: &'static str,
+        path: &str,
+        recurse: bool,
+        mode: Option<ConsistencyMode>,
+    ) -> Result<KvRead<KVPair>, CoordinationError> {
+        let request = ReadKeyRequest {
+            features: mode.map(|mode| Features {
+                mode: Some(mode),
+                ..Features::default()
+            }),
+            key: path.to_string(),
+            recurse: recurse.then_some(true),
+            ..ReadKeyRequest::default()
+        };
+        let answer = in_time(operation, self.send_raw(request))
+            .await?
+            .map_err(|e| unavailable(operation, e))?;
+        parse_kv_answer(operation, answer)
+    }
+
+    /// The one entry at `path`, if any.
+    pub(super) async fn read_key(
+        &self,
+        operation: &'static str,
+        path: &str,
+        mode: Option<ConsistencyMode>,
+    ) -> Result<Option<KVPair>, CoordinationError> {
+        let read = self.read_kv(operation, path, false, mode).await?;
+        Ok(read.entries.into_iter().find(|e| e.key == path))
+    }
+}
+
+pub(super) fn parse_kv_answer(
+    operation: &'static str,
+    answer: RawAnswer,
+) -> Result<KvRead<KVPair>, CoordinationError> {
+    let index = answer.index.ok_or_else(|| {
+        unavailable(
+            operation,
+            format!("HTTP {} without an X-Consul-Index header", answer.status),
+        )
+    })?;
+    match answer.status {
+        404 => Ok(KvRead {
+            index,
+            entries: Vec::new(),
+        }),
+        200 => {
+            let entries = serde_json::from_slice(&answer.body)
+                .map_err(|e| unavailable(operation, format!("unreadable KV answer: {e}")))?;
+            Ok(KvRead { index, entries })
+        }
+        status => Err(unavailable(
+            operation,
+            format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&answer.body).trim()
+            ),
+        )),
+    }
+}
+
+/// The holder recorded in a KV entry, if it has a readable one.
+pub(super) fn holder_of(entry: &KVPair) -> Option<HolderInfo> {
+    let value = entry.value.clone()?;
+    let bytes: Vec<u8> = match value.try_into() {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            tracing::warn!(key = %entry.key, error = %describe(&e), "lock value is not base64");
+            return None;
+        }
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(holder) => Some(holder),
+        Err(e) => {
+            tracing::warn!(key = %entry.key, error = %e, "lock value is not a HolderInfo");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    fn checked() -> ConsulLockConfig {
+        ConsulLockConfig {
+            instance: "gw-1".into(),
+            check: Some(SessionCheck::new("127.0.0.1:50051")),
+            ..ConsulLockConfig::default()
+        }
+    }
+
+    #[test]
+    fn the_registration_has_only_the_fields_consul_accepts() {
+        let config = checked();
+        let body = RegisterService::new(&config, config.check.as_ref().unwrap())
+            .body()
+            .unwrap()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "ID": "kafka-lease-gw-1",
+                "Name": "kafka-lease",
+                "Meta": {"instance": "gw-1", "check_tcp": "127.0.0.1:50051"},
+                "Check": {
+                    "CheckID": "kafka-lease-gw-1-alive",
+                    "Name": "kafka-lease gateway gw-1 is alive",
+                    "TCP": "127.0.0.1:50051",
+                    "Interval": "1s",
+                    "Timeout": "1s",
+                    "DeregisterCriticalServiceAfter": "60s",
+                    "Status": "passing",
+                },
+            })
+        );
+    }
+
+    #[test]
+    fn durations_are_written_the_way_go_parses_them() {
+        assert_eq!(go_duration(Duration::from_secs(10)), "10s");
+        assert_eq!(go_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(go_duration(Duration::ZERO), "0s");
+    }
+}

@@ -1,0 +1,670 @@
+//! The Consul [`LockBackend`]: partition locks are KV keys acquired with one session per
+//! gateway instance, kept alive (and replaced when lost) by a background renew task.
+//!
+//! Layout: `<prefix>/<group>/<topic>/<partition>`, value = [`HolderInfo`] as JSON, held with
+//! `?acquire=<session>`. The session has `Behavior = delete`, so the keys of a dead instance
+//! vanish instead of lingering unlocked. The fencing token of a grant is the key's
+//! `ModifyIndex` right after the acquire: a Raft index, so it grows across holders even though
+//! `delete` behaviour recreates keys (whose `LockIndex` restarts at 1).
+//!
+//! # Sessions: check-bound or TTL-only
+//! - **Check-bound** ([`ConsulLockConfig::check`] set; needs a Consul agent on the gateway's
+//!   host): `connect` registers a service `kafka-lease-<instance>` with the *local* agent,
+//!   with a TCP check (`kafka-lease-<instance>-alive`) that the agent runs against the
+//!   gateway's gRPC listener every `check.interval`. The session is bound to that check and
+//!   to the node's `serfHealth` (`NodeChecks`, `ServiceChecks`). When the gateway process dies
+//!   the next check run fails at once (connection refused), Consul invalidates the session,
+//!   the keys vanish, and after `lock_delay` another gateway's waiter takes them: a crash
+//!   moves the partitions after at most `check.interval + lock_delay` (plus the waiter's
+//!   reaction). A process that hangs but keeps its socket open (SIGSTOP) still passes a TCP
+//!   check; its session then ends by TTL, like a TTL-only one. The registration is
+//!   deregistered at `shutdown`, and `connect` deregisters any earlier registration of a dead
+//!   process with the same service id or the same check address (a gateway restarted on its
+//!   port faster than one check interval would otherwise keep the old check passing and the
+//!   old session, and its locks, alive until its TTL). After losing its session the backend
+//!   re-registers the check only if the agent no longer has it: a check that is registered
+//!   but critical (the agent cannot reach the listener) makes Consul refuse new sessions
+//!   until it passes again, rather than handing out sessions the next check run would end.
+//! - **TTL-only** (no `check`): the session is created with *no* checks at all
+//!   (`NodeChecks: []`), so no health check ends it; a crash then frees the keys after at
+//!   most `2 × session_ttl + lock_delay` (Consul arms the expiry timer at twice the TTL):
+//!   21.5 s with the defaults. It can still end at any moment for other reasons (its node is
+//!   deregistered: an agent restart with `leave_on_terminate`, `force-leave`, reaping; or an
+//!   operator destroys it), which is why its fence is the same as a check-bound session's.
+//!
+//! # Self-fencing
+//! The timing invariant is stated once, in docs/ARCHITECTURE.md ("Self-fencing"); this
+//! backend implements it. In short: `valid_until = S + lock_delay - FENCE_MARGIN`, where `S`
+//! is the send time of the last renew (or create) Consul confirmed, for every kind of session.
+//! [`LockBackend::valid_until`] returns it while the session is live, every side effect checks
+//! it synchronously, and the renew task declares the session [`SessionState::Lost`] when it
+//! passes without a newer confirmation. [`ConsulLockConfig::validate`] refuses settings that
+//! break it.
+//!
+//! When Consul answers again after a self-fence, the backend destroys the old session (best
+//! effort) and creates a new one, since it cannot know what became of the old locks.
+//!
+//! # Reads that consulrs cannot express
+//! consulrs turns every non-2xx answer into an error and drops its headers, but Consul
+//! answers a read of an empty prefix (exactly what a waiter sees after the last holder of a
+//! topic released) with 404 *and* a meaningful `X-Consul-Index`. Without that index a waiter
+//! would either spin or sleep through the change, so KV reads go through consulrs' own request
+//! types and middleware (`rustify::Endpoint`) and read the raw response, whatever its status.
+//! Writes and session calls use the plain consulrs functions, except the service registration:
+//! consulrs serializes it with an `Ns` field that Consul 1.8 rejects ("unknown field").
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use consulrs::api::features::{Blocking, ConsistencyMode, FeaturedEndpoint, Features};
+use consulrs::api::kv::common::KVPair;
+use consulrs::api::kv::requests::{
+    DeleteKeyRequest, ReadKeyRequest, ReadKeysRequest, SetKeyRequest,
+};
+use consulrs::api::session::common::ServiceCheck;
+use consulrs::api::session::requests::CreateSessionRequest;
+use consulrs::client::{Client as _, ConsulClient, ConsulClientSettingsBuilder};
+use consulrs::error::ClientError;
+use futures::stream::{FuturesUnordered, StreamExt as _};
+use rustify::client::Client as _;
+use rustify::endpoint::{Endpoint, MiddleWare as _};
+use rustify::enums::{RequestMethod, RequestType, ResponseType};
+use serde::Serialize;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{
+    Acquisition, CoordinationError, FencingToken, HeldLock, HolderInfo, LockBackend, LockGrant,
+    LockKey, SessionState,
+};
+
+mod config;
+mod http;
+mod session;
+
+pub use config::{
+    ConsulConfigError, ConsulLockConfig, SessionCheck, DEFAULT_CHECK_INTERVAL,
+    DEFAULT_CHECK_TIMEOUT, DEFAULT_DEREGISTER_AFTER, DEFAULT_LOCK_DELAY, DEFAULT_SESSION_TTL,
+    FENCE_MARGIN,
+};
+
+use http::*;
+use session::*;
+
+/// The service name every gateway registers under (check-bound sessions only).
+pub const SERVICE_NAME: &str = "kafka-lease";
+/// The service meta keys: the instance, and the address the check dials.
+const META_INSTANCE: &str = "instance";
+const META_CHECK_TCP: &str = "check_tcp";
+/// How long an ordinary (non-blocking) request may take before it counts as a failure. The
+/// HTTP client consulrs builds has no timeout at all, so every call is bounded here.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Backoff bounds for creating a new session while Consul is unreachable.
+const CREATE_BACKOFF_MIN: Duration = Duration::from_millis(500);
+const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Consul lengthens a blocking query's `wait` by a random jitter of up to `wait / 16`.
+const JITTER_DIVISOR: u32 = 16;
+/// The shortest `wait` asked of Consul: `wait=0` would mean its default of 5 minutes.
+const MIN_SERVER_WAIT: Duration = Duration::from_secs(1);
+/// The floor of the window in which a key that is free but refused is assumed to be under
+/// lock-delay (see [`ConsulLocks::wait_for_change`]).
+const LOCK_DELAY_POLL_MIN: Duration = Duration::from_millis(500);
+/// How soon to try again a key still refused right after its expected lock-delay end.
+const LOCK_DELAY_REPOLL: Duration = Duration::from_millis(100);
+
+/// Partition locks in Consul for one gateway instance.
+pub struct ConsulLocks {
+    shared: Arc<Shared>,
+    /// The renew task; aborted by `shutdown` and on drop.
+    renewer: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the backend and its renew task share.
+struct Shared {
+    client: ConsulClient,
+    config: ConsulLockConfig,
+    /// `config.fence_window()`.
+    fence_window: Duration,
+    state: watch::Sender<SessionState>,
+    /// The last renew (or create) Consul confirmed: its session and its send time `S`.
+    last_confirmed: Mutex<Option<Confirmation>>,
+    /// Asks the renew task to renew now (an acquire was told the session is invalid).
+    poke: Notify,
+    /// Keys found free but refused (see `ConsulLocks::note_refused`).
+    refused: Mutex<HashMap<LockKey, Refusal>>,
+}
+
+/// When a key found free but refused is expected to become acquirable.
+#[derive(Clone, Copy, Debug)]
+struct Refusal {
+    /// When to try again.
+    until: Instant,
+    /// The end of the lock-delay window first noted for it.
+    expected_end: Instant,
+}
+
+/// A confirmation that a session was valid: Consul answered a renew (or the create) of
+/// `session` that was sent at `sent`.
+#[derive(Clone, Debug)]
+struct Confirmation {
+    session: String,
+    sent: Instant,
+}
+
+impl fmt::Debug for ConsulLocks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulLocks")
+            .field("address", &self.shared.config.address)
+            .field("prefix", &self.shared.config.prefix)
+            .field("instance", &self.shared.config.instance)
+            .field("state", &*self.shared.state.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section here is a plain assignment or map operation: a panic elsewhere
+    // cannot leave the data half-updated, so a poisoned lock is still usable.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    fn prefix(&self) -> &str {
+        self.config.prefix()
+    }
+
+    fn live_session(&self) -> Result<String, CoordinationError> {
+        match &*self.state.borrow() {
+            SessionState::Live { id } => Ok(id.clone()),
+            SessionState::Lost { reason } => Err(CoordinationError::NoSession {
+                reason: reason.clone(),
+            }),
+        }
+    }
+}
+
+impl ConsulLocks {
+    /// Validates `config`, registers the service check (if any; after deregistering what a
+    /// dead process left on the same address), creates this instance's session and starts
+    /// renewing it.
+    pub async fn connect(config: ConsulLockConfig) -> Result<ConsulLocks, CoordinationError> {
+        config
+            .validate()
+            .map_err(|e| unavailable("connect (invalid configuration)", e.to_string()))?;
+        // TLS settings come from Consul's usual environment variables (CONSUL_CACERT, ...);
+        // the address and the token only from the config, which is the source of truth.
+        let mut settings = ConsulClientSettingsBuilder::default()
+            .address(config.address.trim_end_matches('/'))
+            .build()
+            .map_err(|e| unavailable("connect (client settings)", e.to_string()))?;
+        settings.token = config.token.clone();
+        let client = ConsulClient::new(settings)
+            .map_err(|e| unavailable("connect (client)", describe(&e)))?;
+        let (state, _) = watch::channel(SessionState::Lost {
+            reason: "session not created yet".into(),
+        });
+        let shared = Arc::new(Shared {
+            client,
+            fence_window: config.fence_window(),
+            config,
+            state,
+            last_confirmed: Mutex::new(None),
+            poke: Notify::new(),
+            refused: Mutex::new(HashMap::new()),
+        });
+        if let Some(check) = &shared.config.check {
+            shared.remove_stale_registrations(check).await?;
+        }
+        let (id, sent) = match shared.open_session(Registration::Always).await {
+            Ok(opened) => opened,
+            Err(error) => {
+                if shared.config.check.is_some() {
+                    let _ = shared.deregister_service().await;
+                }
+                return Err(error);
+            }
+        };
+        shared.confirm(&id, sent);
+        tracing::info!(
+            instance = %shared.config.instance,
+            session = %id,
+            ttl = ?shared.config.session_ttl,
+            lock_delay = ?shared.config.lock_delay,
+            fence_window = ?shared.fence_window,
+            renew_interval = ?shared.config.renew_interval(),
+            check = ?shared.config.check.as_ref().map(|c| &c.tcp_addr),
+            "created consul lock session"
+        );
+        shared.set_state(SessionState::Live { id: id.clone() });
+        let renewer = tokio::spawn(run_renewer(
+            shared.clone(),
+            Held {
+                id,
+                confirmed: sent,
+            },
+        ));
+        Ok(ConsulLocks {
+            shared,
+            renewer: Mutex::new(Some(renewer)),
+        })
+    }
+
+    /// The send time `S` of the last renew (or create) Consul confirmed, for whichever
+    /// session that was; the session is self-fenced at `S + fence_window`.
+    pub fn last_confirmed(&self) -> Option<Instant> {
+        lock(&self.shared.last_confirmed).as_ref().map(|c| c.sent)
+    }
+
+    /// The configuration this backend runs with.
+    pub fn config(&self) -> &ConsulLockConfig {
+        &self.shared.config
+    }
+
+    /// Notes that `key` was found free but refused: under the lock-delay of a session
+    /// invalidated a moment ago, which ends at most `lock_delay` from now. A refusal inside
+    /// that window keeps its end; one shortly after it (the estimate was a hair early: the
+    /// delay started a moment after the key was seen free, or the leader's clock runs ahead)
+    /// polls again in [`LOCK_DELAY_REPOLL`] instead of arming a whole new window.
+    fn note_refused(&self, key: &LockKey) {
+        let delay = self.shared.config.lock_delay.max(LOCK_DELAY_POLL_MIN);
+        let now = Instant::now();
+        let mut refused = lock(&self.shared.refused);
+        refused.retain(|_, r| now < r.expected_end + delay);
+        let refusal = match refused.get(key) {
+            Some(r) if r.until > now => *r,
+            Some(r) => Refusal {
+                until: now + LOCK_DELAY_REPOLL,
+                expected_end: r.expected_end,
+            },
+            None => Refusal {
+                until: now + delay,
+                expected_end: now + delay,
+            },
+        };
+        refused.insert(key.clone(), refusal);
+    }
+
+    /// How long a wait on `key` may block, and whether that was cut short to end with a
+    /// lock-delay (see `wait_for_change`).
+    fn wait_limit(&self, key: &LockKey, timeout: Duration) -> (Duration, bool) {
+        let left = lock(&self.shared.refused)
+            .get(key)
+            .and_then(|r| r.until.checked_duration_since(Instant::now()))
+            .filter(|left| !left.is_zero());
+        match left {
+            Some(left) if left < timeout => (left, true),
+            _ => (timeout, false),
+        }
+    }
+}
+
+impl Drop for ConsulLocks {
+    fn drop(&mut self) {
+        // Without `shutdown` the session is left to expire (up to 2×TTL), like a crash; the
+        // renew task must not keep it alive for a backend nobody holds.
+        let renewer = self
+            .renewer
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(task) = renewer.take() {
+            task.abort();
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for ConsulLocks {
+    /// Index scheme: the topic prefix is read *before* the acquire, and its `X-Consul-Index`
+    /// (the highest write index under the prefix, tombstones included, or the KV table's
+    /// index when the prefix was never written) is what `Busy` carries. A release after that
+    /// read is a write under the prefix with a higher index, so a `wait_for_change` on that
+    /// index returns as soon as it happens, however the release and the failed acquire
+    /// interleave. An index read *after* the failed acquire could already include the release
+    /// and the waiter would sleep through it; an index of the key alone (its `ModifyIndex`)
+    /// would be below writes to sibling partitions and make every wait return at once. A
+    /// stale (older) index only costs a spurious wake-up.
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        holder: &HolderInfo,
+    ) -> Result<Acquisition, CoordinationError> {
+        let shared = &*self.shared;
+        let session = shared.live_session()?;
+        let path = key.path(shared.prefix());
+        let before = shared
+            .read_kv(
+                "try_acquire (read topic)",
+                &key.topic_prefix(shared.prefix()),
+                true,
+                None,
+            )
+            .await?;
+        let index = before.index;
+        let current = before.entries.into_iter().find(|e| e.key == path);
+
+        // Re-acquire: we hold it already. A PUT `?acquire` by the same session would succeed
+        // but rewrite the key, moving its ModifyIndex and so voiding the token (and the
+        // `?cas` release) of the grant already handed out. Confirm with a consistent read
+        // and return that grant's token without writing; the recorded holder stays too.
+        if current
+            .as_ref()
+            .is_some_and(|e| e.session.as_deref() == Some(session.as_str()))
+        {
+            let confirmed = shared
+                .read_key(
+                    "try_acquire (confirm own lock)",
+                    &path,
+                    Some(ConsistencyMode::CONSISTENT),
+                )
+                .await?;
+            if let Some(entry) = confirmed.filter(|e| e.session.as_deref() == Some(&session)) {
+                return Ok(Acquisition::Acquired(LockGrant::new(
+                    key.clone(),
+                    FencingToken(entry.modify_index),
+                    session,
+                )));
+            }
+        }
+
+        let mut request = SetKeyRequest::builder();
+        request.acquire(session.as_str());
+        let put = consulrs::kv::set_json(&shared.client, &path, holder, Some(&mut request));
+        let acquired = match in_time("try_acquire (acquire)", put).await? {
+            Ok(answer) => answer.response,
+            Err(ClientError::APIError {
+                code: 500,
+                message: Some(message),
+            }) if message.contains("invalid session") => {
+                // Consul dropped the session before the renew task noticed: have it renew
+                // now, which finds out and starts the recovery.
+                shared.poke.notify_one();
+                return Err(CoordinationError::NoSession {
+                    reason: format!("consul rejected session {session}: {}", message.trim()),
+                });
+            }
+            Err(e) => return Err(unavailable("try_acquire (acquire)", describe(&e))),
+        };
+
+        if acquired {
+            // The acquire's own Raft index is the token: read it back consistently, so it
+            // is the committed value (we never write the key again while holding it).
+            let entry = shared
+                .read_key(
+                    "try_acquire (read grant)",
+                    &path,
+                    Some(ConsistencyMode::CONSISTENT),
+                )
+                .await?;
+            return match entry {
+                Some(entry) if entry.session.as_deref() == Some(&session) => {
+                    lock(&shared.refused).remove(key);
+                    Ok(Acquisition::Acquired(LockGrant::new(
+                        key.clone(),
+                        FencingToken(entry.modify_index),
+                        session,
+                    )))
+                }
+                other => {
+                    shared.poke.notify_one();
+                    Err(unavailable(
+                        "try_acquire (read grant)",
+                        format!(
+                            "{path} was acquired but is now held by {:?}; session {session} \
+                             was probably invalidated",
+                            other.and_then(|e| e.session)
+                        ),
+                    ))
+                }
+            };
+        }
+
+        // Busy. The holder seen before the attempt is the one that refused us, unless the key
+        // was free then: read it again.
+        let other = match current.filter(|e| e.session.is_some()) {
+            Some(entry) => Some(entry),
+            None => shared
+                .read_key("try_acquire (read holder)", &path, None)
+                .await?
+                .filter(|e| e.session.is_some()),
+        };
+        let holder = match &other {
+            Some(entry) => holder_of(entry),
+            None => {
+                // Free yet refused: the lock-delay of a session invalidated a moment ago (or a
+                // release that raced the re-read). Nothing is written when the delay ends, so
+                // remember it and keep waits short (see `wait_for_change`).
+                self.note_refused(key);
+                None
+            }
+        };
+        Ok(Acquisition::Busy { holder, index })
+    }
+
+    async fn release(&self, grant: LockGrant) -> Result<(), CoordinationError> {
+        // `?cas=<token>` deletes the key only if it was not written since our acquire (we
+        // never write it while holding it), so a key lost and taken by someone else since is
+        // never touched. An explicit delete sets no lock-delay: a successor can take it now.
+        let path = grant.key().path(self.shared.prefix());
+        let mut request = DeleteKeyRequest::builder();
+        request.cas(grant.token().0);
+        let deleted = consulrs::kv::delete(&self.shared.client, &path, Some(&mut request));
+        match in_time("release", deleted).await? {
+            Ok(answer) => {
+                if !answer.response {
+                    tracing::debug!(
+                        key = %path,
+                        token = %grant.token(),
+                        "lock was already lost before its release",
+                    );
+                }
+                Ok(())
+            }
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(unavailable("release", describe(&e))),
+        }
+    }
+
+    async fn held_grant(&self, key: &LockKey) -> Result<Option<LockGrant>, CoordinationError> {
+        let shared = &*self.shared;
+        let session = shared.live_session()?;
+        let entry = shared
+            .read_key(
+                "held_grant",
+                &key.path(shared.prefix()),
+                Some(ConsistencyMode::CONSISTENT),
+            )
+            .await?;
+        Ok(entry
+            .filter(|e| e.session.as_deref() == Some(session.as_str()))
+            .map(|e| LockGrant::new(key.clone(), FencingToken(e.modify_index), session)))
+    }
+
+    /// A blocking query on the topic prefix (`?keys`, so no values travel). Consul's `wait`
+    /// is set to `timeout × 16/17` (at least 1 s), so that with its jitter of up to `wait/16`
+    /// the answer still comes within `timeout`; the local limit only catches a dead
+    /// connection. The index returned is Consul's; it may be lower than `index` (Consul
+    /// reaped tombstones, or nothing changed under the topic since `index`, which was a
+    /// higher index from elsewhere): per Consul's rules that is simply the next index to
+    /// wait on.
+    ///
+    /// After a `Busy` without holder (a free key refused under lock-delay, which no write
+    /// ends) the wait is cut to the rest of the lock-delay window and ends exactly then (not
+    /// `× 16/17` early, which would only get refused again), so the caller retries when the
+    /// key becomes acquirable instead of at its own timeout.
+    async fn wait_for_change(
+        &self,
+        key: &LockKey,
+        index: u64,
+        timeout: Duration,
+    ) -> Result<u64, CoordinationError> {
+        const OPERATION: &str = "wait_for_change";
+        let (timeout, cut) = self.wait_limit(key, timeout);
+        // A wait that must end at a given moment (the end of a lock-delay, or a timeout
+        // below Consul's shortest wait) asks Consul for at least that long and ends locally.
+        let short = cut || timeout < MIN_SERVER_WAIT;
+        let server_wait = if short {
+            Duration::from_millis(timeout.as_micros().div_ceil(1000) as u64).max(MIN_SERVER_WAIT)
+        } else {
+            (timeout.mul_f64(f64::from(JITTER_DIVISOR) / f64::from(JITTER_DIVISOR + 1)))
+                .max(MIN_SERVER_WAIT)
+        };
+        let request = ReadKeysRequest {
+            features: Some(Features {
+                blocking: Some(Blocking {
+                    index,
+                    wait: Some(go_duration(server_wait)),
+                }),
+                ..Features::default()
+            }),
+            key: key.topic_prefix(self.shared.prefix()),
+            keys: true,
+            ..ReadKeysRequest::default()
+        };
+        let limit = if short {
+            timeout
+        } else {
+            server_wait + server_wait / JITTER_DIVISOR + REQUEST_TIMEOUT
+        };
+        let answer = match tokio::time::timeout(limit, self.shared.send_raw(request)).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => return Err(unavailable(OPERATION, e)),
+            // The wait ends here, not when Consul answers: its timeout is the answer.
+            Err(_) if short => return Ok(index),
+            Err(_) => {
+                return Err(unavailable(
+                    OPERATION,
+                    format!("no answer within {limit:?}"),
+                ))
+            }
+        };
+        let index_header = answer.index;
+        match answer.status {
+            200 | 404 => index_header.ok_or_else(|| {
+                unavailable(
+                    OPERATION,
+                    format!("HTTP {} without X-Consul-Index", answer.status),
+                )
+            }),
+            status => Err(unavailable(
+                OPERATION,
+                format!(
+                    "HTTP {status}: {}",
+                    String::from_utf8_lossy(&answer.body).trim()
+                ),
+            )),
+        }
+    }
+
+    async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
+        let prefix = self.shared.prefix();
+        let path = match group {
+            Some(group) => format!("{prefix}/{group}/"),
+            None => format!("{prefix}/"),
+        };
+        let read = self.shared.read_kv("list", &path, true, None).await?;
+        let mut held: Vec<HeldLock> = read
+            .entries
+            .iter()
+            .filter(|e| e.session.is_some())
+            .filter_map(|entry| {
+                let Some(key) = LockKey::from_path(prefix, &entry.key) else {
+                    tracing::warn!(
+                        key = %entry.key,
+                        "ignoring a locked key that is not <group>/<topic>/<partition>",
+                    );
+                    return None;
+                };
+                Some(HeldLock {
+                    key,
+                    token: FencingToken(entry.modify_index),
+                    holder: holder_of(entry)?,
+                })
+            })
+            .collect();
+        held.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(held)
+    }
+
+    fn session_state(&self) -> watch::Receiver<SessionState> {
+        self.shared.state.subscribe()
+    }
+
+    /// `S + fence_window` (see the module docs) while the session is live.
+    fn valid_until(&self) -> Option<Instant> {
+        self.shared.valid_until()
+    }
+
+    async fn ping(&self) -> Result<(), CoordinationError> {
+        let middleware = self.shared.client.middle(None);
+        let answer = bounded("ping", async {
+            StatusLeader
+                .with_middleware(&middleware)
+                .exec(self.shared.client.http())
+                .await
+                .map_err(ClientError::from)
+        })
+        .await?;
+        let leader: String = answer
+            .parse()
+            .map_err(|e| unavailable("ping", error_chain(&e)))?;
+        if leader.is_empty() {
+            return Err(unavailable("ping", "the Consul cluster has no leader"));
+        }
+        Ok(())
+    }
+
+    /// Releases the keys one by one, destroys the session, then deregisters the service check
+    /// (a check-bound session). Only the first call does anything.
+    async fn shutdown(&self) {
+        let renewer = lock(&self.renewer).take();
+        let Some(task) = renewer else {
+            return;
+        };
+        task.abort();
+        // Wait until it has really stopped, so it cannot publish a new session after the
+        // state below. (A session it was creating at that moment expires by its TTL, or
+        // ends with the check deregistered below.)
+        let _ = task.await;
+        let previous = self.shared.state.send_replace(SessionState::Lost {
+            reason: "shut down".into(),
+        });
+        if let SessionState::Live { id } = previous {
+            self.shared.end_session(&id).await;
+        }
+        if self.shared.config.check.is_some() {
+            match self.shared.deregister_service().await {
+                Ok(()) => tracing::info!(
+                    instance = %self.shared.config.instance,
+                    service = %self.shared.config.service_id(),
+                    "deregistered the service check",
+                ),
+                Err(error) => tracing::warn!(
+                    instance = %self.shared.config.instance,
+                    %error,
+                    "could not deregister the service check; the agent drops it after \
+                     check.deregister_after",
+                ),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn connect_refuses_an_invalid_config_without_touching_the_network() {
+        let e = ConsulLocks::connect(ConsulLockConfig::default())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("instance"), "{e}");
+    }
+}

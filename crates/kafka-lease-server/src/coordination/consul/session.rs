@@ -1,0 +1,443 @@
+//! This instance's Consul session: creating it (with its check registration, for a
+//! check-bound session), renewing it and confirming it, noticing its loss and replacing it. The
+//! renew task implements the self-fence deadline (docs/ARCHITECTURE.md, "Self-fencing").
+
+use super::*;
+
+impl Shared {
+    pub(super) fn set_state(&self, state: SessionState) {
+        self.state.send_replace(state);
+    }
+
+    /// Records that Consul confirmed `session` with a request sent at `sent`. Only moves the
+    /// confirmation forward.
+    pub(super) fn confirm(&self, session: &str, sent: Instant) {
+        let mut confirmed = lock(&self.last_confirmed);
+        let newer = confirmed
+            .as_ref()
+            .is_none_or(|c| c.session != session || c.sent < sent);
+        if newer {
+            *confirmed = Some(Confirmation {
+                session: session.to_string(),
+                sent,
+            });
+        }
+    }
+
+    /// `S + fence_window` for the live session, `None` when there is none.
+    pub(super) fn valid_until(&self) -> Option<Instant> {
+        let state = self.state.borrow();
+        let SessionState::Live { id } = &*state else {
+            return None;
+        };
+        let confirmed = lock(&self.last_confirmed);
+        confirmed
+            .as_ref()
+            .filter(|c| c.session == *id)
+            .map(|c| c.sent + self.fence_window)
+    }
+
+    /// Registers (or re-registers, resetting its check to passing) this instance's service
+    /// and TCP check with the local agent.
+    pub(super) async fn register_service(
+        &self,
+        check: &SessionCheck,
+    ) -> Result<(), CoordinationError> {
+        const OPERATION: &str = "register service check";
+        let answer = in_time(
+            OPERATION,
+            self.send_raw(RegisterService::new(&self.config, check)),
+        )
+        .await?
+        .map_err(|e| unavailable(OPERATION, e))?;
+        if answer.status == 200 {
+            Ok(())
+        } else {
+            Err(unavailable(
+                OPERATION,
+                format!(
+                    "HTTP {}: {}",
+                    answer.status,
+                    String::from_utf8_lossy(&answer.body).trim()
+                ),
+            ))
+        }
+    }
+
+    /// Removes this instance's service (and so its check) from the local agent.
+    pub(super) async fn deregister_service(&self) -> Result<(), CoordinationError> {
+        bounded(
+            "deregister service check",
+            consulrs::service::deregister(&self.client, &self.config.service_id(), None),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Deregisters the registrations a dead gateway process left on this agent: one with
+    /// this instance's service id (a restart with a fixed instance name), or one whose check
+    /// dials the same address (only one process can listen there: this one). Until their
+    /// check fails, their sessions, and the locks those hold, stay valid, and a process
+    /// restarted on the same port within one check interval keeps the old check passing.
+    /// Deregistering removes the check, which invalidates those sessions now.
+    pub(super) async fn remove_stale_registrations(
+        &self,
+        check: &SessionCheck,
+    ) -> Result<(), CoordinationError> {
+        let instance = &self.config.instance;
+        let ours = self.config.service_id();
+        let services = bounded("list services", consulrs::service::list(&self.client, None))
+            .await?
+            .response;
+        for (id, service) in services {
+            let meta = service.meta.unwrap_or_default();
+            let stale = service.service.as_deref() == Some(SERVICE_NAME)
+                && (id == ours || meta.get(META_CHECK_TCP) == Some(&check.tcp_addr));
+            if !stale {
+                continue;
+            }
+            tracing::warn!(
+                %instance,
+                service = %id,
+                previous_instance = meta.get(META_INSTANCE).map_or("?", String::as_str),
+                check_tcp = %check.tcp_addr,
+                "deregistering the registration of an earlier gateway process on this address; \
+                 its lock session ends now",
+            );
+            bounded(
+                "deregister stale service",
+                consulrs::service::deregister(&self.client, &id, None),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The local agent's view of this instance's check, for the log after an invalidation.
+    pub(super) async fn check_status(&self) -> String {
+        let check_id = self.config.check_id();
+        match bounded("list checks", consulrs::check::list(&self.client, None)).await {
+            Ok(answer) => match answer.response.get(&check_id) {
+                Some(check) => format!(
+                    "{}: {}",
+                    check.status.as_deref().unwrap_or("?"),
+                    check.output.as_deref().unwrap_or("").trim()
+                ),
+                None => "not registered".into(),
+            },
+            Err(error) => format!("unknown ({error})"),
+        }
+    }
+
+    /// Whether the local agent has this instance's check registered.
+    pub(super) async fn check_registered(&self) -> Result<bool, CoordinationError> {
+        let checks = bounded("list checks", consulrs::check::list(&self.client, None)).await?;
+        Ok(checks.response.contains_key(&self.config.check_id()))
+    }
+
+    /// Creates a session, returning its id and the send time of the create request. A
+    /// check-bound one first gets its service check registered: always at `connect`
+    /// ([`Registration::Always`], fresh and passing), and on recovery only if the agent lost
+    /// it ([`Registration::IfMissing`]: an agent restarted without its data, or the
+    /// registration reaped after `deregister_after`). A check that is registered but
+    /// critical is left alone: Consul refuses the session until the check passes again, and
+    /// resetting it to passing would only get a session that the next check run ends.
+    pub(super) async fn open_session(
+        &self,
+        registration: Registration,
+    ) -> Result<(String, Instant), CoordinationError> {
+        let mut request = CreateSessionRequest::builder();
+        request
+            .name(format!("kafka-lease {}", self.config.instance))
+            .ttl(go_duration(self.config.session_ttl))
+            .lock_delay(go_duration(self.config.lock_delay))
+            .behavior("delete");
+        match &self.config.check {
+            Some(check) => {
+                let register = match registration {
+                    Registration::Always => true,
+                    Registration::IfMissing => !self.check_registered().await?,
+                };
+                if register {
+                    if registration == Registration::IfMissing {
+                        tracing::warn!(
+                            instance = %self.config.instance,
+                            check = %self.config.check_id(),
+                            "the local consul agent lost the service check; registering it again",
+                        );
+                    }
+                    self.register_service(check).await?;
+                }
+                request
+                    .node_checks(vec!["serfHealth".to_string()])
+                    .service_checks(vec![ServiceCheck {
+                        id: Some(self.config.check_id()),
+                        namespace: None,
+                    }]);
+            }
+            // No checks at all, not even the node's `serfHealth` (Consul's default), so a
+            // flapping gossip link does not end it. The fence does not rely on that: the node's
+            // deregistration or a destroy can still end it at any moment.
+            None => {
+                request.node_checks(Vec::<String>::new());
+            }
+        }
+        let sent = Instant::now();
+        let created = bounded(
+            "create session",
+            consulrs::session::create(&self.client, Some(&mut request)),
+        )
+        .await?;
+        Ok((created.response.id, sent))
+    }
+
+    /// Destroys a session and, first, deletes the keys it holds under the prefix one by one:
+    /// explicit deletes set no lock-delay, so successors can take the keys at once, while
+    /// destroying the session alone would lock them out for `lock_delay`.
+    pub(super) async fn end_session(&self, session: &str) {
+        let instance = &self.config.instance;
+        let prefix = format!("{}/", self.prefix());
+        match self
+            .read_kv("shutdown (list own keys)", &prefix, true, None)
+            .await
+        {
+            Ok(read) => {
+                for entry in read
+                    .entries
+                    .iter()
+                    .filter(|e| e.session.as_deref() == Some(session))
+                {
+                    let mut request = DeleteKeyRequest::builder();
+                    request.cas(entry.modify_index);
+                    let deleted = bounded(
+                        "shutdown (release)",
+                        consulrs::kv::delete(&self.client, &entry.key, Some(&mut request)),
+                    )
+                    .await;
+                    if let Err(error) = deleted {
+                        tracing::warn!(
+                            %instance,
+                            key = %entry.key,
+                            %error,
+                            "could not release a lock at shutdown; destroying the session will",
+                        );
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(
+                    %instance,
+                    %error,
+                    "could not list own locks at shutdown; the session's destruction frees them",
+                );
+            }
+        }
+        match bounded(
+            "shutdown (destroy session)",
+            consulrs::session::delete(&self.client, session, None),
+        )
+        .await
+        {
+            Ok(_) => tracing::info!(%instance, %session, "destroyed consul lock session"),
+            Err(error) => {
+                tracing::warn!(
+                    %instance,
+                    %session,
+                    %error,
+                    "could not destroy the consul lock session; it expires after its TTL",
+                )
+            }
+        }
+    }
+
+    /// Creates a session, retrying with backoff until Consul answers.
+    pub(super) async fn create_session_until_done(&self) -> Held {
+        let mut backoff = CREATE_BACKOFF_MIN;
+        loop {
+            match self.open_session(Registration::IfMissing).await {
+                Ok((id, sent)) => {
+                    return Held {
+                        id,
+                        confirmed: sent,
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(
+                        instance = %self.config.instance,
+                        %error,
+                        retry_in = ?backoff,
+                        "could not create a consul lock session",
+                    );
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(CREATE_BACKOFF_MAX);
+        }
+    }
+
+    /// One renew of `session`: its send time and what Consul said.
+    pub(super) async fn renew_once(&self, session: &str, limit: Duration) -> (Instant, Renewal) {
+        let sent = Instant::now();
+        let renewed =
+            tokio::time::timeout(limit, consulrs::session::renew(&self.client, session, None))
+                .await;
+        let outcome = match renewed {
+            Ok(Ok(answer)) if !answer.response.is_empty() => Renewal::Confirmed,
+            // Consul 1.8 answers 404 for an unknown session; older ones 200 and `[]`.
+            Ok(Ok(_)) => Renewal::Gone,
+            Ok(Err(e)) if is_status(&e, 404) => Renewal::Gone,
+            Ok(Err(e)) => Renewal::Failed(describe(&e)),
+            Err(_) => Renewal::Failed(format!("no answer within {limit:?}")),
+        };
+        (sent, outcome)
+    }
+
+    /// Renews `held` until it is lost; returns how. A renew goes out every `renew_interval`
+    /// (and at once when poked) whether or not the earlier ones have answered, so a slow or
+    /// lost request does not hold up the next; each confirmation moves `S` to its own send
+    /// time. The session is lost when `S + fence_window` passes.
+    pub(super) async fn keep_alive(&self, held: &mut Held) -> Loss {
+        let instance = &self.config.instance;
+        let every = self.config.renew_interval();
+        // An answer later than this is worthless: it would confirm a deadline already past.
+        let limit = REQUEST_TIMEOUT.min(self.fence_window);
+        let mut attempts = FuturesUnordered::new();
+        let mut next = held.confirmed + every;
+        loop {
+            let fence_at = held.confirmed + self.fence_window;
+            tokio::select! {
+                biased;
+                Some((sent, outcome)) = attempts.next(), if !attempts.is_empty() => {
+                    match outcome {
+                        Renewal::Confirmed => {
+                            if sent > held.confirmed {
+                                held.confirmed = sent;
+                                self.confirm(&held.id, sent);
+                            }
+                        }
+                        Renewal::Gone => return Loss::Invalidated,
+                        Renewal::Failed(error) => {
+                            tracing::warn!(
+                                %instance,
+                                session = %held.id,
+                                %error,
+                                fence_in = ?fence_at.saturating_duration_since(Instant::now()),
+                                "renewing the consul lock session failed; retrying",
+                            );
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(fence_at) => return Loss::Unreachable,
+                () = tokio::time::sleep_until(next) => {
+                    attempts.push(self.renew_once(&held.id, limit));
+                    next = Instant::now() + every;
+                }
+                () = self.poke.notified() => {
+                    attempts.push(self.renew_once(&held.id, limit));
+                    next = Instant::now() + every;
+                }
+            }
+        }
+    }
+}
+
+/// A live session as the renew task tracks it.
+pub(super) struct Held {
+    pub(super) id: String,
+    /// Send time of the last request Consul confirmed the session with.
+    pub(super) confirmed: Instant,
+}
+
+/// When [`Shared::open_session`] registers the service check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Registration {
+    Always,
+    IfMissing,
+}
+
+/// What one renew found out.
+pub(super) enum Renewal {
+    Confirmed,
+    /// Consul does not know the session (any more).
+    Gone,
+    /// No usable answer: unreachable, an error, or too slow.
+    Failed(String),
+}
+
+pub(super) enum Loss {
+    /// Consul says the session no longer exists.
+    Invalidated,
+    /// No renew was confirmed for a whole fence window.
+    Unreachable,
+}
+
+/// The renew task: keeps the session alive, and replaces it when it is lost.
+pub(super) async fn run_renewer(shared: Arc<Shared>, first: Held) {
+    let instance = shared.config.instance.clone();
+    let window = shared.fence_window;
+    let mut held = first;
+    // Sessions given up while Consul was unreachable: destroyed once it answers again, so
+    // their keys go now rather than when Consul's own timer (up to 2×TTL) fires.
+    let mut abandoned: Vec<String> = Vec::new();
+    loop {
+        match shared.keep_alive(&mut held).await {
+            Loss::Invalidated => {
+                shared.set_state(SessionState::Lost {
+                    reason: "session invalidated".into(),
+                });
+                let check = match shared.config.check {
+                    Some(_) => shared.check_status().await,
+                    None => "none (TTL-only session)".into(),
+                };
+                tracing::warn!(
+                    %instance,
+                    session = %held.id,
+                    %check,
+                    "consul lock session invalidated; every lock is void, creating a new session",
+                );
+            }
+            Loss::Unreachable => {
+                let silent = held.confirmed.elapsed();
+                let since = SystemTime::now()
+                    .checked_sub(silent)
+                    .unwrap_or(SystemTime::UNIX_EPOCH);
+                let since = humantime::format_rfc3339_seconds(since);
+                shared.set_state(SessionState::Lost {
+                    reason: format!(
+                        "consul unreachable since {since} (no renew confirmed for {silent:?}, \
+                         fence window {window:?})"
+                    ),
+                });
+                tracing::warn!(
+                    %instance,
+                    session = %held.id,
+                    ?silent,
+                    fence_window = ?window,
+                    "no renew confirmed for a whole fence window; every lock is void (self-fence)",
+                );
+                abandoned.push(held.id.clone());
+            }
+        }
+        held = shared.create_session_until_done().await;
+        for old in std::mem::take(&mut abandoned) {
+            let destroyed = bounded(
+                "destroy abandoned session",
+                consulrs::session::delete(&shared.client, &old, None),
+            )
+            .await;
+            if let Err(error) = destroyed {
+                tracing::warn!(
+                    %instance,
+                    session = %old,
+                    %error,
+                    "could not destroy an abandoned session; it expires by itself",
+                );
+            }
+        }
+        shared.confirm(&held.id, held.confirmed);
+        tracing::info!(%instance, session = %held.id, "consul lock session recovered");
+        shared.set_state(SessionState::Live {
+            id: held.id.clone(),
+        });
+    }
+}
