@@ -17,7 +17,9 @@ use tracing::Instrument;
 use crate::coordination::{Acquisition, HolderInfo, LockBackend, LockGrant, LockKey, SessionState};
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::Kafka;
-use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts, ReadLimits, ReadStream};
+use crate::lease::{
+    lease_ref, new_lease_id, serving_instance, Lease, LeaseParts, ReadLimits, ReadStream,
+};
 
 /// Where a lease starts when its group has no committed offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -546,7 +548,7 @@ impl Gateway {
         // The group's Kafka client first (held until the attempt ends, so it cannot be closed
         // as idle meanwhile): a gateway at its group limit refuses before it touches Consul.
         let _group_client = self.kafka.group(&key.group)?;
-        let id = new_lease_id();
+        let id = new_lease_id(&self.instance);
         let holder = HolderInfo {
             member: spec.member.clone(),
             gateway: self.instance.clone(),
@@ -768,7 +770,8 @@ impl Gateway {
         }
     }
 
-    /// The lease a call names, or why there is none.
+    /// The lease a call names, or why there is none: LEASE_ENDED for one this instance served,
+    /// WRONG_GATEWAY naming the instance the id says serves it, NOT_FOUND otherwise.
     pub async fn lookup(&self, lease_id: &str) -> Result<Arc<Lease>, LeaseError> {
         let reference = lease_ref(lease_id).to_string();
         {
@@ -783,12 +786,14 @@ impl Gateway {
                 });
             }
         }
-        // Not ours: does another instance serve it?
-        let held = self.locks.list(None).await?;
-        match held.into_iter().find(|h| h.holder.lease_ref == reference) {
-            Some(h) if h.holder.gateway != self.instance => Err(LeaseError::WrongGateway {
+        // Not ours: the id names the instance that serves it. Answered from the id alone, so
+        // that unknown ids cost no look at Consul (a client sending made-up ids cannot make
+        // the gateway scan every lock), and the answer does not depend on Consul being
+        // reachable.
+        match serving_instance(lease_id) {
+            Some(instance) if instance != self.instance => Err(LeaseError::WrongGateway {
                 lease_ref: reference,
-                gateway: h.holder.gateway,
+                gateway: instance.to_string(),
             }),
             _ => Err(LeaseError::LeaseNotFound {
                 lease_ref: reference,

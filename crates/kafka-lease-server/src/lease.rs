@@ -24,13 +24,24 @@ use crate::coordination::{FencingToken, LockBackend, LockGrant, LockKey, Session
 use crate::error::{EndReason, LeaseError};
 use crate::kafka::{record_size, GroupClient, PartitionFeed};
 
-/// A new lease id: `<reference>.<secret>`. The reference (64 random bits) is public: it is
-/// stored in Consul and names the lease in logs and messages. The secret (128 random bits)
-/// makes the whole id unguessable; only the client that acquired the lease learns it.
-pub fn new_lease_id() -> String {
+/// A new lease id for a lease served by `instance`: `<reference>.<secret>~<instance>`. The
+/// reference (64 random bits) is public: it is stored in Consul and names the lease in logs
+/// and messages. The secret (128 random bits) makes the whole id unguessable; only the client
+/// that acquired the lease learns it. The serving instance lets any instance answer a call
+/// on a lease it does not serve from what the id says, without a look at Consul (instance
+/// ids are `[A-Za-z0-9._-]`, so `~` cannot occur in them).
+pub fn new_lease_id(instance: &str) -> String {
     let reference: u64 = rand::random();
     let secret: u128 = rand::random();
-    format!("{reference:016x}.{secret:032x}")
+    format!("{reference:016x}.{secret:032x}~{instance}")
+}
+
+/// The gateway instance a lease id says serves the lease, if it names one.
+pub fn serving_instance(lease_id: &str) -> Option<&str> {
+    lease_id
+        .rsplit_once('~')
+        .map(|(_, instance)| instance)
+        .filter(|instance| !instance.is_empty())
 }
 
 /// The public reference part of a lease id (all of it, if it has no `.`).
@@ -658,12 +669,15 @@ mod tests {
 
     #[test]
     fn lease_ids_are_long_random_and_have_a_public_reference() {
-        let a = new_lease_id();
-        let b = new_lease_id();
+        let a = new_lease_id("gw-1.example");
+        let b = new_lease_id("gw-1.example");
         assert_ne!(a, b);
-        assert_eq!(a.len(), 16 + 1 + 32);
+        assert_eq!(a.len(), 16 + 1 + 32 + 1 + "gw-1.example".len());
         assert_eq!(lease_ref(&a).len(), 16);
         assert!(a.starts_with(lease_ref(&a)));
         assert_eq!(lease_ref("no-dot"), "no-dot");
+        assert_eq!(serving_instance(&a), Some("gw-1.example"));
+        assert_eq!(serving_instance("0123.4567"), None);
+        assert_eq!(serving_instance("0123.4567~"), None);
     }
 }

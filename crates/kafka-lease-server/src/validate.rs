@@ -208,7 +208,8 @@ pub fn lease_id(value: &str) -> Result<(), LeaseError> {
             "lease_id is empty; pass the id Acquire returned".into(),
         ));
     }
-    if value.len() > 128 {
+    // 16 + 1 + 32 hex digits, `~` and an instance id of at most 128 characters.
+    if value.len() > 200 {
         return Err(invalid(
             "lease_id",
             format!("lease_id {} is not a lease id (too long)", shown(value)),
