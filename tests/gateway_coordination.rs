@@ -561,7 +561,7 @@ async fn bad_requests_get_their_documented_code_and_change_nothing() {
     let status = raw
         .list_leases(proto::ListLeasesRequest {
             group: Some("a/b".into()),
-            topic: None,
+            ..Default::default()
         })
         .await
         .expect_err("bad filter");
@@ -673,5 +673,69 @@ async fn health_is_serving_with_both_services_up() {
     for service in ["", "kafka_lease.v1.PartitionLeaseService"] {
         let status = wait_health(&health, service, ServingStatus::Serving, DEADLINE).await;
         assert_eq!(status, 1);
+    }
+}
+
+#[tokio::test]
+async fn list_leases_pages_in_key_order() {
+    let Some(services) = Services::require("list_leases_pages_in_key_order") else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let client = gateway.client().await;
+    let topic = create_topic(&services, 12).await;
+    let group = unique_name("g");
+    let mut leases = Vec::new();
+    for partition in [11, 2, 10, 0, 1] {
+        leases.push(
+            client
+                .acquire(AcquireOptions::new(&group, &topic).partition(partition))
+                .await
+                .expect("acquire"),
+        );
+    }
+    let mut raw = client.raw();
+    let mut pages = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = raw
+            .list_leases(proto::ListLeasesRequest {
+                group: Some(group.clone()),
+                page_size: 2,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .expect("a page")
+            .into_inner();
+        pages.push(page.leases.iter().map(|l| l.partition).collect::<Vec<_>>());
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    assert_eq!(pages, [vec![0, 1], vec![2, 10], vec![11]]);
+    // The client crate walks the pages itself.
+    let all = client
+        .list_leases(LeaseFilter::new().group(&group).page_size(2))
+        .await
+        .expect("list");
+    assert_eq!(
+        all.iter().map(|l| l.partition).collect::<Vec<_>>(),
+        [0, 1, 2, 10, 11]
+    );
+    for (size, token) in [(5_001, ""), (0, "not/a-token")] {
+        let err = raw
+            .list_leases(proto::ListLeasesRequest {
+                page_size: size,
+                page_token: token.to_string(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    }
+    for lease in leases {
+        lease.release().await.expect("release");
     }
 }

@@ -86,14 +86,25 @@ impl Client {
         ))
     }
 
-    /// The held leases across every gateway instance, ordered by group, topic and partition.
+    /// The held leases across every gateway instance, ordered by group, topic and partition:
+    /// every page of them, fetched one after another ([`LeaseFilter::page_size`] at a time).
     pub async fn list_leases(&self, filter: LeaseFilter) -> Result<Vec<LeaseInfo>> {
-        let request = proto::ListLeasesRequest {
-            group: filter.group,
-            topic: filter.topic,
-        };
-        let response = self.raw().list_leases(request).await?.into_inner();
-        Ok(response.leases.into_iter().map(LeaseInfo::from).collect())
+        let mut all = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let request = proto::ListLeasesRequest {
+                group: filter.group.clone(),
+                topic: filter.topic.clone(),
+                page_size: filter.page_size,
+                page_token,
+            };
+            let response = self.raw().list_leases(request).await?.into_inner();
+            all.extend(response.leases.into_iter().map(LeaseInfo::from));
+            if response.next_page_token.is_empty() {
+                return Ok(all);
+            }
+            page_token = response.next_page_token;
+        }
     }
 }
 
@@ -192,6 +203,7 @@ impl AcquireOptions {
 pub struct LeaseFilter {
     group: Option<String>,
     topic: Option<String>,
+    page_size: u32,
 }
 
 impl LeaseFilter {
@@ -209,6 +221,13 @@ impl LeaseFilter {
     /// Only leases of this topic.
     pub fn topic(mut self, topic: impl Into<String>) -> Self {
         self.topic = Some(topic.into());
+        self
+    }
+
+    /// How many leases each request fetches (the gateway's default, 1,000, when unset; at
+    /// most 5,000).
+    pub fn page_size(mut self, page_size: u32) -> Self {
+        self.page_size = page_size;
         self
     }
 }

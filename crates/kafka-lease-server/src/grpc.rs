@@ -14,8 +14,9 @@ use kafka_lease_proto::v1;
 use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseService;
 
 use crate::coordination::CoordinationError;
+use crate::coordination::LockKey;
 use crate::error::{EndReason, LeaseError};
-use crate::gateway::{lease_info, AcquireSpec, Gateway, Reset, SeekTarget};
+use crate::gateway::{lease_info, AcquireSpec, Gateway, ListedLease, Reset, SeekTarget};
 use crate::lease::ReadLimits;
 use crate::validate;
 
@@ -424,20 +425,99 @@ impl PartitionLeaseService for LeaseService {
         if let Some(topic) = &req.topic {
             validate::topic(topic).map_err(status_of)?;
         }
+        let size = validate::count_in(
+            "page_size",
+            req.page_size,
+            validate::DEFAULT_PAGE_SIZE,
+            validate::MAX_PAGE_SIZE,
+        )
+        .map_err(status_of)? as usize;
+        let after = validate::page_token(&req.page_token).map_err(status_of)?;
         let listed = self
             .gateway
             .list(req.group.as_deref(), req.topic.as_deref())
             .await
             .map_err(status_of)?;
+        let (page, next) = page_of(listed, after.as_ref(), size);
         Ok(Response::new(v1::ListLeasesResponse {
-            leases: listed.iter().map(lease_info).collect(),
+            leases: page.iter().map(lease_info).collect(),
+            next_page_token: next
+                .as_ref()
+                .map(validate::page_token_after)
+                .unwrap_or_default(),
         }))
     }
+}
+
+/// One page of a listing: the first `size` leases after `after` in (group, topic,
+/// partition) order, and the key to continue after when more follow.
+fn page_of(
+    mut listed: Vec<ListedLease>,
+    after: Option<&LockKey>,
+    size: usize,
+) -> (Vec<ListedLease>, Option<LockKey>) {
+    listed.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut page: Vec<ListedLease> = listed
+        .into_iter()
+        .filter(|l| after.is_none_or(|after| l.key > *after))
+        .take(size + 1)
+        .collect();
+    let next = (page.len() > size).then(|| {
+        page.truncate(size);
+        page.last().map(|l| l.key.clone())
+    });
+    (page, next.flatten())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn listed(group: &str, partition: i32) -> ListedLease {
+        ListedLease {
+            key: LockKey::new(group, "t", partition),
+            holder: crate::coordination::HolderInfo {
+                member: String::new(),
+                gateway: "gw".into(),
+                lease_ref: format!("{group}-{partition}"),
+                acquired_at_ms: 0,
+                ttl_ms: 10_000,
+            },
+            token: 1,
+            local: None,
+        }
+    }
+
+    #[test]
+    fn pages_follow_the_key_order_and_end_with_no_token() {
+        // Partitions 2 and 10 in numeric order, not as strings; groups in name order.
+        let all = || {
+            vec![
+                listed("b", 0),
+                listed("a", 10),
+                listed("a", 2),
+                listed("a", 1),
+            ]
+        };
+        let keys = |page: &[ListedLease]| {
+            page.iter()
+                .map(|l| (l.key.group.clone(), l.key.partition))
+                .collect::<Vec<_>>()
+        };
+        let (first, next) = page_of(all(), None, 2);
+        assert_eq!(keys(&first), [("a".into(), 1), ("a".into(), 2)]);
+        let next = next.expect("more follow");
+        let token = validate::page_token_after(&next);
+        let after = validate::page_token(&token).unwrap();
+        let (second, next) = page_of(all(), after.as_ref(), 2);
+        assert_eq!(keys(&second), [("a".into(), 10), ("b".into(), 0)]);
+        assert_eq!(next, None, "the last page has no token");
+        let (whole, next) = page_of(all(), None, 4);
+        assert_eq!((whole.len(), next), (4, None));
+        assert!(validate::page_token("a/t").is_err());
+        assert!(validate::page_token("a/t/x").is_err());
+        assert!(validate::page_token("a/../1/2").is_err());
+    }
 
     #[test]
     fn every_error_maps_to_its_documented_code() {

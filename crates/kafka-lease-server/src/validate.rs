@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use crate::coordination::LockKey;
 use crate::error::LeaseError;
 
 /// The longest group id and topic name Kafka accepts.
@@ -198,6 +199,44 @@ pub fn count_in(
         )),
         v => Ok(v),
     }
+}
+
+/// ListLeases' `page_size`: 0 means the default.
+pub const DEFAULT_PAGE_SIZE: u32 = 1_000;
+pub const MAX_PAGE_SIZE: u32 = 5_000;
+
+/// ListLeases' `page_token`: empty (the first page) or the key a previous page ended at,
+/// `<group>/<topic>/<partition>`.
+pub fn page_token(value: &str) -> Result<Option<LockKey>, LeaseError> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let parsed = {
+        let mut parts = value.split('/');
+        match (parts.next(), parts.next(), parts.next(), parts.next()) {
+            (Some(g), Some(t), Some(p), None)
+                if group(g).is_ok() && topic(t).is_ok() && p.parse::<i32>().is_ok() =>
+            {
+                p.parse().ok().map(|p| LockKey::new(g, t, p))
+            }
+            _ => None,
+        }
+    };
+    parsed.map(Some).ok_or_else(|| {
+        invalid(
+            "page_token",
+            format!(
+                "page_token {} is not a token ListLeases returned; pass a next_page_token \
+                 unchanged, or none for the first page",
+                shown(value)
+            ),
+        )
+    })
+}
+
+/// The `page_token` that continues after `key`.
+pub fn page_token_after(key: &LockKey) -> String {
+    format!("{}/{}/{}", key.group, key.topic, key.partition)
 }
 
 /// A lease id must at least look like one before it is looked up.
