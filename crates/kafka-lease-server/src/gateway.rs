@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
 use kafka_lease_proto::v1;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -219,6 +220,8 @@ pub struct Gateway {
     /// Acquires waiting for a partition right now.
     waiting: AtomicUsize,
     table: Mutex<Table>,
+    /// The shared watch of each (group, topic) that Acquires wait on.
+    watches: Mutex<HashMap<(String, String), Weak<TopicWatch>>>,
     shutting_down: AtomicBool,
     /// This gateway itself, for tasks that must not keep it alive.
     me: Weak<Gateway>,
@@ -295,6 +298,28 @@ impl Drop for GrantGuard<'_> {
     }
 }
 
+/// One blocking query on a (group, topic)'s keys, shared by every Acquire waiting on that
+/// topic on this instance, so Consul sees one watch per topic, not one per waiter (Consul
+/// allows 200 connections per client address by default). It lives as long as a waiter holds
+/// it.
+struct TopicWatch {
+    /// The newest index the watch has seen under the topic's keys.
+    index: watch::Sender<u64>,
+    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for TopicWatch {
+    fn drop(&mut self) {
+        let task = self.task.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(task) = task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// How long one round of a topic watch's blocking query may wait.
+const TOPIC_WATCH_WAIT: Duration = Duration::from_secs(60);
+
 /// How long the end of a lease waits in the foreground for its commits in flight to settle
 /// before it leaves the rest to a background task.
 const COMMIT_SETTLE_WAIT: Duration = Duration::from_secs(5);
@@ -323,6 +348,7 @@ impl Gateway {
             limits,
             waiting: AtomicUsize::new(0),
             table: Mutex::new(Table::default()),
+            watches: Mutex::default(),
             shutting_down: AtomicBool::new(false),
             me: me.clone(),
         });
@@ -469,9 +495,15 @@ impl Gateway {
             let remaining = deadline - now;
             match first_index {
                 Some(index) => {
-                    self.locks
-                        .wait_for_change(&watch_key, index, remaining)
-                        .await?;
+                    // Through the topic's shared watch: one blocking query per topic on this
+                    // instance, however many Acquires wait on it. Its index past ours means
+                    // a change already happened since our look: try again at once.
+                    let watch = self.topic_watch(&watch_key, index);
+                    let mut seen = watch.index.subscribe();
+                    if *seen.borrow_and_update() <= index {
+                        let wait = self.locks.wait_cut(&watch_key, remaining);
+                        let _ = tokio::time::timeout(wait, seen.changed()).await;
+                    }
                 }
                 // Only local contention (another Acquire on this instance): poll briefly.
                 None => tokio::time::sleep(remaining.min(Duration::from_millis(20))).await,
@@ -583,6 +615,45 @@ impl Gateway {
         let granted = self.open_lease(spec, id, holder, grant).await?;
         claim.installed = true;
         Ok(Ok(granted))
+    }
+
+    /// The shared watch of `key`'s topic, started from `from` if it is not running yet.
+    fn topic_watch(&self, key: &LockKey, from: u64) -> Arc<TopicWatch> {
+        let mut watches = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        let id = (key.group.clone(), key.topic.clone());
+        if let Some(watch) = watches.get(&id).and_then(Weak::upgrade) {
+            return watch;
+        }
+        watches.retain(|_, w| w.strong_count() > 0);
+        let watch = Arc::new(TopicWatch {
+            index: watch::channel(from).0,
+            task: Mutex::new(None),
+        });
+        let (weak, locks, key) = (Arc::downgrade(&watch), self.locks.clone(), key.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Some(from) = weak.upgrade().map(|w| *w.index.borrow()) else {
+                    return;
+                };
+                match locks.wait_for_change(&key, from, TOPIC_WATCH_WAIT).await {
+                    Ok(next) => {
+                        let Some(watch) = weak.upgrade() else { return };
+                        if next != from {
+                            watch.index.send_replace(next);
+                        }
+                    }
+                    Err(err) => {
+                        // The waiters try again at their deadline (or the next change seen
+                        // once Consul answers); the watch keeps trying meanwhile.
+                        tracing::debug!(topic = %key.topic, group = %key.group, error = %err, "topic watch failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            }
+        });
+        *watch.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
+        watches.insert(id, Arc::downgrade(&watch));
+        watch
     }
 
     /// The id of the backend's live session, if there is one.

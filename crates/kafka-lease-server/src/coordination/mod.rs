@@ -216,6 +216,15 @@ pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
         timeout: Duration,
     ) -> Result<u64, CoordinationError>;
 
+    /// How long a wait for a change under `key`'s topic should last at most, given the
+    /// caller's `timeout`: shorter when the backend expects `key` to become acquirable
+    /// without any write it could see (Consul's lock-delay after an invalidation ends
+    /// silently), so a waiter that watches by other means (a shared watch) tries again then.
+    fn wait_cut(&self, key: &LockKey, timeout: Duration) -> Duration {
+        let _ = key;
+        timeout
+    }
+
     /// Every held lock under the prefix, optionally only one group's, ordered by key.
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError>;
 

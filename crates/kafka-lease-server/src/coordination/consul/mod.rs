@@ -560,6 +560,10 @@ impl LockBackend for ConsulLocks {
         }
     }
 
+    fn wait_cut(&self, key: &LockKey, timeout: Duration) -> Duration {
+        self.wait_limit(key, timeout).0
+    }
+
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
         let prefix = self.shared.prefix();
         let path = match group {
