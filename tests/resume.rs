@@ -155,7 +155,11 @@ async fn the_client_reopens_a_cut_stream_with_no_gap_and_no_repeat() {
     };
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
-    const TOTAL: i64 = 5_000;
+    // 10,000 records of 512 bytes: after the third cut (3,000 records in) the gateway cannot
+    // have sent the rest already (a client takes at most 2 MiB ahead per stream), so each cut
+    // needs a reconnection. With 5,000 the rest could sit in the client's buffers, and the
+    // last cut then needed none.
+    const TOTAL: i64 = 10_000;
     let records: Vec<TestRecord> = (0..TOTAL)
         .map(|i| TestRecord::value(format!("{i:0>512}")))
         .collect();
