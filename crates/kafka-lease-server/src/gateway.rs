@@ -843,7 +843,7 @@ impl Gateway {
 
     /// The lease a call names, or why there is none: LEASE_ENDED for one this instance served,
     /// WRONG_GATEWAY naming the instance the id says serves it, NOT_FOUND otherwise.
-    pub async fn lookup(&self, lease_id: &str) -> Result<Arc<Lease>, LeaseError> {
+    pub fn lookup(&self, lease_id: &str) -> Result<Arc<Lease>, LeaseError> {
         let reference = lease_ref(lease_id).to_string();
         {
             let table = self.table();
@@ -880,7 +880,7 @@ impl Gateway {
         limits: ReadLimits,
         from_offset: Option<i64>,
     ) -> Result<ReadStream, LeaseError> {
-        let lease = self.lookup(lease_id).await?;
+        let lease = self.lookup(lease_id)?;
         lease.fenced()?;
         lease.touch()?;
         if let Some(offset) = from_offset {
@@ -910,7 +910,7 @@ impl Gateway {
 
     /// Repositions a lease; returns the resolved offset and the new seek epoch.
     pub async fn seek(&self, lease_id: &str, target: SeekTarget) -> Result<(i64, u64), LeaseError> {
-        let lease = self.lookup(lease_id).await?;
+        let lease = self.lookup(lease_id)?;
         lease.fenced()?;
         lease.touch()?;
         let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
@@ -955,7 +955,7 @@ impl Gateway {
         offset: i64,
         metadata: Option<&str>,
     ) -> Result<String, LeaseError> {
-        let lease = self.lookup(lease_id).await?;
+        let lease = self.lookup(lease_id)?;
         self.commit_on(&lease, offset, metadata).await
     }
 
@@ -993,7 +993,7 @@ impl Gateway {
         lease_id: &str,
         commit: Option<i64>,
     ) -> Result<Option<i64>, LeaseError> {
-        let lease = match self.lookup(lease_id).await {
+        let lease = match self.lookup(lease_id) {
             Ok(lease) => lease,
             // Release of an ended lease is NOT_FOUND, per the contract.
             Err(LeaseError::LeaseEnded { lease_ref, .. }) => {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kafka_lease_server::coordination::memory::MemoryLockStore;
+use kafka_lease_server::coordination::memory::{MemoryLockStore, MemoryLocks};
 use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::{DevKafka, DEMO_TOPIC};
 use kafka_lease_server::error::{EndReason, LeaseError};
@@ -22,11 +22,9 @@ const DEADLINE: Duration = Duration::from_secs(20);
 
 struct Rig {
     gateway: Arc<Gateway>,
-    locks: Arc<MemoryLocksHandle>,
+    locks: Arc<MemoryLocks>,
     kafka: DevKafka,
 }
-
-type MemoryLocksHandle = kafka_lease_server::coordination::memory::MemoryLocks;
 
 async fn rig() -> Rig {
     rig_with(

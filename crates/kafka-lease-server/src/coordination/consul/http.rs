@@ -1,6 +1,15 @@
 //! Consul's HTTP API as this backend uses it: consulrs calls bounded by a time limit, the raw
 //! KV reads consulrs cannot express (a 404 with a meaningful index), the service registration
 //! Consul 1.8 accepts, and the conversions of their answers.
+//!
+//! # Reads that consulrs cannot express
+//! consulrs turns every non-2xx answer into an error and drops its headers, but Consul
+//! answers a read of an empty prefix (exactly what a waiter sees after the last holder of a
+//! topic released) with 404 *and* a meaningful `X-Consul-Index`. Without that index a waiter
+//! would either spin or sleep through the change, so KV reads go through consulrs' own request
+//! types and middleware (`rustify::Endpoint`) and read the raw response, whatever its status.
+//! Writes and session calls use the plain consulrs functions, except the service registration:
+//! consulrs serializes it with an `Ns` field that Consul 1.8 rejects ("unknown field").
 
 use super::*;
 

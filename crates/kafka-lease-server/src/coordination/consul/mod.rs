@@ -44,14 +44,7 @@
 //! When Consul answers again after a self-fence, the backend destroys the old session (best
 //! effort) and creates a new one, since it cannot know what became of the old locks.
 //!
-//! # Reads that consulrs cannot express
-//! consulrs turns every non-2xx answer into an error and drops its headers, but Consul
-//! answers a read of an empty prefix (exactly what a waiter sees after the last holder of a
-//! topic released) with 404 *and* a meaningful `X-Consul-Index`. Without that index a waiter
-//! would either spin or sleep through the change, so KV reads go through consulrs' own request
-//! types and middleware (`rustify::Endpoint`) and read the raw response, whatever its status.
-//! Writes and session calls use the plain consulrs functions, except the service registration:
-//! consulrs serializes it with an `Ns` field that Consul 1.8 rejects ("unknown field").
+//! The HTTP plumbing, and why KV reads bypass consulrs' own functions, is in `http.rs`.
 
 use std::collections::HashMap;
 use std::fmt;
