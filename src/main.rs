@@ -14,6 +14,7 @@ use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::{DevKafka, DEMO_PARTITIONS, DEMO_TOPIC};
 use kafka_lease_server::gateway::{Gateway, Limits};
 use kafka_lease_server::kafka::{Kafka, KafkaSettings};
+use kafka_lease_server::server::ServeOptions;
 
 /// The version and the git revision this binary was built from.
 const VERSION: &str = concat!(
@@ -168,14 +169,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let limits = Limits {
         max_leases: args.max_leases as usize,
         max_waiting_acquires: args.max_waiting_acquires as usize,
+        max_leases_per_connection: args.max_leases_per_connection as usize,
     };
     let gateway = Gateway::with_limits(instance, Arc::new(locks), kafka, limits);
     let addr = listener.local_addr()?;
     tracing::info!(%addr, "serving");
     // One machine-readable line on stdout, for scripts and tests started with port 0.
     println!("kafka-lease listening on {addr}");
-    kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), args.shutdown_grace)
-        .await?;
+    let options = ServeOptions {
+        grace: args.shutdown_grace,
+        max_streams_per_connection: args.max_streams_per_connection,
+    };
+    kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), options).await?;
     Ok(())
 }
 
@@ -191,8 +196,11 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let gateway = Gateway::new("dev".to_string(), locks, kafka);
     print_dev_banner(&addr.to_string(), args.sample_records);
     println!("kafka-lease listening on {addr}");
-    kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), Duration::from_secs(5))
-        .await?;
+    let options = ServeOptions {
+        grace: Duration::from_secs(5),
+        ..ServeOptions::default()
+    };
+    kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), options).await?;
     drop(kafka_cluster);
     Ok(())
 }

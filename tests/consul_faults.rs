@@ -101,7 +101,7 @@ async fn an_acquire_whose_answer_is_lost_leaves_no_lock_behind() {
         return;
     };
     let s = setup(&services).await;
-    s.relay.fail_next(b"PUT /v1/kv/", Fault::LoseAnswer);
+    s.relay.fail_next(b"PUT /v1/txn", Fault::LoseAnswer);
     match s
         .relayed
         .client()

@@ -107,6 +107,16 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_LEASE_MAX_WAITING_ACQUIRES", default_value_t = 1_000,
           value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub max_waiting_acquires: u32,
+    /// Most leases (and Acquires in progress) one client connection may have on this instance
+    /// at once; an Acquire past it is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "KAFKA_LEASE_MAX_LEASES_PER_CONNECTION", default_value_t = 1_000,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_leases_per_connection: u32,
+    /// Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS:
+    /// a client queues calls past it until one ends).
+    #[arg(long, env = "KAFKA_LEASE_MAX_STREAMS_PER_CONNECTION", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_streams_per_connection: u32,
     /// Most consumer groups with leases on this instance at once (each costs a Kafka client
     /// with its own threads and broker connections).
     #[arg(long, env = "KAFKA_LEASE_MAX_GROUPS", default_value_t = 100,

@@ -15,12 +15,16 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::coordination::{Acquisition, HolderInfo, LockBackend, LockGrant, LockKey, SessionState};
+use crate::coordination::{
+    Acquisition, FencingToken, HeldPartition, HolderInfo, LockBackend, LockGrant, LockKey,
+    SessionState,
+};
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::Kafka;
 use crate::lease::{
     lease_ref, new_lease_id, serving_instance, Lease, LeaseParts, ReadLimits, ReadStream,
 };
+use crate::waiters::{TopicQueue, Wants};
 
 /// Where a lease starts when its group has no committed offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +43,9 @@ pub struct AcquireSpec {
     pub ttl: Duration,
     pub wait: Duration,
     pub reset: Reset,
+    /// The client connection the Acquire came on (its peer address), for
+    /// [`Limits::max_leases_per_connection`]; `None` for callers without one.
+    pub via: Option<std::net::SocketAddr>,
 }
 
 /// What Acquire grants.
@@ -96,43 +103,82 @@ struct Table {
     claimed: HashSet<LockKey>,
     /// Key → the lock session that may still hold it.
     unreleased: HashMap<LockKey, String>,
+    /// Client connection → its leases and claims here.
+    per_connection: HashMap<std::net::SocketAddr, usize>,
+    /// Lease id → the connection it was acquired on.
+    lease_via: HashMap<String, std::net::SocketAddr>,
     ended: HashMap<String, EndReason>,
     ended_order: VecDeque<String>,
 }
 
 /// Why an Acquire attempt could not claim a key on this instance.
 enum LocalBusy {
-    /// A live lease here holds it.
-    Leased(Arc<Lease>),
-    /// Another attempt is on it, or its release is not confirmed yet.
-    Pending,
+    /// A live lease here holds it, another attempt is on it, or its release is not
+    /// confirmed yet.
+    Taken,
     /// This instance serves as many leases as it may.
     Full,
+    /// The connection the Acquire came on has as many leases here as it may.
+    ConnectionFull,
 }
 
 impl Table {
     /// Claims `key` for one Acquire attempt, unless this instance leases it, is trying it,
     /// or may still hold it in the backend.
-    fn claim(&mut self, key: &LockKey, max_leases: usize) -> Result<(), LocalBusy> {
-        if let Some(lease) = self.by_key.get(key).and_then(|id| self.leases.get(id)) {
-            return Err(LocalBusy::Leased(lease.clone()));
+    fn claim(
+        &mut self,
+        key: &LockKey,
+        limits: &Limits,
+        via: Option<std::net::SocketAddr>,
+    ) -> Result<(), LocalBusy> {
+        if self.by_key.contains_key(key) {
+            return Err(LocalBusy::Taken);
         }
-        if self.leases.len() + self.claimed.len() >= max_leases {
+        if self.leases.len() + self.claimed.len() >= limits.max_leases {
             return Err(LocalBusy::Full);
         }
-        if self.by_key.contains_key(key)
-            || self.unreleased.contains_key(key)
-            || !self.claimed.insert(key.clone())
-        {
-            return Err(LocalBusy::Pending);
+        if via.is_some_and(|via| {
+            self.per_connection.get(&via).copied().unwrap_or(0) >= limits.max_leases_per_connection
+        }) {
+            return Err(LocalBusy::ConnectionFull);
+        }
+        if self.unreleased.contains_key(key) || !self.claimed.insert(key.clone()) {
+            return Err(LocalBusy::Taken);
+        }
+        if let Some(via) = via {
+            *self.per_connection.entry(via).or_default() += 1;
         }
         Ok(())
     }
 
+    /// One lease or claim fewer for the connection `via`.
+    fn uncount(&mut self, via: Option<std::net::SocketAddr>) {
+        let Some(via) = via else { return };
+        if let Some(count) = self.per_connection.get_mut(&via) {
+            *count -= 1;
+            if *count == 0 {
+                self.per_connection.remove(&via);
+            }
+        }
+    }
+
+    /// Whether this instance leases `key`, is trying it, or may still hold it in the backend.
+    fn blocks(&self, key: &LockKey) -> bool {
+        self.by_key.contains_key(key)
+            || self.claimed.contains(key)
+            || self.unreleased.contains_key(key)
+    }
+
     /// Ends a claim that produced no lease. `unreleased_by` names the session that may hold
     /// the key anyway (an acquire whose outcome is unknown).
-    fn unclaim(&mut self, key: &LockKey, unreleased_by: Option<&str>) {
+    fn unclaim(
+        &mut self,
+        key: &LockKey,
+        unreleased_by: Option<&str>,
+        via: Option<std::net::SocketAddr>,
+    ) {
         self.claimed.remove(key);
+        self.uncount(via);
         if let Some(session) = unreleased_by {
             self.unreleased(key, session);
         }
@@ -144,16 +190,22 @@ impl Table {
         self.unreleased.insert(key.clone(), session.to_string());
     }
 
-    /// Turns a claim into a live lease.
-    fn install(&mut self, lease: Arc<Lease>) {
+    /// Turns a claim into a live lease (which keeps the claim's count on its connection).
+    fn install(&mut self, lease: Arc<Lease>, via: Option<std::net::SocketAddr>) {
         self.claimed.remove(&lease.key);
+        if let Some(via) = via {
+            self.lease_via.insert(lease.id.clone(), via);
+        }
         self.by_key.insert(lease.key.clone(), lease.id.clone());
         self.leases.insert(lease.id.clone(), lease);
     }
 
     /// Takes an ended lease out: its key stays unreleased until [`Table::released`].
     fn remove_ended(&mut self, lease: &Lease, reason: EndReason) {
-        self.leases.remove(&lease.id);
+        if self.leases.remove(&lease.id).is_some() {
+            let via = self.lease_via.remove(&lease.id);
+            self.uncount(via);
+        }
         if self.by_key.get(&lease.key) == Some(&lease.id) {
             self.by_key.remove(&lease.key);
         }
@@ -191,6 +243,9 @@ pub struct Limits {
     pub max_leases: usize,
     /// Acquires waiting for a partition at once (`--max-waiting-acquires`).
     pub max_waiting_acquires: usize,
+    /// Leases (and Acquires in progress) of one client connection at once
+    /// (`--max-leases-per-connection`).
+    pub max_leases_per_connection: usize,
 }
 
 impl Default for Limits {
@@ -198,6 +253,7 @@ impl Default for Limits {
         Limits {
             max_leases: 10_000,
             max_waiting_acquires: 1_000,
+            max_leases_per_connection: 1_000,
         }
     }
 }
@@ -220,9 +276,11 @@ pub struct Gateway {
     /// Acquires waiting for a partition right now.
     waiting: AtomicUsize,
     table: Mutex<Table>,
-    /// The shared watch of each (group, topic) that Acquires wait on.
-    watches: Mutex<HashMap<(String, String), Weak<TopicWatch>>>,
+    /// The queue of Acquires of each (group, topic) that has any.
+    queues: Mutex<HashMap<(String, String), Weak<TopicQueue>>>,
     shutting_down: AtomicBool,
+    /// Set to `true` at shutdown, to wake every waiting Acquire.
+    stopping: watch::Sender<bool>,
     /// This gateway itself, for tasks that must not keep it alive.
     me: Weak<Gateway>,
 }
@@ -248,6 +306,7 @@ struct Claim<'a> {
     key: LockKey,
     /// Set when the backend may hold the key for this instance although no grant came back.
     unreleased_by: Option<String>,
+    via: Option<std::net::SocketAddr>,
     installed: bool,
 }
 
@@ -258,7 +317,7 @@ impl Drop for Claim<'_> {
         }
         self.gateway
             .table()
-            .unclaim(&self.key, self.unreleased_by.as_deref());
+            .unclaim(&self.key, self.unreleased_by.as_deref(), self.via);
         if let Some(session) = self.unreleased_by.take() {
             self.gateway.spawn_release_key(self.key.clone(), session);
         }
@@ -298,27 +357,28 @@ impl Drop for GrantGuard<'_> {
     }
 }
 
-/// One blocking query on a (group, topic)'s keys, shared by every Acquire waiting on that
-/// topic on this instance, so Consul sees one watch per topic, not one per waiter (Consul
-/// allows 200 connections per client address by default). It lives as long as a waiter holds
-/// it.
-struct TopicWatch {
-    /// The newest index the watch has seen under the topic's keys.
-    index: watch::Sender<u64>,
-    task: Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl Drop for TopicWatch {
-    fn drop(&mut self) {
-        let task = self.task.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(task) = task.take() {
-            task.abort();
-        }
-    }
-}
-
 /// How long one round of a topic watch's blocking query may wait.
 const TOPIC_WATCH_WAIT: Duration = Duration::from_secs(60);
+
+/// How long an Acquire leaves a partition alone after finding it taken on this very
+/// instance (a lease, an attempt, or a release not yet confirmed) since it was offered.
+const LOCAL_PAUSE: Duration = Duration::from_millis(20);
+
+/// The longest a partition is left alone after a lock-delay refusal (the longest lock-delay
+/// the gateway accepts); the backend normally says less.
+const DELAY_CAP: Duration = Duration::from_secs(60);
+
+/// How one attempt at one partition went.
+enum Attempt {
+    /// A lease, and the lock as the topic's view should now show it.
+    Granted(Box<Granted>, HeldPartition),
+    /// Another instance holds it.
+    Held,
+    /// Free, but under lock-delay.
+    Delayed,
+    /// Taken on this instance since it was offered.
+    Local,
+}
 
 /// How long the end of a lease waits in the foreground for its commits in flight to settle
 /// before it leaves the rest to a background task.
@@ -348,8 +408,9 @@ impl Gateway {
             limits,
             waiting: AtomicUsize::new(0),
             table: Mutex::new(Table::default()),
-            watches: Mutex::default(),
+            queues: Mutex::default(),
             shutting_down: AtomicBool::new(false),
+            stopping: watch::channel(false).0,
             me: me.clone(),
         });
         let watcher = Arc::downgrade(&gateway);
@@ -384,6 +445,11 @@ impl Gateway {
 
     fn table(&self) -> MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Number of Acquires waiting for a partition on this instance.
+    pub fn waiting_acquires(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// Number of leases this instance serves.
@@ -422,13 +488,15 @@ impl Gateway {
         .await;
     }
 
-    /// Grants a lease, waiting up to `spec.wait` for a partition to become free.
+    /// Grants a lease, waiting up to `spec.wait` for a partition to become free. The Acquire
+    /// takes a place in its topic's queue and tries only the partition the queue offers it
+    /// (see [`crate::waiters`]): a free one, offered to the oldest Acquire that wants it.
     pub async fn acquire(&self, spec: AcquireSpec) -> Result<Granted, LeaseError> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
         let partition_count = self.kafka.partition_count(&spec.topic).await?;
-        let candidates: Vec<i32> = match spec.partition {
+        let wants = match spec.partition {
             Some(p) if p >= partition_count => {
                 return Err(LeaseError::PartitionNotFound {
                     topic: spec.topic.clone(),
@@ -436,46 +504,65 @@ impl Gateway {
                     partition_count,
                 })
             }
-            Some(p) => vec![p],
-            None => {
-                // Start at a random partition, so clients that start together spread out
-                // instead of all contending for partition 0.
-                let start = rand::random_range(0..partition_count);
-                (0..partition_count)
-                    .map(|i| (start + i) % partition_count)
-                    .collect()
-            }
+            Some(p) => Wants::One(p),
+            // Start at a random partition, so clients that start together spread out
+            // instead of all contending for partition 0.
+            None => Wants::Any {
+                start: rand::random_range(0..partition_count),
+                count: partition_count,
+            },
         };
         let deadline = Instant::now() + spec.wait;
+        let ticket = self.topic_queue(&spec.group, &spec.topic).enqueue(wants);
+        let queue = ticket.queue().clone();
+        let mut stopping = self.stopping.subscribe();
         let mut waiting: Option<Waiting<'_>> = None;
         loop {
-            let mut busy = Vec::new();
-            let mut first_index: Option<u64> = None;
-            for &partition in &candidates {
-                if self.shutting_down.load(Ordering::SeqCst) {
-                    return Err(LeaseError::ShuttingDown);
-                }
+            if self.shutting_down.load(Ordering::SeqCst) {
+                return Err(LeaseError::ShuttingDown);
+            }
+            if queue.is_watched() {
+                queue.dispatch();
+            } else {
+                // Nobody waits on this topic here, so nothing keeps its view current: read it.
+                queue
+                    .refresh(
+                        self.locks
+                            .topic_view(&spec.group, &spec.topic, None, Duration::ZERO),
+                    )
+                    .await?;
+            }
+            if let Some(partition) = ticket.offer() {
                 let key = LockKey::new(&spec.group, &spec.topic, partition);
-                match self.attempt(&spec, key).await? {
-                    Ok(granted) => return Ok(granted),
-                    Err((entry, index)) => {
-                        busy.push(entry);
-                        if let Some(index) = index {
-                            first_index = Some(first_index.map_or(index, |i: u64| i.min(index)));
-                        }
+                match self.attempt(&spec, key.clone()).await? {
+                    Attempt::Granted(granted, held) => {
+                        queue.mark_held(partition, held);
+                        return Ok(*granted);
                     }
+                    Attempt::Held => queue.mark_held(
+                        partition,
+                        HeldPartition {
+                            token: FencingToken(0),
+                            holder: None,
+                        },
+                    ),
+                    Attempt::Delayed => {
+                        let left = self.locks.wait_cut(&key, DELAY_CAP);
+                        queue.mark_delayed(partition, Instant::now() + left);
+                    }
+                    // Taken here a moment ago (a lease, an attempt, a release in flight):
+                    // look again shortly.
+                    Attempt::Local => queue.mark_delayed(partition, Instant::now() + LOCAL_PAUSE),
                 }
+                ticket.decline();
+                continue;
             }
             let now = Instant::now();
             if now >= deadline {
-                busy.sort_by_key(|b| b.partition);
-                return Err(LeaseError::Busy {
-                    group: spec.group,
-                    topic: spec.topic,
-                    busy,
-                });
+                return Err(self.busy(&spec, &queue, wants));
             }
-            // Every candidate is held: wait, if this gateway may take one more waiter.
+            // Every partition it wants is taken: wait, if this gateway may take one more
+            // waiter, for an offer from the topic's shared watch.
             if waiting.is_none() {
                 if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.limits.max_waiting_acquires {
                     self.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -489,25 +576,52 @@ impl Gateway {
                 }
                 waiting = Some(Waiting(&self.waiting));
             }
-            // Wait for a change under the topic's keys, from the index seen before the
-            // first attempt, so a release in between is not missed.
-            let watch_key = LockKey::new(&spec.group, &spec.topic, candidates[0]);
-            let remaining = deadline - now;
-            match first_index {
-                Some(index) => {
-                    // Through the topic's shared watch: one blocking query per topic on this
-                    // instance, however many Acquires wait on it. Its index past ours means
-                    // a change already happened since our look: try again at once.
-                    let watch = self.topic_watch(&watch_key, index);
-                    let mut seen = watch.index.subscribe();
-                    if *seen.borrow_and_update() <= index {
-                        let wait = self.locks.wait_cut(&watch_key, remaining);
-                        let _ = tokio::time::timeout(wait, seen.changed()).await;
-                    }
-                }
-                // Only local contention (another Acquire on this instance): poll briefly.
-                None => tokio::time::sleep(remaining.min(Duration::from_millis(20))).await,
+            queue.ensure_watch(|from| self.spawn_topic_watch(&queue, &spec, from));
+            let wake_at = queue.next_delay_end().map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                () = ticket.offered() => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+                _ = stopping.changed() => {}
             }
+        }
+    }
+
+    /// The Busy answer: who holds each partition the Acquire wanted, as far as this gateway
+    /// knows (its own leases in full, others from the topic's view).
+    fn busy(&self, spec: &AcquireSpec, queue: &TopicQueue, wants: Wants) -> LeaseError {
+        let partitions = wants.partitions();
+        let mut busy: Vec<BusyPartition> = queue
+            .holders(&partitions)
+            .into_iter()
+            .map(|(partition, holder)| {
+                let key = LockKey::new(&spec.group, &spec.topic, partition);
+                let local = {
+                    let table = self.table();
+                    table
+                        .by_key
+                        .get(&key)
+                        .and_then(|id| table.leases.get(id))
+                        .cloned()
+                };
+                match local {
+                    Some(lease) => BusyPartition {
+                        partition,
+                        holder: Some(self.holder_of(&lease)),
+                        expires_at: Some(lease.snapshot().expires_at),
+                    },
+                    None => BusyPartition {
+                        partition,
+                        holder,
+                        expires_at: None,
+                    },
+                }
+            })
+            .collect();
+        busy.sort_by_key(|b| b.partition);
+        LeaseError::Busy {
+            group: spec.group.clone(),
+            topic: spec.topic.clone(),
+            busy,
         }
     }
 
@@ -515,11 +629,7 @@ impl Gateway {
     /// request is out, the attempt must finish (a lease, or the lock given back) even if the
     /// Acquire call is cancelled (its deadline, its client gone). A lease granted after the
     /// caller went away is ended at once, so no key stays held without a lease.
-    async fn attempt(
-        &self,
-        spec: &AcquireSpec,
-        key: LockKey,
-    ) -> Result<Result<Granted, (BusyPartition, Option<u64>)>, LeaseError> {
+    async fn attempt(&self, spec: &AcquireSpec, key: LockKey) -> Result<Attempt, LeaseError> {
         let Some(gateway) = self.me.upgrade() else {
             return Err(LeaseError::ShuttingDown);
         };
@@ -528,7 +638,7 @@ impl Gateway {
         tokio::spawn(
             async move {
                 let outcome = gateway.try_partition(&spec, &key).await;
-                if let Err(Ok(Ok(granted))) = answer.send(outcome) {
+                if let Err(Ok(Attempt::Granted(granted, _))) = answer.send(outcome) {
                     let lease = gateway.table().leases.get(&granted.lease_id).cloned();
                     if let Some(lease) = lease {
                         tracing::info!(parent: &lease.span, "the Acquire call went away; ending its lease");
@@ -541,40 +651,37 @@ impl Gateway {
         asked.await.unwrap_or(Err(LeaseError::ShuttingDown))
     }
 
-    /// One attempt at one partition. `Ok(Err(..))` is contention: who holds it, and the lock
-    /// backend's index to wait from.
+    /// One attempt at one partition.
     async fn try_partition(
         &self,
         spec: &AcquireSpec,
         key: &LockKey,
-    ) -> Result<Result<Granted, (BusyPartition, Option<u64>)>, LeaseError> {
-        let claimed = self.table().claim(key, self.limits.max_leases);
+    ) -> Result<Attempt, LeaseError> {
+        let claimed = self.table().claim(key, &self.limits, spec.via);
         if let Err(local) = claimed {
-            let busy = match local {
-                LocalBusy::Full => {
-                    return Err(LeaseError::LimitReached {
-                        flag: "--max-leases",
-                        limit: self.limits.max_leases,
-                        what: "this gateway serves as many leases as it may".into(),
-                    })
-                }
-                LocalBusy::Leased(lease) => BusyPartition {
-                    partition: key.partition,
-                    holder: Some(self.holder_of(&lease)),
-                    expires_at: Some(lease.snapshot().expires_at),
-                },
-                LocalBusy::Pending => BusyPartition {
-                    partition: key.partition,
-                    holder: None,
-                    expires_at: None,
-                },
+            return match local {
+                LocalBusy::Full => Err(LeaseError::LimitReached {
+                    flag: "--max-leases",
+                    limit: self.limits.max_leases,
+                    what: "this gateway serves as many leases as it may".into(),
+                }),
+                LocalBusy::ConnectionFull => Err(LeaseError::LimitReached {
+                    flag: "--max-leases-per-connection",
+                    limit: self.limits.max_leases_per_connection,
+                    what: format!(
+                        "the client connection from {} holds as many leases on this gateway \
+                         as one connection may",
+                        spec.via.map_or_else(|| "?".to_string(), |v| v.to_string())
+                    ),
+                }),
+                LocalBusy::Taken => Ok(Attempt::Local),
             };
-            return Ok(Err((busy, None)));
         }
         let mut claim = Claim {
             gateway: self,
             key: key.clone(),
             unreleased_by: None,
+            via: spec.via,
             installed: false,
         };
         // The group's Kafka client first (held until the attempt ends, so it cannot be closed
@@ -591,14 +698,8 @@ impl Gateway {
         let session = self.live_session();
         let grant = match self.locks.try_acquire(key, &holder).await {
             Ok(Acquisition::Acquired(grant)) => grant,
-            Ok(Acquisition::Busy { holder, index }) => {
-                let busy = BusyPartition {
-                    partition: key.partition,
-                    holder,
-                    expires_at: None,
-                };
-                return Ok(Err((busy, Some(index))));
-            }
+            Ok(Acquisition::Held) => return Ok(Attempt::Held),
+            Ok(Acquisition::Delayed) => return Ok(Attempt::Delayed),
             Err(err) => {
                 // The request may have reached Consul and taken the lock although no answer
                 // came back: keep the key blocked here and make sure it is free.
@@ -612,48 +713,87 @@ impl Gateway {
             gateway: self,
             grant: Some(grant),
         };
-        let granted = self.open_lease(spec, id, holder, grant).await?;
+        let token = grant
+            .grant
+            .as_ref()
+            .map_or(FencingToken(0), LockGrant::token);
+        let granted = self.open_lease(spec, id, holder.clone(), grant).await?;
         claim.installed = true;
-        Ok(Ok(granted))
+        let held = HeldPartition {
+            token,
+            holder: Some(holder),
+        };
+        Ok(Attempt::Granted(Box::new(granted), held))
     }
 
-    /// The shared watch of `key`'s topic, started from `from` if it is not running yet.
-    fn topic_watch(&self, key: &LockKey, from: u64) -> Arc<TopicWatch> {
-        let mut watches = self.watches.lock().unwrap_or_else(|p| p.into_inner());
-        let id = (key.group.clone(), key.topic.clone());
-        if let Some(watch) = watches.get(&id).and_then(Weak::upgrade) {
-            return watch;
+    /// The queue of Acquires on (`group`, `topic`), created if there is none.
+    fn topic_queue(&self, group: &str, topic: &str) -> Arc<TopicQueue> {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let id = (group.to_string(), topic.to_string());
+        if let Some(queue) = queues.get(&id).and_then(Weak::upgrade) {
+            return queue;
         }
-        watches.retain(|_, w| w.strong_count() > 0);
-        let watch = Arc::new(TopicWatch {
-            index: watch::channel(from).0,
-            task: Mutex::new(None),
-        });
-        let (weak, locks, key) = (Arc::downgrade(&watch), self.locks.clone(), key.clone());
-        let task = tokio::spawn(async move {
+        queues.retain(|_, q| q.strong_count() > 0);
+        let (gateway, probe) = (self.me.clone(), LockKey::new(group, topic, 0));
+        let queue = TopicQueue::new(Box::new(move |partition| {
+            let key = LockKey {
+                partition,
+                ..probe.clone()
+            };
+            gateway
+                .upgrade()
+                .is_some_and(|gateway| gateway.table().blocks(&key))
+        }));
+        queues.insert(id, Arc::downgrade(&queue));
+        queue
+    }
+
+    /// This instance no longer holds `key`: offer it to a waiter here at once.
+    fn freed(&self, key: &LockKey) {
+        let queue = self
+            .queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(key.group.clone(), key.topic.clone()))
+            .and_then(Weak::upgrade);
+        if let Some(queue) = queue {
+            queue.mark_free(key.partition);
+        }
+    }
+
+    /// The shared watch of a topic: one blocking query at a time, however many Acquires
+    /// wait on the topic here, each answer handed to the queue (which offers what it shows
+    /// free). It ends with the queue.
+    fn spawn_topic_watch(
+        &self,
+        queue: &Arc<TopicQueue>,
+        spec: &AcquireSpec,
+        from: u64,
+    ) -> tokio::task::JoinHandle<()> {
+        let (weak, locks) = (Arc::downgrade(queue), self.locks.clone());
+        let (group, topic) = (spec.group.clone(), spec.topic.clone());
+        tokio::spawn(async move {
+            let mut from = from;
             loop {
-                let Some(from) = weak.upgrade().map(|w| *w.index.borrow()) else {
-                    return;
-                };
-                match locks.wait_for_change(&key, from, TOPIC_WATCH_WAIT).await {
-                    Ok(next) => {
-                        let Some(watch) = weak.upgrade() else { return };
-                        if next != from {
-                            watch.index.send_replace(next);
-                        }
+                match locks
+                    .topic_view(&group, &topic, Some(from), TOPIC_WATCH_WAIT)
+                    .await
+                {
+                    Ok(view) => {
+                        let Some(queue) = weak.upgrade() else { return };
+                        from = view.index;
+                        queue.set_view(view);
                     }
                     Err(err) => {
-                        // The waiters try again at their deadline (or the next change seen
-                        // once Consul answers); the watch keeps trying meanwhile.
-                        tracing::debug!(topic = %key.topic, group = %key.group, error = %err, "topic watch failed; retrying");
+                        // The waiters keep their places; offers resume once Consul answers.
+                        tracing::debug!(%topic, %group, error = %err, "topic watch failed; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
+                        let Some(queue) = weak.upgrade() else { return };
+                        from = queue.index();
                     }
                 }
             }
-        });
-        *watch.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
-        watches.insert(id, Arc::downgrade(&watch));
-        watch
+        })
     }
 
     /// The id of the backend's live session, if there is one.
@@ -687,6 +827,7 @@ impl Gateway {
                 match outcome {
                     Ok(()) => {
                         gateway.table().released(&key, &session);
+                        gateway.freed(&key);
                         tracing::info!(key = %key, "lock released after an earlier attempt failed");
                         return;
                     }
@@ -758,7 +899,7 @@ impl Gateway {
             feed,
             locks: self.locks.clone(),
         });
-        self.table().install(lease.clone());
+        self.table().install(lease.clone(), spec.via);
         tracing::info!(parent: &lease.span, member = %spec.member, offset = start, "lease granted");
         self.spawn_supervisor(lease.clone());
         let snapshot = lease.snapshot();
@@ -833,7 +974,10 @@ impl Gateway {
         };
         let (key, session) = (grant.key().clone(), grant.session().to_string());
         match self.locks.release(grant).await {
-            Ok(()) => self.table().released(&key, &session),
+            Ok(()) => {
+                self.table().released(&key, &session);
+                self.freed(&key);
+            }
             Err(err) => {
                 tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed; retrying in the background");
                 self.spawn_release_key(key, session);
@@ -1040,6 +1184,7 @@ impl Gateway {
     /// releasing each lock explicitly so successors on other instances take over at once.
     pub async fn shutdown(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
+        self.stopping.send_replace(true);
         let leases: Vec<Arc<Lease>> = self.table().leases.values().cloned().collect();
         let count = leases.len();
         futures::future::join_all(

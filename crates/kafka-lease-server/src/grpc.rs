@@ -220,7 +220,10 @@ impl LeaseService {
     }
 }
 
-fn acquire_spec(req: &v1::AcquireRequest) -> Result<AcquireSpec, LeaseError> {
+fn acquire_spec(
+    req: &v1::AcquireRequest,
+    via: Option<std::net::SocketAddr>,
+) -> Result<AcquireSpec, LeaseError> {
     validate::group(&req.group)?;
     validate::topic(&req.topic)?;
     validate::member(&req.member)?;
@@ -260,6 +263,7 @@ fn acquire_spec(req: &v1::AcquireRequest) -> Result<AcquireSpec, LeaseError> {
         ttl,
         wait,
         reset,
+        via,
     })
 }
 
@@ -330,7 +334,7 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::AcquireRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let spec = acquire_spec(request.get_ref()).map_err(status_of)?;
+        let spec = acquire_spec(request.get_ref(), request.remote_addr()).map_err(status_of)?;
         let granted = self.gateway.acquire(spec).await.map_err(status_of)?;
         Ok(Response::new(v1::AcquireResponse {
             lease_id: granted.lease_id,

@@ -16,3 +16,4 @@ pub mod kafka;
 pub mod lease;
 pub mod server;
 pub mod validate;
+mod waiters;

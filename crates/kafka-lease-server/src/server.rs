@@ -35,14 +35,35 @@ pub enum ServerError {
 /// How often health is re-checked against Kafka and Consul.
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How the server runs.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeOptions {
+    /// How long a graceful shutdown may take.
+    pub grace: Duration,
+    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: calls open at once on one connection. A
+    /// client queues calls past it until one ends; a stream opened past it anyway is refused
+    /// (REFUSED_STREAM).
+    pub max_streams_per_connection: u32,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            grace: Duration::from_secs(10),
+            max_streams_per_connection: 200,
+        }
+    }
+}
+
 /// Serves `gateway` on `listener` until `shutdown` resolves, then shuts down gracefully
-/// within `grace`.
+/// within `options.grace`.
 pub async fn serve(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     shutdown: impl Future<Output = ()>,
-    grace: Duration,
+    options: ServeOptions,
 ) -> Result<(), ServerError> {
+    let grace = options.grace;
     let (reporter, health_service) = tonic_health::server::health_reporter();
     set_health(&reporter, ServingStatus::NotServing).await;
     let health_task = tokio::spawn(watch_health(gateway.clone(), reporter.clone()));
@@ -63,6 +84,7 @@ pub async fn serve(
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(Some(options.max_streams_per_connection))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

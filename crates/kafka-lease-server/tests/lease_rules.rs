@@ -59,6 +59,7 @@ fn spec(group: &str, partition: i32) -> AcquireSpec {
         ttl: Duration::from_secs(30),
         wait: Duration::ZERO,
         reset: Reset::Earliest,
+        via: None,
     }
 }
 
@@ -350,6 +351,7 @@ async fn each_gateway_limit_is_refused_with_its_flag_and_value() {
     let limits = Limits {
         max_leases: 2,
         max_waiting_acquires: 1,
+        ..Limits::default()
     };
     let rig = rig_with(limits, 2).await;
     let group = unique_name("g");
@@ -373,25 +375,52 @@ async fn each_gateway_limit_is_refused_with_its_flag_and_value() {
         };
         tokio::spawn(async move { gateway.acquire(spec).await })
     };
+    kafka_lease_testkit::wait_for("the first Acquire to wait", DEADLINE, || async {
+        (rig.gateway.waiting_acquires() == 1).then_some(())
+    })
+    .await;
     let second = AcquireSpec {
         wait: Duration::from_secs(30),
         ..spec(&group, 1)
     };
-    let refused =
-        kafka_lease_testkit::wait_for("the second waiter to be refused", DEADLINE, || {
-            let (gateway, second) = (rig.gateway.clone(), second.clone());
-            async move {
-                match tokio::time::timeout(Duration::from_millis(200), gateway.acquire(second))
-                    .await
-                {
-                    Ok(Err(err @ LeaseError::LimitReached { .. })) => Some(err),
-                    _ => None,
-                }
-            }
-        })
-        .await;
+    let refused = rig.gateway.acquire(second).await.map(|_| ()).unwrap_err();
     assert_eq!(limit_of(Err(refused)), ("--max-waiting-acquires", 1));
+    assert!(!waiting.is_finished(), "the first waiter keeps waiting");
     waiting.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_per_connection_count_live_leases_of_that_connection_only() {
+    let limits = Limits {
+        max_leases_per_connection: 2,
+        ..Limits::default()
+    };
+    let rig = rig_with(limits, 2).await;
+    let group = unique_name("g");
+    let (one, two): (std::net::SocketAddr, std::net::SocketAddr) = (
+        "127.0.0.1:40001".parse().unwrap(),
+        "127.0.0.1:40002".parse().unwrap(),
+    );
+    let via = |partition, via| AcquireSpec {
+        via: Some(via),
+        ..spec(&group, partition)
+    };
+    let first = rig.gateway.acquire(via(0, one)).await.expect("first");
+    rig.gateway.acquire(via(1, one)).await.expect("second");
+    assert_eq!(
+        limit_of(rig.gateway.acquire(via(2, one)).await),
+        ("--max-leases-per-connection", 2)
+    );
+    // Another connection has its own count, and a lease that ends frees its place.
+    rig.gateway
+        .acquire(via(2, two))
+        .await
+        .expect("other connection");
+    rig.gateway.release(&first.lease_id, None).await.unwrap();
+    rig.gateway
+        .acquire(via(3, one))
+        .await
+        .expect("a place again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

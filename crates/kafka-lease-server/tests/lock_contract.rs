@@ -218,15 +218,33 @@ async fn acquire(backend: &impl LockBackend, key: &LockKey, who: &HolderInfo) ->
     }
 }
 
+/// Reads the topic's view, then fails to acquire `key`: the holder the view shows, and the
+/// view's index (from before the attempt, so no change after it can be missed).
 async fn busy(backend: &impl LockBackend, key: &LockKey) -> (Option<HolderInfo>, u64) {
+    let view = backend
+        .topic_view(&key.group, &key.topic, None, Duration::ZERO)
+        .await
+        .expect("topic_view");
     match backend
         .try_acquire(key, &holder("late", "gw-late"))
         .await
         .expect("try_acquire")
     {
-        Acquisition::Busy { holder, index } => (holder, index),
-        Acquisition::Acquired(grant) => panic!("expected {key} to be busy, acquired {grant:?}"),
+        Acquisition::Held => (
+            view.held.get(&key.partition).and_then(|h| h.holder.clone()),
+            view.index,
+        ),
+        other => panic!("expected {key} to be held, got {other:?}"),
     }
+}
+
+/// Waits for a change under `key`'s topic after `index`: the new index.
+async fn wait(backend: &impl LockBackend, key: &LockKey, index: u64, timeout: Duration) -> u64 {
+    backend
+        .topic_view(&key.group, &key.topic, Some(index), timeout)
+        .await
+        .expect("topic_view")
+        .index
 }
 
 /// Polls `try_acquire` until it succeeds (for what only becomes free after a while).
@@ -238,7 +256,7 @@ async fn acquire_eventually(
     wait_for(&format!("{key} to become acquirable"), DEADLINE, || async {
         match backend.try_acquire(key, who).await {
             Ok(Acquisition::Acquired(grant)) => Some(grant),
-            Ok(Acquisition::Busy { .. }) | Err(_) => None,
+            Ok(Acquisition::Held | Acquisition::Delayed) | Err(_) => None,
         }
     })
     .await
@@ -336,12 +354,11 @@ async fn wait_returns_promptly_when_the_holder_releases<B: LockBackend>(rig: Rig
     let (_, index) = busy(&rig.b, &key).await;
     // The waiter is polled first, so it is waiting (or about to) when the release goes out;
     // the index from before the release is what makes the order not matter.
-    let waiter = timed(rig.b.wait_for_change(&key, index, Duration::from_secs(20)));
+    let waiter = timed(wait(&rig.b, &key, index, Duration::from_secs(20)));
     let releaser = async {
         rig.a.release(grant).await.unwrap();
     };
     let ((moved, took), ()) = tokio::join!(waiter, releaser);
-    let moved = moved.unwrap();
     assert!(took < PROMPT, "waited {took:?}");
     assert!(moved > index, "{moved} should be above {index}");
     acquire(&rig.b, &key, &holder("m2", "gw-b")).await;
@@ -353,9 +370,9 @@ async fn wait_returns_at_once_when_the_release_came_first<B: LockBackend>(rig: R
     let grant = acquire(&rig.a, &key, &holder("m1", "gw-a")).await;
     let (_, index) = busy(&rig.b, &key).await;
     rig.a.release(grant).await.unwrap();
-    let (moved, took) = timed(rig.b.wait_for_change(&key, index, Duration::from_secs(20))).await;
+    let (moved, took) = timed(wait(&rig.b, &key, index, Duration::from_secs(20))).await;
     assert!(took < PROMPT, "waited {took:?}");
-    assert!(moved.unwrap() > index);
+    assert!(moved > index);
     rig.finish().await;
 }
 
@@ -366,21 +383,20 @@ async fn wait_times_out_when_nothing_changes<B: LockBackend>(rig: Rig<B>) {
     let _elsewhere = acquire(&rig.a, &rig.key("payments", 0), &holder("m1", "gw-a")).await;
     let (_, index) = busy(&rig.b, &key).await;
     let timeout = Duration::from_secs(2);
-    let (next, took) = timed(rig.b.wait_for_change(&key, index, timeout)).await;
-    let next = next.unwrap();
+    let (next, took) = timed(wait(&rig.b, &key, index, timeout)).await;
     assert!(
         took >= timeout.mul_f64(0.9) && took < timeout * 2,
         "waited {took:?}"
     );
     // Waiting again on what came back blocks too: it is a valid index, not a spurious change.
-    let (_, took) = timed(rig.b.wait_for_change(&key, next, timeout)).await;
+    let (_, took) = timed(wait(&rig.b, &key, next, timeout)).await;
     assert!(
         took >= timeout.mul_f64(0.9),
         "second wait returned after {took:?}"
     );
     // Below Consul's shortest blocking wait (1 s) the caller's timeout still holds.
     let short = Duration::from_millis(300);
-    let (_, took) = timed(rig.b.wait_for_change(&key, next, short)).await;
+    let (_, took) = timed(wait(&rig.b, &key, next, short)).await;
     assert!(
         took >= short && took < Duration::from_millis(900),
         "short wait took {took:?}"
@@ -525,14 +541,25 @@ async fn consul_wait_ends_with_the_lock_delay() {
     let _lost = acquire(&rig.a, &key, &holder("m1", "gw-a")).await;
     let (_, invalidated_at) = timed(rig.invalidator.invalidate(&rig.a)).await;
     let started = Instant::now() - invalidated_at;
-    let (seen, index) = busy(&rig.b, &key).await;
-    assert_eq!(
-        seen, None,
-        "the key is free, refused only by the lock-delay"
+    let view = rig
+        .b
+        .topic_view(&key.group, &key.topic, None, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(view.held.is_empty(), "the key is free: {view:?}");
+    let refused = rig
+        .b
+        .try_acquire(&key, &holder("m2", "gw-b"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, Acquisition::Delayed),
+        "refused only by the lock-delay: {refused:?}"
     );
-    let (woke, took) = timed(rig.b.wait_for_change(&key, index, Duration::from_secs(30))).await;
-    woke.unwrap();
-    assert!(took < PROMPT, "waited {took:?}");
+    // No write ends a lock-delay: the backend says how long to leave the key alone.
+    let cut = rig.b.wait_cut(&key, Duration::from_secs(30));
+    assert!(cut <= delay, "told to wait {cut:?}");
+    tokio::time::sleep(cut).await;
     acquire_eventually(&rig.b, &key, &holder("m2", "gw-b")).await;
     let total = started.elapsed();
     assert!(
@@ -810,11 +837,14 @@ async fn consul_check_bound_session_fails_over_in_seconds() {
             );
             match b.try_acquire(&key, &holder("m2", "gw-b")).await {
                 Ok(Acquisition::Acquired(grant)) => break grant,
-                Ok(Acquisition::Busy { index: seen, .. }) => {
+                Ok(Acquisition::Held) => {
                     index = b
-                        .wait_for_change(&key, seen.max(index), Duration::from_secs(5))
+                        .topic_view(&key.group, &key.topic, Some(index), Duration::from_secs(5))
                         .await
-                        .unwrap_or(index);
+                        .map_or(index, |view| view.index);
+                }
+                Ok(Acquisition::Delayed) => {
+                    tokio::time::sleep(b.wait_cut(&key, Duration::from_secs(5))).await;
                 }
                 Err(e) => panic!("round {round}: try_acquire failed: {e}"),
             }

@@ -37,8 +37,13 @@ pub struct Relay {
     fired: Arc<AtomicU64>,
     connections: Arc<Mutex<Vec<JoinHandle<()>>>>,
     accepted: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
+    kinds: Kinds,
     acceptor: JoinHandle<()>,
 }
+
+/// Requests relayed, by kind (see [`Relay::requests_of`]).
+type Kinds = Arc<Mutex<std::collections::HashMap<String, u64>>>;
 
 impl std::fmt::Debug for Relay {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -67,11 +72,14 @@ impl Relay {
         let accepted = Arc::new(AtomicU64::new(0));
         let faults: Faults = Arc::default();
         let fired = Arc::new(AtomicU64::new(0));
+        let requests = Arc::new(AtomicU64::new(0));
+        let kinds: Kinds = Arc::default();
         let acceptor = {
+            let kinds = kinds.clone();
             let held = held.clone();
             let connections = connections.clone();
             let accepted = accepted.clone();
-            let (faults, fired) = (faults.clone(), fired.clone());
+            let (faults, fired, requests) = (faults.clone(), fired.clone(), requests.clone());
             tokio::spawn(async move {
                 while let Ok((inbound, _)) = listener.accept().await {
                     accepted.fetch_add(1, Ordering::Relaxed);
@@ -82,6 +90,8 @@ impl Relay {
                         held.subscribe(),
                         faults.clone(),
                         fired.clone(),
+                        requests.clone(),
+                        kinds.clone(),
                     ));
                     let mut all = connections.lock().unwrap_or_else(|p| p.into_inner());
                     all.retain(|t| !t.is_finished());
@@ -97,6 +107,8 @@ impl Relay {
             fired,
             connections,
             accepted,
+            requests,
+            kinds,
             acceptor,
         })
     }
@@ -109,6 +121,24 @@ impl Relay {
     /// Connections accepted so far.
     pub fn accepted(&self) -> u64 {
         self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// HTTP requests relayed so far (client reads that start with an HTTP method: a count
+    /// for a protocol like Consul's API, where each request starts a fresh read).
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// HTTP requests relayed so far whose method and path start with `kind`, up to the
+    /// path's second segment: `"PUT /v1/txn"`, `"GET /v1/kv"`, `"DELETE /v1/kv"`,
+    /// `"PUT /v1/session"`.
+    pub fn requests_of(&self, kind: &str) -> u64 {
+        self.kinds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(kind)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Closes every open connection through the relay at once (both sides see the socket
@@ -164,6 +194,8 @@ async fn relay_one(
     mut held: watch::Receiver<bool>,
     faults: Faults,
     fired: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
+    kinds: Kinds,
 ) {
     wait_released(&mut held).await;
     let Ok(outbound) = TcpStream::connect(target).await else {
@@ -172,13 +204,18 @@ async fn relay_one(
     let _ = outbound.set_nodelay(true);
     let (in_read, in_write) = inbound.into_split();
     let (out_read, out_write) = outbound.into_split();
-    // Set when the request on its way up must lose its answer on the way down.
     let lose_answer = Arc::new(AtomicBool::new(false));
     let up = pump(
         in_read,
         out_write,
         held.clone(),
-        Some((faults, fired, lose_answer.clone())),
+        Up {
+            faults,
+            fired,
+            lose_answer: lose_answer.clone(),
+            requests,
+            kinds,
+        },
     );
     let down = pump_down(out_read, in_write, held, lose_answer);
     // Either direction closing ends the connection.
@@ -197,13 +234,33 @@ fn take_fault(faults: &Faults, chunk: &[u8]) -> Option<Fault> {
     Some(armed.remove(at).1)
 }
 
-type UpFaults = (Faults, Arc<AtomicU64>, Arc<AtomicBool>);
+/// What the client-to-service direction counts and injects.
+struct Up {
+    faults: Faults,
+    fired: Arc<AtomicU64>,
+    /// Set when the request on its way up must lose its answer on the way down.
+    lose_answer: Arc<AtomicBool>,
+    requests: Arc<AtomicU64>,
+    kinds: Kinds,
+}
+
+/// `"<METHOD> /<first>/<second>"` of a request that starts with an HTTP request line.
+fn kind_of(chunk: &[u8]) -> Option<String> {
+    let line = chunk.split(|&b| b == b'\r' || b == b'?').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let (method, rest) = line.split_once(' ')?;
+    let path = rest.split(' ').next()?;
+    let kind: Vec<&str> = path.splitn(4, '/').take(3).collect();
+    Some(format!("{method} {}", kind.join("/")))
+}
+
+const HTTP_METHODS: [&[u8]; 4] = [b"GET ", b"PUT ", b"POST ", b"DELETE "];
 
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut held: watch::Receiver<bool>,
-    faults: Option<UpFaults>,
+    up: Up,
 ) {
     let mut buf = vec![0_u8; 64 * 1024];
     loop {
@@ -212,18 +269,26 @@ async fn pump(
             Ok(n) => n,
         };
         wait_released(&mut held).await;
-        if let Some((armed, fired, lose_answer)) = &faults {
-            match take_fault(armed, &buf[..n]) {
-                Some(Fault::LoseRequest) => {
-                    fired.fetch_add(1, Ordering::SeqCst);
-                    return;
-                }
-                Some(Fault::LoseAnswer) => {
-                    fired.fetch_add(1, Ordering::SeqCst);
-                    lose_answer.store(true, Ordering::SeqCst);
-                }
-                None => {}
+        if HTTP_METHODS.iter().any(|m| buf[..n].starts_with(m)) {
+            up.requests.fetch_add(1, Ordering::Relaxed);
+            if let Some(kind) = kind_of(&buf[..n]) {
+                *up.kinds
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(kind)
+                    .or_default() += 1;
             }
+        }
+        match take_fault(&up.faults, &buf[..n]) {
+            Some(Fault::LoseRequest) => {
+                up.fired.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+            Some(Fault::LoseAnswer) => {
+                up.fired.fetch_add(1, Ordering::SeqCst);
+                up.lose_answer.store(true, Ordering::SeqCst);
+            }
+            None => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
@@ -252,5 +317,27 @@ async fn pump_down(
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kind_of;
+
+    #[test]
+    fn a_request_kind_is_its_method_and_first_two_path_segments() {
+        let kind = |s: &str| kind_of(s.as_bytes());
+        assert_eq!(
+            kind("PUT /v1/txn HTTP/1.1\r\nhost: x\r\n").as_deref(),
+            Some("PUT /v1/txn")
+        );
+        assert_eq!(
+            kind("GET /v1/kv/p/g/t/?recurse=true&index=5 HTTP/1.1\r\n").as_deref(),
+            Some("GET /v1/kv")
+        );
+        assert_eq!(
+            kind("PUT /v1/session/renew/abc HTTP/1.1\r\n").as_deref(),
+            Some("PUT /v1/session")
+        );
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! The store mimics the Consul behaviour the lease table depends on: a store-wide write index
 //! that fencing tokens are taken from (so tokens for a key only grow), a per-topic
-//! last-modify index that waiters block on, compare-and-set acquisition, and sessions that
+//! last-modify index that topic views block on, compare-and-set acquisition, and sessions that
 //! can be invalidated (dropping every lock of the session) and then recreated. It has no TTLs
 //! and no lock-delay: a dropped [`MemoryLocks`] keeps its locks until `shutdown` or
 //! `invalidate_session`, like a process whose Consul session has not expired yet.
@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::{
-    Acquisition, CoordinationError, FencingToken, HeldLock, HolderInfo, LockBackend, LockGrant,
-    LockKey, SessionState,
+    Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo, LockBackend,
+    LockGrant, LockKey, SessionState, TopicView,
 };
 
 /// How far ahead [`LockBackend::valid_until`] of a live in-memory session lies.
@@ -73,6 +73,26 @@ impl Table {
             .get(&(key.group.clone(), key.topic.clone()))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The locks under (`group`, `topic`), as a view at `index`.
+    fn view(&self, group: &str, topic: &str, index: u64) -> TopicView {
+        let from = LockKey::new(group, topic, i32::MIN);
+        let held = self
+            .locks
+            .range(from..)
+            .take_while(|(key, _)| key.group == group && key.topic == topic)
+            .map(|(key, entry)| {
+                (
+                    key.partition,
+                    HeldPartition {
+                        token: entry.token,
+                        holder: Some(entry.holder.clone()),
+                    },
+                )
+            })
+            .collect();
+        TopicView { index, held }
     }
 
     /// Drops every lock of `session` as one write (Consul invalidates a session in one Raft
@@ -212,13 +232,7 @@ impl LockBackend for MemoryLocks {
                     Acquisition::Acquired(LockGrant::new(key.clone(), entry.token, session)),
                     None,
                 ),
-                Some(entry) => (
-                    Acquisition::Busy {
-                        holder: Some(entry.holder.clone()),
-                        index: table.index,
-                    },
-                    None,
-                ),
+                Some(_) => (Acquisition::Held, None),
                 None => {
                     let index = table.next_index();
                     let token = FencingToken(index);
@@ -278,26 +292,33 @@ impl LockBackend for MemoryLocks {
             .map(|entry| LockGrant::new(key.clone(), entry.token, session.clone())))
     }
 
-    async fn wait_for_change(
+    async fn topic_view(
         &self,
-        key: &LockKey,
-        index: u64,
+        group: &str,
+        topic: &str,
+        after: Option<u64>,
         timeout: Duration,
-    ) -> Result<u64, CoordinationError> {
+    ) -> Result<TopicView, CoordinationError> {
+        let probe = LockKey::new(group, topic, 0);
         let deadline = tokio::time::Instant::now() + timeout;
         // Subscribe before looking, so a write between the look and the wait still wakes us.
         let mut writes = self.store.inner.writes.subscribe();
         loop {
-            let current = self.store.table().topic_index(key);
-            if current > index {
-                return Ok(current);
+            {
+                let table = self.store.table();
+                let index = table.topic_index(&probe);
+                if after.is_none_or(|after| index != after) {
+                    return Ok(table.view(group, topic, index));
+                }
             }
             match tokio::time::timeout_at(deadline, writes.changed()).await {
                 Ok(Ok(())) => continue,
                 // The sender lives in the store, which `self` keeps alive: it cannot close.
-                // Timing out returns the topic's own index, which may be below `index` when
-                // that was a store-wide index (from `Busy`): still the right one to wait on.
-                Ok(Err(_)) | Err(_) => return Ok(self.store.table().topic_index(key)),
+                Ok(Err(_)) | Err(_) => {
+                    let table = self.store.table();
+                    let index = table.topic_index(&probe);
+                    return Ok(table.view(group, topic, index));
+                }
             }
         }
     }
@@ -386,11 +407,16 @@ mod tests {
         }
     }
 
-    async fn busy_index(b: &MemoryLocks, k: &LockKey) -> (Option<HolderInfo>, u64) {
-        match b.try_acquire(k, &holder("late")).await.unwrap() {
-            Acquisition::Busy { holder, index } => (holder, index),
-            other => panic!("expected Busy, got {other:?}"),
-        }
+    async fn held_view(b: &MemoryLocks, k: &LockKey) -> TopicView {
+        let view = b
+            .topic_view(&k.group, &k.topic, None, Duration::ZERO)
+            .await
+            .unwrap();
+        assert!(matches!(
+            b.try_acquire(k, &holder("late")).await.unwrap(),
+            Acquisition::Held
+        ));
+        view
     }
 
     #[tokio::test]
@@ -431,33 +457,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn wait_returns_at_once_when_the_topic_moved_already() {
+    async fn a_view_shows_the_holders_and_answers_at_once_when_the_topic_moved_already() {
         let store = MemoryLockStore::new();
         let (a, b) = (store.backend("a"), store.backend("b"));
         let grant = acquire(&a, &key(0), "a").await;
-        let (_, index) = busy_index(&b, &key(0)).await;
+        let view = held_view(&b, &key(0)).await;
+        assert_eq!(view.held[&0].holder, Some(holder("a")));
+        assert_eq!(view.held[&0].token, grant.token());
         a.release(grant).await.unwrap();
         let started = tokio::time::Instant::now();
         let moved = b
-            .wait_for_change(&key(0), index, Duration::from_secs(30))
+            .topic_view("g", "t", Some(view.index), Duration::from_secs(30))
             .await
             .unwrap();
-        assert!(moved > index);
+        assert!(moved.index > view.index);
+        assert!(moved.held.is_empty());
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn wait_wakes_on_a_write_under_the_topic_only() {
+    async fn a_view_wait_wakes_on_a_write_under_the_topic_only() {
         let store = MemoryLockStore::new();
         let (a, b) = (store.backend("a"), store.backend("b"));
         let grant = acquire(&a, &key(0), "a").await;
-        let (_, index) = busy_index(&b, &key(0)).await;
+        let index = held_view(&b, &key(0)).await.index;
         let waiter = tokio::spawn({
             let b = store.backend("waiter");
             async move {
                 let started = tokio::time::Instant::now();
                 let got = b
-                    .wait_for_change(&key(0), index, Duration::from_secs(30))
+                    .topic_view("g", "t", Some(index), Duration::from_secs(30))
                     .await;
                 (got.unwrap(), started.elapsed())
             }
@@ -468,37 +497,32 @@ mod tests {
         let _other_group = acquire(&a, &LockKey::new("h", "t", 0), "a").await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!waiter.is_finished());
-        // Another partition of the same topic does (the waiter watches the topic prefix).
+        // Another partition of the same topic does (the view is the whole topic's).
         tokio::time::sleep(Duration::from_secs(1)).await;
         let _sibling = acquire(&a, &key(7), "a").await;
         let (moved, waited) = waiter.await.unwrap();
-        assert!(moved > index);
+        assert!(moved.index > index);
+        assert_eq!(moved.held.keys().copied().collect::<Vec<_>>(), vec![0, 7]);
         assert_eq!(waited, Duration::from_secs(3));
         a.release(grant).await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]
-    async fn wait_times_out_with_the_topic_index() {
+    async fn a_view_wait_times_out_with_the_topic_as_it_is() {
         let store = MemoryLockStore::new();
         let (a, b) = (store.backend("a"), store.backend("b"));
         let _grant = acquire(&a, &key(0), "a").await; // index 1, topic at 1
         let _elsewhere = acquire(&a, &LockKey::new("g", "u", 0), "a").await; // index 2
-        let (_, index) = busy_index(&b, &key(0)).await;
-        assert_eq!(index, 2);
+        let index = held_view(&b, &key(0)).await.index;
+        assert_eq!(index, 1);
         let started = tokio::time::Instant::now();
         let got = b
-            .wait_for_change(&key(0), index, Duration::from_secs(7))
+            .topic_view("g", "t", Some(index), Duration::from_secs(7))
             .await
             .unwrap();
         assert_eq!(started.elapsed(), Duration::from_secs(7));
-        assert_eq!(got, 1);
-        // Waiting again on what came back still blocks until the timeout.
-        let got = b
-            .wait_for_change(&key(0), got, Duration::from_secs(2))
-            .await
-            .unwrap();
-        assert_eq!(got, 1);
-        assert_eq!(started.elapsed(), Duration::from_secs(9));
+        assert_eq!(got.index, 1);
+        assert_eq!(got.held.len(), 1);
     }
 
     #[tokio::test]

@@ -147,13 +147,31 @@ impl LockGrant {
 #[derive(Debug)]
 pub enum Acquisition {
     Acquired(LockGrant),
-    /// Someone else holds the key. `index` is the backend index observed before the attempt:
-    /// pass it to [`LockBackend::wait_for_change`] so a release that happens in between is
-    /// not missed.
-    Busy {
-        holder: Option<HolderInfo>,
-        index: u64,
-    },
+    /// Another session holds the key. Who it is shows in the next [`TopicView`].
+    Held,
+    /// The key is free, but the backend will not lock it for a while yet: Consul's
+    /// lock-delay after the session that held it was invalidated. Nothing is written when
+    /// the delay ends, so no [`TopicView`] shows it; [`LockBackend::wait_cut`] says how long
+    /// to wait before trying again.
+    Delayed,
+}
+
+/// One lock of a [`TopicView`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldPartition {
+    pub token: FencingToken,
+    /// The recorded holder; `None` when the value is not a readable [`HolderInfo`] (the key
+    /// is held all the same).
+    pub holder: Option<HolderInfo>,
+}
+
+/// The locks held under one (group, topic), as of the backend index `index`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TopicView {
+    /// Pass it back to [`LockBackend::topic_view`] to wait for the next change.
+    pub index: u64,
+    /// Partition → its lock. A partition not in the map is free (or under lock-delay).
+    pub held: std::collections::BTreeMap<i32, HeldPartition>,
 }
 
 /// A lock currently held by some instance, as listed from the backend.
@@ -191,7 +209,9 @@ pub enum CoordinationError {
 /// A lock service shared by every gateway instance.
 #[async_trait]
 pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
-    /// Tries once to lock `key` for this instance, recording `holder` as the value.
+    /// Tries once to lock `key` for this instance, recording `holder` as the value: one
+    /// write, whatever the outcome. Trying a key this instance holds under a grant it has not
+    /// released returns that grant again and writes nothing (its token and holder stay).
     async fn try_acquire(
         &self,
         key: &LockKey,
@@ -207,19 +227,21 @@ pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
     /// whose answer was lost (it may have taken the lock), or a release that failed.
     async fn held_grant(&self, key: &LockKey) -> Result<Option<LockGrant>, CoordinationError>;
 
-    /// Waits until something under `key`'s topic prefix changes after `index`, or `timeout`
-    /// passes; returns the new index. Returns at once if the index has moved already.
-    async fn wait_for_change(
+    /// The locks held under (`group`, `topic`). With `after: None`, as they are now. With
+    /// `after: Some(index)` (an index from an earlier view), waits until something under the
+    /// topic changes after `index` or `timeout` passes, then answers; at once if it has
+    /// changed already. One request however many partitions the topic has.
+    async fn topic_view(
         &self,
-        key: &LockKey,
-        index: u64,
+        group: &str,
+        topic: &str,
+        after: Option<u64>,
         timeout: Duration,
-    ) -> Result<u64, CoordinationError>;
+    ) -> Result<TopicView, CoordinationError>;
 
-    /// How long a wait for a change under `key`'s topic should last at most, given the
-    /// caller's `timeout`: shorter when the backend expects `key` to become acquirable
-    /// without any write it could see (Consul's lock-delay after an invalidation ends
-    /// silently), so a waiter that watches by other means (a shared watch) tries again then.
+    /// How long to wait before trying `key` again, at most `timeout`: after
+    /// [`Acquisition::Delayed`], the rest of the delay (Consul's lock-delay ends silently,
+    /// with no write a [`TopicView`] could show); otherwise `timeout`.
     fn wait_cut(&self, key: &LockKey, timeout: Duration) -> Duration {
         let _ = key;
         timeout

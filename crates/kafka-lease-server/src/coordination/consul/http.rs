@@ -181,6 +181,93 @@ impl FeaturedEndpoint for RegisterService {
     }
 }
 
+/// `PUT /v1/txn`: KV operations applied as one Raft write, all or none. consulrs has no
+/// call for it.
+pub(super) struct Txn {
+    pub(super) ops: Vec<TxnOp>,
+}
+
+#[derive(Serialize)]
+pub(super) struct TxnOp {
+    #[serde(rename = "KV")]
+    kv: TxnKv,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnKv {
+    verb: &'static str,
+    key: String,
+    /// Base64, as Consul's txn API takes values.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
+}
+
+impl TxnOp {
+    /// Locks `key` for `session` with `value`; fails if another session holds it or the
+    /// key is under lock-delay.
+    pub(super) fn lock(key: &str, value: &[u8], session: &str) -> Self {
+        use base64::Engine as _;
+        TxnOp {
+            kv: TxnKv {
+                verb: "lock",
+                key: key.to_string(),
+                value: Some(base64::engine::general_purpose::STANDARD.encode(value)),
+                session: Some(session.to_string()),
+            },
+        }
+    }
+}
+
+impl Endpoint for Txn {
+    type Response = ();
+    const REQUEST_BODY_TYPE: RequestType = RequestType::JSON;
+    const RESPONSE_BODY_TYPE: ResponseType = ResponseType::JSON;
+
+    fn path(&self) -> String {
+        "txn".into()
+    }
+
+    fn method(&self) -> RequestMethod {
+        RequestMethod::PUT
+    }
+
+    fn body(&self) -> Result<Option<Vec<u8>>, rustify::errors::ClientError> {
+        serde_json::to_vec(&self.ops)
+            .map(Some)
+            .map_err(|e| rustify::errors::ClientError::DataParseError { source: e.into() })
+    }
+}
+
+impl FeaturedEndpoint for Txn {
+    fn features(&self) -> Option<Features> {
+        None
+    }
+}
+
+/// The body of a txn answer: `Results` when it was applied (200), `Errors` when it was
+/// rolled back (409).
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnAnswer {
+    results: Option<Vec<TxnResult>>,
+    errors: Option<Vec<TxnError>>,
+}
+
+#[derive(serde::Deserialize)]
+struct TxnResult {
+    #[serde(rename = "KV")]
+    kv: Option<KVPair>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct TxnError {
+    what: String,
+}
+
 /// The status, `X-Consul-Index` and body of a response.
 pub(super) struct RawAnswer {
     pub(super) status: u16,
@@ -241,6 +328,81 @@ impl Shared {
             .await?
             .map_err(|e| unavailable(operation, e))?;
         parse_kv_answer(operation, answer)
+    }
+
+    /// Applies a transaction. `Ok(Ok(entries))`: applied, with the KV entries its operations
+    /// returned; `Ok(Err(what))`: rolled back, with Consul's reasons (one per failed
+    /// operation, joined).
+    pub(super) async fn txn(
+        &self,
+        operation: &'static str,
+        ops: Vec<TxnOp>,
+    ) -> Result<Result<Vec<KVPair>, String>, CoordinationError> {
+        let answer = in_time(operation, self.send_raw(Txn { ops }))
+            .await?
+            .map_err(|e| unavailable(operation, e))?;
+        let parsed = || -> Result<TxnAnswer, CoordinationError> {
+            serde_json::from_slice(&answer.body).map_err(|e| {
+                unavailable(
+                    operation,
+                    format!(
+                        "HTTP {}, unreadable txn answer ({e}): {}",
+                        answer.status,
+                        String::from_utf8_lossy(&answer.body).trim()
+                    ),
+                )
+            })
+        };
+        match answer.status {
+            200 => Ok(Ok(parsed()?
+                .results
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|r| r.kv)
+                .collect())),
+            409 => {
+                let errors = parsed()?.errors.unwrap_or_default();
+                let what: Vec<String> = errors.into_iter().map(|e| e.what).collect();
+                Ok(Err(what.join("; ")))
+            }
+            status => Err(unavailable(
+                operation,
+                format!(
+                    "HTTP {status}: {}",
+                    String::from_utf8_lossy(&answer.body).trim()
+                ),
+            )),
+        }
+    }
+
+    /// The locks under a topic prefix: at once (`blocking: None`), or after a change past
+    /// `index` (Consul blocks up to `wait`). `limit` bounds the whole request.
+    pub(super) async fn read_prefix(
+        &self,
+        operation: &'static str,
+        prefix: &str,
+        blocking: Option<(u64, Duration)>,
+        limit: Duration,
+    ) -> Result<Option<KvRead<KVPair>>, CoordinationError> {
+        let request = ReadKeyRequest {
+            features: blocking.map(|(index, wait)| Features {
+                blocking: Some(Blocking {
+                    index,
+                    wait: Some(go_duration(wait)),
+                }),
+                ..Features::default()
+            }),
+            key: prefix.to_string(),
+            recurse: Some(true),
+            ..ReadKeyRequest::default()
+        };
+        match tokio::time::timeout(limit, self.send_raw(request)).await {
+            Ok(answer) => Ok(Some(parse_kv_answer(
+                operation,
+                answer.map_err(|e| unavailable(operation, e))?,
+            )?)),
+            Err(_) => Ok(None),
+        }
     }
 
     /// The one entry at `path`, if any.

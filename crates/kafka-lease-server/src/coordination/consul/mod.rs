@@ -55,9 +55,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use consulrs::api::features::{Blocking, ConsistencyMode, FeaturedEndpoint, Features};
 use consulrs::api::kv::common::KVPair;
-use consulrs::api::kv::requests::{
-    DeleteKeyRequest, ReadKeyRequest, ReadKeysRequest, SetKeyRequest,
-};
+use consulrs::api::kv::requests::{DeleteKeyRequest, ReadKeyRequest};
 use consulrs::api::session::common::ServiceCheck;
 use consulrs::api::session::requests::CreateSessionRequest;
 use consulrs::client::{Client as _, ConsulClient, ConsulClientSettingsBuilder};
@@ -72,8 +70,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{
-    Acquisition, CoordinationError, FencingToken, HeldLock, HolderInfo, LockBackend, LockGrant,
-    LockKey, SessionState,
+    Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo, LockBackend,
+    LockGrant, LockKey, SessionState, TopicView,
 };
 
 mod config;
@@ -105,7 +103,7 @@ const JITTER_DIVISOR: u32 = 16;
 /// The shortest `wait` asked of Consul: `wait=0` would mean its default of 5 minutes.
 const MIN_SERVER_WAIT: Duration = Duration::from_secs(1);
 /// The floor of the window in which a key that is free but refused is assumed to be under
-/// lock-delay (see [`ConsulLocks::wait_for_change`]).
+/// lock-delay (see [`ConsulLocks::note_refused`]).
 const LOCK_DELAY_POLL_MIN: Duration = Duration::from_millis(500);
 /// How soon to try again a key still refused right after its expected lock-delay end.
 const LOCK_DELAY_REPOLL: Duration = Duration::from_millis(100);
@@ -130,6 +128,8 @@ struct Shared {
     poke: Notify,
     /// Keys found free but refused (see `ConsulLocks::note_refused`).
     refused: Mutex<HashMap<LockKey, Refusal>>,
+    /// Grants handed out and not released: key → (session, token). See `try_acquire`.
+    granted: Mutex<HashMap<LockKey, (String, FencingToken)>>,
 }
 
 /// When a key found free but refused is expected to become acquirable.
@@ -181,6 +181,31 @@ impl Shared {
     }
 }
 
+/// The view of one topic from a read of its prefix: the locked keys that parse as
+/// `<group>/<topic>/<partition>` of this topic.
+fn view_of(prefix: &str, group: &str, topic: &str, read: KvRead<KVPair>) -> TopicView {
+    let held = read
+        .entries
+        .iter()
+        .filter(|e| e.session.is_some())
+        .filter_map(|entry| {
+            let key = LockKey::from_path(prefix, &entry.key)
+                .filter(|k| k.group == group && k.topic == topic)?;
+            Some((
+                key.partition,
+                HeldPartition {
+                    token: FencingToken(entry.modify_index),
+                    holder: holder_of(entry),
+                },
+            ))
+        })
+        .collect();
+    TopicView {
+        index: read.index,
+        held,
+    }
+}
+
 impl ConsulLocks {
     /// Validates `config`, registers the service check (if any; after deregistering what a
     /// dead process left on the same address), creates this instance's session and starts
@@ -209,6 +234,7 @@ impl ConsulLocks {
             last_confirmed: Mutex::new(None),
             poke: Notify::new(),
             refused: Mutex::new(HashMap::new()),
+            granted: Mutex::new(HashMap::new()),
         });
         if let Some(check) = &shared.config.check {
             shared.remove_stale_registrations(check).await?;
@@ -282,17 +308,12 @@ impl ConsulLocks {
         refused.insert(key.clone(), refusal);
     }
 
-    /// How long a wait on `key` may block, and whether that was cut short to end with a
-    /// lock-delay (see `wait_for_change`).
-    fn wait_limit(&self, key: &LockKey, timeout: Duration) -> (Duration, bool) {
-        let left = lock(&self.shared.refused)
+    /// How long to leave `key` alone, at most `timeout`: the rest of its noted lock-delay.
+    fn wait_limit(&self, key: &LockKey, timeout: Duration) -> Duration {
+        lock(&self.shared.refused)
             .get(key)
             .and_then(|r| r.until.checked_duration_since(Instant::now()))
-            .filter(|left| !left.is_zero());
-        match left {
-            Some(left) if left < timeout => (left, true),
-            _ => (timeout, false),
-        }
+            .map_or(timeout, |left| left.min(timeout))
     }
 }
 
@@ -312,130 +333,78 @@ impl Drop for ConsulLocks {
 
 #[async_trait]
 impl LockBackend for ConsulLocks {
-    /// Index scheme: the topic prefix is read *before* the acquire, and its `X-Consul-Index`
-    /// (the highest write index under the prefix, tombstones included, or the KV table's
-    /// index when the prefix was never written) is what `Busy` carries. A release after that
-    /// read is a write under the prefix with a higher index, so a `wait_for_change` on that
-    /// index returns as soon as it happens, however the release and the failed acquire
-    /// interleave. An index read *after* the failed acquire could already include the release
-    /// and the waiter would sleep through it; an index of the key alone (its `ModifyIndex`)
-    /// would be below writes to sibling partitions and make every wait return at once. A
-    /// stale (older) index only costs a spurious wake-up.
+    /// One `/v1/txn` with a `lock` operation: a single Raft write, whose answer carries the
+    /// key's `ModifyIndex` after the lock (the token: the committed index of the very write
+    /// that took it, so no read-back). Nothing is read first; a caller that watches the
+    /// topic ([`LockBackend::topic_view`]) tries only keys it has seen free.
+    ///
+    /// A key this backend granted and has not released is answered from memory: a second
+    /// `lock` by the same session would succeed but rewrite the key, moving its `ModifyIndex`
+    /// and so voiding the token (and the `?cas` release) of the grant already handed out.
     async fn try_acquire(
         &self,
         key: &LockKey,
         holder: &HolderInfo,
     ) -> Result<Acquisition, CoordinationError> {
+        const OPERATION: &str = "try_acquire";
         let shared = &*self.shared;
         let session = shared.live_session()?;
-        let path = key.path(shared.prefix());
-        let before = shared
-            .read_kv(
-                "try_acquire (read topic)",
-                &key.topic_prefix(shared.prefix()),
-                true,
-                None,
-            )
-            .await?;
-        let index = before.index;
-        let current = before.entries.into_iter().find(|e| e.key == path);
-
-        // Re-acquire: we hold it already. A PUT `?acquire` by the same session would succeed
-        // but rewrite the key, moving its ModifyIndex and so voiding the token (and the
-        // `?cas` release) of the grant already handed out. Confirm with a consistent read
-        // and return that grant's token without writing; the recorded holder stays too.
-        if current
-            .as_ref()
-            .is_some_and(|e| e.session.as_deref() == Some(session.as_str()))
-        {
-            let confirmed = shared
-                .read_key(
-                    "try_acquire (confirm own lock)",
-                    &path,
-                    Some(ConsistencyMode::CONSISTENT),
-                )
-                .await?;
-            if let Some(entry) = confirmed.filter(|e| e.session.as_deref() == Some(&session)) {
-                return Ok(Acquisition::Acquired(LockGrant::new(
-                    key.clone(),
-                    FencingToken(entry.modify_index),
-                    session,
-                )));
-            }
+        if let Some(token) = shared.granted_token(key, &session) {
+            return Ok(Acquisition::Acquired(LockGrant::new(
+                key.clone(),
+                token,
+                session,
+            )));
         }
-
-        let mut request = SetKeyRequest::builder();
-        request.acquire(session.as_str());
-        let put = consulrs::kv::set_json(&shared.client, &path, holder, Some(&mut request));
-        let acquired = match in_time("try_acquire (acquire)", put).await? {
-            Ok(answer) => answer.response,
-            Err(ClientError::APIError {
-                code: 500,
-                message: Some(message),
-            }) if message.contains("invalid session") => {
-                // Consul dropped the session before the renew task noticed: have it renew
-                // now, which finds out and starts the recovery.
-                shared.poke.notify_one();
-                return Err(CoordinationError::NoSession {
-                    reason: format!("consul rejected session {session}: {}", message.trim()),
-                });
-            }
-            Err(e) => return Err(unavailable("try_acquire (acquire)", describe(&e))),
-        };
-
-        if acquired {
-            // The acquire's own Raft index is the token: read it back consistently, so it
-            // is the committed value (we never write the key again while holding it).
-            let entry = shared
-                .read_key(
-                    "try_acquire (read grant)",
-                    &path,
-                    Some(ConsistencyMode::CONSISTENT),
-                )
-                .await?;
-            return match entry {
-                Some(entry) if entry.session.as_deref() == Some(&session) => {
-                    lock(&shared.refused).remove(key);
-                    Ok(Acquisition::Acquired(LockGrant::new(
-                        key.clone(),
-                        FencingToken(entry.modify_index),
-                        session,
-                    )))
-                }
-                other => {
-                    shared.poke.notify_one();
-                    Err(unavailable(
-                        "try_acquire (read grant)",
+        let path = key.path(shared.prefix());
+        let value = serde_json::to_vec(holder)
+            .map_err(|e| unavailable(OPERATION, format!("holder not serializable: {e}")))?;
+        let outcome = shared
+            .txn(OPERATION, vec![TxnOp::lock(&path, &value, &session)])
+            .await?;
+        let what = match outcome {
+            Ok(entries) => {
+                let entry = entries.into_iter().find(|e| e.key == path);
+                return match entry {
+                    Some(entry) if entry.session.as_deref() == Some(&session) => {
+                        let token = FencingToken(entry.modify_index);
+                        lock(&shared.refused).remove(key);
+                        lock(&shared.granted).insert(key.clone(), (session.clone(), token));
+                        Ok(Acquisition::Acquired(LockGrant::new(
+                            key.clone(),
+                            token,
+                            session,
+                        )))
+                    }
+                    other => Err(unavailable(
+                        OPERATION,
                         format!(
-                            "{path} was acquired but is now held by {:?}; session {session} \
-                             was probably invalidated",
+                            "the lock of {path} was applied but answered {:?} as its session",
                             other.and_then(|e| e.session)
                         ),
-                    ))
-                }
-            };
-        }
-
-        // Busy. The holder seen before the attempt is the one that refused us, unless the key
-        // was free then: read it again.
-        let other = match current.filter(|e| e.session.is_some()) {
-            Some(entry) => Some(entry),
-            None => shared
-                .read_key("try_acquire (read holder)", &path, None)
-                .await?
-                .filter(|e| e.session.is_some()),
-        };
-        let holder = match &other {
-            Some(entry) => holder_of(entry),
-            None => {
-                // Free yet refused: the lock-delay of a session invalidated a moment ago (or a
-                // release that raced the re-read). Nothing is written when the delay ends, so
-                // remember it and keep waits short (see `wait_for_change`).
-                self.note_refused(key);
-                None
+                    )),
+                };
             }
+            Err(what) => what,
         };
-        Ok(Acquisition::Busy { holder, index })
+        if what.contains("invalid session") {
+            // Consul dropped the session before the renew task noticed: have it renew now,
+            // which finds out and starts the recovery.
+            shared.poke.notify_one();
+            return Err(CoordinationError::NoSession {
+                reason: format!("consul rejected session {session}: {what}"),
+            });
+        }
+        if what.contains("lock delay") {
+            // Free yet refused: the lock-delay of a session invalidated a moment ago. Nothing
+            // is written when the delay ends, so remember when it does (see `wait_cut`).
+            self.note_refused(key);
+            return Ok(Acquisition::Delayed);
+        }
+        if what.contains("already held") {
+            return Ok(Acquisition::Held);
+        }
+        Err(unavailable(OPERATION, format!("{path}: {what}")))
     }
 
     async fn release(&self, grant: LockGrant) -> Result<(), CoordinationError> {
@@ -443,6 +412,8 @@ impl LockBackend for ConsulLocks {
         // never write it while holding it), so a key lost and taken by someone else since is
         // never touched. An explicit delete sets no lock-delay: a successor can take it now.
         let path = grant.key().path(self.shared.prefix());
+        // Whatever comes of it, the grant is given up: a later try_acquire must go to Consul.
+        lock(&self.shared.granted).remove(grant.key());
         let mut request = DeleteKeyRequest::builder();
         request.cas(grant.token().0);
         let deleted = consulrs::kv::delete(&self.shared.client, &path, Some(&mut request));
@@ -477,84 +448,58 @@ impl LockBackend for ConsulLocks {
             .map(|e| LockGrant::new(key.clone(), FencingToken(e.modify_index), session)))
     }
 
-    /// A blocking query on the topic prefix (`?keys`, so no values travel). Consul's `wait`
-    /// is set to `timeout × 16/17` (at least 1 s), so that with its jitter of up to `wait/16`
-    /// the answer still comes within `timeout`; the local limit only catches a dead
-    /// connection. The index returned is Consul's; it may be lower than `index` (Consul
-    /// reaped tombstones, or nothing changed under the topic since `index`, which was a
-    /// higher index from elsewhere): per Consul's rules that is simply the next index to
-    /// wait on.
-    ///
-    /// After a `Busy` without holder (a free key refused under lock-delay, which no write
-    /// ends) the wait is cut to the rest of the lock-delay window and ends exactly then (not
-    /// `× 16/17` early, which would only get refused again), so the caller retries when the
-    /// key becomes acquirable instead of at its own timeout.
-    async fn wait_for_change(
+    /// A read of the topic prefix with values (`?recurse`): one request whatever the number
+    /// of partitions. Blocking (`after: Some`), Consul's `wait` is `timeout × 16/17` (at
+    /// least 1 s), so that with its jitter of up to `wait/16` the answer still comes within
+    /// `timeout`; the local limit only catches a dead connection. A `timeout` below Consul's
+    /// shortest wait ends locally and then reads the topic as it is. The index returned is
+    /// Consul's; it may be lower than `after` (Consul reaped tombstones): per Consul's rules
+    /// that is simply the next index to wait on.
+    async fn topic_view(
         &self,
-        key: &LockKey,
-        index: u64,
+        group: &str,
+        topic: &str,
+        after: Option<u64>,
         timeout: Duration,
-    ) -> Result<u64, CoordinationError> {
-        const OPERATION: &str = "wait_for_change";
-        let (timeout, cut) = self.wait_limit(key, timeout);
-        // A wait that must end at a given moment (the end of a lock-delay, or a timeout
-        // below Consul's shortest wait) asks Consul for at least that long and ends locally.
-        let short = cut || timeout < MIN_SERVER_WAIT;
-        let server_wait = if short {
-            Duration::from_millis(timeout.as_micros().div_ceil(1000) as u64).max(MIN_SERVER_WAIT)
-        } else {
-            (timeout.mul_f64(f64::from(JITTER_DIVISOR) / f64::from(JITTER_DIVISOR + 1)))
-                .max(MIN_SERVER_WAIT)
-        };
-        let request = ReadKeysRequest {
-            features: Some(Features {
-                blocking: Some(Blocking {
-                    index,
-                    wait: Some(go_duration(server_wait)),
-                }),
-                ..Features::default()
-            }),
-            key: key.topic_prefix(self.shared.prefix()),
-            keys: true,
-            ..ReadKeysRequest::default()
-        };
-        let limit = if short {
-            timeout
-        } else {
-            server_wait + server_wait / JITTER_DIVISOR + REQUEST_TIMEOUT
-        };
-        let answer = match tokio::time::timeout(limit, self.shared.send_raw(request)).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => return Err(unavailable(OPERATION, e)),
-            // The wait ends here, not when Consul answers: its timeout is the answer.
-            Err(_) if short => return Ok(index),
-            Err(_) => {
-                return Err(unavailable(
-                    OPERATION,
-                    format!("no answer within {limit:?}"),
-                ))
-            }
-        };
-        let index_header = answer.index;
-        match answer.status {
-            200 | 404 => index_header.ok_or_else(|| {
-                unavailable(
-                    OPERATION,
-                    format!("HTTP {} without X-Consul-Index", answer.status),
+    ) -> Result<TopicView, CoordinationError> {
+        const OPERATION: &str = "topic_view";
+        let shared = &*self.shared;
+        let prefix = LockKey::new(group, topic, 0).topic_prefix(shared.prefix());
+        let (blocking, limit) = match after {
+            Some(index) if timeout >= MIN_SERVER_WAIT => {
+                let wait = timeout
+                    .mul_f64(f64::from(JITTER_DIVISOR) / f64::from(JITTER_DIVISOR + 1))
+                    .max(MIN_SERVER_WAIT);
+                (
+                    Some((index, wait)),
+                    wait + wait / JITTER_DIVISOR + REQUEST_TIMEOUT,
                 )
-            }),
-            status => Err(unavailable(
+            }
+            Some(index) => {
+                let short = shared
+                    .read_prefix(OPERATION, &prefix, Some((index, MIN_SERVER_WAIT)), timeout)
+                    .await?;
+                if let Some(read) = short {
+                    return Ok(view_of(shared.prefix(), group, topic, read));
+                }
+                (None, REQUEST_TIMEOUT)
+            }
+            None => (None, REQUEST_TIMEOUT),
+        };
+        match shared
+            .read_prefix(OPERATION, &prefix, blocking, limit)
+            .await?
+        {
+            Some(read) => Ok(view_of(shared.prefix(), group, topic, read)),
+            None => Err(unavailable(
                 OPERATION,
-                format!(
-                    "HTTP {status}: {}",
-                    String::from_utf8_lossy(&answer.body).trim()
-                ),
+                format!("no answer within {limit:?}"),
             )),
         }
     }
 
     fn wait_cut(&self, key: &LockKey, timeout: Duration) -> Duration {
-        self.wait_limit(key, timeout).0
+        self.wait_limit(key, timeout)
     }
 
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {

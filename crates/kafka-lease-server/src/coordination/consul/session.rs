@@ -6,7 +6,22 @@ use super::*;
 
 impl Shared {
     pub(super) fn set_state(&self, state: SessionState) {
+        // Grants of any other session are void: forget them.
+        let live = match &state {
+            SessionState::Live { id } => Some(id.as_str()),
+            SessionState::Lost { .. } => None,
+        };
+        lock(&self.granted).retain(|_, (session, _)| Some(session.as_str()) == live);
         self.state.send_replace(state);
+    }
+
+    /// The token of the grant this backend handed out for `key` under `session` and has not
+    /// released, if any.
+    pub(super) fn granted_token(&self, key: &LockKey, session: &str) -> Option<FencingToken> {
+        lock(&self.granted)
+            .get(key)
+            .filter(|(s, _)| s == session)
+            .map(|(_, token)| *token)
     }
 
     /// Records that Consul confirmed `session` with a request sent at `sent`. Only moves the

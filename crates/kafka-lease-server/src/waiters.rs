@@ -1,0 +1,473 @@
+//! The Acquires of one (group, topic) on this gateway, and what they know of the topic's
+//! locks: one [`TopicQueue`] per (group, topic) that has Acquires in progress.
+//!
+//! Every Acquire takes a [`Ticket`] in arrival order. The queue keeps the newest
+//! [`TopicView`] of the topic's locks (from one shared watch while anyone waits, or a read by
+//! the Acquire that found no watch running) and *offers* each partition it shows free to one
+//! ticket: the oldest one that wants it. Only that ticket tries the lock; the others sleep.
+//! So a release wakes one waiter on this gateway, not all of them, and the waiters are
+//! served in the order they came. A partition is not offered while it is:
+//! - held in the view (or found held by a failed attempt since: marked until the next view);
+//! - offered to a ticket already;
+//! - under lock-delay (the backend said so; marked until the delay ends);
+//! - blocked in the local lease table (a lease, an attempt or an unconfirmed release here),
+//!   which the gateway answers through the `blocked` function it gives the queue.
+//!
+//! Lock order: a queue's lock is taken before the gateway's table lock, never after.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::coordination::{HeldPartition, HolderInfo, TopicView};
+
+/// Which partitions an Acquire takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Wants {
+    /// Exactly this one.
+    One(i32),
+    /// Any of `0..count`, preferring the first free one from `start` on (wrapping), so that
+    /// Acquires that start together spread over the partitions.
+    Any { start: i32, count: i32 },
+}
+
+impl Wants {
+    fn pick(&self, free: &BTreeSet<i32>) -> Option<i32> {
+        match *self {
+            Wants::One(p) => free.contains(&p).then_some(p),
+            Wants::Any { start, count } => free
+                .range(start..count)
+                .next()
+                .or_else(|| free.range(0..start.min(count)).next())
+                .copied(),
+        }
+    }
+
+    /// One past the highest partition it may take.
+    fn bound(&self) -> i32 {
+        match *self {
+            Wants::One(p) => p.saturating_add(1),
+            Wants::Any { count, .. } => count,
+        }
+    }
+
+    /// Every partition it may take, in its order of preference.
+    pub(crate) fn partitions(&self) -> Vec<i32> {
+        match *self {
+            Wants::One(p) => vec![p],
+            Wants::Any { start, count } => (0..count).map(|i| (start + i) % count).collect(),
+        }
+    }
+}
+
+/// Tells whether the local lease table blocks a partition of the queue's topic.
+pub(crate) type Blocked = Box<dyn Fn(i32) -> bool + Send + Sync>;
+
+pub(crate) struct TopicQueue {
+    inner: Mutex<Inner>,
+    blocked: Blocked,
+    /// The shared watch that keeps `inner.view` current while it runs.
+    watch: Mutex<Option<JoinHandle<()>>>,
+    /// Held by the one Acquire reading the view when no watch runs (see [`Self::refresh`]).
+    reading: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Inner {
+    view: Option<TopicView>,
+    /// Counts the views taken, so Acquires that arrive together read the topic once.
+    views: u64,
+    next_seq: u64,
+    /// Tickets by arrival.
+    tickets: BTreeMap<u64, Slot>,
+    /// Partition → the ticket it is offered to.
+    offered: HashMap<i32, u64>,
+    /// Partition → when the backend will let it be locked (its lock-delay, or a short pause
+    /// after a local clash).
+    delayed: HashMap<i32, Instant>,
+}
+
+struct Slot {
+    wants: Wants,
+    offer: Option<i32>,
+    wake: Arc<Notify>,
+}
+
+impl std::fmt::Debug for TopicQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("TopicQueue")
+            .field("tickets", &inner.tickets.len())
+            .field("offered", &inner.offered)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TopicQueue {
+    pub(crate) fn new(blocked: Blocked) -> Arc<Self> {
+        Arc::new(TopicQueue {
+            inner: Mutex::new(Inner::default()),
+            blocked,
+            watch: Mutex::new(None),
+            reading: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Every critical section is a handful of map operations that cannot panic halfway.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A ticket at the back of the queue.
+    pub(crate) fn enqueue(self: &Arc<Self>, wants: Wants) -> Ticket {
+        let wake = Arc::new(Notify::new());
+        let seq = {
+            let mut inner = self.lock();
+            let seq = inner.next_seq;
+            inner.next_seq += 1;
+            inner.tickets.insert(
+                seq,
+                Slot {
+                    wants,
+                    offer: None,
+                    wake: wake.clone(),
+                },
+            );
+            seq
+        };
+        Ticket {
+            queue: self.clone(),
+            seq,
+            wake,
+        }
+    }
+
+    /// Whether a watch keeps the view current (else an Acquire reads the topic itself).
+    pub(crate) fn is_watched(&self) -> bool {
+        self.watch
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|task| !task.is_finished())
+    }
+
+    /// Starts the shared watch with `start` (given the view's index) unless it runs.
+    pub(crate) fn ensure_watch(&self, start: impl FnOnce(u64) -> JoinHandle<()>) {
+        let mut watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
+        if watch.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
+        let index = self.lock().view.as_ref().map_or(0, |v| v.index);
+        *watch = Some(start(index));
+    }
+
+    /// Brings the view up to date when no watch does: reads it with `read`, unless a view
+    /// was taken while this call waited for another reader (Acquires that arrive together
+    /// share one read), then offers what it shows free.
+    pub(crate) async fn refresh<E, F>(&self, read: F) -> Result<(), E>
+    where
+        F: std::future::Future<Output = Result<TopicView, E>>,
+    {
+        let seen = self.lock().views;
+        let _reader = self.reading.lock().await;
+        if self.lock().views != seen {
+            self.dispatch();
+            return Ok(());
+        }
+        self.set_view(read.await?);
+        Ok(())
+    }
+
+    /// The index of the view, for the watch to wait from.
+    pub(crate) fn index(&self) -> u64 {
+        self.lock().view.as_ref().map_or(0, |v| v.index)
+    }
+
+    /// Takes a newer view of the topic and offers what it shows free.
+    pub(crate) fn set_view(&self, view: TopicView) {
+        let mut inner = self.lock();
+        inner.view = Some(view);
+        inner.views += 1;
+        self.dispatch_locked(&mut inner);
+    }
+
+    /// This gateway has just locked `partition` (or found it held): not free until a view
+    /// says otherwise.
+    pub(crate) fn mark_held(&self, partition: i32, held: HeldPartition) {
+        let mut inner = self.lock();
+        if let Some(view) = inner.view.as_mut() {
+            view.held.insert(partition, held);
+        }
+    }
+
+    /// This gateway has just released `partition`: offer it now, without waiting for the
+    /// watch to report the release.
+    pub(crate) fn mark_free(&self, partition: i32) {
+        let mut inner = self.lock();
+        if let Some(view) = inner.view.as_mut() {
+            view.held.remove(&partition);
+        }
+        self.dispatch_locked(&mut inner);
+    }
+
+    /// `partition` may not be locked before `until`.
+    pub(crate) fn mark_delayed(&self, partition: i32, until: Instant) {
+        self.lock().delayed.insert(partition, until);
+    }
+
+    /// The earliest end of a delay, if any partition is delayed: when to look again.
+    pub(crate) fn next_delay_end(&self) -> Option<Instant> {
+        self.lock().delayed.values().min().copied()
+    }
+
+    /// Offers free partitions to the oldest tickets that want them.
+    pub(crate) fn dispatch(&self) {
+        let mut inner = self.lock();
+        self.dispatch_locked(&mut inner);
+    }
+
+    fn dispatch_locked(&self, inner: &mut Inner) {
+        let Some(view) = inner.view.as_ref() else {
+            return;
+        };
+        let now = Instant::now();
+        inner.delayed.retain(|_, until| *until > now);
+        let idle = inner.tickets.values().filter(|s| s.offer.is_none());
+        let Some(bound) = idle.map(|s| s.wants.bound()).max() else {
+            return;
+        };
+        let mut free: BTreeSet<i32> = (0..bound)
+            .filter(|p| {
+                !view.held.contains_key(p)
+                    && !inner.offered.contains_key(p)
+                    && !inner.delayed.contains_key(p)
+            })
+            .collect();
+        if free.is_empty() {
+            return;
+        }
+        free.retain(|&p| !(self.blocked)(p));
+        for (&seq, slot) in inner.tickets.iter_mut() {
+            if free.is_empty() {
+                break;
+            }
+            if slot.offer.is_some() {
+                continue;
+            }
+            if let Some(p) = slot.wants.pick(&free) {
+                free.remove(&p);
+                slot.offer = Some(p);
+                inner.offered.insert(p, seq);
+                slot.wake.notify_one();
+            }
+        }
+    }
+
+    /// What is known of who holds each of `partitions`: the view's holder where it has one.
+    pub(crate) fn holders(&self, partitions: &[i32]) -> Vec<(i32, Option<HolderInfo>)> {
+        let inner = self.lock();
+        partitions
+            .iter()
+            .map(|&p| {
+                let holder = inner
+                    .view
+                    .as_ref()
+                    .and_then(|v| v.held.get(&p))
+                    .and_then(|h| h.holder.clone());
+                (p, holder)
+            })
+            .collect()
+    }
+
+    /// Takes the offer away from ticket `seq` (it tried and failed, or left), and offers
+    /// what became free.
+    fn withdraw(&self, seq: u64, leaving: bool) {
+        let mut inner = self.lock();
+        let offer = if leaving {
+            inner.tickets.remove(&seq).and_then(|s| s.offer)
+        } else {
+            inner.tickets.get_mut(&seq).and_then(|s| s.offer.take())
+        };
+        if let Some(p) = offer {
+            if inner.offered.get(&p) == Some(&seq) {
+                inner.offered.remove(&p);
+            }
+        }
+        self.dispatch_locked(&mut inner);
+    }
+}
+
+impl Drop for TopicQueue {
+    fn drop(&mut self) {
+        let watch = self.watch.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(task) = watch.take() {
+            task.abort();
+        }
+    }
+}
+
+/// One Acquire's place in its topic's queue; leaving it (drop) gives up any offer.
+pub(crate) struct Ticket {
+    queue: Arc<TopicQueue>,
+    seq: u64,
+    wake: Arc<Notify>,
+}
+
+impl Ticket {
+    pub(crate) fn queue(&self) -> &Arc<TopicQueue> {
+        &self.queue
+    }
+
+    /// The partition offered to this ticket, if any.
+    pub(crate) fn offer(&self) -> Option<i32> {
+        self.queue
+            .lock()
+            .tickets
+            .get(&self.seq)
+            .and_then(|s| s.offer)
+    }
+
+    /// The offered partition could not be taken: give it up (keeping the place in line).
+    pub(crate) fn decline(&self) {
+        self.queue.withdraw(self.seq, false);
+    }
+
+    /// Waits for an offer (one that came before the call counts).
+    pub(crate) async fn offered(&self) {
+        self.wake.notified().await;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.queue.withdraw(self.seq, true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use crate::coordination::FencingToken;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn held(partitions: &[i32]) -> TopicView {
+        TopicView {
+            index: 1,
+            held: partitions
+                .iter()
+                .map(|&p| {
+                    (
+                        p,
+                        HeldPartition {
+                            token: FencingToken(1),
+                            holder: None,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    fn queue() -> Arc<TopicQueue> {
+        TopicQueue::new(Box::new(|_| false))
+    }
+
+    #[tokio::test]
+    async fn a_freed_partition_goes_to_the_oldest_waiter_only() {
+        let q = queue();
+        q.set_view(held(&[0, 1]));
+        let tickets: Vec<Ticket> = (0..5)
+            .map(|_| q.enqueue(Wants::Any { start: 0, count: 2 }))
+            .collect();
+        assert!(tickets.iter().all(|t| t.offer().is_none()));
+        q.mark_free(1);
+        let offers: Vec<_> = tickets.iter().map(Ticket::offer).collect();
+        assert_eq!(offers, vec![Some(1), None, None, None, None]);
+        // The first one fails (another gateway took it): the partition is held again and
+        // nobody else is offered it until a view says it is free.
+        q.mark_held(
+            1,
+            HeldPartition {
+                token: FencingToken(2),
+                holder: None,
+            },
+        );
+        tickets[0].decline();
+        assert!(tickets.iter().all(|t| t.offer().is_none()));
+        // The next release goes to the oldest again, which kept its place.
+        q.set_view(held(&[0]));
+        assert_eq!(tickets[0].offer(), Some(1));
+        assert!(tickets[1..].iter().all(|t| t.offer().is_none()));
+    }
+
+    #[tokio::test]
+    async fn a_leaving_waiter_passes_its_offer_to_the_next() {
+        let q = queue();
+        q.set_view(held(&[0]));
+        let first = q.enqueue(Wants::One(0));
+        let second = q.enqueue(Wants::Any { start: 0, count: 1 });
+        q.mark_free(0);
+        assert_eq!(first.offer(), Some(0));
+        assert_eq!(second.offer(), None);
+        drop(first);
+        assert_eq!(second.offer(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn waiters_get_the_partitions_they_want_in_order() {
+        let q = queue();
+        q.set_view(held(&[0, 1, 2, 3]));
+        let only_3 = q.enqueue(Wants::One(3));
+        let any = q.enqueue(Wants::Any { start: 2, count: 4 });
+        let only_0 = q.enqueue(Wants::One(0));
+        q.set_view(held(&[1]));
+        assert_eq!(only_3.offer(), Some(3));
+        // `any` prefers from its start (2) on.
+        assert_eq!(any.offer(), Some(2));
+        assert_eq!(only_0.offer(), Some(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn delayed_and_locally_blocked_partitions_are_not_offered() {
+        let blocked = Arc::new(AtomicBool::new(true));
+        let q = TopicQueue::new(Box::new({
+            let blocked = blocked.clone();
+            move |p| p == 1 && blocked.load(Ordering::SeqCst)
+        }));
+        q.set_view(held(&[]));
+        q.mark_delayed(0, Instant::now() + std::time::Duration::from_secs(1));
+        let t = q.enqueue(Wants::Any { start: 0, count: 2 });
+        q.dispatch();
+        assert_eq!(t.offer(), None);
+        blocked.store(false, Ordering::SeqCst);
+        q.dispatch();
+        assert_eq!(t.offer(), Some(1));
+        q.mark_delayed(1, Instant::now() + std::time::Duration::from_secs(5));
+        t.decline();
+        assert_eq!(
+            q.next_delay_end(),
+            Some(Instant::now() + std::time::Duration::from_secs(1))
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        q.dispatch();
+        assert_eq!(t.offer(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn an_offer_made_before_the_wait_is_not_missed() {
+        let q = queue();
+        q.set_view(held(&[0]));
+        let t = q.enqueue(Wants::One(0));
+        q.mark_free(0);
+        // The notification came before anyone awaited it; the wait returns at once.
+        tokio::time::timeout(std::time::Duration::from_secs(1), t.offered())
+            .await
+            .expect("the stored wake-up");
+        assert_eq!(t.offer(), Some(0));
+    }
+}

@@ -1,0 +1,108 @@
+//! The per-connection limits of a real gateway, through gRPC: leases per connection
+//! (RESOURCE_EXHAUSTED naming the flag and its value) and calls open at once per connection
+//! (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a client queues calls past it).
+
+mod support;
+
+use std::time::Duration;
+
+use kafka_lease_client::{AcquireOptions, Client, Error, LeaseFilter, Reason};
+use kafka_lease_testkit::{unique_name, Services};
+use support::{create_topic, unique_prefix, GatewayProcess};
+
+/// How long a call queued behind the stream limit is given to show it does not start.
+const QUEUED: Duration = Duration::from_millis(500);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_cannot_take_more_than_its_limits() {
+    let Some(services) = Services::require("one_connection_cannot_take_more_than_its_limits")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("gw-limits"),
+        &[
+            "--max-leases-per-connection",
+            "1",
+            "--max-streams-per-connection",
+            "2",
+        ],
+    )
+    .await;
+    let topic = create_topic(&services, 3).await;
+    let group = unique_name("g");
+    let connect = || async { Client::connect(gateway.endpoint()).await.expect("connect") };
+    let options = |partition: i32| AcquireOptions::new(&group, &topic).partition(partition);
+
+    // Leases per connection: the second Acquire on one connection is refused, with the flag
+    // and its value; another connection is not affected.
+    let first = connect().await;
+    let lease = first.acquire(options(0)).await.expect("the first lease");
+    match first.acquire(options(1)).await {
+        Err(e @ Error::Busy { .. }) => {
+            let details = e.details().expect("details");
+            assert_eq!(details.reason(), Some(&Reason::LimitReached), "{e}");
+            assert_eq!(
+                details.metadata("limit"),
+                Some("--max-leases-per-connection")
+            );
+            assert!(
+                e.to_string().contains("--max-leases-per-connection")
+                    && e.to_string().contains('1'),
+                "names the flag and its value: {e}"
+            );
+        }
+        other => panic!("a second lease on one connection is refused: {other:?}"),
+    }
+    let other = connect().await;
+    let second = other.acquire(options(1)).await.expect("another connection");
+    // Once the first lease is gone, its connection may take one again.
+    lease.release().await.expect("release");
+    let again = first.acquire(options(0)).await.expect("a lease again");
+
+    // Calls open at once per connection: two Acquires waiting for held partitions fill a
+    // connection; a third call on it does not start until one of them ends, while the same
+    // call on another connection is answered at once.
+    let busy = connect().await;
+    let waiting: Vec<_> = [0, 1]
+        .into_iter()
+        .map(|partition| {
+            let (client, options) = (
+                busy.clone(),
+                options(partition).wait(Duration::from_secs(30)),
+            );
+            tokio::spawn(async move { client.acquire(options).await })
+        })
+        .collect();
+    let list = |client: Client, group: String| async move {
+        client.list_leases(LeaseFilter::new().group(group)).await
+    };
+    // Both waiting Acquires are open once a third call on the connection stops starting.
+    kafka_lease_testkit::wait_for(
+        "the two waiting Acquires to fill the connection",
+        Duration::from_secs(20),
+        || async {
+            tokio::time::timeout(QUEUED, list(busy.clone(), group.clone()))
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
+    let listed = tokio::time::timeout(QUEUED, list(other.clone(), group.clone()))
+        .await
+        .expect("another connection is answered at once")
+        .expect("list");
+    assert_eq!(listed.len(), 2);
+    waiting[0].abort();
+    let listed = tokio::time::timeout(Duration::from_secs(10), list(busy.clone(), group.clone()))
+        .await
+        .expect("the queued call starts once a stream ends")
+        .expect("list");
+    assert_eq!(listed.len(), 2);
+    waiting[1].abort();
+    second.release().await.expect("release");
+    again.release().await.expect("release");
+}
