@@ -31,6 +31,8 @@ pub const SCENARIOS: &[&str] = &[
     "latency",
     "acquire-release",
     "handoff",
+    "waiters",
+    "acquire-contended",
     "crash-failover",
     "scale",
 ];
@@ -88,6 +90,15 @@ pub struct Plan {
     pub scale_settle: Duration,
     /// Window over which Consul writes are counted at each lease count.
     pub scale_window: Duration,
+    /// Waiting Acquires of the `waiters` scenario: (few, many).
+    pub waiters: (usize, usize),
+    /// Wait after the waiters were sent before counting (also before the first release of
+    /// `acquire-contended`).
+    pub waiters_settle: Duration,
+    /// Window over which the waiting gateway's Consul requests are counted.
+    pub waiters_window: Duration,
+    /// `acquire-contended`: (partitions = waiters, releases measured).
+    pub contended: (usize, usize),
 }
 
 impl Plan {
@@ -109,6 +120,10 @@ impl Plan {
                 scale_leases: (10, 20),
                 scale_settle: Duration::from_secs(1),
                 scale_window: Duration::from_secs(4),
+                waiters: (10, 100),
+                waiters_settle: Duration::from_secs(1),
+                waiters_window: Duration::from_secs(2),
+                contended: (20, 5),
             },
             Mode::Quick => Plan {
                 rounds: 3,
@@ -125,6 +140,10 @@ impl Plan {
                 scale_leases: (100, 1_000),
                 scale_settle: Duration::from_secs(5),
                 scale_window: Duration::from_secs(20),
+                waiters: (10, 1_000),
+                waiters_settle: Duration::from_secs(3),
+                waiters_window: Duration::from_secs(5),
+                contended: (100, 30),
             },
             Mode::Full => Plan {
                 rounds: 5,
@@ -141,6 +160,10 @@ impl Plan {
                 scale_leases: (100, 1_000),
                 scale_settle: Duration::from_secs(10),
                 scale_window: Duration::from_secs(60),
+                waiters: (10, 1_000),
+                waiters_settle: Duration::from_secs(5),
+                waiters_window: Duration::from_secs(15),
+                contended: (100, 100),
             },
         }
     }

@@ -495,7 +495,7 @@ impl Gateway {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
-        let partition_count = self.kafka.partition_count(&spec.topic).await?;
+        let partition_count = self.kafka.partition_count(&spec.topic, spec.partition).await?;
         let wants = match spec.partition {
             Some(p) if p >= partition_count => {
                 return Err(LeaseError::PartitionNotFound {
@@ -867,8 +867,13 @@ impl Gateway {
         let key = grant.key().clone();
         let prepared = async {
             let group_client = self.kafka.group(&key.group)?;
-            let (low, high) = self.kafka.watermarks(&key.topic, key.partition).await?;
-            let committed = group_client.committed(&key.topic, key.partition).await?;
+            // Both after the lock, and independent: one round trip to the brokers, not two.
+            // (The committed offset must be read after the lock: the previous holder's
+            // commits have settled by then.)
+            let ((low, high), committed) = tokio::try_join!(
+                self.kafka.watermarks(&key.topic, key.partition),
+                group_client.committed(&key.topic, key.partition),
+            )?;
             let committed = committed.map(|(offset, _)| offset);
             let start = match committed {
                 // A committed offset that retention has passed, or that is beyond the log

@@ -244,7 +244,13 @@ pub struct Kafka {
     settings: Arc<KafkaSettings>,
     metadata: Arc<BaseConsumer>,
     groups: Arc<Mutex<HashMap<String, CachedGroup>>>,
+    /// Topic → its partition count and when it was read (see [`Kafka::partition_count`]).
+    partition_counts: Arc<Mutex<HashMap<String, (i32, tokio::time::Instant)>>>,
 }
+
+/// How long a topic's partition count is reused before it is read from the brokers again.
+/// Partitions are only ever added, and a partition past the cached count is read afresh.
+const PARTITION_COUNT_MAX_AGE: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for Kafka {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -274,6 +280,7 @@ impl Kafka {
             settings: Arc::new(settings),
             metadata: Arc::new(metadata),
             groups,
+            partition_counts: Arc::default(),
         })
     }
 
@@ -281,8 +288,38 @@ impl Kafka {
         &self.settings
     }
 
-    /// The number of partitions of `topic`, from broker metadata.
-    pub async fn partition_count(&self, topic: &str) -> Result<i32, LeaseError> {
+    /// The number of partitions of `topic`, from broker metadata read at most
+    /// [`PARTITION_COUNT_MAX_AGE`] ago, or afresh when `wanted` (a partition the caller asks
+    /// for) is past the count read then (the topic may have grown since).
+    pub async fn partition_count(
+        &self,
+        topic: &str,
+        wanted: Option<i32>,
+    ) -> Result<i32, LeaseError> {
+        let cached = self
+            .partition_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(topic)
+            .copied();
+        if let Some((count, read)) = cached {
+            if read.elapsed() < PARTITION_COUNT_MAX_AGE && wanted.is_none_or(|p| p < count) {
+                return Ok(count);
+            }
+        }
+        let read = tokio::time::Instant::now();
+        let count = self.read_partition_count(topic).await?;
+        let mut counts = self
+            .partition_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        counts.retain(|_, (_, at)| at.elapsed() < PARTITION_COUNT_MAX_AGE);
+        counts.insert(topic.to_string(), (count, read));
+        Ok(count)
+    }
+
+    /// The number of partitions of `topic`, asked of the brokers.
+    async fn read_partition_count(&self, topic: &str) -> Result<i32, LeaseError> {
         const OPERATION: &str = "fetching topic metadata";
         let client = self.metadata.clone();
         let topic = topic.to_string();

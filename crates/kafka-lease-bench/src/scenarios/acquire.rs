@@ -7,8 +7,12 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::{bail, Context, Result};
 use kafka_lease_client::{AcquireOptions, Client};
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::TopicPartitionList;
 use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
@@ -107,6 +111,66 @@ async fn raw_arm(
     Ok(arm)
 }
 
+/// What an in-process consumer would do for the same result as the gateway's cycle: the raw
+/// Consul lock, the group's committed offset and the partition's watermarks from Kafka (both
+/// at once, as the gateway asks them), the raw Consul release.
+async fn direct_arm(
+    raw: &mut RawConsul,
+    session: &str,
+    key: &str,
+    consumer: &Arc<BaseConsumer>,
+    topic: &str,
+    cycles: usize,
+) -> Result<Arm> {
+    let mut arm = Arm::default();
+    let value = json!({"member": "bench-direct", "gateway": "direct", "lease": "direct", "acquired_at_ms": 0, "ttl_ms": 30000}).to_string();
+    for _ in 0..cycles {
+        let t0 = Instant::now();
+        let r = raw
+            .request(
+                "PUT",
+                &format!("/v1/kv/{key}?acquire={session}"),
+                value.as_bytes(),
+            )
+            .await?;
+        if r.status != 200 || r.text().trim() != "true" {
+            bail!("direct acquire: {} {}", r.status, r.text());
+        }
+        let (committed, watermarks) = {
+            let (c1, c2, t1, t2) = (
+                consumer.clone(),
+                consumer.clone(),
+                topic.to_string(),
+                topic.to_string(),
+            );
+            tokio::join!(
+                tokio::task::spawn_blocking(move || {
+                    let mut query = TopicPartitionList::new();
+                    query.add_partition(&t1, 0);
+                    c1.committed_offsets(query, Duration::from_secs(5))
+                }),
+                tokio::task::spawn_blocking(move || c2.fetch_watermarks(
+                    &t2,
+                    0,
+                    Duration::from_secs(5)
+                )),
+            )
+        };
+        committed?.context("direct: committed offset")?;
+        watermarks?.context("direct: watermarks")?;
+        let t1 = Instant::now();
+        let r = raw.request("DELETE", &format!("/v1/kv/{key}"), b"").await?;
+        if r.status != 200 {
+            bail!("direct release: {} {}", r.status, r.text());
+        }
+        let t2 = Instant::now();
+        arm.acquire_ms.push(ms(t1 - t0));
+        arm.release_ms.push(ms(t2 - t1));
+        arm.cycle_ms.push(ms(t2 - t0));
+    }
+    Ok(arm)
+}
+
 /// Per-operation averages of the counting phase.
 #[derive(Debug, Default)]
 struct Counted {
@@ -191,6 +255,13 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-acq"), None).await?;
     let cycles = env.plan.acquire_cycles;
     let mut rounds: Vec<(Arm, Arm)> = Vec::new();
+    let mut direct_rounds: Vec<Arm> = Vec::new();
+    let direct_key = format!("{}/direct/{topic}/0", env.prefix(name));
+    let consumer: Arc<BaseConsumer> = Arc::new(
+        env.direct_consumer_config(&env.name("acq-direct"))
+            .create()
+            .context("the direct arm's consumer")?,
+    );
     let mut warm_rounds: Vec<Arm> = Vec::new();
     let result: Result<Counted> = async {
         let client = gateway.client().await?;
@@ -203,6 +274,7 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
             .await?;
         gateway_arm(&client, &mut raft, &group, &topic, 10).await?;
         raw_arm(&mut raw, &mut raft, &session, &raw_key, 10).await?;
+        direct_arm(&mut raw, &session, &direct_key, &consumer, &topic, 10).await?;
         for round in 1..=env.plan.rounds {
             let label = format!("{name} round {round}/{}", env.plan.rounds);
             env.progress
@@ -231,6 +303,13 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
             ));
             warm_rounds.push(w);
             rounds.push((g, r));
+            let d = direct_arm(&mut raw, &session, &direct_key, &consumer, &topic, cycles).await?;
+            env.progress.say(format!(
+                "  {label} direct (raw Consul + the Kafka lookups of an Acquire): p50 {:.2} ms, p99 {:.2} ms",
+                percentile(&d.cycle_ms, 50.0),
+                percentile(&d.cycle_ms, 99.0)
+            ));
+            direct_rounds.push(d);
         }
         env.progress.say(format!(
             "  {name}: counting Consul requests over {} cycles (gateway behind a counting proxy)",
@@ -385,6 +464,61 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
             .collect(),
         lines: vec![("1.5 x raw p99".into(), 1.5 * r99)],
     };
+    let d99 = median(
+        &direct_rounds
+            .iter()
+            .map(|d| percentile(&d.cycle_ms, 99.0))
+            .collect::<Vec<_>>(),
+    );
+    let d50 = median(
+        &direct_rounds
+            .iter()
+            .map(|d| percentile(&d.cycle_ms, 50.0))
+            .collect::<Vec<_>>(),
+    );
+    let direct_ratio = super::ratio(g99, d99);
+    let mut direct_details = Map::new();
+    direct_details.insert("gateway_p50_ms".into(), r3(g50).into());
+    direct_details.insert("direct_p50_ms".into(), r3(d50).into());
+    direct_details.insert("gateway_p99_ms".into(), r3(g99).into());
+    direct_details.insert("direct_p99_ms".into(), r3(d99).into());
+    direct_details.insert("direct_baseline".into(), "in the bench process: the raw Consul cycle of the first row around the two Kafka lookups every Acquire needs (the group's committed offset, and the partition's watermarks, asked at once as the gateway does) through an rdkafka BaseConsumer with the gateway's settings".into());
+    let direct_row = Row {
+        name: "acquire-release-direct".into(),
+        scenario: "acquire-release",
+        unit: "ms (p99)",
+        gateway: r3(g99),
+        baseline: r3(d99),
+        baseline_kind: "measured: raw Consul lock + committed offset and watermarks from Kafka + raw release, same run".into(),
+        ratio: direct_ratio.map(r3),
+        ratio_definition: "gateway cycle p99 / direct cycle p99 (medians of per-round p99s)",
+        goal: "<= 1.5".into(),
+        met: direct_ratio.is_some_and(|r| r <= 1.5),
+        summary: format!("p50 {g50:.2} vs {d50:.2} ms"),
+        details: direct_details,
+        chart: Chart {
+            title: "acquire-release: gateway cycle vs the same work done directly".into(),
+            unit: "ms".into(),
+            groups: rounds
+                .iter()
+                .zip(&direct_rounds)
+                .enumerate()
+                .map(|(i, ((g, _), d))| {
+                    (
+                        format!("round {}", i + 1),
+                        vec![
+                            ("gateway p50".into(), percentile(&g.cycle_ms, 50.0)),
+                            ("direct p50".into(), percentile(&d.cycle_ms, 50.0)),
+                            ("gateway p99".into(), percentile(&g.cycle_ms, 99.0)),
+                            ("direct p99".into(), percentile(&d.cycle_ms, 99.0)),
+                        ],
+                    )
+                })
+                .collect(),
+            lines: vec![("1.5 x direct p99".into(), 1.5 * d99)],
+        },
+    }
+    .build();
     Ok(vec![Row {
         name: name.into(),
         scenario: "acquire-release",
@@ -404,5 +538,5 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         details,
         chart,
     }
-    .build()])
+    .build(), direct_row])
 }

@@ -12,6 +12,7 @@ mod failover;
 mod handoff;
 mod latency;
 mod scale;
+mod waiters;
 
 /// Runs scenario `name`.
 pub(crate) async fn run(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
@@ -25,6 +26,8 @@ pub(crate) async fn run(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
         "handoff" => handoff::run(env).await,
         "crash-failover" => failover::run(env).await,
         "scale" => scale::run(env).await,
+        "waiters" => waiters::waiters(env).await,
+        "acquire-contended" => waiters::contended(env).await,
         other => bail!("unknown scenario {other}"),
     }
 }
