@@ -35,6 +35,7 @@ pub const SCENARIOS: &[&str] = &[
     "acquire-contended",
     "crash-failover",
     "scale",
+    "groups",
 ];
 
 /// How big a run is.
@@ -99,6 +100,8 @@ pub struct Plan {
     pub waiters_window: Duration,
     /// `acquire-contended`: (partitions = waiters, releases measured).
     pub contended: (usize, usize),
+    /// `groups`: (groups, leases per group).
+    pub groups: (usize, usize),
 }
 
 impl Plan {
@@ -124,6 +127,7 @@ impl Plan {
                 waiters_settle: Duration::from_secs(1),
                 waiters_window: Duration::from_secs(2),
                 contended: (20, 5),
+                groups: (5, 2),
             },
             Mode::Quick => Plan {
                 rounds: 3,
@@ -144,6 +148,7 @@ impl Plan {
                 waiters_settle: Duration::from_secs(3),
                 waiters_window: Duration::from_secs(5),
                 contended: (100, 30),
+                groups: (100, 10),
             },
             Mode::Full => Plan {
                 rounds: 5,
@@ -157,13 +162,14 @@ impl Plan {
                 handoff_cycles: 100,
                 failover_runs: 20,
                 failover_stagger: Duration::from_secs(3),
-                scale_leases: (100, 1_000),
+                scale_leases: (1_000, 10_000),
                 scale_settle: Duration::from_secs(10),
                 scale_window: Duration::from_secs(60),
                 waiters: (10, 1_000),
                 waiters_settle: Duration::from_secs(5),
                 waiters_window: Duration::from_secs(15),
                 contended: (100, 100),
+                groups: (100, 10),
             },
         }
     }

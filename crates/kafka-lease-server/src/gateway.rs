@@ -318,8 +318,10 @@ impl Drop for Claim<'_> {
         self.gateway
             .table()
             .unclaim(&self.key, self.unreleased_by.as_deref(), self.via);
-        if let Some(session) = self.unreleased_by.take() {
-            self.gateway.spawn_release_key(self.key.clone(), session);
+        match self.unreleased_by.take() {
+            Some(session) => self.gateway.spawn_release_key(self.key.clone(), session),
+            // Free again here: a waiter may take it.
+            None => self.gateway.freed(&self.key),
         }
     }
 }
@@ -475,6 +477,17 @@ impl Gateway {
                 .cloned()
                 .collect()
         };
+        // Keys the old session may have held are claimable again here: offer them.
+        let queues: Vec<Arc<TopicQueue>> = self
+            .queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        for queue in queues {
+            queue.dispatch();
+        }
         let reason = match state {
             SessionState::Live { .. } => "the gateway's Consul session was replaced".to_string(),
             SessionState::Lost { reason } => reason.clone(),
@@ -495,7 +508,10 @@ impl Gateway {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
-        let partition_count = self.kafka.partition_count(&spec.topic, spec.partition).await?;
+        let partition_count = self
+            .kafka
+            .partition_count(&spec.topic, spec.partition)
+            .await?;
         let wants = match spec.partition {
             Some(p) if p >= partition_count => {
                 return Err(LeaseError::PartitionNotFound {
@@ -817,6 +833,7 @@ impl Gateway {
                 };
                 if gateway.live_session().as_deref() != Some(session.as_str()) {
                     gateway.table().released(&key, &session);
+                    gateway.freed(&key);
                     return;
                 }
                 let outcome = match gateway.locks.held_grant(&key).await {
@@ -975,6 +992,7 @@ impl Gateway {
     async fn dismantle_and_release(&self, lease: &Lease) {
         let Some(grant) = lease.dismantle().await else {
             self.table().released(&lease.key, lease.session_id());
+            self.freed(&lease.key);
             return;
         };
         let (key, session) = (grant.key().clone(), grant.session().to_string());

@@ -279,8 +279,15 @@ async fn a_lost_session_ends_every_lease_and_their_reads_say_lease_lost() {
         (rig.gateway.lease_count() == 0).then_some(())
     })
     .await;
-    // The partitions can be leased again under the new session.
-    acquire(&rig, &group, 0).await;
+    // The partitions can be leased again under the new session, as soon as this gateway
+    // has let go of them (an Acquire that waits is offered the partition then).
+    rig.gateway
+        .acquire(AcquireSpec {
+            wait: DEADLINE,
+            ..spec(&group, 0)
+        })
+        .await
+        .expect("the partition again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
@@ -14,6 +14,10 @@ use crate::wait_for_result;
 
 /// How long a new topic may take to appear with leaders for every partition.
 const TOPIC_DEADLINE: Duration = Duration::from_secs(60);
+/// Partitions created by one request at most: a KRaft controller refuses a request that
+/// makes more than 10,000 metadata records (one per partition, plus the topic's), with
+/// POLICY_VIOLATION. Larger topics are created in steps.
+const PARTITIONS_PER_REQUEST: i32 = 5_000;
 
 /// Creates `topic` with `partitions` partitions (replication factor 1) on the broker at
 /// `bootstrap`, and waits until its metadata lists every partition with a leader.
@@ -22,15 +26,29 @@ pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Resu
         .set("bootstrap.servers", bootstrap)
         .create()
         .map_err(|e| format!("admin client: {e}"))?;
+    let options = AdminOptions::new().operation_timeout(Some(TOPIC_DEADLINE));
+    let first = partitions.min(PARTITIONS_PER_REQUEST);
     let results = admin
         .create_topics(
-            &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-            &AdminOptions::new().operation_timeout(Some(TOPIC_DEADLINE)),
+            &[NewTopic::new(topic, first, TopicReplication::Fixed(1))],
+            &options,
         )
         .await
         .map_err(|e| format!("creating topic {topic}: {e}"))?;
     for result in results {
         result.map_err(|(t, e)| format!("creating topic {t}: {e}"))?;
+    }
+    let mut created = first;
+    while created < partitions {
+        let next = (created + PARTITIONS_PER_REQUEST).min(partitions);
+        let results = admin
+            .create_partitions(&[NewPartitions::new(topic, next as usize)], &options)
+            .await
+            .map_err(|e| format!("growing topic {topic} to {next} partitions: {e}"))?;
+        for result in results {
+            result.map_err(|(t, e)| format!("growing topic {t} to {next} partitions: {e}"))?;
+        }
+        created = next;
     }
     let metadata: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)

@@ -9,6 +9,7 @@ use crate::report::{Chart, ScenarioResult};
 mod acquire;
 mod drain;
 mod failover;
+mod groups;
 mod handoff;
 mod latency;
 mod scale;
@@ -26,6 +27,7 @@ pub(crate) async fn run(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
         "handoff" => handoff::run(env).await,
         "crash-failover" => failover::run(env).await,
         "scale" => scale::run(env).await,
+        "groups" => groups::run(env).await,
         "waiters" => waiters::waiters(env).await,
         "acquire-contended" => waiters::contended(env).await,
         other => bail!("unknown scenario {other}"),

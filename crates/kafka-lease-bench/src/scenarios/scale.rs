@@ -20,7 +20,7 @@ use crate::consul::{diff, is_write, CountingProxy, Counts, RawConsul};
 use crate::env::{create_topic, proc_status, produce_fill, Env, Gateway};
 use crate::report::{Chart, ScenarioResult};
 
-const RSS_LIMIT_MIB: f64 = 256.0;
+const RSS_LIMIT_MIB: f64 = 512.0;
 const THREAD_LIMIT: f64 = 64.0;
 const LEASES_PER_CONNECTION: usize = 50;
 const ACQUIRE_CONCURRENCY: usize = 16;
@@ -233,10 +233,10 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         unit: "MiB RSS",
         gateway: r3(hi.rss_mib),
         baseline: RSS_LIMIT_MIB,
-        baseline_kind: "constant: the 256 MiB limit".into(),
+        baseline_kind: "constant: the 512 MiB limit".into(),
         ratio: ratio(hi.rss_mib, RSS_LIMIT_MIB).map(r3),
-        ratio_definition: "VmRSS at the high lease count / 256 MiB (met when <= 1)",
-        goal: format!("<= 256 MiB at {high} leases"),
+        ratio_definition: "VmRSS at the high lease count / 512 MiB (met when <= 1)",
+        goal: format!("<= 512 MiB at {high} leases"),
         met: hi.rss_mib <= RSS_LIMIT_MIB,
         summary: format!(
             "{:.1} MiB at {low} leases, {:.1} MiB idle",
@@ -255,7 +255,7 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
                 (format!("{low} leases"), vec![("VmRSS".into(), lo.rss_mib)]),
                 (format!("{high} leases"), vec![("VmRSS".into(), hi.rss_mib)]),
             ],
-            lines: vec![("limit 256 MiB".into(), RSS_LIMIT_MIB)],
+            lines: vec![("limit 512 MiB".into(), RSS_LIMIT_MIB)],
         },
     };
     let threads = Row {

@@ -1,0 +1,186 @@
+//! `groups`: many consumer groups on one gateway. A topic with one small record per
+//! partition; `groups` groups each lease `per_group` partitions of their own, each lease with
+//! an open Read that must deliver its record. Then the gateway's RSS and OS threads (goal:
+//! <= 64 threads and <= 256 MiB at 100 groups x 10 leases; each group costs the gateway a
+//! librdkafka client today, see docs/ARCHITECTURE.md).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use futures::{StreamExt, TryStreamExt};
+use kafka_lease_client::{AcquireOptions, Client, ReadOptions};
+use serde_json::Map;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{acquire, r3, ratio, Row};
+use crate::env::{create_topic, proc_status, produce_fill, Env, Gateway};
+use crate::report::{Chart, ScenarioResult};
+
+const RSS_LIMIT_MIB: f64 = 256.0;
+const THREAD_LIMIT: f64 = 64.0;
+const LEASES_PER_CONNECTION: usize = 50;
+const ACQUIRE_CONCURRENCY: usize = 16;
+
+/// Opens a lease with an open Read for each (group, partition), counting delivered records.
+async fn open(
+    clients: &[Client],
+    topic: &str,
+    leases: Vec<(String, i32)>,
+    delivered: &Arc<AtomicU64>,
+) -> Result<Vec<JoinHandle<()>>> {
+    futures::stream::iter(leases.into_iter().enumerate())
+        .map(|(i, (group, partition))| {
+            let client = clients[i % clients.len()].clone();
+            let (topic, delivered) = (topic.to_string(), delivered.clone());
+            async move {
+                let lease = acquire(
+                    &client,
+                    AcquireOptions::new(&group, topic)
+                        .partition(partition)
+                        .member("bench-groups")
+                        .ttl(Duration::from_secs(60)),
+                )
+                .await
+                .with_context(|| format!("group {group} partition {partition}"))?;
+                let mut stream = lease
+                    .records(ReadOptions::new())
+                    .await
+                    .with_context(|| format!("Read of {group}/{partition}"))?;
+                Ok::<_, anyhow::Error>(tokio::spawn(async move {
+                    let _lease = lease;
+                    while let Some(Ok(batch)) = stream.next_batch().await {
+                        delivered.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                    }
+                }))
+            }
+        })
+        .buffer_unordered(ACQUIRE_CONCURRENCY)
+        .try_collect()
+        .await
+}
+
+async fn delivered_all(delivered: &AtomicU64, expected: u64) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while delivered.load(Ordering::Relaxed) < expected {
+        if Instant::now() > deadline {
+            bail!(
+                "only {} of {expected} open Reads delivered their record within 60 s",
+                delivered.load(Ordering::Relaxed)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
+    let name = "groups";
+    let (groups, per_group) = env.plan.groups;
+    let partitions = groups * per_group;
+    let topic = env.name("groups");
+    create_topic(env, &topic, partitions as i32).await?;
+    produce_fill(env, name, &topic, partitions as i32, 1, 100).await?;
+    let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-groups"), None).await?;
+    let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+    let result = async {
+        let (idle_rss, idle_threads) = proc_status(gateway.pid())?;
+        let mut clients = Vec::new();
+        for _ in 0..partitions.div_ceil(LEASES_PER_CONNECTION).max(1) {
+            clients.push(gateway.client().await?);
+        }
+        let delivered = Arc::new(AtomicU64::new(0));
+        let run_id = env.name("g");
+        // Each group on partitions of its own.
+        let own: Vec<(String, i32)> = (0..partitions)
+            .map(|p| (format!("{run_id}-{}", p / per_group), p as i32))
+            .collect();
+        let started = Instant::now();
+        tasks.extend(open(&clients, &topic, own, &delivered).await?);
+        delivered_all(&delivered, partitions as u64).await?;
+        env.progress.say(format!(
+            "  {name}: {groups} groups x {per_group} leases open in {:.1}s; settling {:?}",
+            started.elapsed().as_secs_f64(),
+            env.plan.scale_settle
+        ));
+        tokio::time::sleep(env.plan.scale_settle).await;
+        let (rss, threads) = proc_status(gateway.pid())?;
+        env.progress.say(format!(
+            "  {name}: RSS {:.1} MiB, {threads} threads",
+            rss as f64 / 1048576.0
+        ));
+        Ok::<_, anyhow::Error>((idle_rss, idle_threads, rss, threads))
+    }
+    .await;
+    gateway.stop().await;
+    for t in &tasks {
+        t.abort();
+    }
+    let (idle_rss, idle_threads, rss, threads) = result?;
+    let mib = |b: u64| b as f64 / 1048576.0;
+    let mut details = Map::new();
+    details.insert("groups".into(), groups.into());
+    details.insert("leases_per_group".into(), per_group.into());
+    details.insert("idle_rss_mib".into(), r3(mib(idle_rss)).into());
+    details.insert("idle_threads".into(), idle_threads.into());
+    details.insert("rss_mib".into(), r3(mib(rss)).into());
+    details.insert("threads".into(), threads.into());
+    details.insert("timing".into(), format!("VmRSS and Threads from /proc/<pid>/status {:?} after every Read delivered its record; each group leases partitions of its own", env.plan.scale_settle).into());
+    let chart = |title: &str, unit: &str, values: [f64; 2], limit: f64| Chart {
+        title: title.into(),
+        unit: unit.into(),
+        groups: vec![
+            ("idle".into(), vec![("gateway".into(), values[0])]),
+            (
+                format!("{groups} groups x {per_group}"),
+                vec![("gateway".into(), values[1])],
+            ),
+        ],
+        lines: vec![(format!("limit {limit}"), limit)],
+    };
+    let rss_row = Row {
+        name: "groups-rss".into(),
+        scenario: "groups",
+        unit: "MiB",
+        gateway: r3(mib(rss)),
+        baseline: RSS_LIMIT_MIB,
+        baseline_kind: "constant: the 256 MiB limit".into(),
+        ratio: ratio(mib(rss), RSS_LIMIT_MIB).map(r3),
+        ratio_definition: "VmRSS / 256 MiB (met when <= 1)",
+        goal: format!("<= 256 MiB at {groups} groups x {per_group} leases"),
+        met: mib(rss) <= RSS_LIMIT_MIB,
+        summary: format!("{:.1} MiB ({:.1} idle)", mib(rss), mib(idle_rss)),
+        details: details.clone(),
+        chart: chart(
+            "groups: gateway RSS",
+            "MiB",
+            [mib(idle_rss), mib(rss)],
+            RSS_LIMIT_MIB,
+        ),
+    }
+    .build();
+    let threads_row = Row {
+        name: "groups-threads".into(),
+        scenario: "groups",
+        unit: "threads",
+        gateway: threads as f64,
+        baseline: THREAD_LIMIT,
+        baseline_kind: "constant: the 64-thread limit".into(),
+        ratio: ratio(threads as f64, THREAD_LIMIT).map(r3),
+        ratio_definition: "OS threads / 64 (met when <= 1)",
+        goal: format!("<= 64 threads at {groups} groups x {per_group} leases"),
+        met: threads as f64 <= THREAD_LIMIT,
+        summary: format!("{threads} threads ({idle_threads} idle)"),
+        details,
+        chart: chart(
+            "groups: gateway OS threads",
+            "threads",
+            [idle_threads as f64, threads as f64],
+            THREAD_LIMIT,
+        ),
+    }
+    .build();
+    Ok(vec![rss_row, threads_row])
+}
