@@ -65,8 +65,15 @@ async fn one_connection_cannot_take_more_than_its_limits() {
     // Calls open at once per connection: two Acquires waiting for held partitions fill a
     // connection; a third call on it does not start until one of them ends, while the same
     // call on another connection is answered at once.
+    let list = |client: Client, group: String| async move {
+        client.list_leases(LeaseFilter::new().group(group)).await
+    };
     let busy = connect().await;
-    let waiting: Vec<_> = [0, 1]
+    // One call first: its answer comes after the server's SETTINGS, so the client knows the
+    // limit before it opens more streams (until then HTTP/2 lets it assume none, and a
+    // stream past the limit would be refused).
+    list(busy.clone(), group.clone()).await.expect("list");
+    let mut waiting: Vec<_> = [0, 1]
         .into_iter()
         .map(|partition| {
             let (client, options) = (
@@ -76,21 +83,29 @@ async fn one_connection_cannot_take_more_than_its_limits() {
             tokio::spawn(async move { client.acquire(options).await })
         })
         .collect();
-    let list = |client: Client, group: String| async move {
-        client.list_leases(LeaseFilter::new().group(group)).await
-    };
     // Both waiting Acquires are open once a third call on the connection stops starting.
-    kafka_lease_testkit::wait_for(
+    let filled = kafka_lease_testkit::wait_for(
         "the two waiting Acquires to fill the connection",
         Duration::from_secs(20),
         || async {
+            if waiting.iter().any(|w| w.is_finished()) {
+                return Some(false);
+            }
             tokio::time::timeout(QUEUED, list(busy.clone(), group.clone()))
                 .await
                 .is_err()
-                .then_some(())
+                .then_some(true)
         },
     )
     .await;
+    if !filled {
+        if let Some(w) = waiting.iter_mut().find(|w| w.is_finished()) {
+            panic!(
+                "a waiting Acquire ended while its partition was held: {:?}",
+                w.await
+            );
+        }
+    }
     let listed = tokio::time::timeout(QUEUED, list(other.clone(), group.clone()))
         .await
         .expect("another connection is answered at once")

@@ -55,6 +55,8 @@ pub struct KafkaSettings {
     pub queue_kbytes_per_partition: u32,
     /// Deadline for metadata, watermark, offset and commit requests.
     pub request_timeout: Duration,
+    /// How long a topic's partition count is reused before it is read again (5 s).
+    pub partition_count_max_age: Duration,
     /// Used in `client.id`, so broker logs show which gateway a connection belongs to.
     pub instance: String,
     /// Most consumer groups with a client on this gateway at once (`--max-groups`): each
@@ -69,6 +71,7 @@ impl KafkaSettings {
             options: Vec::new(),
             queue_kbytes_per_partition: 2048,
             request_timeout: Duration::from_secs(5),
+            partition_count_max_age: PARTITION_COUNT_MAX_AGE,
             instance: instance.into(),
             max_groups: DEFAULT_MAX_GROUPS,
         }
@@ -248,8 +251,9 @@ pub struct Kafka {
     partition_counts: Arc<Mutex<HashMap<String, (i32, tokio::time::Instant)>>>,
 }
 
-/// How long a topic's partition count is reused before it is read from the brokers again.
-/// Partitions are only ever added, and a partition past the cached count is read afresh.
+/// How long a topic's partition count is reused before it is read from the brokers again
+/// (the default of [`KafkaSettings::partition_count_max_age`]). Partitions are only ever
+/// added, and a partition past the cached count is read afresh.
 const PARTITION_COUNT_MAX_AGE: Duration = Duration::from_secs(5);
 
 impl std::fmt::Debug for Kafka {
@@ -303,17 +307,33 @@ impl Kafka {
             .get(topic)
             .copied();
         if let Some((count, read)) = cached {
-            if read.elapsed() < PARTITION_COUNT_MAX_AGE && wanted.is_none_or(|p| p < count) {
+            if read.elapsed() < self.settings.partition_count_max_age
+                && wanted.is_none_or(|p| p < count)
+            {
                 return Ok(count);
             }
         }
         let read = tokio::time::Instant::now();
-        let count = self.read_partition_count(topic).await?;
+        let count = match self.read_partition_count(topic).await {
+            Ok(count) => count,
+            // The brokers did not answer in time (a busy broker takes long over the metadata
+            // of a topic of thousands of partitions): a count read before is still right for
+            // every partition below it, since partitions are only ever added.
+            Err(LeaseError::KafkaUnavailable { operation, detail })
+                if cached.is_some_and(|(count, _)| wanted.is_none_or(|p| p < count)) =>
+            {
+                let count = cached.map_or(0, |(count, _)| count);
+                tracing::debug!(%topic, count, %detail, operation, "using the partition count read before");
+                return Ok(count);
+            }
+            Err(e) => return Err(e),
+        };
         let mut counts = self
             .partition_counts
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        counts.retain(|_, (_, at)| at.elapsed() < PARTITION_COUNT_MAX_AGE);
+        // Entries long unused are dropped; a recent one stays as the fallback above.
+        counts.retain(|_, (_, at)| at.elapsed() < PARTITION_COUNT_MAX_AGE * 12);
         counts.insert(topic.to_string(), (count, read));
         Ok(count)
     }
