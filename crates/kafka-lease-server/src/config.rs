@@ -237,18 +237,7 @@ impl ServeArgs {
     /// as it was given.
     fn consul_error(&self, err: ConsulConfigError) -> ConfigError {
         let given = |d: Duration| humantime::format_duration(d).to_string();
-        let (setting, value, allowed) = match err {
-            ConsulConfigError::OutOfRange {
-                setting,
-                value,
-                allowed,
-            } => (setting, value, allowed),
-            ConsulConfigError::Invalid {
-                setting,
-                value,
-                reason,
-            } => (setting, format!("{value:?}"), reason.to_string()),
-        };
+        let (setting, value, allowed) = err.parts();
         let (flag, value) = match setting {
             "address" => ("--consul", value),
             "token" => ("--consul-token", value),

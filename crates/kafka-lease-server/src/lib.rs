@@ -7,7 +7,9 @@
 //! [`server`] (running it all, health, shutdown).
 
 pub mod config;
-pub mod coordination;
+/// The partition locks: a crate of its own, so that "knows nothing of Kafka or gRPC" is a
+/// rule the compiler enforces.
+pub use kafka_lease_coordination as coordination;
 pub mod dev;
 pub mod error;
 pub mod gateway;

@@ -11,11 +11,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use consulrs::client::{ConsulClient, ConsulClientSettingsBuilder};
-use kafka_lease_server::coordination::consul::{
-    ConsulLockConfig, ConsulLocks, SessionCheck, FENCE_MARGIN,
-};
-use kafka_lease_server::coordination::memory::{MemoryLockStore, MemoryLocks};
-use kafka_lease_server::coordination::{
+use kafka_lease_coordination::consul::{ConsulLockConfig, ConsulLocks, SessionCheck, FENCE_MARGIN};
+use kafka_lease_coordination::memory::{MemoryLockStore, MemoryLocks};
+use kafka_lease_coordination::{
     Acquisition, CoordinationError, HolderInfo, LockBackend, LockGrant, LockKey, SessionState,
 };
 use kafka_lease_testkit::{unique_name, wait_for, Services};

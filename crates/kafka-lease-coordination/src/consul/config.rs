@@ -131,6 +131,25 @@ pub enum ConsulConfigError {
     },
 }
 
+impl ConsulConfigError {
+    /// The setting at fault, its value as given (quoted where it is text), and what is
+    /// allowed: for callers that report the error in their own terms (the CLI names flags).
+    pub fn parts(&self) -> (&'static str, String, String) {
+        match self {
+            ConsulConfigError::OutOfRange {
+                setting,
+                value,
+                allowed,
+            } => (setting, value.clone(), allowed.clone()),
+            ConsulConfigError::Invalid {
+                setting,
+                value,
+                reason,
+            } => (setting, format!("{value:?}"), reason.to_string()),
+        }
+    }
+}
+
 pub(super) fn out_of_range(
     setting: &'static str,
     value: Duration,
