@@ -64,6 +64,30 @@ async fn gateway_arm(
     Ok(arm)
 }
 
+/// The raw cycle's lock: `PUT /v1/kv/<key>?acquire=<session>` with `value`.
+async fn raw_lock(raw: &mut RawConsul, key: &str, session: &str, value: &str) -> Result<()> {
+    let r = raw
+        .request(
+            "PUT",
+            &format!("/v1/kv/{key}?acquire={session}"),
+            value.as_bytes(),
+        )
+        .await?;
+    if r.status != 200 || r.text().trim() != "true" {
+        bail!("raw acquire: {} {}", r.status, r.text());
+    }
+    Ok(())
+}
+
+/// The raw cycle's release: `DELETE /v1/kv/<key>`.
+async fn raw_unlock(raw: &mut RawConsul, key: &str) -> Result<()> {
+    let r = raw.request("DELETE", &format!("/v1/kv/{key}"), b"").await?;
+    if r.status != 200 {
+        bail!("raw release: {} {}", r.status, r.text());
+    }
+    Ok(())
+}
+
 async fn raw_arm(
     raw: &mut RawConsul,
     raft: &mut RawConsul,
@@ -86,21 +110,9 @@ async fn raw_arm(
     let before = raft.raft_index().await?;
     for _ in 0..cycles {
         let t0 = Instant::now();
-        let r = raw
-            .request(
-                "PUT",
-                &format!("/v1/kv/{key}?acquire={session}"),
-                value.as_bytes(),
-            )
-            .await?;
-        if r.status != 200 || r.text().trim() != "true" {
-            bail!("raw acquire: {} {}", r.status, r.text());
-        }
+        raw_lock(raw, key, session, &value).await?;
         let t1 = Instant::now();
-        let r = raw.request("DELETE", &format!("/v1/kv/{key}"), b"").await?;
-        if r.status != 200 {
-            bail!("raw release: {} {}", r.status, r.text());
-        }
+        raw_unlock(raw, key).await?;
         let t2 = Instant::now();
         arm.acquire_ms.push(ms(t1 - t0));
         arm.release_ms.push(ms(t2 - t1));
@@ -126,16 +138,7 @@ async fn direct_arm(
     let value = json!({"member": "bench-direct", "gateway": "direct", "lease": "direct", "acquired_at_ms": 0, "ttl_ms": 30000}).to_string();
     for _ in 0..cycles {
         let t0 = Instant::now();
-        let r = raw
-            .request(
-                "PUT",
-                &format!("/v1/kv/{key}?acquire={session}"),
-                value.as_bytes(),
-            )
-            .await?;
-        if r.status != 200 || r.text().trim() != "true" {
-            bail!("direct acquire: {} {}", r.status, r.text());
-        }
+        raw_lock(raw, key, session, &value).await?;
         let (committed, watermarks) = {
             let (c1, c2, t1, t2) = (
                 consumer.clone(),
@@ -159,10 +162,7 @@ async fn direct_arm(
         committed?.context("direct: committed offset")?;
         watermarks?.context("direct: watermarks")?;
         let t1 = Instant::now();
-        let r = raw.request("DELETE", &format!("/v1/kv/{key}"), b"").await?;
-        if r.status != 200 {
-            bail!("direct release: {} {}", r.status, r.text());
-        }
+        raw_unlock(raw, key).await?;
         let t2 = Instant::now();
         arm.acquire_ms.push(ms(t1 - t0));
         arm.release_ms.push(ms(t2 - t1));

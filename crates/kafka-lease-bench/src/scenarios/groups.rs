@@ -8,59 +8,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
-use futures::{StreamExt, TryStreamExt};
-use kafka_lease_client::{AcquireOptions, Client, ReadOptions};
+use anyhow::{bail, Result};
 use serde_json::Map;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{acquire, r3, ratio, Row};
+use super::scale::open_leases;
+use super::{r3, ratio, Row};
 use crate::env::{create_topic, proc_status, produce_fill, Env, Gateway};
 use crate::report::{Chart, ScenarioResult};
 
 const RSS_LIMIT_MIB: f64 = 256.0;
 const THREAD_LIMIT: f64 = 64.0;
 const LEASES_PER_CONNECTION: usize = 50;
-const ACQUIRE_CONCURRENCY: usize = 16;
-
-/// Opens a lease with an open Read for each (group, partition), counting delivered records.
-async fn open(
-    clients: &[Client],
-    topic: &str,
-    leases: Vec<(String, i32)>,
-    delivered: &Arc<AtomicU64>,
-) -> Result<Vec<JoinHandle<()>>> {
-    futures::stream::iter(leases.into_iter().enumerate())
-        .map(|(i, (group, partition))| {
-            let client = clients[i % clients.len()].clone();
-            let (topic, delivered) = (topic.to_string(), delivered.clone());
-            async move {
-                let lease = acquire(
-                    &client,
-                    AcquireOptions::new(&group, topic)
-                        .partition(partition)
-                        .member("bench-groups")
-                        .ttl(Duration::from_secs(60)),
-                )
-                .await
-                .with_context(|| format!("group {group} partition {partition}"))?;
-                let mut stream = lease
-                    .records(ReadOptions::new())
-                    .await
-                    .with_context(|| format!("Read of {group}/{partition}"))?;
-                Ok::<_, anyhow::Error>(tokio::spawn(async move {
-                    let _lease = lease;
-                    while let Some(Ok(batch)) = stream.next_batch().await {
-                        delivered.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
-                    }
-                }))
-            }
-        })
-        .buffer_unordered(ACQUIRE_CONCURRENCY)
-        .try_collect()
-        .await
-}
 
 async fn delivered_all(delivered: &AtomicU64, expected: u64) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -98,7 +58,9 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
             .map(|p| (format!("{run_id}-{}", p / per_group), p as i32))
             .collect();
         let started = Instant::now();
-        tasks.extend(open(&clients, &topic, own, &delivered).await?);
+        let opened = Arc::new(AtomicU64::new(0));
+        tasks
+            .extend(open_leases(&clients, &topic, "bench-groups", own, &opened, &delivered).await?);
         delivered_all(&delivered, partitions as u64).await?;
         env.progress.say(format!(
             "  {name}: {groups} groups x {per_group} leases open in {:.1}s; settling {:?}",

@@ -50,33 +50,36 @@ impl Point {
     }
 }
 
-async fn open_leases(
+/// Opens a lease with an open Read for each `(group, partition)`, 16 Acquires at a time,
+/// spread over `clients`; counts the leases opened and the records their Reads deliver. The
+/// returned tasks hold the leases while they read.
+pub(super) async fn open_leases(
     clients: &[Client],
-    group: &str,
     topic: &str,
-    partitions: std::ops::Range<usize>,
+    member: &str,
+    leases: impl IntoIterator<Item = (String, i32)>,
     opened: &Arc<AtomicU64>,
     delivered: &Arc<AtomicU64>,
 ) -> Result<Vec<JoinHandle<()>>> {
-    futures::stream::iter(partitions)
-        .map(|p| {
-            let client = clients[p % clients.len()].clone();
-            let (group, topic) = (group.to_string(), topic.to_string());
+    futures::stream::iter(leases.into_iter().enumerate())
+        .map(|(i, (group, p))| {
+            let client = clients[i % clients.len()].clone();
+            let (topic, member) = (topic.to_string(), member.to_string());
             let (opened, delivered) = (opened.clone(), delivered.clone());
             async move {
                 let lease = acquire(
                     &client,
-                    AcquireOptions::new(group, topic)
-                        .partition(p as i32)
-                        .member("bench-scale")
+                    AcquireOptions::new(&group, topic)
+                        .partition(p)
+                        .member(member)
                         .ttl(Duration::from_secs(60)),
                 )
                 .await
-                .with_context(|| format!("partition {p}"))?;
+                .with_context(|| format!("group {group} partition {p}"))?;
                 let mut stream = lease
                     .records(ReadOptions::new())
                     .await
-                    .with_context(|| format!("Read of partition {p}"))?;
+                    .with_context(|| format!("Read of {group}/{p}"))?;
                 opened.fetch_add(1, Ordering::Relaxed);
                 Ok::<_, anyhow::Error>(tokio::spawn(async move {
                     let _lease = lease;
@@ -185,8 +188,15 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
                     "leases with an open Read",
                 );
                 tasks.extend(
-                    open_leases(&clients, &group, &topic, from..target, &opened, &delivered)
-                        .await?,
+                    open_leases(
+                        &clients,
+                        &topic,
+                        "bench-scale",
+                        (from..target).map(|p| (group.clone(), p as i32)),
+                        &opened,
+                        &delivered,
+                    )
+                    .await?,
                 );
             }
             env.progress.say(format!(

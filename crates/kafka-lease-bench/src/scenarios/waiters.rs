@@ -53,6 +53,26 @@ async fn start_waiters(
         .collect())
 }
 
+/// A counting proxy in front of Consul, a holding gateway, and a waiting gateway whose
+/// Consul requests go through the proxy, sharing `scenario`'s key prefix.
+async fn gateways(
+    env: &Env,
+    scenario: &str,
+    holder: &str,
+    waiting: &str,
+) -> Result<(CountingProxy, Gateway, Gateway)> {
+    let prefix = env.prefix(scenario);
+    let proxy = CountingProxy::start(&env.services.consul_http_addr).await?;
+    let holder = Gateway::start(env, &prefix, &env.name(holder), None).await?;
+    match Gateway::start(env, &prefix, &env.name(waiting), Some(&proxy.http_addr)).await {
+        Ok(waiting) => Ok((proxy, holder, waiting)),
+        Err(e) => {
+            holder.stop().await;
+            Err(e)
+        }
+    }
+}
+
 /// Holds every partition of `topic` from `client`.
 async fn hold_all(
     client: &Client,
@@ -88,23 +108,7 @@ pub(crate) async fn waiters(env: &Env) -> Result<Vec<ScenarioResult>> {
     let (few, many) = env.plan.waiters;
     let topic = env.name("waiters");
     create_topic(env, &topic, 4).await?;
-    let prefix = env.prefix(name);
-    let proxy = CountingProxy::start(&env.services.consul_http_addr).await?;
-    let holder = Gateway::start(env, &prefix, &env.name("gw-waiters-hold"), None).await?;
-    let waiting = match Gateway::start(
-        env,
-        &prefix,
-        &env.name("gw-waiters"),
-        Some(&proxy.http_addr),
-    )
-    .await
-    {
-        Ok(g) => g,
-        Err(e) => {
-            holder.stop().await;
-            return Err(e);
-        }
-    };
+    let (proxy, holder, waiting) = gateways(env, name, "gw-waiters-hold", "gw-waiters").await?;
     let window = env.plan.waiters_window;
     let result = async {
         let group = env.name("waiters");
@@ -199,23 +203,7 @@ pub(crate) async fn contended(env: &Env) -> Result<Vec<ScenarioResult>> {
     let (partitions, releases) = env.plan.contended;
     let topic = env.name("contended");
     create_topic(env, &topic, partitions as i32).await?;
-    let prefix = env.prefix(name);
-    let proxy = CountingProxy::start(&env.services.consul_http_addr).await?;
-    let holder = Gateway::start(env, &prefix, &env.name("gw-contended-hold"), None).await?;
-    let waiting = match Gateway::start(
-        env,
-        &prefix,
-        &env.name("gw-contended"),
-        Some(&proxy.http_addr),
-    )
-    .await
-    {
-        Ok(g) => g,
-        Err(e) => {
-            holder.stop().await;
-            return Err(e);
-        }
-    };
+    let (proxy, holder, waiting) = gateways(env, name, "gw-contended-hold", "gw-contended").await?;
     let mut raft = RawConsul::new(&env.services.consul_http_addr);
     let result = async {
         let group = env.name("contended");
