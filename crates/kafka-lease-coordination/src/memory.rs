@@ -185,20 +185,26 @@ impl MemoryLocks {
         }
     }
 
+    /// Drops every lock of `session` as one write and tells waiters; how many it dropped.
+    fn drop_session(&self, session: &str) -> usize {
+        let (dropped, index) = {
+            let mut table = self.store.table();
+            let dropped = table.drop_session(session);
+            (dropped, table.index)
+        };
+        if dropped > 0 {
+            self.store.announce(index);
+        }
+        dropped
+    }
+
     /// Test hook: invalidates this instance's session as Consul would (its node failing, or
     /// an operator destroying it): every lock it holds is dropped, the state goes `Lost` and
     /// then at once `Live` again under a new session id, as the Consul backend's recovery
     /// would. Grants made under the old session stay void. Does nothing after `shutdown`.
     pub fn invalidate_session(&self) {
         let Ok(old) = self.live_session() else { return };
-        let (dropped, index) = {
-            let mut table = self.store.table();
-            let dropped = table.drop_session(&old);
-            (dropped, table.index)
-        };
-        if dropped > 0 {
-            self.store.announce(index);
-        }
+        let dropped = self.drop_session(&old);
         tracing::info!(
             instance = %self.instance,
             session = %old,
@@ -360,14 +366,7 @@ impl LockBackend for MemoryLocks {
         let Ok(session) = self.live_session() else {
             return;
         };
-        let (dropped, index) = {
-            let mut table = self.store.table();
-            let dropped = table.drop_session(&session);
-            (dropped, table.index)
-        };
-        if dropped > 0 {
-            self.store.announce(index);
-        }
+        let dropped = self.drop_session(&session);
         tracing::info!(
             instance = %self.instance,
             session = %session,

@@ -291,6 +291,36 @@ async fn a_lost_session_ends_every_lease_and_their_reads_say_lease_lost() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_gets_a_partition_this_gateway_lets_go_of_after_its_session_is_lost() {
+    let rig = rig().await;
+    let group = unique_name("g");
+    let lease = acquire(&rig, &group, 0).await;
+    // A waiter on this same gateway, for the partition its own lease holds.
+    let waiter = {
+        let gateway = rig.gateway.clone();
+        let spec = AcquireSpec {
+            wait: Duration::from_secs(10),
+            ..spec(&group, 0)
+        };
+        tokio::spawn(async move { gateway.acquire(spec).await })
+    };
+    kafka_lease_testkit::wait_for("the Acquire to wait", DEADLINE, || async {
+        (rig.gateway.waiting_acquires() == 1).then_some(())
+    })
+    .await;
+    // The session goes: the lock store drops the key at once (the watch sees it free while
+    // the lease still blocks it here); the gateway lets go of it a moment later, with no
+    // write any watch could see. The waiter must be offered it then, not at its deadline.
+    rig.locks.invalidate_session();
+    let granted = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter is served well before its deadline")
+        .expect("join")
+        .expect("the partition");
+    assert_ne!(granted.lease_id, lease.lease_id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_dropped_at_any_point_leaves_no_lock_without_a_lease() {
     let rig = rig().await;
     let group = unique_name("g");

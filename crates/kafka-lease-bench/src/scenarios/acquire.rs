@@ -30,6 +30,15 @@ struct Arm {
     raft_entries_per_cycle: f64,
 }
 
+impl Arm {
+    /// One cycle that started at `t0`, had its lock at `t1` and was released at `t2`.
+    fn record(&mut self, t0: Instant, t1: Instant, t2: Instant) {
+        self.acquire_ms.push(ms(t1 - t0));
+        self.release_ms.push(ms(t2 - t1));
+        self.cycle_ms.push(ms(t2 - t0));
+    }
+}
+
 fn options(group: &str, topic: &str) -> AcquireOptions {
     AcquireOptions::new(group, topic)
         .partition(0)
@@ -55,9 +64,7 @@ async fn gateway_arm(
         let t1 = Instant::now();
         lease.release().await.context("Release")?;
         let t2 = Instant::now();
-        arm.acquire_ms.push(ms(t1 - t0));
-        arm.release_ms.push(ms(t2 - t1));
-        arm.cycle_ms.push(ms(t2 - t0));
+        arm.record(t0, t1, t2);
     }
     let after = raft.raft_index().await?;
     arm.raft_entries_per_cycle = (after - before) as f64 / cycles as f64;
@@ -114,9 +121,7 @@ async fn raw_arm(
         let t1 = Instant::now();
         raw_unlock(raw, key).await?;
         let t2 = Instant::now();
-        arm.acquire_ms.push(ms(t1 - t0));
-        arm.release_ms.push(ms(t2 - t1));
-        arm.cycle_ms.push(ms(t2 - t0));
+        arm.record(t0, t1, t2);
     }
     let after = raft.raft_index().await?;
     arm.raft_entries_per_cycle = (after - before) as f64 / cycles as f64;
@@ -164,9 +169,7 @@ async fn direct_arm(
         let t1 = Instant::now();
         raw_unlock(raw, key).await?;
         let t2 = Instant::now();
-        arm.acquire_ms.push(ms(t1 - t0));
-        arm.release_ms.push(ms(t2 - t1));
-        arm.cycle_ms.push(ms(t2 - t0));
+        arm.record(t0, t1, t2);
     }
     Ok(arm)
 }
