@@ -158,6 +158,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let bound = listener.local_addr()?;
+    let advertise = args.advertise(bound)?;
     let locks = ConsulLocks::connect(args.consul_config(&instance, bound))
         .await
         .with_context(|| format!("cannot open a Consul session at {}", args.consul))?;
@@ -171,9 +172,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_waiting_acquires: args.max_waiting_acquires as usize,
         max_leases_per_connection: args.max_leases_per_connection as usize,
     };
-    let gateway = Gateway::with_limits(instance, Arc::new(locks), kafka, limits);
+    let gateway = Gateway::serving(
+        instance,
+        Some(advertise.clone()),
+        Arc::new(locks),
+        kafka,
+        limits,
+    );
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "serving");
+    tracing::info!(%addr, %advertise, "serving");
     // One machine-readable line on stdout, for scripts and tests started with port 0.
     println!("kafka-lease listening on {addr}");
     let options = ServeOptions {

@@ -289,7 +289,8 @@ pub fn consul(services: &Services) -> ConsulClient {
     .expect("consul client")
 }
 
-/// Every key under `prefix` with its session and raw value, sorted: what an operator sees.
+/// Every lock key under `prefix` with its session and raw value, sorted: what an operator
+/// sees (the instances' own records, under `<prefix>/~instances/`, left out).
 pub async fn consul_keys(
     services: &Services,
     prefix: &str,
@@ -303,9 +304,11 @@ pub async fn consul_keys(
     .await
     {
         Ok(response) => {
+            let records = format!("{prefix}/~instances/");
             let mut keys: Vec<_> = response
                 .response
                 .into_iter()
+                .filter(|pair| !pair.key.starts_with(&records))
                 .map(|pair| {
                     let value = pair
                         .value

@@ -28,6 +28,7 @@ pub const SCENARIOS: &[&str] = &[
     "drain-1p-1KiB",
     "drain-1p-100B",
     "drain-16p",
+    "drain-forwarded",
     "latency",
     "acquire-release",
     "handoff",

@@ -39,6 +39,38 @@ impl Client {
         Ok(Client::from_channel(channel))
     }
 
+    /// Spreads calls over several gateway instances of one deployment, e.g.
+    /// `["http://10.0.0.7:50051", "http://10.0.0.8:50051"]`: each call goes to whichever
+    /// instance is least loaded of two picked at random, and a lease's calls may land on any
+    /// of them (the instances forward calls on leases they do not serve). Instances that
+    /// cannot be reached are left out until they can. Behind one address (a Kubernetes
+    /// Service, a load balancer) [`Client::connect`] is all you need. Call it within a Tokio
+    /// runtime: the channel watches its endpoints from a task of its own.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEndpoint`] if an endpoint is not a valid URI, [`Error::NoEndpoints`]
+    /// if there is none.
+    pub fn connect_balanced<I, S>(endpoints: I) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut parsed = Vec::new();
+        for endpoint in endpoints {
+            let endpoint = endpoint.into();
+            parsed.push(
+                Endpoint::from_shared(endpoint.clone())
+                    .map_err(|source| Error::InvalidEndpoint { endpoint, source })?,
+            );
+        }
+        if parsed.is_empty() {
+            return Err(Error::NoEndpoints);
+        }
+        Ok(Client::from_channel(Channel::balance_list(
+            parsed.into_iter(),
+        )))
+    }
+
     /// Uses an existing channel, e.g. one built with TLS, timeouts or `connect_lazy`.
     pub fn from_channel(channel: Channel) -> Client {
         Client {
@@ -234,7 +266,9 @@ impl LeaseFilter {
 
 /// One held lease as [`Client::list_leases`] shows it (never its lease id).
 ///
-/// The `Option` fields are set only when the answering gateway instance serves the lease.
+/// The live fields (`expires_at`, `position`, `committed_offset`, `high_watermark`, `lag`)
+/// come from the gateway instance serving the lease, whichever instance answered; where it
+/// could not be asked, they are `None` and `details_unavailable` says why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LeaseInfo {
@@ -262,6 +296,10 @@ pub struct LeaseInfo {
     pub high_watermark: Option<i64>,
     /// `high_watermark - position`.
     pub lag: Option<i64>,
+    /// Why the live fields are missing, when they are.
+    pub details_unavailable: Option<String>,
+    /// The serving instance's advertised address (`host:port`), where it recorded one.
+    pub gateway_address: Option<String>,
 }
 
 impl From<proto::LeaseInfo> for LeaseInfo {
@@ -279,6 +317,8 @@ impl From<proto::LeaseInfo> for LeaseInfo {
             committed_offset: info.committed_offset,
             high_watermark: info.high_watermark,
             lag: info.lag,
+            details_unavailable: Some(info.details_unavailable).filter(|s| !s.is_empty()),
+            gateway_address: Some(info.gateway_address).filter(|s| !s.is_empty()),
         }
     }
 }
@@ -333,6 +373,18 @@ mod tests {
     }
 
     #[test]
+    fn a_balanced_client_needs_valid_endpoints() {
+        assert!(matches!(
+            Client::connect_balanced(Vec::<String>::new()),
+            Err(Error::NoEndpoints)
+        ));
+        match Client::connect_balanced(["http://127.0.0.1:50051", "not a uri"]) {
+            Err(Error::InvalidEndpoint { endpoint, .. }) => assert_eq!(endpoint, "not a uri"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn lease_info_converts() {
         let info = LeaseInfo::from(proto::LeaseInfo {
             group: "g".into(),
@@ -350,7 +402,11 @@ mod tests {
             committed_offset: None,
             high_watermark: Some(9),
             lag: Some(4),
+            details_unavailable: String::new(),
+            gateway_address: "10.0.0.7:50051".into(),
         });
+        assert_eq!(info.details_unavailable, None);
+        assert_eq!(info.gateway_address.as_deref(), Some("10.0.0.7:50051"));
         assert_eq!(info.acquired_at, UNIX_EPOCH + Duration::from_secs(100));
         assert_eq!(info.expires_at, None);
         assert_eq!(info.position, Some(5));

@@ -42,7 +42,8 @@ pub enum Reason {
     /// `expires_at` where known; retry advice until that expiry).
     PartitionBusy,
     /// `WRONG_GATEWAY`: another gateway instance serves the lease (metadata `lease_ref`,
-    /// `gateway`).
+    /// `gateway`). Gateways forward such calls to the serving instance instead, so a client
+    /// no longer meets it.
     WrongGateway,
     /// `LEASE_LOST`: the gateway could no longer prove it holds the lease's Consul lock.
     LeaseLost,
@@ -75,6 +76,11 @@ pub enum Reason {
     /// `LIMIT_REACHED`: the gateway instance is at one of its limits (code
     /// RESOURCE_EXHAUSTED, metadata `limit` naming the flag and `value`; retry advice).
     LimitReached,
+    /// `GATEWAY_UNREACHABLE`: the instance the call reached forwards it to the one serving
+    /// the lease, which it cannot reach right now (code UNAVAILABLE, metadata `lease_ref`,
+    /// `gateway`, `address`; retry advice). Once Consul notices a dead instance, calls on
+    /// its leases answer `LEASE_LOST`.
+    GatewayUnreachable,
     /// A reason this version of the crate does not know, as the gateway spelled it.
     Unknown(String),
 }
@@ -103,6 +109,7 @@ impl Reason {
             Some(R::KafkaDenied) => Reason::KafkaDenied,
             Some(R::KafkaRefused) => Reason::KafkaRefused,
             Some(R::LimitReached) => Reason::LimitReached,
+            Some(R::GatewayUnreachable) => Reason::GatewayUnreachable,
             Some(R::Unspecified) | None => Reason::Unknown(name.to_owned()),
         }
     }
@@ -129,6 +136,7 @@ impl Reason {
             Reason::KafkaDenied => R::KafkaDenied,
             Reason::KafkaRefused => R::KafkaRefused,
             Reason::LimitReached => R::LimitReached,
+            Reason::GatewayUnreachable => R::GatewayUnreachable,
             Reason::Unknown(name) => return name,
         };
         known.as_str_name()
@@ -335,6 +343,10 @@ pub enum Error {
         source: tonic::transport::Error,
     },
 
+    /// [`Client::connect_balanced`](crate::Client::connect_balanced) was given no endpoint.
+    #[error("no gateway endpoints given; pass at least one, e.g. \"http://10.0.0.7:50051\"")]
+    NoEndpoints,
+
     /// Connecting to the gateway failed (refused, unreachable, TLS, ...).
     #[error("transport error: {0}")]
     Transport(#[source] tonic::transport::Error),
@@ -357,7 +369,9 @@ impl Error {
     /// `INVALID_ARGUMENT`, matching how gRPC itself reports those conditions.
     pub fn code(&self) -> Code {
         match self {
-            Error::InvalidArgument { .. } | Error::InvalidEndpoint { .. } => Code::InvalidArgument,
+            Error::InvalidArgument { .. } | Error::InvalidEndpoint { .. } | Error::NoEndpoints => {
+                Code::InvalidArgument
+            }
             Error::NotFound { .. } => Code::NotFound,
             Error::Busy { .. } => Code::ResourceExhausted,
             Error::LeaseEnded { .. } | Error::FailedPrecondition { .. } => Code::FailedPrecondition,
@@ -369,7 +383,7 @@ impl Error {
     }
 
     /// The status details the gateway sent; `None` for the errors that are not a status
-    /// ([`Error::Transport`], [`Error::InvalidEndpoint`]).
+    /// ([`Error::Transport`], [`Error::InvalidEndpoint`], [`Error::NoEndpoints`]).
     pub fn details(&self) -> Option<&StatusDetails> {
         match self {
             Error::InvalidArgument { details, .. }
@@ -381,7 +395,7 @@ impl Error {
             | Error::Superseded { details, .. }
             | Error::Unavailable { details, .. }
             | Error::Other { details, .. } => Some(details),
-            Error::InvalidEndpoint { .. } | Error::Transport(_) => None,
+            Error::InvalidEndpoint { .. } | Error::NoEndpoints | Error::Transport(_) => None,
         }
     }
 
@@ -453,6 +467,7 @@ impl Error {
             | Error::Superseded { message, .. }
             | Error::Unavailable { message, .. } => message.clone(),
             Error::InvalidEndpoint { source, .. } => source.to_string(),
+            Error::NoEndpoints => self.to_string(),
             Error::Transport(source) => source.to_string(),
             Error::Other { status, .. } => status.message().to_owned(),
         }

@@ -132,7 +132,8 @@ impl Lease {
         self.expires_at
     }
 
-    /// The gateway instance serving this lease; every call on it must reach that instance.
+    /// The gateway instance serving this lease. Calls on it may reach any instance: the
+    /// others forward them there.
     pub fn gateway(&self) -> &str {
         &self.gateway
     }
@@ -445,6 +446,7 @@ mod tests {
                 }),
                 group: "g".into(),
                 gateway: "gw-1".into(),
+                gateway_address: "10.0.0.7:50051".into(),
                 ttl: Some(prost_types::Duration {
                     seconds: 30,
                     nanos: 0,

@@ -103,6 +103,10 @@ pub struct HolderInfo {
     pub acquired_at_ms: u64,
     /// The lease's TTL in milliseconds.
     pub ttl_ms: u64,
+    /// Where other instances reach the serving instance (`host:port`, its advertised gRPC
+    /// address). Empty in records written before instances forwarded calls to each other.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub address: String,
 }
 
 impl HolderInfo {
@@ -172,6 +176,17 @@ pub struct TopicView {
     pub index: u64,
     /// Partition → its lock. A partition not in the map is free (or under lock-delay).
     pub held: std::collections::BTreeMap<i32, HeldPartition>,
+}
+
+/// What an instance records about itself for as long as its session lives (a backend
+/// configured with an advertised address writes it with every session it creates, bound to
+/// that session), so that another instance can forward calls on its leases to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceRecord {
+    /// The instance's name.
+    pub instance: String,
+    /// Its gRPC address, `host:port`, as other instances dial it.
+    pub address: String,
 }
 
 /// A lock currently held by some instance, as listed from the backend.
@@ -246,6 +261,11 @@ pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
         let _ = key;
         timeout
     }
+
+    /// The address `instance` advertises to other instances (see [`InstanceRecord`]), read
+    /// from the backend: `Some` while that instance has a live session that registered one;
+    /// `None` when it has none (the instance is gone, lost its session, or never existed).
+    async fn instance_address(&self, instance: &str) -> Result<Option<String>, CoordinationError>;
 
     /// Every held lock under the prefix, optionally only one group's, ordered by key.
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError>;

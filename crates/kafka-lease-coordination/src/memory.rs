@@ -45,6 +45,9 @@ struct Table {
     locks: BTreeMap<LockKey, Entry>,
     /// `(group, topic)` → index of the last write under that topic prefix.
     topic_index: HashMap<(String, String), u64>,
+    /// Instance → (its live session, the address it advertises), as instance records in
+    /// Consul: gone with the session.
+    instances: HashMap<String, (String, String)>,
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +107,7 @@ impl Table {
             .filter(|(_, entry)| entry.session == session)
             .map(|(key, _)| key.clone())
             .collect();
+        self.instances.retain(|_, (owner, _)| owner != session);
         if keys.is_empty() {
             return 0;
         }
@@ -123,14 +127,26 @@ impl MemoryLockStore {
 
     /// A backend for one simulated instance, with a fresh live session of its own.
     pub fn backend(&self, instance: &str) -> MemoryLocks {
-        let (state, _) = watch::channel(SessionState::Live {
-            id: new_session_id(),
-        });
-        MemoryLocks {
+        self.make_backend(instance, None)
+    }
+
+    /// A backend for one simulated instance that advertises `address` to the others (see
+    /// [`LockBackend::instance_address`]) for as long as its session lives.
+    pub fn backend_at(&self, instance: &str, address: &str) -> MemoryLocks {
+        self.make_backend(instance, Some(address.to_string()))
+    }
+
+    fn make_backend(&self, instance: &str, address: Option<String>) -> MemoryLocks {
+        let id = new_session_id();
+        let (state, _) = watch::channel(SessionState::Live { id: id.clone() });
+        let locks = MemoryLocks {
             store: self.clone(),
             instance: instance.to_string(),
+            address,
             state,
-        }
+        };
+        locks.register(&id);
+        locks
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -153,6 +169,8 @@ impl MemoryLockStore {
 pub struct MemoryLocks {
     store: MemoryLockStore,
     instance: String,
+    /// The address it advertises, if any.
+    address: Option<String>,
     state: watch::Sender<SessionState>,
 }
 
@@ -174,6 +192,17 @@ impl MemoryLocks {
     /// The instance name given to [`MemoryLockStore::backend`].
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// Records the instance's address under `session`, as the Consul backend does with each
+    /// session it creates.
+    fn register(&self, session: &str) {
+        if let Some(address) = &self.address {
+            self.store.table().instances.insert(
+                self.instance.clone(),
+                (session.to_string(), address.clone()),
+            );
+        }
     }
 
     fn live_session(&self) -> Result<String, CoordinationError> {
@@ -216,6 +245,7 @@ impl MemoryLocks {
         });
         let id = new_session_id();
         tracing::info!(instance = %self.instance, session = %id, "memory lock session recreated");
+        self.register(&id);
         self.state.send_replace(SessionState::Live { id });
     }
 }
@@ -329,6 +359,15 @@ impl LockBackend for MemoryLocks {
         }
     }
 
+    async fn instance_address(&self, instance: &str) -> Result<Option<String>, CoordinationError> {
+        Ok(self
+            .store
+            .table()
+            .instances
+            .get(instance)
+            .map(|(_, address)| address.clone()))
+    }
+
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
         let table = self.store.table();
         // The BTreeMap iterates in `LockKey` order, which is the order promised.
@@ -392,6 +431,7 @@ mod tests {
             lease_ref: format!("ref-{member}"),
             acquired_at_ms: 1,
             ttl_ms: 1000,
+            address: String::new(),
         }
     }
 

@@ -80,8 +80,8 @@ impl<B: LockBackend> Rig<B> {
 fn memory_rig() -> Rig<MemoryLocks> {
     let store = MemoryLockStore::new();
     Rig {
-        a: store.backend("gw-a"),
-        b: store.backend("gw-b"),
+        a: store.backend_at("gw-a", ADDRESS_A),
+        b: store.backend_at("gw-b", ADDRESS_B),
         group: unique_name("g"),
         invalidator: Box::new(MemoryInvalidate),
     }
@@ -104,8 +104,14 @@ fn consul_config(
         lock_delay,
         renew_interval: None,
         check: None,
+        advertise: None,
     }
 }
+
+/// The addresses the rigs' two instances advertise (nothing listens there: only the
+/// records are under test).
+const ADDRESS_A: &str = "127.0.0.1:1001";
+const ADDRESS_B: &str = "127.0.0.1:1002";
 
 /// A check-bound session's config with the default timings (lock-delay 1.5 s, check every
 /// 1 s, renew interval derived), its check dialing `gateway`.
@@ -138,11 +144,18 @@ async fn consul_rig(test: &str, lock_delay: Duration) -> Option<Rig<ConsulLocks>
     let services = Services::require(test)?;
     let address = services.consul_http_addr.clone();
     let prefix = unique_name("kafka-lease-test");
-    let connect = |instance: &str| {
-        ConsulLocks::connect(consul_config(&address, &prefix, instance, lock_delay))
+    let connect = |instance: &str, advertise: &str| {
+        ConsulLocks::connect(ConsulLockConfig {
+            advertise: Some(advertise.into()),
+            ..consul_config(&address, &prefix, instance, lock_delay)
+        })
     };
-    let a = connect("gw-a").await.expect("connecting gw-a to Consul");
-    let b = connect("gw-b").await.expect("connecting gw-b to Consul");
+    let a = connect("gw-a", ADDRESS_A)
+        .await
+        .expect("connecting gw-a to Consul");
+    let b = connect("gw-b", ADDRESS_B)
+        .await
+        .expect("connecting gw-b to Consul");
     Some(Rig {
         a,
         b,
@@ -187,6 +200,7 @@ contract! {
     list_shows_exactly_the_held_locks: 1;
     shutdown_frees_the_keys_at_once: 5;
     lost_session_frees_the_keys_and_recovers: 1;
+    instance_records_live_and_die_with_the_session: 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -199,6 +213,7 @@ fn holder(member: &str, gateway: &str) -> HolderInfo {
         lease_ref: format!("ref-{member}"),
         acquired_at_ms: 1_700_000_000_000,
         ttl_ms: 30_000,
+        address: String::new(),
     }
 }
 
@@ -520,6 +535,43 @@ async fn lost_session_frees_the_keys_and_recovers<B: LockBackend>(rig: Rig<B>) {
         held,
         vec![(key, taken.token()), (rig.key("orders", 1), fresh.token())]
     );
+    rig.finish().await;
+}
+
+async fn instance_records_live_and_die_with_the_session<B: LockBackend>(rig: Rig<B>) {
+    let address = |instance: &'static str| rig.b.instance_address(instance);
+    assert_eq!(address("gw-a").await.unwrap().as_deref(), Some(ADDRESS_A));
+    assert_eq!(address("gw-b").await.unwrap().as_deref(), Some(ADDRESS_B));
+    assert_eq!(address("gw-c").await.unwrap(), None, "never registered");
+
+    // The records are not locks: a listing of the whole prefix shows only the lock.
+    let key = rig.key("orders", 0);
+    acquire(&rig.a, &key, &holder("m1", "gw-a")).await;
+    let listed: Vec<LockKey> = rig
+        .b
+        .list(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.key)
+        .collect();
+    assert_eq!(listed, vec![key]);
+
+    // A lost session takes its record along; the recovered one registers again.
+    let old = live_id(&rig.a);
+    rig.invalidator.invalidate(&rig.a).await;
+    wait_for("a new live session", DEADLINE, || async {
+        match &*rig.a.session_state().borrow() {
+            SessionState::Live { id } if *id != old => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!(address("gw-a").await.unwrap().as_deref(), Some(ADDRESS_A));
+
+    // Shut down, the instance is gone.
+    rig.a.shutdown().await;
+    assert_eq!(address("gw-a").await.unwrap(), None, "after shutdown");
     rig.finish().await;
 }
 

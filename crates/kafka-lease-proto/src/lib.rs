@@ -4,7 +4,8 @@
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 #![allow(clippy::all)]
 
-/// `kafka_lease.v1`: messages, the `PartitionLeaseService` client and server.
+/// `kafka_lease.v1`: messages, the `PartitionLeaseService` client and server, and the
+/// `GatewayPeerService` instances call on each other.
 pub mod v1 {
     tonic::include_proto!("kafka_lease.v1");
 }
@@ -15,3 +16,6 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 /// The fully qualified gRPC service name, as health checks and reflection name it.
 pub const SERVICE_NAME: &str = "kafka_lease.v1.PartitionLeaseService";
+
+/// The service gateway instances call on each other (not for clients).
+pub const PEER_SERVICE_NAME: &str = "kafka_lease.v1.GatewayPeerService";

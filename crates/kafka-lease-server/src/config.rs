@@ -65,6 +65,11 @@ pub struct ServeArgs {
     /// The address the gRPC server listens on.
     #[arg(long, env = "KAFKA_LEASE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
+    /// The `host:port` other gateway instances reach this one at, to forward calls on the
+    /// leases it serves (recorded in Consul). Default: the listen address, which must then be
+    /// a concrete one (not 0.0.0.0 or [::]); in Kubernetes, the pod IP and port.
+    #[arg(long, env = "KAFKA_LEASE_ADVERTISE_ADDR")]
+    pub advertise_addr: Option<String>,
     /// This instance's name, shown to clients and stored in lock values. Default: the
     /// host name plus a random suffix, so a restarted gateway is a new instance.
     #[arg(long, env = "KAFKA_LEASE_INSTANCE_ID")]
@@ -215,6 +220,7 @@ impl ServeArgs {
             // Port 0 is chosen at bind time; any real port validates the same.
             listen.set_port(50051);
         }
+        self.advertise(listen)?;
         if let Err(err) = self.consul_config("validate", listen).validate() {
             return Err(self.consul_error(err));
         }
@@ -251,6 +257,7 @@ impl ServeArgs {
                     .map_or_else(|| format!("{value} (derived)"), given),
             ),
             "check.tcp_addr" => ("--consul-check-addr", value),
+            "advertise" => ("--advertise-addr", value),
             _ => ("--consul-check", format!("{setting} = {value}")),
         };
         ConfigError {
@@ -278,6 +285,26 @@ impl ServeArgs {
             lock_delay: self.lock_delay,
             renew_interval: self.consul_renew_interval,
             check,
+            advertise: self.advertise(bound).ok(),
+        }
+    }
+
+    /// Where other instances reach a gateway listening on `bound`: `--advertise-addr`, else
+    /// the listen address when it is a concrete one.
+    pub fn advertise(&self, bound: SocketAddr) -> Result<String, ConfigError> {
+        match &self.advertise_addr {
+            Some(address) => Ok(address.clone()),
+            None if bound.ip().is_unspecified() => Err(ConfigError {
+                flag: "--advertise-addr",
+                value: "(unset)".into(),
+                allowed: format!(
+                    "host:port where other gateway instances reach this one; it must be set \
+                     because --listen {} is a wildcard address that nobody can dial (in \
+                     Kubernetes, the pod IP and port)",
+                    self.listen
+                ),
+            }),
+            None => Ok(bound.to_string()),
         }
     }
 
@@ -352,5 +379,46 @@ mod tests {
         assert!(s.validate().unwrap_err().to_string().contains("http://"));
         assert!(serve(&["--kafka", "k:1", "--listen", "nope"]).is_err());
         assert!(serve(&["--kafka", "k:1", "--kafka-option", "novalue"]).is_err());
+    }
+
+    #[test]
+    fn the_advertised_address_is_the_listen_address_unless_that_is_a_wildcard() {
+        let bound: SocketAddr = "10.0.0.7:41234".parse().expect("addr");
+        let s = serve(&["--kafka", "k:1", "--listen", "10.0.0.7:0"]).expect("parse");
+        assert_eq!(s.advertise(bound).expect("concrete"), "10.0.0.7:41234");
+        assert_eq!(
+            s.consul_config("i", bound).advertise.as_deref(),
+            Some("10.0.0.7:41234")
+        );
+
+        let s = serve(&["--kafka", "k:1", "--listen", "0.0.0.0:50051"]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--advertise-addr") && err.contains("0.0.0.0:50051"),
+            "{err}"
+        );
+        let s = serve(&["--kafka", "k:1", "--listen", "[::]:50051"]).expect("parse");
+        assert!(s.validate().is_err());
+
+        let s = serve(&[
+            "--kafka",
+            "k:1",
+            "--listen",
+            "0.0.0.0:50051",
+            "--advertise-addr",
+            "gw-1.kafka-lease:50051",
+        ])
+        .expect("parse");
+        assert!(s.validate().is_ok());
+        assert_eq!(s.advertise(bound).expect("given"), "gw-1.kafka-lease:50051");
+
+        for bad in ["no-port", "host:0", "host:x", ":50051", "a/b:1"] {
+            let s = serve(&["--kafka", "k:1", "--advertise-addr", bad]).expect("parse");
+            let err = s.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("--advertise-addr") && err.contains(bad),
+                "{bad}: {err}"
+            );
+        }
     }
 }

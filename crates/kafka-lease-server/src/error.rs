@@ -125,6 +125,16 @@ pub enum LeaseError {
         what: String,
     },
 
+    /// A call forwarded to the instance serving the lease could not reach it, although it
+    /// is still registered.
+    #[error("lease {lease_ref:?} is served by gateway instance {gateway:?} at {address}, which this instance cannot reach right now ({detail}); retry")]
+    GatewayUnreachable {
+        lease_ref: String,
+        gateway: String,
+        address: String,
+        detail: String,
+    },
+
     #[error("Consul is unavailable: {0}")]
     Coordination(#[from] CoordinationError),
 }

@@ -270,6 +270,8 @@ impl Drop for Waiting<'_> {
 /// The gateway: one per instance.
 pub struct Gateway {
     instance: String,
+    /// Where other instances reach this one (`host:port`), recorded with every lock.
+    address: Option<String>,
     locks: Arc<dyn LockBackend>,
     kafka: Kafka,
     limits: Limits,
@@ -403,8 +405,21 @@ impl Gateway {
         kafka: Kafka,
         limits: Limits,
     ) -> Arc<Self> {
+        Self::serving(instance, None, locks, kafka, limits)
+    }
+
+    /// [`Gateway::with_limits`] for an instance that other instances reach at `address`
+    /// (`host:port`), which every lock's holder record names.
+    pub fn serving(
+        instance: String,
+        address: Option<String>,
+        locks: Arc<dyn LockBackend>,
+        kafka: Kafka,
+        limits: Limits,
+    ) -> Arc<Self> {
         let gateway = Arc::new_cyclic(|me| Self {
             instance,
+            address,
             locks,
             kafka,
             limits,
@@ -435,6 +450,23 @@ impl Gateway {
 
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// The address other instances reach this one at, if it advertises one.
+    pub fn address(&self) -> Option<&str> {
+        self.address.as_deref()
+    }
+
+    /// The live details of the lease this instance serves on `key` under `token`, if it
+    /// does: for another instance's ListLeases.
+    pub fn describe(&self, key: &LockKey, token: u64) -> Option<crate::lease::LeaseSnapshot> {
+        let table = self.table();
+        table
+            .by_key
+            .get(key)
+            .and_then(|id| table.leases.get(id))
+            .filter(|l| l.token.0 == token)
+            .map(|l| l.snapshot())
     }
 
     pub fn kafka(&self) -> &Kafka {
@@ -710,6 +742,7 @@ impl Gateway {
             lease_ref: lease_ref(&id).to_string(),
             acquired_at_ms: now_ms(),
             ttl_ms: spec.ttl.as_millis() as u64,
+            address: self.address.clone().unwrap_or_default(),
         };
         let session = self.live_session();
         let grant = match self.locks.try_acquire(key, &holder).await {
@@ -869,6 +902,7 @@ impl Gateway {
                 .duration_since(SystemTime::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             ttl_ms: lease.ttl.as_millis() as u64,
+            address: self.address.clone().unwrap_or_default(),
         }
     }
 
@@ -1036,6 +1070,15 @@ impl Gateway {
             _ => Err(LeaseError::LeaseNotFound {
                 lease_ref: reference,
             }),
+        }
+    }
+
+    /// The instance a lease id names, when this instance does not know the lease and the
+    /// id names another one: where a call on it is to be forwarded.
+    pub fn served_elsewhere(&self, lease_id: &str) -> Option<String> {
+        match self.lookup(lease_id) {
+            Err(LeaseError::WrongGateway { gateway, .. }) => Some(gateway),
+            _ => None,
         }
     }
 
@@ -1247,5 +1290,7 @@ pub fn lease_info(listed: &ListedLease) -> v1::LeaseInfo {
         committed_offset: local.and_then(|l| l.committed),
         high_watermark: local.map(|l| l.high_watermark),
         lag: local.map(|l| (l.high_watermark - l.position).max(0)),
+        details_unavailable: String::new(),
+        gateway_address: listed.holder.address.clone(),
     }
 }

@@ -2,21 +2,25 @@
 //! `tonic::Status`, and the `PartitionLeaseService` implementation over [`Gateway`].
 
 use std::collections::HashMap;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetail, ErrorInfo, RetryInfo, StatusExt};
 
 use kafka_lease_proto::v1;
+use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerService;
 use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseService;
 
 use crate::coordination::CoordinationError;
 use crate::coordination::LockKey;
 use crate::error::{EndReason, LeaseError};
+use crate::forward::{
+    deadline_of, until_deadline, Peers, DESCRIBE_FANOUT, DESCRIBE_TIMEOUT, FORWARDED_BY,
+};
 use crate::gateway::{lease_info, AcquireSpec, Gateway, ListedLease, Reset, SeekTarget};
+use crate::lease::lease_ref;
 use crate::lease::ReadLimits;
 use crate::validate;
 
@@ -160,6 +164,18 @@ fn status_at(err: LeaseError, now: SystemTime) -> Status {
             retry = Some(RETRY_DELAY);
             (Code::ResourceExhausted, R::LimitReached)
         }
+        LeaseError::GatewayUnreachable {
+            lease_ref,
+            gateway,
+            address,
+            ..
+        } => {
+            put("lease_ref", lease_ref.clone());
+            put("gateway", gateway.clone());
+            put("address", address.clone());
+            retry = Some(RETRY_DELAY);
+            (Code::Unavailable, R::GatewayUnreachable)
+        }
         LeaseError::Coordination(coordination) => {
             if let CoordinationError::Unavailable { operation, .. } = coordination {
                 put("operation", (*operation).to_owned());
@@ -208,15 +224,263 @@ fn proto_duration(d: std::time::Duration) -> prost_types::Duration {
     }
 }
 
-/// `PartitionLeaseService` over a [`Gateway`].
+/// `PartitionLeaseService` over a [`Gateway`], forwarding calls on leases that other
+/// instances serve to them through [`Peers`].
 #[derive(Debug, Clone)]
 pub struct LeaseService {
     gateway: Arc<Gateway>,
+    peers: Arc<Peers>,
 }
 
 impl LeaseService {
+    pub fn new(gateway: Arc<Gateway>, peers: Arc<Peers>) -> Self {
+        Self { gateway, peers }
+    }
+
+    /// The instance to forward a call on `lease_id` to: the one the id names when this
+    /// instance does not know the lease, unless the call was forwarded here already.
+    fn forward_to<T>(&self, request: &Request<T>, lease_id: &str) -> Option<String> {
+        if let Some(by) = request.metadata().get(FORWARDED_BY) {
+            tracing::debug!(
+                forwarded_by = ?by,
+                lease_ref = %lease_ref(lease_id),
+                "a call forwarded by another instance",
+            );
+            return None;
+        }
+        self.gateway.served_elsewhere(lease_id)
+    }
+
+    /// Forwards a unary call on `lease_id` to `instance`.
+    async fn forward<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        instance: &str,
+        lease_id: &str,
+        request: Request<Req>,
+        call: F,
+    ) -> Result<Response<Resp>, Status>
+    where
+        F: FnOnce(
+            kafka_lease_proto::v1::partition_lease_service_client::PartitionLeaseServiceClient<
+                tonic::transport::Channel,
+            >,
+            Request<Req>,
+        ) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let lease_ref = lease_ref(lease_id);
+        let route = self
+            .peers
+            .route(lease_ref, instance)
+            .await
+            .map_err(status_of)?;
+        tracing::debug!(%method, peer = %instance, address = %route.address, %lease_ref, "forwarding a call to the serving instance");
+        let deadline = deadline_of(request.metadata());
+        self.peers
+            .unary(route, request.into_inner(), deadline, call)
+            .await
+            .map(Response::new)
+    }
+
+    /// The page's rows, each with the live details of its lease: from this instance's table,
+    /// or asked of the instance serving it (at most [`DESCRIBE_FANOUT`] at once, each within
+    /// [`DESCRIBE_TIMEOUT`] and the caller's deadline).
+    async fn with_live_details(
+        &self,
+        page: &[ListedLease],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Vec<v1::LeaseInfo> {
+        let mut rows: Vec<v1::LeaseInfo> = page.iter().map(lease_info).collect();
+        // Instance → its address and the rows to ask it about.
+        let mut asks: HashMap<String, (String, Vec<usize>)> = HashMap::new();
+        for (i, listed) in page.iter().enumerate() {
+            if listed.local.is_some() {
+                continue;
+            }
+            let gateway = &listed.holder.gateway;
+            if gateway == self.gateway.instance() {
+                rows[i].details_unavailable =
+                    "this instance no longer serves it (it ended a moment ago)".into();
+                continue;
+            }
+            asks.entry(gateway.clone())
+                .or_insert_with(|| (listed.holder.address.clone(), Vec::new()))
+                .1
+                .push(i);
+        }
+        let limit = deadline.map_or(DESCRIBE_TIMEOUT, |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+                .min(DESCRIBE_TIMEOUT)
+        });
+        let answers = futures::stream::iter(asks)
+            .map(|(instance, (address, indices))| {
+                let keys: Vec<v1::LeaseKey> = indices
+                    .iter()
+                    .map(|&i| v1::LeaseKey {
+                        group: page[i].key.group.clone(),
+                        topic: page[i].key.topic.clone(),
+                        partition: page[i].key.partition,
+                        fencing_token: page[i].token,
+                    })
+                    .collect();
+                async move {
+                    let answer =
+                        tokio::time::timeout(limit, self.describe(&instance, address, keys))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(format!(
+                                    "gateway instance {instance:?} did not answer within {limit:?}"
+                                ))
+                            });
+                    (indices, answer)
+                }
+            })
+            .buffer_unordered(DESCRIBE_FANOUT)
+            .collect::<Vec<_>>()
+            .await;
+        for (indices, answer) in answers {
+            match answer {
+                Ok(described) => {
+                    let by_key: HashMap<(String, String, i32, u64), v1::LeaseInfo> = described
+                        .into_iter()
+                        .map(|l| {
+                            (
+                                (
+                                    l.group.clone(),
+                                    l.topic.clone(),
+                                    l.partition,
+                                    l.fencing_token,
+                                ),
+                                l,
+                            )
+                        })
+                        .collect();
+                    for i in indices {
+                        let row = &mut rows[i];
+                        let key = (
+                            row.group.clone(),
+                            row.topic.clone(),
+                            row.partition,
+                            row.fencing_token,
+                        );
+                        match by_key.get(&key) {
+                            Some(live) => {
+                                row.expires_at = live.expires_at;
+                                row.position = live.position;
+                                row.committed_offset = live.committed_offset;
+                                row.high_watermark = live.high_watermark;
+                                row.lag = live.lag;
+                            }
+                            None => {
+                                row.details_unavailable = format!(
+                                "gateway instance {:?} no longer serves it (it ended a moment ago)",
+                                row.gateway
+                            )
+                            }
+                        }
+                    }
+                }
+                Err(why) => {
+                    for i in indices {
+                        rows[i].details_unavailable = why.clone();
+                    }
+                }
+            }
+        }
+        rows
+    }
+
+    /// Asks `instance` (at `address`, or where its Consul record says when the lock names
+    /// none) for the live details of `keys`.
+    async fn describe(
+        &self,
+        instance: &str,
+        address: String,
+        keys: Vec<v1::LeaseKey>,
+    ) -> Result<Vec<v1::LeaseInfo>, String> {
+        let address = if address.is_empty() {
+            match self.gateway.locks().instance_address(instance).await {
+                Ok(Some(address)) => address,
+                Ok(None) => {
+                    return Err(format!(
+                        "gateway instance {instance:?} is not registered in Consul"
+                    ))
+                }
+                Err(err) => return Err(format!("looking up gateway instance {instance:?}: {err}")),
+            }
+        } else {
+            address
+        };
+        let (mut client, _route) = self
+            .peers
+            .describer(instance, &address)
+            .map_err(|e| e.to_string())?;
+        let request = self
+            .peers
+            .outgoing(v1::DescribeLeasesRequest { leases: keys }, None);
+        match client.describe_leases(request).await {
+            Ok(answer) => Ok(answer.into_inner().leases),
+            Err(status) => Err(format!(
+                "gateway instance {instance:?} at {address} did not answer: {}: {}",
+                status.code(),
+                status.message()
+            )),
+        }
+    }
+}
+
+/// `GatewayPeerService` over a [`Gateway`]: what other instances ask of this one.
+#[derive(Debug, Clone)]
+pub struct PeerService {
+    gateway: Arc<Gateway>,
+}
+
+impl PeerService {
     pub fn new(gateway: Arc<Gateway>) -> Self {
         Self { gateway }
+    }
+}
+
+#[tonic::async_trait]
+impl GatewayPeerService for PeerService {
+    async fn describe_leases(
+        &self,
+        request: Request<v1::DescribeLeasesRequest>,
+    ) -> Result<Response<v1::DescribeLeasesResponse>, Status> {
+        let asked = &request.get_ref().leases;
+        if asked.len() > validate::MAX_PAGE_SIZE as usize {
+            return Err(status_of(LeaseError::InvalidArgument {
+                field: "leases",
+                message: format!(
+                    "{} leases asked for; at most {} at once",
+                    asked.len(),
+                    validate::MAX_PAGE_SIZE
+                ),
+            }));
+        }
+        let mut leases = Vec::new();
+        for key in asked {
+            validate::group(&key.group).map_err(status_of)?;
+            validate::topic(&key.topic).map_err(status_of)?;
+            let lock = LockKey::new(key.group.clone(), key.topic.clone(), key.partition);
+            if let Some(live) = self.gateway.describe(&lock, key.fencing_token) {
+                leases.push(v1::LeaseInfo {
+                    group: key.group.clone(),
+                    topic: key.topic.clone(),
+                    partition: key.partition,
+                    fencing_token: key.fencing_token,
+                    expires_at: Some(timestamp(live.expires_at)),
+                    gateway: self.gateway.instance().to_string(),
+                    position: Some(live.position),
+                    committed_offset: live.committed,
+                    high_watermark: Some(live.high_watermark),
+                    lag: Some((live.high_watermark - live.position).max(0)),
+                    ..v1::LeaseInfo::default()
+                });
+            }
+        }
+        Ok(Response::new(v1::DescribeLeasesResponse { leases }))
     }
 }
 
@@ -326,7 +590,7 @@ fn seek_target(req: &v1::SeekRequest) -> Result<SeekTarget, LeaseError> {
     }
 }
 
-type ReadResponseStream = Pin<Box<dyn Stream<Item = Result<v1::ReadResponse, Status>> + Send>>;
+type ReadResponseStream = crate::forward::ReadResponses;
 
 #[tonic::async_trait]
 impl PartitionLeaseService for LeaseService {
@@ -347,6 +611,7 @@ impl PartitionLeaseService for LeaseService {
             group: granted.key.group,
             gateway: granted.gateway,
             ttl: Some(proto_duration(granted.ttl)),
+            gateway_address: self.gateway.address().unwrap_or_default().to_string(),
         }))
     }
 
@@ -357,6 +622,25 @@ impl PartitionLeaseService for LeaseService {
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
         let limits = read_limits(request.get_ref()).map_err(status_of)?;
+        if let Some(instance) = self.forward_to(&request, &request.get_ref().lease_id) {
+            let lease_ref = lease_ref(&request.get_ref().lease_id).to_string();
+            let route = self
+                .peers
+                .route(&lease_ref, &instance)
+                .await
+                .map_err(status_of)?;
+            tracing::info!(peer = %instance, address = %route.address, %lease_ref, "proxying a Read from the serving instance");
+            let deadline = deadline_of(request.metadata());
+            let outgoing = self.peers.outgoing(request.into_inner(), deadline);
+            return match route.client().read(outgoing).await {
+                Ok(answer) => Ok(Response::new(until_deadline(
+                    self.peers.proxy_read(route, answer.into_inner()),
+                    deadline,
+                ))),
+                Err(status) => Err(self.peers.failed(&route, status).await),
+            };
+        }
+        let deadline = deadline_of(request.metadata());
         let stream = self
             .gateway
             .read(
@@ -366,8 +650,9 @@ impl PartitionLeaseService for LeaseService {
             )
             .await
             .map_err(status_of)?;
-        Ok(Response::new(Box::pin(
-            stream.map(|item| item.map_err(status_of)),
+        Ok(Response::new(until_deadline(
+            Box::pin(stream.map(|item| item.map_err(status_of))),
+            deadline,
         )))
     }
 
@@ -376,6 +661,18 @@ impl PartitionLeaseService for LeaseService {
         request: Request<v1::SeekRequest>,
     ) -> Result<Response<v1::SeekResponse>, Status> {
         let target = seek_target(request.get_ref()).map_err(status_of)?;
+        let lease_id = request.get_ref().lease_id.clone();
+        if let Some(instance) = self.forward_to(&request, &lease_id) {
+            return self
+                .forward(
+                    "Seek",
+                    &instance,
+                    &lease_id,
+                    request,
+                    |mut c, r| async move { c.seek(r).await },
+                )
+                .await;
+        }
         let (offset, seek_epoch) = self
             .gateway
             .seek(&request.get_ref().lease_id, target)
@@ -393,6 +690,19 @@ impl PartitionLeaseService for LeaseService {
         if let Some(metadata) = &req.metadata {
             validate::metadata(metadata).map_err(status_of)?;
         }
+        let lease_id = req.lease_id.clone();
+        if let Some(instance) = self.forward_to(&request, &lease_id) {
+            return self
+                .forward(
+                    "Commit",
+                    &instance,
+                    &lease_id,
+                    request,
+                    |mut c, r| async move { c.commit(r).await },
+                )
+                .await;
+        }
+        let req = request.get_ref();
         let metadata = self
             .gateway
             .commit(&req.lease_id, req.offset, req.metadata.as_deref())
@@ -408,8 +718,20 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        validate::lease_id(&request.get_ref().lease_id).map_err(status_of)?;
+        let lease_id = request.get_ref().lease_id.clone();
+        if let Some(instance) = self.forward_to(&request, &lease_id) {
+            return self
+                .forward(
+                    "Release",
+                    &instance,
+                    &lease_id,
+                    request,
+                    |mut c, r| async move { c.release(r).await },
+                )
+                .await;
+        }
         let req = request.get_ref();
-        validate::lease_id(&req.lease_id).map_err(status_of)?;
         let committed_offset = self
             .gateway
             .release(&req.lease_id, req.commit_offset)
@@ -443,8 +765,9 @@ impl PartitionLeaseService for LeaseService {
             .await
             .map_err(status_of)?;
         let (page, next) = page_of(listed, after.as_ref(), size);
+        let deadline = deadline_of(request.metadata());
         Ok(Response::new(v1::ListLeasesResponse {
-            leases: page.iter().map(lease_info).collect(),
+            leases: self.with_live_details(&page, deadline).await,
             next_page_token: next
                 .as_ref()
                 .map(validate::page_token_after)
@@ -486,6 +809,7 @@ mod tests {
                 lease_ref: format!("{group}-{partition}"),
                 acquired_at_ms: 0,
                 ttl_ms: 10_000,
+                address: String::new(),
             },
             token: 1,
             local: None,
@@ -855,6 +1179,7 @@ mod tests {
             lease_ref: "r".into(),
             acquired_at_ms: 1_700_000_000_000,
             ttl_ms: 10_000,
+            address: String::new(),
         }
     }
 

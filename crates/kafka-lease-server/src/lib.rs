@@ -3,8 +3,9 @@
 //!
 //! Layers, bottom up: [`coordination`] (locks; knows nothing of Kafka or gRPC), [`kafka`]
 //! (reading and offsets; knows nothing of locks or gRPC), [`lease`] and [`gateway`] (the
-//! lease rules, on both), [`grpc`] (validation and the one error-to-status mapping), and
-//! [`server`] (running it all, health, shutdown).
+//! lease rules, on both), [`grpc`] (validation and the one error-to-status mapping),
+//! [`forward`] (calls on leases other instances serve, sent on to them), and [`server`]
+//! (running it all, health, shutdown).
 
 pub mod config;
 /// The partition locks: a crate of its own, so that "knows nothing of Kafka or gRPC" is a
@@ -12,6 +13,7 @@ pub mod config;
 pub use kafka_lease_coordination as coordination;
 pub mod dev;
 pub mod error;
+pub mod forward;
 pub mod gateway;
 pub mod grpc;
 pub mod kafka;

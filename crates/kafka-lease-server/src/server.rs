@@ -16,11 +16,13 @@ use tonic::transport::Server;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
+use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerServiceServer;
 use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseServiceServer;
 
 use crate::coordination::SessionState;
+use crate::forward::Peers;
 use crate::gateway::Gateway;
-use crate::grpc::LeaseService;
+use crate::grpc::{LeaseService, PeerService};
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +83,14 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    // Calls on leases other instances serve go to them over pooled connections, each
+    // carrying as many calls as this instance lets a connection carry (instances of one
+    // deployment share their settings).
+    let peers = Arc::new(Peers::new(
+        gateway.instance().to_string(),
+        gateway.locks().clone(),
+        options.max_streams_per_connection as usize,
+    ));
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
@@ -89,6 +99,10 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(PartitionLeaseServiceServer::new(LeaseService::new(
+            gateway.clone(),
+            peers,
+        )))
+        .add_service(GatewayPeerServiceServer::new(PeerService::new(
             gateway.clone(),
         )))
         // TCP_NODELAY: without it Nagle's algorithm holds small ReadResponses back until the

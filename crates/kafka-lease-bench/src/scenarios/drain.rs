@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use kafka_lease_client::{AcquireOptions, Client, ReadOptions};
+use kafka_lease_client::{AcquireOptions, Client, EpochFilter, ReadOptions, RecordStream};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -89,10 +89,13 @@ fn read_options() -> ReadOptions {
 }
 
 /// Gateway arm: every client acquires its partitions (concurrently) and reads each to
-/// `per_partition` records. Timed from just before the Acquires to the last record.
+/// `per_partition` records, through the same client, or through the matching client of
+/// `read_via` (another gateway instance, which forwards the Read). Timed from just before
+/// the Acquires to the last record.
 async fn gateway_drain(
     env: &Env,
     clients: &[Client],
+    read_via: Option<&[Client]>,
     topic: &str,
     layout: &[Vec<i32>],
     per_partition: u64,
@@ -101,8 +104,10 @@ async fn gateway_drain(
     let group = env.name("drain");
     let t0 = Instant::now();
     let mut tasks = Vec::new();
-    for (client, partitions) in clients.iter().zip(layout) {
+    for (i, (client, partitions)) in clients.iter().zip(layout).enumerate() {
+        let reader = read_via.map(|via| via[i].clone());
         for &partition in partitions {
+            let reader = reader.clone();
             let client = client.clone();
             let group = group.clone();
             let topic = topic.to_string();
@@ -116,7 +121,28 @@ async fn gateway_drain(
                         .ttl(Duration::from_secs(60)),
                 )
                 .await?;
-                let mut stream = lease.records(read_options()).await.context("Read")?;
+                let mut stream = match reader {
+                    None => lease.records(read_options()).await.context("Read")?,
+                    Some(reader) => {
+                        let request = kafka_lease_client::proto::ReadRequest {
+                            lease_id: lease.lease_id().to_string(),
+                            max_records: READ_MAX_RECORDS,
+                            max_bytes: READ_MAX_BYTES,
+                            max_wait: Some(prost_types::Duration {
+                                seconds: 0,
+                                nanos: READ_MAX_WAIT.as_nanos() as i32,
+                            }),
+                            from_offset: None,
+                        };
+                        let inner = reader
+                            .raw()
+                            .read(request)
+                            .await
+                            .context("Read through the other instance")?
+                            .into_inner();
+                        RecordStream::new(inner, EpochFilter::new())
+                    }
+                };
                 let (mut n, mut bytes) = (0_u64, 0_u64);
                 let mut first = (f64::NAN, 0_u64, 0_u64);
                 while n < per_partition {
@@ -286,7 +312,7 @@ async fn rounds(
         "  {name}: warm-up (gateway, direct: {} records each)",
         warm * partitions.len() as u64
     ));
-    gateway_drain(env, clients, topic, layout, warm, Arc::default()).await?;
+    gateway_drain(env, clients, None, topic, layout, warm, Arc::default()).await?;
     direct_drain(env, topic, &partitions, warm, Arc::default()).await?;
     let mut out = Vec::new();
     for round in 1..=env.plan.rounds {
@@ -296,7 +322,7 @@ async fn rounds(
             let _t =
                 env.progress
                     .ticker(format!("{label} gateway"), done.clone(), total, "records");
-            gateway_drain(env, clients, topic, layout, per_partition, done).await?
+            gateway_drain(env, clients, None, topic, layout, per_partition, done).await?
         };
         env.progress.say(format!(
             "  {label} gateway: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s",
@@ -547,4 +573,171 @@ pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<Scen
         ),
     }
     .build()])
+}
+
+/// `drain-forwarded`: one partition of 1 KiB records, leased on one gateway instance and
+/// read through another, which proxies the Read; against the same drain read through the
+/// serving instance and a direct consumer, the three arms interleaved in each round.
+pub(crate) async fn forwarded(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
+    let records = env.plan.drain_1k_records;
+    let value_size = 1024;
+    let goal = 0.8;
+    let topic = env.name("drainfwd");
+    create_topic(env, &topic, 1).await?;
+    produce_fill(env, name, &topic, 1, records, value_size).await?;
+    let prefix = env.prefix(name);
+    let serving = Gateway::start(env, &prefix, &env.name("gw-serving"), None).await?;
+    let other = match Gateway::start(env, &prefix, &env.name("gw-forwarding"), None).await {
+        Ok(other) => other,
+        Err(e) => {
+            serving.stop().await;
+            return Err(e);
+        }
+    };
+    let runs = forwarded_rounds(env, name, &serving, &other, &topic, records as u64).await;
+    serving.stop().await;
+    other.stop().await;
+    let runs = runs?;
+    let med = |f: &dyn Fn(&(DrainRun, DrainRun, DrainRun)) -> f64| {
+        median(&runs.iter().map(f).collect::<Vec<_>>())
+    };
+    let fwd = med(&|(_, f, _)| f.rate());
+    let via_serving = med(&|(g, _, _)| g.rate());
+    let direct = med(&|(_, _, d)| d.rate());
+    let ratio_gateway = ratio(fwd, via_serving);
+    let ratio_direct = ratio(fwd, direct);
+    let mut details = Map::new();
+    common_details(&mut details, value_size, records as u64, 1);
+    details.insert(
+        "serving_gateway_records_per_s".into(),
+        r3(via_serving).into(),
+    );
+    details.insert("direct_consumer_records_per_s".into(), r3(direct).into());
+    details.insert(
+        "forwarded_over_direct_consumer".into(),
+        ratio_direct.map(r3).into(),
+    );
+    details.insert(
+        "forwarded_mb_per_s".into(),
+        r3(med(&|(_, f, _)| f.mb_s())).into(),
+    );
+    details.insert(
+        "forwarded_first_record_secs".into(),
+        r3(med(&|(_, f, _)| f.first_record_secs)).into(),
+    );
+    details.insert(
+        "serving_first_record_secs".into(),
+        r3(med(&|(g, _, _)| g.first_record_secs)).into(),
+    );
+    details.insert(
+        "arms".into(),
+        "per round, in this order: acquire and read through the serving instance; acquire on the serving instance and read through the other (the Read proxied); a direct rdkafka consumer".into(),
+    );
+    details.insert(
+        "rounds".into(),
+        Value::Array(
+            runs.iter()
+                .enumerate()
+                .map(|(i, (g, f, d))| {
+                    json!({
+                        "round": i + 1,
+                        "serving_records_per_s": r3(g.rate()),
+                        "forwarded_records_per_s": r3(f.rate()),
+                        "direct_records_per_s": r3(d.rate()),
+                    })
+                })
+                .collect(),
+        ),
+    );
+    Ok(vec![Row {
+        name: name.to_string(),
+        scenario: "drain-forwarded",
+        unit: "records/s",
+        gateway: r3(fwd),
+        baseline: r3(via_serving),
+        baseline_kind: "measured: the same drain read through the serving instance, same run"
+            .into(),
+        ratio: ratio_gateway.map(r3),
+        ratio_definition:
+            "records/s read through the other instance / through the serving one (medians across rounds)",
+        goal: format!(">= {goal}"),
+        met: ratio_gateway.is_some_and(|r| r >= goal),
+        summary: format!(
+            "{fwd:.0} records/s forwarded, {via_serving:.0} through the serving instance, {direct:.0} direct ({} of direct)",
+            ratio_direct.map_or("-".into(), |r| format!("{r:.2}"))
+        ),
+        details,
+        chart: Chart {
+            title: format!("{name}: drain one partition through the other instance, records/s per round"),
+            unit: "records/s".into(),
+            groups: runs
+                .iter()
+                .enumerate()
+                .map(|(i, (g, f, d))| {
+                    (
+                        format!("round {}", i + 1),
+                        vec![
+                            ("serving gateway".into(), g.rate()),
+                            ("forwarded".into(), f.rate()),
+                            ("direct rdkafka".into(), d.rate()),
+                        ],
+                    )
+                })
+                .collect(),
+            lines: vec![(format!("{goal} x serving median"), goal * via_serving)],
+        },
+    }
+    .build()])
+}
+
+/// The three arms of `drain-forwarded`, after one unmeasured warm-up drain of each.
+async fn forwarded_rounds(
+    env: &Env,
+    name: &str,
+    serving: &Gateway,
+    other: &Gateway,
+    topic: &str,
+    per_partition: u64,
+) -> Result<Vec<(DrainRun, DrainRun, DrainRun)>> {
+    let a = [serving.client().await?];
+    let b = [other.client().await?];
+    let layout = [vec![0]];
+    let warm = (per_partition / 10).max(1);
+    env.progress.say(format!(
+        "  {name}: warm-up (serving, forwarded, direct: {warm} records each)"
+    ));
+    gateway_drain(env, &a, None, topic, &layout, warm, Arc::default()).await?;
+    gateway_drain(env, &a, Some(&b), topic, &layout, warm, Arc::default()).await?;
+    direct_drain(env, topic, &[0], warm, Arc::default()).await?;
+    let mut out = Vec::new();
+    for round in 1..=env.plan.rounds {
+        let label = format!("{name} round {round}/{}", env.plan.rounds);
+        let arm = |what: &'static str| {
+            let done = Arc::new(AtomicU64::new(0));
+            let ticker = env.progress.ticker(
+                format!("{label} {what}"),
+                done.clone(),
+                per_partition,
+                "records",
+            );
+            (done, ticker)
+        };
+        let (done, ticker) = arm("serving");
+        let g = gateway_drain(env, &a, None, topic, &layout, per_partition, done).await?;
+        drop(ticker);
+        let (done, ticker) = arm("forwarded");
+        let f = gateway_drain(env, &a, Some(&b), topic, &layout, per_partition, done).await?;
+        drop(ticker);
+        let (done, ticker) = arm("direct");
+        let d = direct_drain(env, topic, &[0], per_partition, done).await?;
+        drop(ticker);
+        env.progress.say(format!(
+            "  {label}: serving {:.0}, forwarded {:.0}, direct {:.0} records/s",
+            g.rate(),
+            f.rate(),
+            d.rate()
+        ));
+        out.push((g, f, d));
+    }
+    Ok(out)
 }

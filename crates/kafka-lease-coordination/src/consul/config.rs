@@ -55,6 +55,11 @@ pub struct ConsulLockConfig {
     /// Bind the session to a TCP check the local agent runs against the gateway, for crash
     /// failover in about `check.interval + lock_delay`. `None`: a TTL-only session.
     pub check: Option<SessionCheck>,
+    /// This instance's gRPC address as other instances dial it (`host:port`). When set,
+    /// every session this backend creates registers it in an [`InstanceRecord`] bound to the
+    /// session (see [`LockBackend::instance_address`]), before the session is used. `None`:
+    /// nothing is registered, and no other instance can forward calls here.
+    pub advertise: Option<String>,
 }
 
 /// The health check a check-bound session hangs on: the local Consul agent dials `tcp_addr`
@@ -109,6 +114,7 @@ impl Default for ConsulLockConfig {
             lock_delay: DEFAULT_LOCK_DELAY,
             renew_interval: None,
             check: None,
+            advertise: None,
         }
     }
 }
@@ -230,6 +236,24 @@ impl ConsulLockConfig {
         if let Some(check) = &self.check {
             self.validate_check(check)?;
         }
+        if let Some(advertise) = &self.advertise {
+            if !is_plain_name(&self.instance) {
+                return Err(ConsulConfigError::Invalid {
+                    setting: "instance",
+                    value: self.instance.clone(),
+                    reason: "must be [A-Za-z0-9._-] with an advertised address: it is part \
+                             of the instance's Consul key",
+                });
+            }
+            if !is_host_port(advertise) {
+                return Err(ConsulConfigError::Invalid {
+                    setting: "advertise",
+                    value: advertise.clone(),
+                    reason: "must be host:port with a port in 1..=65535 (the address other \
+                             gateway instances dial, e.g. 10.0.0.7:50051)",
+                });
+            }
+        }
         let window = self.fence_window();
         let renew = self.renew_interval();
         let max_renew = (window / 3).min(self.session_ttl / 2);
@@ -256,10 +280,7 @@ impl ConsulLockConfig {
                          service id",
             });
         }
-        let port_ok = check.tcp_addr.rsplit_once(':').is_some_and(|(host, port)| {
-            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0)
-        });
-        if !port_ok || check.tcp_addr.contains(['/', ' ']) {
+        if !is_host_port(&check.tcp_addr) {
             return Err(ConsulConfigError::Invalid {
                 setting: "check.tcp_addr",
                 value: check.tcp_addr.clone(),
@@ -320,6 +341,23 @@ impl ConsulLockConfig {
     pub(super) fn prefix(&self) -> &str {
         self.prefix.trim_end_matches('/')
     }
+
+    /// The folder of the instance records: `<prefix>/~instances/`. `~` cannot occur in a
+    /// group name, so no lock key ever lies under it.
+    pub(super) fn instances_folder(&self) -> String {
+        format!("{}/{INSTANCES_DIR}/", self.prefix())
+    }
+}
+
+/// The folder, under the prefix, of the instance records.
+pub(super) const INSTANCES_DIR: &str = "~instances";
+
+/// `host:port`, with a non-empty host, a port in 1..=65535, and no `/` or space.
+pub(super) fn is_host_port(value: &str) -> bool {
+    let port_ok = value
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0));
+    port_ok && !value.contains(['/', ' '])
 }
 
 #[cfg(test)]

@@ -70,8 +70,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{
-    Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo, LockBackend,
-    LockGrant, LockKey, SessionState, TopicView,
+    Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo,
+    InstanceRecord, LockBackend, LockGrant, LockKey, SessionState, TopicView,
 };
 
 mod config;
@@ -239,7 +239,7 @@ impl ConsulLocks {
         if let Some(check) = &shared.config.check {
             shared.remove_stale_registrations(check).await?;
         }
-        let (id, sent) = match shared.open_session(Registration::Always).await {
+        let (id, sent) = match shared.open_registered_session(Registration::Always).await {
             Ok(opened) => opened,
             Err(error) => {
                 if shared.config.check.is_some() {
@@ -502,17 +502,38 @@ impl LockBackend for ConsulLocks {
         self.wait_limit(key, timeout)
     }
 
+    /// One read of `<prefix>/~instances/<instance>/`: the newest record still locked by a
+    /// session (an instance restarted under the same name may briefly have two).
+    async fn instance_address(&self, instance: &str) -> Result<Option<String>, CoordinationError> {
+        let shared = &*self.shared;
+        let folder = format!("{}{instance}/", shared.config.instances_folder());
+        let read = shared
+            .read_kv("instance address", &folder, true, None)
+            .await?;
+        Ok(read
+            .entries
+            .iter()
+            .filter(|e| e.session.is_some())
+            .max_by_key(|e| e.create_index)
+            .and_then(|entry| {
+                let bytes: Vec<u8> = entry.value.clone()?.try_into().ok()?;
+                let record: InstanceRecord = serde_json::from_slice(&bytes).ok()?;
+                (record.instance == instance).then_some(record.address)
+            }))
+    }
+
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
         let prefix = self.shared.prefix();
         let path = match group {
             Some(group) => format!("{prefix}/{group}/"),
             None => format!("{prefix}/"),
         };
+        let instances = self.shared.config.instances_folder();
         let read = self.shared.read_kv("list", &path, true, None).await?;
         let mut held: Vec<HeldLock> = read
             .entries
             .iter()
-            .filter(|e| e.session.is_some())
+            .filter(|e| e.session.is_some() && !e.key.starts_with(&instances))
             .filter_map(|entry| {
                 let Some(key) = LockKey::from_path(prefix, &entry.key) else {
                     tracing::warn!(

@@ -265,11 +265,59 @@ impl Shared {
         }
     }
 
+    /// Writes this instance's [`InstanceRecord`] (when it advertises an address) under
+    /// `<prefix>/~instances/<instance>/<session>`, locked by `session`: it vanishes with the
+    /// session (`Behavior = delete`), so a record found locked names a live instance. A key
+    /// per session, so a restarted instance with the same name never waits for the record of
+    /// its predecessor's session to expire.
+    pub(super) async fn register_instance(&self, session: &str) -> Result<(), CoordinationError> {
+        const OPERATION: &str = "register instance";
+        let Some(address) = &self.config.advertise else {
+            return Ok(());
+        };
+        let record = InstanceRecord {
+            instance: self.config.instance.clone(),
+            address: address.clone(),
+        };
+        let value = serde_json::to_vec(&record)
+            .map_err(|e| unavailable(OPERATION, format!("record not serializable: {e}")))?;
+        let path = format!(
+            "{}{}/{session}",
+            self.config.instances_folder(),
+            self.config.instance
+        );
+        match self
+            .txn(OPERATION, vec![TxnOp::lock(&path, &value, session)])
+            .await?
+        {
+            Ok(_) => Ok(()),
+            Err(what) => Err(unavailable(OPERATION, format!("{path}: {what}"))),
+        }
+    }
+
+    /// A new session with this instance's record registered under it; a session whose
+    /// record could not be written is destroyed again (unused, it holds nothing).
+    pub(super) async fn open_registered_session(
+        &self,
+        registration: Registration,
+    ) -> Result<(String, Instant), CoordinationError> {
+        let (id, sent) = self.open_session(registration).await?;
+        if let Err(error) = self.register_instance(&id).await {
+            let _ = bounded(
+                "destroy unregistered session",
+                consulrs::session::delete(&self.client, &id, None),
+            )
+            .await;
+            return Err(error);
+        }
+        Ok((id, sent))
+    }
+
     /// Creates a session, retrying with backoff until Consul answers.
     pub(super) async fn create_session_until_done(&self) -> Held {
         let mut backoff = CREATE_BACKOFF_MIN;
         loop {
-            match self.open_session(Registration::IfMissing).await {
+            match self.open_registered_session(Registration::IfMissing).await {
                 Ok((id, sent)) => {
                     return Held {
                         id,

@@ -1,0 +1,475 @@
+//! Forwarding between gateway instances: a call on a lease that another instance serves is
+//! sent to that instance, over a connection pool kept per instance, and its answer comes back
+//! unchanged; a Read is proxied as a stream, pulled only as fast as the caller reads it.
+//!
+//! The lease id names the serving instance; the instance's address comes from its record in
+//! Consul ([`LockBackend::instance_address`]: one read, then cached until a call to it fails).
+//! A forwarded call carries the caller's deadline (`grpc-timeout`, less the time spent here)
+//! and the header [`FORWARDED_BY`]; an instance never forwards a call that has that header,
+//! so a misrouted call cannot loop.
+//!
+//! When the serving instance does not answer, what the caller hears depends on what is known
+//! (see [`Peers::failed`]): gone from Consul, or nothing listening at its address, ends the
+//! lease for the caller (LEASE_LOST: it can only acquire again); registered and listening but
+//! not answering is GATEWAY_UNREACHABLE, which a client retries, until Consul notices a dead
+//! instance.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tonic::metadata::{MetadataMap, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+use tonic_types::StatusExt;
+
+use kafka_lease_proto::v1;
+use kafka_lease_proto::v1::gateway_peer_service_client::GatewayPeerServiceClient;
+use kafka_lease_proto::v1::partition_lease_service_client::PartitionLeaseServiceClient;
+
+use crate::coordination::LockBackend;
+use crate::error::{EndReason, LeaseError};
+use crate::grpc::{status_of, ERROR_DOMAIN};
+
+/// The request header that marks a call forwarded by another instance; its value names that
+/// instance. A call with it is answered where it lands, never forwarded again.
+pub const FORWARDED_BY: &str = "kafka-lease-forwarded-by";
+
+/// How long dialing a peer may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 pings on peer connections, so that a peer that stopped answering (paused, cut off)
+/// ends the Reads proxied from it instead of leaving them silent.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the check "does anything listen at the peer's address" may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+/// ListLeases asks at most this many instances for live details at once.
+pub const DESCRIBE_FANOUT: usize = 8;
+/// How long one instance may take to describe its leases for a ListLeases.
+pub const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The connections to the other instances, and the forwarding of calls over them.
+#[derive(Debug)]
+pub struct Peers {
+    /// This instance.
+    me: String,
+    locks: Arc<dyn LockBackend>,
+    /// The most calls one pooled connection carries at once: past it another connection is
+    /// opened, so forwarded Reads never queue behind a peer's HTTP/2 stream limit.
+    streams_per_connection: usize,
+    peers: Mutex<HashMap<String, Peer>>,
+}
+
+/// The pool of connections to one instance.
+#[derive(Debug)]
+struct Peer {
+    address: String,
+    connections: Vec<Connection>,
+}
+
+#[derive(Clone, Debug)]
+struct Connection {
+    channel: Channel,
+    /// Calls open on it.
+    open: Arc<AtomicUsize>,
+}
+
+/// A call's hold on one pooled connection to the serving instance, given back on drop.
+#[derive(Debug)]
+pub struct Route {
+    /// The serving instance.
+    pub instance: String,
+    /// Where it was dialed.
+    pub address: String,
+    /// The lease's public reference, for errors and logs.
+    pub lease_ref: String,
+    channel: Channel,
+    open: Arc<AtomicUsize>,
+}
+
+impl Drop for Route {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Route {
+    pub fn client(&self) -> PartitionLeaseServiceClient<Channel> {
+        // The serving instance bounds what it sends (ReadRequest.max_bytes, a single record
+        // alone past it); this side passes on whatever that is.
+        PartitionLeaseServiceClient::new(self.channel.clone()).max_decoding_message_size(usize::MAX)
+    }
+}
+
+/// The end of a lease as a caller hears it when the instance that served it is gone.
+fn gone(lease_ref: &str, instance: &str, why: String) -> LeaseError {
+    LeaseError::LeaseEnded {
+        lease_ref: lease_ref.to_string(),
+        reason: EndReason::Lost(format!(
+            "the gateway instance {instance:?} that served it {why}; acquire a new lease"
+        )),
+    }
+}
+
+fn lock(peers: &Mutex<HashMap<String, Peer>>) -> MutexGuard<'_, HashMap<String, Peer>> {
+    peers.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Peers {
+    pub fn new(me: String, locks: Arc<dyn LockBackend>, streams_per_connection: usize) -> Self {
+        Peers {
+            me,
+            locks,
+            streams_per_connection: streams_per_connection.max(1),
+            peers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This instance's name.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// A connection to `instance` for one call on lease `lease_ref`: the cached address, else
+    /// the one its Consul record gives; LEASE_LOST when it has none (the instance is gone).
+    pub async fn route(&self, lease_ref: &str, instance: &str) -> Result<Route, LeaseError> {
+        let cached = lock(&self.peers).get(instance).map(|p| p.address.clone());
+        let address = match cached {
+            Some(address) => address,
+            None => match self.locks.instance_address(instance).await? {
+                Some(address) => address,
+                None => {
+                    return Err(gone(
+                        lease_ref,
+                        instance,
+                        "is not registered in Consul (it stopped, or lost its session)".into(),
+                    ))
+                }
+            },
+        };
+        self.route_to(lease_ref, instance, &address)
+    }
+
+    /// A connection to `instance` at `address` (replacing a pool to another address).
+    pub fn route_to(
+        &self,
+        lease_ref: &str,
+        instance: &str,
+        address: &str,
+    ) -> Result<Route, LeaseError> {
+        let mut peers = lock(&self.peers);
+        let peer = peers.entry(instance.to_string()).or_insert_with(|| Peer {
+            address: address.to_string(),
+            connections: Vec::new(),
+        });
+        if peer.address != address {
+            *peer = Peer {
+                address: address.to_string(),
+                connections: Vec::new(),
+            };
+        }
+        let limit = self.streams_per_connection;
+        let connection = match peer
+            .connections
+            .iter()
+            .find(|c| c.open.load(Ordering::SeqCst) < limit)
+        {
+            Some(connection) => connection.clone(),
+            None => {
+                let endpoint = Endpoint::from_shared(format!("http://{address}"))
+                    .map_err(|e| LeaseError::GatewayUnreachable {
+                        lease_ref: lease_ref.to_string(),
+                        gateway: instance.to_string(),
+                        address: address.to_string(),
+                        detail: format!("its advertised address is not usable: {e}"),
+                    })?
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                    .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                    .keep_alive_while_idle(true);
+                let connection = Connection {
+                    channel: endpoint.connect_lazy(),
+                    open: Arc::new(AtomicUsize::new(0)),
+                };
+                if !peer.connections.is_empty() {
+                    tracing::debug!(
+                        peer = %instance,
+                        %address,
+                        connections = peer.connections.len() + 1,
+                        "another connection to a peer (the others carry {limit} calls each)",
+                    );
+                }
+                peer.connections.push(connection.clone());
+                connection
+            }
+        };
+        connection.open.fetch_add(1, Ordering::SeqCst);
+        Ok(Route {
+            instance: instance.to_string(),
+            address: address.to_string(),
+            lease_ref: lease_ref.to_string(),
+            channel: connection.channel,
+            open: connection.open,
+        })
+    }
+
+    /// A client of `instance`'s peer service at `address`, for ListLeases.
+    pub fn describer(
+        &self,
+        instance: &str,
+        address: &str,
+    ) -> Result<(GatewayPeerServiceClient<Channel>, Route), LeaseError> {
+        let route = self.route_to("", instance, address)?;
+        let client = GatewayPeerServiceClient::new(route.channel.clone())
+            .max_decoding_message_size(usize::MAX);
+        Ok((client, route))
+    }
+
+    /// Drops the pool of `instance`, so the next call looks its address up again.
+    fn forget(&self, instance: &str) {
+        lock(&self.peers).remove(instance);
+    }
+
+    /// The request to send to the serving instance: `message`, the caller's deadline less
+    /// what has passed, and [`FORWARDED_BY`].
+    pub fn outgoing<T>(&self, message: T, deadline: Option<tokio::time::Instant>) -> Request<T> {
+        let mut request = Request::new(message);
+        if let Some(deadline) = deadline {
+            request.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        if let Ok(value) = MetadataValue::try_from(self.me.as_str()) {
+            request.metadata_mut().insert(FORWARDED_BY, value);
+        }
+        request
+    }
+
+    /// What the caller hears when a call forwarded over `route` failed with `status`.
+    ///
+    /// - An answer of the serving instance (it carries this service's ErrorInfo) comes back
+    ///   exactly, but for WRONG_GATEWAY: the address now belongs to another instance, so
+    ///   the one that served the lease is gone (LEASE_LOST).
+    /// - A deadline or a cancellation comes back as it is.
+    /// - Anything else is the transport failing. The pool is dropped, and: LEASE_LOST when
+    ///   Consul no longer has the instance, or nothing listens at its address (a process
+    ///   that died; its session ends soon too); GATEWAY_UNREACHABLE (retry) otherwise.
+    pub async fn failed(&self, route: &Route, status: Status) -> Status {
+        let (lease_ref, instance, address) = (&route.lease_ref, &route.instance, &route.address);
+        if let Some(info) = status.get_details_error_info() {
+            if info.domain == ERROR_DOMAIN {
+                if info.reason == v1::ErrorReason::WrongGateway.as_str_name() {
+                    self.forget(instance);
+                    return status_of(gone(
+                        lease_ref,
+                        instance,
+                        format!("no longer listens at {address}: another instance does"),
+                    ));
+                }
+                return exactly(&status);
+            }
+        }
+        if matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled) {
+            return exactly(&status);
+        }
+        self.forget(instance);
+        let detail = format!("{}: {}", status.code(), status.message());
+        let verdict = match self.locks.instance_address(instance).await {
+            Ok(None) => Err(format!(
+                "is no longer registered in Consul (it stopped, or lost its session; the call \
+                 failed with {detail})"
+            )),
+            Ok(Some(current)) => match probe(&current).await {
+                Probe::Refused => Err(format!(
+                    "no longer listens at {current} (connection refused; the call failed with \
+                     {detail})"
+                )),
+                Probe::Listening | Probe::Unknown => Ok(detail),
+            },
+            Err(err) => Ok(format!(
+                "{detail}; Consul did not say whether it lives: {err}"
+            )),
+        };
+        let err = match verdict {
+            Err(why) => gone(lease_ref, instance, why),
+            Ok(detail) => LeaseError::GatewayUnreachable {
+                lease_ref: lease_ref.clone(),
+                gateway: instance.clone(),
+                address: address.clone(),
+                detail,
+            },
+        };
+        tracing::warn!(
+            peer = %instance,
+            %address,
+            lease_ref = %lease_ref,
+            error = %err,
+            "a call forwarded to the serving instance failed",
+        );
+        status_of(err)
+    }
+
+    /// Proxies a Read opened on the serving instance: each response as it comes, pulled only
+    /// when the caller's stream wants the next one (so HTTP/2 flow control carries a slow
+    /// caller's pace to the serving instance's fetching); the end as the serving instance
+    /// sent it, or as [`Peers::failed`] tells it.
+    pub fn proxy_read(
+        self: &Arc<Self>,
+        route: Route,
+        inner: tonic::Streaming<v1::ReadResponse>,
+    ) -> ReadResponses {
+        struct State {
+            peers: Arc<Peers>,
+            route: Route,
+            inner: tonic::Streaming<v1::ReadResponse>,
+            done: bool,
+        }
+        let state = State {
+            peers: self.clone(),
+            route,
+            inner,
+            done: false,
+        };
+        Box::pin(futures::stream::unfold(state, |mut st| async move {
+            if st.done {
+                return None;
+            }
+            let next = st.inner.message().await;
+            match next {
+                Ok(Some(response)) => Some((Ok(response), st)),
+                Ok(None) => None,
+                Err(status) => {
+                    st.done = true;
+                    let status = st.peers.failed(&st.route, status).await;
+                    Some((Err(status), st))
+                }
+            }
+        }))
+    }
+
+    /// Forwards a unary call over a route to the serving instance; the answer as
+    /// [`Peers::failed`] tells it.
+    pub async fn unary<Req, Resp, F, Fut>(
+        &self,
+        route: Route,
+        message: Req,
+        deadline: Option<tokio::time::Instant>,
+        call: F,
+    ) -> Result<Resp, Status>
+    where
+        F: FnOnce(PartitionLeaseServiceClient<Channel>, Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let request = self.outgoing(message, deadline);
+        match call(route.client(), request).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => Err(self.failed(&route, status).await),
+        }
+    }
+}
+
+/// A Read's responses, as the gRPC service hands them to tonic.
+pub type ReadResponses = Pin<Box<dyn Stream<Item = Result<v1::ReadResponse, Status>> + Send>>;
+
+/// `stream`, ended with DEADLINE_EXCEEDED at `deadline` (the caller's `grpc-timeout`): tonic
+/// enforces a call's deadline only until its response headers, and a Read is a stream.
+pub fn until_deadline(
+    stream: ReadResponses,
+    deadline: Option<tokio::time::Instant>,
+) -> ReadResponses {
+    let Some(deadline) = deadline else {
+        return stream;
+    };
+    let state = (stream, Box::pin(tokio::time::sleep_until(deadline)), false);
+    Box::pin(futures::stream::unfold(
+        state,
+        |(mut stream, mut sleep, done)| async move {
+            if done {
+                return None;
+            }
+            tokio::select! {
+                biased;
+                item = stream.next() => item.map(|item| (item, (stream, sleep, false))),
+                () = &mut sleep => Some((
+                    Err(Status::deadline_exceeded(
+                        "the Read reached the caller's deadline (its grpc-timeout)",
+                    )),
+                    (stream, sleep, true),
+                )),
+            }
+        },
+    ))
+}
+
+/// `status` as the serving instance sent it: code, message and details (its ErrorInfo and
+/// RetryInfo). Transport headers of the hop are not carried over.
+fn exactly(status: &Status) -> Status {
+    Status::with_details(
+        status.code(),
+        status.message(),
+        status.details().to_vec().into(),
+    )
+}
+
+enum Probe {
+    Listening,
+    Refused,
+    Unknown,
+}
+
+/// Whether anything accepts TCP connections at `address` right now.
+async fn probe(address: &str) -> Probe {
+    match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+        Ok(Ok(_)) => Probe::Listening,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
+        Ok(Err(_)) | Err(_) => Probe::Unknown,
+    }
+}
+
+/// The caller's deadline, from its `grpc-timeout` header, as an instant.
+pub fn deadline_of(metadata: &MetadataMap) -> Option<tokio::time::Instant> {
+    let value = metadata.get("grpc-timeout")?.to_str().ok()?;
+    grpc_timeout(value).map(|d| tokio::time::Instant::now() + d)
+}
+
+/// Parses a `grpc-timeout` value: at most 8 digits and a unit (H, M, S, m, u, n).
+fn grpc_timeout(value: &str) -> Option<Duration> {
+    if value.len() < 2 || value.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_spec_writes_them() {
+        assert_eq!(grpc_timeout("30000000u"), Some(Duration::from_secs(30)));
+        assert_eq!(grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(grpc_timeout("1M"), Some(Duration::from_secs(60)));
+        assert_eq!(grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "123456789S", "1x", "-1S", "1.5S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+}
