@@ -253,10 +253,11 @@ impl Peers {
     /// - An answer of the serving instance (it carries this service's ErrorInfo) comes back
     ///   exactly, but for WRONG_GATEWAY: the address now belongs to another instance, so
     ///   the one that served the lease is gone (LEASE_LOST).
-    /// - A deadline or a cancellation comes back as it is.
-    /// - Anything else is the transport failing. The pool is dropped, and: LEASE_LOST when
-    ///   Consul no longer has the instance, or nothing listens at its address (a process
-    ///   that died; its session ends soon too); GATEWAY_UNREACHABLE (retry) otherwise.
+    /// - A status without it comes back as it is too (a deadline, a cancellation), unless
+    ///   its code is one tonic makes up for a failed connection (UNAVAILABLE, UNKNOWN,
+    ///   INTERNAL): the transport failing. The pool is dropped, and: LEASE_LOST when Consul
+    ///   no longer has the instance, or nothing listens at its address (a process that died;
+    ///   its session ends soon too); GATEWAY_UNREACHABLE (retry) otherwise.
     pub async fn failed(&self, route: &Route, status: Status) -> Status {
         let (lease_ref, instance, address) = (&route.lease_ref, &route.instance, &route.address);
         if let Some(info) = status.get_details_error_info() {
@@ -272,7 +273,13 @@ impl Peers {
                 return exactly(&status);
             }
         }
-        if matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled) {
+        // What tonic makes up when a connection fails (refused, reset, a broken HTTP/2
+        // stream) is UNAVAILABLE, UNKNOWN or INTERNAL without details; anything else (a
+        // deadline, a cancellation, a method the peer does not have) is passed on as it is.
+        if !matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Internal
+        ) {
             return exactly(&status);
         }
         self.forget(instance);
@@ -420,11 +427,33 @@ enum Probe {
     Unknown,
 }
 
-/// Whether anything accepts TCP connections at `address` right now.
+/// Whether a live server listens at `address` right now. A connection is not enough: a
+/// process killed a moment ago may still complete handshakes from its listen backlog while
+/// the kernel closes its sockets, and then resets them. An HTTP/2 server sends its SETTINGS
+/// frame as soon as it accepts, so a live gateway says something at once; a dead one
+/// refuses, resets or closes. A paused one says nothing: unknown.
 async fn probe(address: &str) -> Probe {
-    match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
-        Ok(Ok(_)) => Probe::Listening,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
+    use tokio::io::AsyncReadExt as _;
+    let connected =
+        tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await;
+    let mut stream = match connected {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => return Probe::Refused,
+        Ok(Err(_)) | Err(_) => return Probe::Unknown,
+    };
+    let mut byte = [0_u8; 1];
+    match tokio::time::timeout(PROBE_TIMEOUT, stream.read(&mut byte)).await {
+        Ok(Ok(n)) if n > 0 => Probe::Listening,
+        // Closed or reset without a word: nothing serves there any more.
+        Ok(Ok(_)) => Probe::Refused,
+        Ok(Err(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+            ) =>
+        {
+            Probe::Refused
+        }
         Ok(Err(_)) | Err(_) => Probe::Unknown,
     }
 }
