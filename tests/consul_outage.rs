@@ -31,7 +31,7 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
         .expect("acquire");
     let reads = held.records(ReadOptions::new()).await.expect("read");
 
-    services_script(&services, "stop-consul");
+    services_script(&services, "stop-consul").await;
     let stopped_at = tokio::time::Instant::now();
     let outage = {
         let (health, client, topic) = (health.clone(), client.clone(), topic.clone());
@@ -77,7 +77,7 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
     };
     // Whatever happens above, Consul must come back for the tests after this one.
     let result = tokio::spawn(outage).await;
-    services_script(&services, "start-consul");
+    services_script(&services, "start-consul").await;
     if let Err(panic) = result {
         std::panic::resume_unwind(panic.into_panic());
     }

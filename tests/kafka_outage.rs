@@ -43,7 +43,7 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
         offsets.extend(batch.records.iter().map(|r| r.offset));
     }
 
-    services_script(&services, "stop-kafka");
+    services_script(&services, "stop-kafka").await;
     let outage = async {
         wait_health(&health, "", ServingStatus::NotServing, DEADLINE).await;
         match client
@@ -57,7 +57,7 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
         }
     };
     let outage_result = tokio::time::timeout(DEADLINE, outage).await;
-    services_script(&services, "start-kafka");
+    services_script(&services, "start-kafka").await;
     outage_result.expect("the outage checks finish");
     // The broker listens again but is still loading its offsets topic (NOT_COORDINATOR,
     // COORDINATOR_LOAD_IN_PROGRESS): an Acquire in a group it has never seen, sent at once,

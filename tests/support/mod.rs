@@ -138,12 +138,17 @@ pub async fn wait_health(
     .await
 }
 
-/// Runs `scripts/services <command>` (e.g. `stop-consul`, `start-kafka`) for an outage test.
-pub fn services_script(services: &Services, command: &str) {
-    let script = services.var("KAFKA_LEASE_SERVICES_SCRIPT");
-    let status = std::process::Command::new(script)
-        .arg(command)
+/// Runs `scripts/services <command>` (e.g. `stop-consul`, `start-kafka`) for an outage test,
+/// without blocking the test's runtime: a broker start can take longer under load than the
+/// gateway's HTTP/2 keepalive timeout (20 s), and a runtime blocked that long cannot answer
+/// its pings, so the gateway would close the test's connection.
+pub async fn services_script(services: &Services, command: &str) {
+    let script = services.var("KAFKA_LEASE_SERVICES_SCRIPT").to_string();
+    let command = command.to_string();
+    let status = tokio::process::Command::new(script)
+        .arg(&command)
         .status()
+        .await
         .expect("run scripts/services");
     assert!(status.success(), "scripts/services {command} failed");
 }

@@ -300,6 +300,8 @@ pub struct LeaseInfo {
     pub details_unavailable: Option<String>,
     /// The serving instance's advertised address (`host:port`), where it recorded one.
     pub gateway_address: Option<String>,
+    /// The member id of the subscription holding the lease; `None` for an Acquire lease.
+    pub member_id: Option<String>,
 }
 
 impl From<proto::LeaseInfo> for LeaseInfo {
@@ -319,6 +321,7 @@ impl From<proto::LeaseInfo> for LeaseInfo {
             lag: info.lag,
             details_unavailable: Some(info.details_unavailable).filter(|s| !s.is_empty()),
             gateway_address: Some(info.gateway_address).filter(|s| !s.is_empty()),
+            member_id: Some(info.member_id).filter(|s| !s.is_empty()),
         }
     }
 }
@@ -404,6 +407,7 @@ mod tests {
             lag: Some(4),
             details_unavailable: String::new(),
             gateway_address: "10.0.0.7:50051".into(),
+            member_id: String::new(),
         });
         assert_eq!(info.details_unavailable, None);
         assert_eq!(info.gateway_address.as_deref(), Some("10.0.0.7:50051"));

@@ -81,6 +81,11 @@ pub enum Reason {
     /// `gateway`, `address`; retry advice). Once Consul notices a dead instance, calls on
     /// its leases answer `LEASE_LOST`.
     GatewayUnreachable,
+    /// `MEMBER_ACTIVE`: a Subscribe named a member id that a live subscription uses (code
+    /// ALREADY_EXISTS, metadata `group`, `topic`, `member_id`).
+    MemberActive,
+    /// `LEASE_REVOKED`: in a Subscribe `revoked` event, the lease moved to another member.
+    LeaseRevoked,
     /// A reason this version of the crate does not know, as the gateway spelled it.
     Unknown(String),
 }
@@ -110,6 +115,8 @@ impl Reason {
             Some(R::KafkaRefused) => Reason::KafkaRefused,
             Some(R::LimitReached) => Reason::LimitReached,
             Some(R::GatewayUnreachable) => Reason::GatewayUnreachable,
+            Some(R::MemberActive) => Reason::MemberActive,
+            Some(R::LeaseRevoked) => Reason::LeaseRevoked,
             Some(R::Unspecified) | None => Reason::Unknown(name.to_owned()),
         }
     }
@@ -137,6 +144,8 @@ impl Reason {
             Reason::KafkaRefused => R::KafkaRefused,
             Reason::LimitReached => R::LimitReached,
             Reason::GatewayUnreachable => R::GatewayUnreachable,
+            Reason::MemberActive => R::MemberActive,
+            Reason::LeaseRevoked => R::LeaseRevoked,
             Reason::Unknown(name) => return name,
         };
         known.as_str_name()

@@ -107,6 +107,10 @@ pub struct HolderInfo {
     /// address). Empty in records written before instances forwarded calls to each other.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub address: String,
+    /// The member id of the subscription the lease belongs to (see [`MemberRecord`]); empty
+    /// for a lease taken with Acquire.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub subscriber: String,
 }
 
 impl HolderInfo {
@@ -169,13 +173,37 @@ pub struct HeldPartition {
     pub holder: Option<HolderInfo>,
 }
 
-/// The locks held under one (group, topic), as of the backend index `index`.
+/// The locks held under one (group, topic), and the members subscribed to it, as of the
+/// backend index `index`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TopicView {
     /// Pass it back to [`LockBackend::topic_view`] to wait for the next change.
     pub index: u64,
     /// Partition → its lock. A partition not in the map is free (or under lock-delay).
     pub held: std::collections::BTreeMap<i32, HeldPartition>,
+    /// Member id → its record: the members of the subscriptions to this (group, topic) whose
+    /// gateway's session lives.
+    pub members: std::collections::BTreeMap<String, MemberRecord>,
+}
+
+/// A member subscribed to a (group, topic), as its gateway records it beside the topic's
+/// locks (`<group>/<topic>/~members/<member_id>`), bound to the gateway's session: the record
+/// vanishes with the session, so a dead gateway's members leave with it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberRecord {
+    /// Its stable id: `[A-Za-z0-9._-]`, at most 128 characters.
+    pub member_id: String,
+    /// The client's free-text label.
+    #[serde(default)]
+    pub member: String,
+    /// The gateway instance its subscription stream is on.
+    pub gateway: String,
+    /// The most partitions of the topic it takes; 0: no cap.
+    #[serde(default)]
+    pub max_partitions: u32,
+    /// When it joined, in milliseconds since the Unix epoch.
+    #[serde(default)]
+    pub joined_at_ms: u64,
 }
 
 /// What an instance records about itself for as long as its session lives (a backend
@@ -266,6 +294,25 @@ pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
     /// from the backend: `Some` while that instance has a live session that registered one;
     /// `None` when it has none (the instance is gone, lost its session, or never existed).
     async fn instance_address(&self, instance: &str) -> Result<Option<String>, CoordinationError>;
+
+    /// Records `member` as subscribed to (`group`, `topic`), bound to this instance's session
+    /// (written again, the record is replaced). `Ok(false)` when another session holds that
+    /// member id (the member is subscribed through another instance).
+    async fn join(
+        &self,
+        group: &str,
+        topic: &str,
+        member: &MemberRecord,
+    ) -> Result<bool, CoordinationError>;
+
+    /// Removes the record of member `member_id` of (`group`, `topic`) if this instance's
+    /// session holds it.
+    async fn leave(
+        &self,
+        group: &str,
+        topic: &str,
+        member_id: &str,
+    ) -> Result<(), CoordinationError>;
 
     /// Every held lock under the prefix, optionally only one group's, ordered by key.
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError>;

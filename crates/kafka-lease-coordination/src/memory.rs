@@ -17,7 +17,7 @@ use tokio::sync::watch;
 
 use super::{
     Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo, LockBackend,
-    LockGrant, LockKey, SessionState, TopicView,
+    LockGrant, LockKey, MemberRecord, SessionState, TopicView,
 };
 
 /// How far ahead [`LockBackend::valid_until`] of a live in-memory session lies.
@@ -48,6 +48,8 @@ struct Table {
     /// Instance → (its live session, the address it advertises), as instance records in
     /// Consul: gone with the session.
     instances: HashMap<String, (String, String)>,
+    /// `(group, topic)` → member id → (the session that holds its record, the record).
+    members: HashMap<(String, String), BTreeMap<String, (String, MemberRecord)>>,
 }
 
 #[derive(Debug, Clone)]
@@ -95,7 +97,20 @@ impl Table {
                 )
             })
             .collect();
-        TopicView { index, held }
+        let members = self
+            .members
+            .get(&(group.to_string(), topic.to_string()))
+            .map(|m| {
+                m.iter()
+                    .map(|(id, (_, record))| (id.clone(), record.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        TopicView {
+            index,
+            held,
+            members,
+        }
     }
 
     /// Drops every lock of `session` as one write (Consul invalidates a session in one Raft
@@ -108,13 +123,25 @@ impl Table {
             .map(|(key, _)| key.clone())
             .collect();
         self.instances.retain(|_, (owner, _)| owner != session);
-        if keys.is_empty() {
+        let topics: Vec<(String, String)> = self
+            .members
+            .iter()
+            .filter(|(_, members)| members.values().any(|(owner, _)| owner == session))
+            .map(|(topic, _)| topic.clone())
+            .collect();
+        if keys.is_empty() && topics.is_empty() {
             return 0;
         }
         let index = self.next_index();
         for key in &keys {
             self.locks.remove(key);
             self.touch(key, index);
+        }
+        for (group, topic) in topics {
+            if let Some(members) = self.members.get_mut(&(group.clone(), topic.clone())) {
+                members.retain(|_, (owner, _)| owner != session);
+            }
+            self.touch(&LockKey::new(group, topic, 0), index);
         }
         keys.len()
     }
@@ -368,6 +395,71 @@ impl LockBackend for MemoryLocks {
             .map(|(_, address)| address.clone()))
     }
 
+    async fn join(
+        &self,
+        group: &str,
+        topic: &str,
+        member: &MemberRecord,
+    ) -> Result<bool, CoordinationError> {
+        let session = self.live_session()?;
+        let index = {
+            let mut table = self.store.table();
+            let topic_key = (group.to_string(), topic.to_string());
+            let held_elsewhere = table
+                .members
+                .get(&topic_key)
+                .and_then(|m| m.get(&member.member_id))
+                .is_some_and(|(owner, _)| *owner != session);
+            if held_elsewhere {
+                return Ok(false);
+            }
+            let index = table.next_index();
+            table
+                .members
+                .entry(topic_key)
+                .or_default()
+                .insert(member.member_id.clone(), (session, member.clone()));
+            table.touch(&LockKey::new(group, topic, 0), index);
+            index
+        };
+        self.store.announce(index);
+        Ok(true)
+    }
+
+    async fn leave(
+        &self,
+        group: &str,
+        topic: &str,
+        member_id: &str,
+    ) -> Result<(), CoordinationError> {
+        let Ok(session) = self.live_session() else {
+            return Ok(());
+        };
+        let written = {
+            let mut table = self.store.table();
+            let topic_key = (group.to_string(), topic.to_string());
+            let ours = table
+                .members
+                .get(&topic_key)
+                .and_then(|m| m.get(member_id))
+                .is_some_and(|(owner, _)| *owner == session);
+            if ours {
+                if let Some(members) = table.members.get_mut(&topic_key) {
+                    members.remove(member_id);
+                }
+                let index = table.next_index();
+                table.touch(&LockKey::new(group, topic, 0), index);
+                Some(index)
+            } else {
+                None
+            }
+        };
+        if let Some(index) = written {
+            self.store.announce(index);
+        }
+        Ok(())
+    }
+
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
         let table = self.store.table();
         // The BTreeMap iterates in `LockKey` order, which is the order promised.
@@ -432,6 +524,7 @@ mod tests {
             acquired_at_ms: 1,
             ttl_ms: 1000,
             address: String::new(),
+            subscriber: String::new(),
         }
     }
 

@@ -14,7 +14,8 @@ use consulrs::client::{ConsulClient, ConsulClientSettingsBuilder};
 use kafka_lease_coordination::consul::{ConsulLockConfig, ConsulLocks, SessionCheck, FENCE_MARGIN};
 use kafka_lease_coordination::memory::{MemoryLockStore, MemoryLocks};
 use kafka_lease_coordination::{
-    Acquisition, CoordinationError, HolderInfo, LockBackend, LockGrant, LockKey, SessionState,
+    Acquisition, CoordinationError, HolderInfo, LockBackend, LockGrant, LockKey, MemberRecord,
+    SessionState, TopicView,
 };
 use kafka_lease_testkit::{unique_name, wait_for, Services};
 use tokio::net::{TcpListener, TcpStream};
@@ -201,6 +202,7 @@ contract! {
     shutdown_frees_the_keys_at_once: 5;
     lost_session_frees_the_keys_and_recovers: 1;
     instance_records_live_and_die_with_the_session: 1;
+    members_join_leave_and_vanish_with_the_session: 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -214,6 +216,7 @@ fn holder(member: &str, gateway: &str) -> HolderInfo {
         acquired_at_ms: 1_700_000_000_000,
         ttl_ms: 30_000,
         address: String::new(),
+        subscriber: String::new(),
     }
 }
 
@@ -572,6 +575,101 @@ async fn instance_records_live_and_die_with_the_session<B: LockBackend>(rig: Rig
     // Shut down, the instance is gone.
     rig.a.shutdown().await;
     assert_eq!(address("gw-a").await.unwrap(), None, "after shutdown");
+    rig.finish().await;
+}
+
+fn member(id: &str, gateway: &str) -> MemberRecord {
+    MemberRecord {
+        member_id: id.into(),
+        member: format!("label of {id}"),
+        gateway: gateway.into(),
+        max_partitions: 0,
+        joined_at_ms: 1_700_000_000_000,
+    }
+}
+
+async fn members_join_leave_and_vanish_with_the_session<B: LockBackend>(rig: Rig<B>) {
+    let (group, topic) = (rig.group.clone(), "orders");
+    async fn now<B: LockBackend>(backend: &B, group: &str, topic: &str) -> TopicView {
+        backend
+            .topic_view(group, topic, None, Duration::from_secs(1))
+            .await
+            .unwrap()
+    }
+    let view = |backend| now(backend, &group, topic);
+    let lock = rig.key(topic, 0);
+    acquire(&rig.a, &lock, &holder("m1", "gw-a")).await;
+    let before = view(&rig.b).await.index;
+    assert!(rig
+        .a
+        .join(&group, topic, &member("m-1", "gw-a"))
+        .await
+        .unwrap());
+    assert!(rig
+        .b
+        .join(&group, topic, &member("m-2", "gw-b"))
+        .await
+        .unwrap());
+    // A member id is one member: another instance cannot take it over while it lives.
+    assert!(!rig
+        .b
+        .join(&group, topic, &member("m-1", "gw-b"))
+        .await
+        .unwrap());
+    // Its own instance may write it again.
+    assert!(rig
+        .a
+        .join(&group, topic, &member("m-1", "gw-a"))
+        .await
+        .unwrap());
+    let seen = view(&rig.b).await;
+    assert!(seen.index > before, "a join moves the topic's index");
+    assert_eq!(
+        seen.members.keys().cloned().collect::<Vec<_>>(),
+        vec!["m-1".to_string(), "m-2".to_string()]
+    );
+    assert_eq!(seen.members["m-1"], member("m-1", "gw-a"));
+    assert_eq!(
+        seen.held.keys().copied().collect::<Vec<_>>(),
+        vec![0],
+        "locks as before"
+    );
+    // Records are not locks.
+    let listed: Vec<LockKey> = rig
+        .b
+        .list(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.key)
+        .collect();
+    assert_eq!(listed, vec![lock.clone()]);
+
+    // Leaving removes only one's own record.
+    rig.b.leave(&group, topic, "m-1").await.unwrap();
+    rig.b.leave(&group, topic, "m-2").await.unwrap();
+    assert_eq!(
+        view(&rig.a)
+            .await
+            .members
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec!["m-1".to_string()]
+    );
+
+    // A lost session takes its members along, and wakes a watcher of the topic.
+    let index = view(&rig.b).await.index;
+    let watch = rig.b.topic_view(&group, topic, Some(index), DEADLINE);
+    let (woke, ()) = tokio::join!(watch, rig.invalidator.invalidate(&rig.a));
+    let woke = woke.unwrap();
+    let gone = wait_for("the member to vanish", DEADLINE, || async {
+        let v = view(&rig.b).await;
+        v.members.is_empty().then_some(v)
+    })
+    .await;
+    assert!(gone.held.is_empty(), "and its locks");
+    assert!(woke.index > index);
     rig.finish().await;
 }
 

@@ -135,6 +135,14 @@ pub enum LeaseError {
         detail: String,
     },
 
+    /// A Subscribe named a member id that a live subscription uses.
+    #[error("member {member_id:?} of group {group:?} is subscribed to topic {topic:?} already, through a live stream; end that one first, or use another member id")]
+    MemberActive {
+        group: String,
+        topic: String,
+        member_id: String,
+    },
+
     #[error("Consul is unavailable: {0}")]
     Coordination(#[from] CoordinationError),
 }

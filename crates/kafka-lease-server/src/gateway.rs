@@ -46,6 +46,8 @@ pub struct AcquireSpec {
     /// The client connection the Acquire came on (its peer address), for
     /// [`Limits::max_leases_per_connection`]; `None` for callers without one.
     pub via: Option<std::net::SocketAddr>,
+    /// The member id of the subscription the lease is for; empty for an Acquire.
+    pub subscriber: String,
 }
 
 /// What Acquire grants.
@@ -743,6 +745,7 @@ impl Gateway {
             acquired_at_ms: now_ms(),
             ttl_ms: spec.ttl.as_millis() as u64,
             address: self.address.clone().unwrap_or_default(),
+            subscriber: spec.subscriber.clone(),
         };
         let session = self.live_session();
         let grant = match self.locks.try_acquire(key, &holder).await {
@@ -903,6 +906,8 @@ impl Gateway {
                 .map_or(0, |d| d.as_millis() as u64),
             ttl_ms: lease.ttl.as_millis() as u64,
             address: self.address.clone().unwrap_or_default(),
+            // Only for this instance's own view of the queue, which does not look at it.
+            subscriber: String::new(),
         }
     }
 
@@ -1262,6 +1267,11 @@ impl Gateway {
         tracing::info!(leases = count, "all leases released");
     }
 
+    /// Turns `true` when the gateway starts shutting down.
+    pub fn stopping(&self) -> watch::Receiver<bool> {
+        self.stopping.subscribe()
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
@@ -1292,5 +1302,6 @@ pub fn lease_info(listed: &ListedLease) -> v1::LeaseInfo {
         lag: local.map(|l| (l.high_watermark - l.position).max(0)),
         details_unavailable: String::new(),
         gateway_address: listed.holder.address.clone(),
+        member_id: listed.holder.subscriber.clone(),
     }
 }

@@ -22,6 +22,7 @@ use crate::forward::{
 use crate::gateway::{lease_info, AcquireSpec, Gateway, ListedLease, Reset, SeekTarget};
 use crate::lease::lease_ref;
 use crate::lease::ReadLimits;
+use crate::subscribe::{Ended, SubscribeSpec, SubscriptionEvent};
 use crate::validate;
 
 /// The `google.rpc.ErrorInfo` domain of every error this service sends.
@@ -175,6 +176,16 @@ fn status_at(err: LeaseError, now: SystemTime) -> Status {
             put("address", address.clone());
             retry = Some(RETRY_DELAY);
             (Code::Unavailable, R::GatewayUnreachable)
+        }
+        LeaseError::MemberActive {
+            group,
+            topic,
+            member_id,
+        } => {
+            put("group", group.clone());
+            put("topic", topic.clone());
+            put("member_id", member_id.clone());
+            (Code::AlreadyExists, R::MemberActive)
         }
         LeaseError::Coordination(coordination) => {
             if let CoordinationError::Unavailable { operation, .. } = coordination {
@@ -506,19 +517,7 @@ fn acquire_spec(
         std::time::Duration::ZERO,
         validate::MAX_WAIT,
     )?;
-    let reset = match v1::ResetPolicy::try_from(req.reset) {
-        Ok(v1::ResetPolicy::ResetEarliest) => Reset::Earliest,
-        Ok(v1::ResetPolicy::ResetLatest) => Reset::Latest,
-        Err(_) => {
-            return Err(LeaseError::InvalidArgument {
-                field: "reset",
-                message: format!(
-                    "reset {} is not a ResetPolicy; allowed RESET_EARLIEST (0), RESET_LATEST (1)",
-                    req.reset
-                ),
-            })
-        }
-    };
+    let reset = reset_of(req.reset)?;
     Ok(AcquireSpec {
         group: req.group.clone(),
         topic: req.topic.clone(),
@@ -528,32 +527,175 @@ fn acquire_spec(
         wait,
         reset,
         via,
+        subscriber: String::new(),
     })
 }
 
 fn read_limits(req: &v1::ReadRequest) -> Result<ReadLimits, LeaseError> {
     validate::lease_id(&req.lease_id)?;
+    limits_of(req.max_records, req.max_bytes, req.max_wait.as_ref())
+}
+
+fn limits_of(
+    max_records: u32,
+    max_bytes: u32,
+    max_wait: Option<&prost_types::Duration>,
+) -> Result<ReadLimits, LeaseError> {
     Ok(ReadLimits {
         max_records: validate::count_in(
             "max_records",
-            req.max_records,
+            max_records,
             validate::DEFAULT_MAX_RECORDS,
             validate::MAX_MAX_RECORDS,
         )? as usize,
         max_bytes: validate::count_in(
             "max_bytes",
-            req.max_bytes,
+            max_bytes,
             validate::DEFAULT_MAX_BYTES,
             validate::MAX_MAX_BYTES,
         )? as usize,
         max_wait: validate::duration_in(
             "max_wait",
-            req.max_wait.as_ref(),
+            max_wait,
             validate::DEFAULT_MAX_WAIT,
             std::time::Duration::ZERO,
             validate::MAX_MAX_WAIT,
         )?,
     })
+}
+
+fn reset_of(reset: i32) -> Result<Reset, LeaseError> {
+    match v1::ResetPolicy::try_from(reset) {
+        Ok(v1::ResetPolicy::ResetEarliest) => Ok(Reset::Earliest),
+        Ok(v1::ResetPolicy::ResetLatest) => Ok(Reset::Latest),
+        Err(_) => Err(LeaseError::InvalidArgument {
+            field: "reset",
+            message: format!(
+                "reset {reset} is not a ResetPolicy; allowed RESET_EARLIEST (0), RESET_LATEST (1)"
+            ),
+        }),
+    }
+}
+
+/// The most topics one Subscribe may name.
+const MAX_SUBSCRIBED_TOPICS: usize = 16;
+/// The revoke grace when the request names none, and the longest allowed.
+const DEFAULT_REVOKE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+const MAX_REVOKE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn subscribe_spec(req: &v1::SubscribeRequest) -> Result<SubscribeSpec, LeaseError> {
+    validate::group(&req.group)?;
+    if req.topics.is_empty() || req.topics.len() > MAX_SUBSCRIBED_TOPICS {
+        return Err(LeaseError::InvalidArgument {
+            field: "topics",
+            message: format!(
+                "{} topics given; allowed 1 ..= {MAX_SUBSCRIBED_TOPICS}",
+                req.topics.len()
+            ),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for topic in &req.topics {
+        validate::topic(topic)?;
+        if !seen.insert(topic.as_str()) {
+            return Err(LeaseError::InvalidArgument {
+                field: "topics",
+                message: format!("topic {topic:?} is named twice; name each topic once"),
+            });
+        }
+    }
+    validate::member(&req.member)?;
+    validate::member_id(&req.member_id)?;
+    Ok(SubscribeSpec {
+        group: req.group.clone(),
+        topics: req.topics.clone(),
+        member: req.member.clone(),
+        member_id: req.member_id.clone(),
+        limits: limits_of(req.max_records, req.max_bytes, req.max_wait.as_ref())?,
+        reset: reset_of(req.reset)?,
+        max_partitions: req.max_partitions,
+        revoke_grace: validate::duration_in(
+            "revoke_grace",
+            req.revoke_grace.as_ref(),
+            DEFAULT_REVOKE_GRACE,
+            std::time::Duration::ZERO,
+            MAX_REVOKE_GRACE,
+        )?,
+    })
+}
+
+/// A subscription event as the wire carries it.
+fn subscribe_response(event: SubscriptionEvent) -> v1::SubscribeResponse {
+    use v1::subscribe_response::Event;
+    let event = match event {
+        SubscriptionEvent::Joined { member_id, gateway } => {
+            Event::Joined(v1::Joined { member_id, gateway })
+        }
+        SubscriptionEvent::Assigned(granted) => Event::Assigned(v1::Assigned {
+            lease_id: granted.lease_id,
+            topic: granted.key.topic,
+            partition: granted.key.partition,
+            fencing_token: granted.fencing_token,
+            offset: granted.offset,
+            high_watermark: granted.high_watermark,
+        }),
+        SubscriptionEvent::Records {
+            lease_id,
+            topic,
+            partition,
+            response,
+        } => Event::Records(v1::SubscribedRecords {
+            lease_id,
+            topic,
+            partition,
+            seek_epoch: response.seek_epoch,
+            high_watermark: response.high_watermark,
+            records: response.records,
+        }),
+        SubscriptionEvent::Revoking {
+            lease_id,
+            topic,
+            partition,
+            deadline,
+        } => Event::Revoking(v1::Revoking {
+            lease_id,
+            topic,
+            partition,
+            deadline: Some(timestamp(deadline)),
+        }),
+        SubscriptionEvent::Revoked {
+            lease_id,
+            topic,
+            partition,
+            why,
+        } => {
+            let (reason, message) = match why {
+                Ended::Revoked => (
+                    v1::ErrorReason::LeaseRevoked.as_str_name().to_string(),
+                    format!(
+                        "lease {:?} moved to another member of the group",
+                        lease_ref(&lease_id)
+                    ),
+                ),
+                Ended::Other(err) => {
+                    let status = status_of(err);
+                    let reason = status
+                        .get_details_error_info()
+                        .map(|info| info.reason)
+                        .unwrap_or_default();
+                    (reason, status.message().to_string())
+                }
+            };
+            Event::Revoked(v1::Revoked {
+                lease_id,
+                topic,
+                partition,
+                reason,
+                message,
+            })
+        }
+    };
+    v1::SubscribeResponse { event: Some(event) }
 }
 
 fn seek_target(req: &v1::SeekRequest) -> Result<SeekTarget, LeaseError> {
@@ -654,6 +796,33 @@ impl PartitionLeaseService for LeaseService {
             Box::pin(stream.map(|item| item.map_err(status_of))),
             deadline,
         )))
+    }
+
+    type SubscribeStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<v1::SubscribeResponse, Status>> + Send>,
+    >;
+
+    async fn subscribe(
+        &self,
+        request: Request<v1::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let spec = subscribe_spec(request.get_ref()).map_err(status_of)?;
+        let deadline = deadline_of(request.metadata());
+        let events = self.gateway.subscribe(spec).await.map_err(status_of)?;
+        let events = events.map(|event| event.map(subscribe_response).map_err(status_of));
+        let events: Self::SubscribeStream = match deadline {
+            Some(deadline) => {
+                Box::pin(events.take_until(tokio::time::sleep_until(deadline)).chain(
+                    futures::stream::once(async {
+                        Err(Status::deadline_exceeded(
+                            "the Subscribe reached the caller's deadline (its grpc-timeout)",
+                        ))
+                    }),
+                ))
+            }
+            None => Box::pin(events),
+        };
+        Ok(Response::new(events))
     }
 
     async fn seek(
@@ -810,6 +979,7 @@ mod tests {
                 acquired_at_ms: 0,
                 ttl_ms: 10_000,
                 address: String::new(),
+                subscriber: String::new(),
             },
             token: 1,
             local: None,
@@ -1180,6 +1350,7 @@ mod tests {
             acquired_at_ms: 1_700_000_000_000,
             ttl_ms: 10_000,
             address: String::new(),
+            subscriber: String::new(),
         }
     }
 

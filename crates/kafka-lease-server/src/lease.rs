@@ -102,6 +102,8 @@ pub struct Lease {
     /// librdkafka has its outcome; the end of the lease takes the write side before its lock
     /// is released, so no commit of this lease can land after a successor's Acquire.
     commit_gate: Arc<tokio::sync::RwLock<()>>,
+    /// Counts commits accepted and the end: what a subscription's revoke waits for.
+    commits: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -180,7 +182,14 @@ impl Lease {
             grant: Mutex::new(Some(parts.grant)),
             locks: parts.locks,
             commit_gate: Arc::default(),
+            commits: watch::channel(0).0,
         })
+    }
+
+    /// Changes with every commit accepted on the lease, and at its end (a receiver taken
+    /// now sees only what comes after).
+    pub fn commit_watch(&self) -> watch::Receiver<u64> {
+        self.commits.subscribe()
     }
 
     /// The lock session this lease's grant belongs to.
@@ -231,6 +240,7 @@ impl Lease {
             state.ended = Some(reason);
         }
         self.interrupt();
+        self.commits.send_modify(|n| *n = n.wrapping_add(1));
         true
     }
 
@@ -261,6 +271,7 @@ impl Lease {
             )
             .await?;
         self.record_commit(offset);
+        self.commits.send_modify(|n| *n = n.wrapping_add(1));
         tracing::debug!(parent: &self.span, offset, "committed");
         Ok(metadata)
     }

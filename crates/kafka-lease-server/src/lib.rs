@@ -7,6 +7,7 @@
 //! [`forward`] (calls on leases other instances serve, sent on to them), and [`server`]
 //! (running it all, health, shutdown).
 
+mod balance;
 pub mod config;
 /// The partition locks: a crate of its own, so that "knows nothing of Kafka or gRPC" is a
 /// rule the compiler enforces.
@@ -19,5 +20,6 @@ pub mod grpc;
 pub mod kafka;
 pub mod lease;
 pub mod server;
+pub mod subscribe;
 pub mod validate;
 mod waiters;

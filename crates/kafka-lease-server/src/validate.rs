@@ -120,6 +120,30 @@ pub fn member(value: &str) -> Result<(), LeaseError> {
     Ok(())
 }
 
+/// The longest member id of a subscription.
+pub const MAX_MEMBER_ID_CHARS: usize = 128;
+
+/// A subscription's member id: empty (the gateway makes one up), or 1 ..= 128 characters of
+/// `[A-Za-z0-9._-]` (it is part of a Consul key).
+pub fn member_id(value: &str) -> Result<(), LeaseError> {
+    let ok = value.len() <= MAX_MEMBER_ID_CHARS
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            "member_id",
+            format!(
+                "member_id {} is not allowed; allowed: empty, or 1 ..= {MAX_MEMBER_ID_CHARS} \
+                 characters of [A-Za-z0-9._-]",
+                shown(value)
+            ),
+        ))
+    }
+}
+
 pub fn metadata(value: &str) -> Result<(), LeaseError> {
     if value.len() > MAX_METADATA_BYTES {
         return Err(invalid(

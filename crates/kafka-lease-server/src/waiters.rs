@@ -370,6 +370,7 @@ mod tests {
                     )
                 })
                 .collect(),
+            members: Default::default(),
         }
     }
 

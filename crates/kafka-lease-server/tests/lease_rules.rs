@@ -60,6 +60,7 @@ fn spec(group: &str, partition: i32) -> AcquireSpec {
         wait: Duration::ZERO,
         reset: Reset::Earliest,
         via: None,
+        subscriber: String::new(),
     }
 }
 

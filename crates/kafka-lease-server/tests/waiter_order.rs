@@ -45,6 +45,7 @@ fn spec(group: &str, topic: &str, member: &str, wait: Duration) -> AcquireSpec {
         wait,
         reset: Reset::Earliest,
         via: None,
+        subscriber: String::new(),
     }
 }
 

@@ -219,6 +219,30 @@ impl TxnOp {
             },
         }
     }
+
+    /// Fails the transaction unless `session` holds `key`.
+    pub(super) fn check_session(key: &str, session: &str) -> Self {
+        TxnOp {
+            kv: TxnKv {
+                verb: "check-session",
+                key: key.to_string(),
+                value: None,
+                session: Some(session.to_string()),
+            },
+        }
+    }
+
+    /// Deletes `key`.
+    pub(super) fn delete(key: &str) -> Self {
+        TxnOp {
+            kv: TxnKv {
+                verb: "delete",
+                key: key.to_string(),
+                value: None,
+                session: None,
+            },
+        }
+    }
 }
 
 impl Endpoint for Txn {

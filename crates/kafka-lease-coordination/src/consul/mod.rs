@@ -71,7 +71,7 @@ use tokio::time::Instant;
 
 use super::{
     Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo,
-    InstanceRecord, LockBackend, LockGrant, LockKey, SessionState, TopicView,
+    InstanceRecord, LockBackend, LockGrant, LockKey, MemberRecord, SessionState, TopicView,
 };
 
 mod config;
@@ -181,9 +181,29 @@ impl Shared {
     }
 }
 
+/// The folder of a topic's member records, under its lock prefix: `~` cannot occur in a
+/// partition number, so no lock key lies under it.
+const MEMBERS_DIR: &str = "~members";
+
 /// The view of one topic from a read of its prefix: the locked keys that parse as
-/// `<group>/<topic>/<partition>` of this topic.
+/// `<group>/<topic>/<partition>` of this topic, and the locked member records under
+/// `<group>/<topic>/~members/`.
 fn view_of(prefix: &str, group: &str, topic: &str, read: KvRead<KVPair>) -> TopicView {
+    let members_folder = format!(
+        "{}{MEMBERS_DIR}/",
+        LockKey::new(group, topic, 0).topic_prefix(prefix)
+    );
+    let members = read
+        .entries
+        .iter()
+        .filter(|e| e.session.is_some())
+        .filter_map(|entry| {
+            let id = entry.key.strip_prefix(&members_folder)?;
+            let bytes: Vec<u8> = entry.value.clone()?.try_into().ok()?;
+            let record: MemberRecord = serde_json::from_slice(&bytes).ok()?;
+            (record.member_id == id).then(|| (id.to_string(), record))
+        })
+        .collect();
     let held = read
         .entries
         .iter()
@@ -203,7 +223,16 @@ fn view_of(prefix: &str, group: &str, topic: &str, read: KvRead<KVPair>) -> Topi
     TopicView {
         index: read.index,
         held,
+        members,
     }
+}
+
+/// The key of a member's record.
+fn member_path(prefix: &str, group: &str, topic: &str, member_id: &str) -> String {
+    format!(
+        "{}{MEMBERS_DIR}/{member_id}",
+        LockKey::new(group, topic, 0).topic_prefix(prefix)
+    )
 }
 
 impl ConsulLocks {
@@ -522,6 +551,62 @@ impl LockBackend for ConsulLocks {
             }))
     }
 
+    /// One `/v1/txn` with a `lock` of the member's record: its session's own record is
+    /// rewritten in place; another session's is refused ("already held").
+    async fn join(
+        &self,
+        group: &str,
+        topic: &str,
+        member: &MemberRecord,
+    ) -> Result<bool, CoordinationError> {
+        const OPERATION: &str = "join";
+        let shared = &*self.shared;
+        let session = shared.live_session()?;
+        let path = member_path(shared.prefix(), group, topic, &member.member_id);
+        let value = serde_json::to_vec(member)
+            .map_err(|e| unavailable(OPERATION, format!("record not serializable: {e}")))?;
+        match shared
+            .txn(OPERATION, vec![TxnOp::lock(&path, &value, &session)])
+            .await?
+        {
+            Ok(_) => Ok(true),
+            Err(what) if what.contains("already held") || what.contains("lock delay") => Ok(false),
+            Err(what) if what.contains("invalid session") => {
+                shared.poke.notify_one();
+                Err(CoordinationError::NoSession {
+                    reason: format!("consul rejected session {session}: {what}"),
+                })
+            }
+            Err(what) => Err(unavailable(OPERATION, format!("{path}: {what}"))),
+        }
+    }
+
+    /// One `/v1/txn`: check that this session holds the record, then delete it.
+    async fn leave(
+        &self,
+        group: &str,
+        topic: &str,
+        member_id: &str,
+    ) -> Result<(), CoordinationError> {
+        const OPERATION: &str = "leave";
+        let shared = &*self.shared;
+        let Ok(session) = shared.live_session() else {
+            // No session: its records are gone with the last one.
+            return Ok(());
+        };
+        let path = member_path(shared.prefix(), group, topic, member_id);
+        match shared
+            .txn(
+                OPERATION,
+                vec![TxnOp::check_session(&path, &session), TxnOp::delete(&path)],
+            )
+            .await?
+        {
+            // Refused: not ours (any more); nothing to remove.
+            Ok(_) | Err(_) => Ok(()),
+        }
+    }
+
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
         let prefix = self.shared.prefix();
         let path = match group {
@@ -533,7 +618,11 @@ impl LockBackend for ConsulLocks {
         let mut held: Vec<HeldLock> = read
             .entries
             .iter()
-            .filter(|e| e.session.is_some() && !e.key.starts_with(&instances))
+            .filter(|e| {
+                e.session.is_some()
+                    && !e.key.starts_with(&instances)
+                    && !e.key.contains(&format!("/{MEMBERS_DIR}/"))
+            })
             .filter_map(|entry| {
                 let Some(key) = LockKey::from_path(prefix, &entry.key) else {
                     tracing::warn!(

@@ -1,0 +1,666 @@
+//! Subscriptions: a member of a group that shares the partitions of one or more topics with
+//! the group's other members, across every gateway instance (the rule is in
+//! [`crate::balance`]).
+//!
+//! One task per subscription ([`Member`]) on the gateway its stream is on. It joins each
+//! topic (a member record beside the topic's locks, bound to the gateway's session), watches
+//! each topic's view (locks and members, one blocking query per topic), and after every view
+//! computes the member's share: it takes the free partitions the rule gives it (ordinary
+//! leases through [`Gateway::acquire`], tagged with the member id) and gives up those beyond
+//! its quota (*revoking*: no records of the lease follow, the client has the grace period to
+//! commit, then the lease is released). The leases' Reads are merged fairly into one stream.
+//!
+//! The response stream carries control events (joined, assigned, revoking, revoked) on an
+//! unbounded channel that is read first, and records on a channel of one: a batch is pulled
+//! from a lease's Read only when the client has taken the previous one, so a slow client
+//! slows its partitions' fetching, as a Read does. A batch of a lease already announced as
+//! revoking or ended is dropped on the way out, so none follows its announcement.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::stream::{SelectAll, Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::ReceiverStream;
+
+use kafka_lease_proto::v1;
+
+use crate::balance;
+use crate::coordination::{MemberRecord, TopicView};
+use crate::error::LeaseError;
+use crate::gateway::{AcquireSpec, Gateway, Granted, Reset};
+use crate::lease::{Lease, ReadLimits};
+
+/// A validated Subscribe.
+#[derive(Clone, Debug)]
+pub struct SubscribeSpec {
+    pub group: String,
+    /// Distinct topic names.
+    pub topics: Vec<String>,
+    pub member: String,
+    /// Empty: the gateway makes one up.
+    pub member_id: String,
+    pub limits: ReadLimits,
+    pub reset: Reset,
+    /// Most partitions per topic; 0: no cap.
+    pub max_partitions: u32,
+    pub revoke_grace: Duration,
+}
+
+/// Why a subscription's lease ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// It moved to another member (after `revoking`).
+    Revoked,
+    /// It ended otherwise: released, lost, expired, or with the gateway.
+    Other(LeaseError),
+}
+
+/// What a subscription's stream carries.
+#[derive(Debug)]
+pub enum SubscriptionEvent {
+    Joined {
+        member_id: String,
+        gateway: String,
+    },
+    Assigned(Granted),
+    Records {
+        lease_id: String,
+        topic: String,
+        partition: i32,
+        response: v1::ReadResponse,
+    },
+    Revoking {
+        lease_id: String,
+        topic: String,
+        partition: i32,
+        deadline: SystemTime,
+    },
+    Revoked {
+        lease_id: String,
+        topic: String,
+        partition: i32,
+        why: Ended,
+    },
+}
+
+impl SubscriptionEvent {
+    /// The lease a revoking or revoked event announces the end of.
+    fn ends(&self) -> Option<&str> {
+        match self {
+            SubscriptionEvent::Revoking { lease_id, .. }
+            | SubscriptionEvent::Revoked { lease_id, .. } => Some(lease_id),
+            _ => None,
+        }
+    }
+}
+
+/// A subscription's events, as the gRPC service hands them on.
+pub type SubscriptionStream =
+    Pin<Box<dyn Stream<Item = Result<SubscriptionEvent, LeaseError>> + Send>>;
+
+/// How long an attempt at a partition the rule gives this member may wait for it (its
+/// previous holder's release, a lock-delay).
+const TAKE_WAIT: Duration = Duration::from_secs(2);
+/// A subscription lease's TTL beyond its revoke grace: while the subscription reads it, its
+/// open Read keeps it alive; this bounds a lease whose subscription task is gone.
+const LEASE_TTL_MARGIN: Duration = Duration::from_secs(10);
+/// How long a topic's watch waits per round.
+const VIEW_WAIT: Duration = Duration::from_secs(60);
+/// How long an ending subscription waits for its attempts in flight, to release what they
+/// took.
+const CLEANUP_WAIT: Duration = Duration::from_secs(5);
+
+/// A new member id: `m-` and 16 random hex digits.
+pub fn new_member_id() -> String {
+    format!("m-{:016x}", rand::random::<u64>())
+}
+
+impl Gateway {
+    /// Joins the member to each topic and starts its task; the stream of its events. Fails
+    /// before anything is joined for a topic that does not exist, and after leaving what it
+    /// joined when the member id is active elsewhere.
+    pub async fn subscribe(
+        self: &Arc<Self>,
+        mut spec: SubscribeSpec,
+    ) -> Result<SubscriptionStream, LeaseError> {
+        if self.is_shutting_down() {
+            return Err(LeaseError::ShuttingDown);
+        }
+        for topic in &spec.topics {
+            self.kafka().partition_count(topic, None).await?;
+        }
+        if spec.member_id.is_empty() {
+            spec.member_id = new_member_id();
+        }
+        let record = MemberRecord {
+            member_id: spec.member_id.clone(),
+            member: spec.member.clone(),
+            gateway: self.instance().to_string(),
+            max_partitions: spec.max_partitions,
+            joined_at_ms: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        let mut joined = Vec::new();
+        for topic in &spec.topics {
+            match self.locks().join(&spec.group, topic, &record).await {
+                Ok(true) => joined.push(topic.clone()),
+                outcome => {
+                    for topic in &joined {
+                        let _ = self
+                            .locks()
+                            .leave(&spec.group, topic, &spec.member_id)
+                            .await;
+                    }
+                    return Err(match outcome {
+                        Err(err) => err.into(),
+                        _ => LeaseError::MemberActive {
+                            group: spec.group.clone(),
+                            topic: topic.clone(),
+                            member_id: spec.member_id.clone(),
+                        },
+                    });
+                }
+            }
+        }
+        tracing::info!(
+            group = %spec.group,
+            topics = ?spec.topics,
+            member_id = %spec.member_id,
+            member = %spec.member,
+            "member joined",
+        );
+        let (control, control_rx) = mpsc::unbounded_channel();
+        let (records, records_rx) = mpsc::channel(1);
+        let _ = control.send(Ok(SubscriptionEvent::Joined {
+            member_id: spec.member_id.clone(),
+            gateway: self.instance().to_string(),
+        }));
+        let (views, views_rx) = mpsc::channel(16);
+        let watchers = spec
+            .topics
+            .iter()
+            .map(|topic| {
+                tokio::spawn(watch_topic(
+                    self.clone(),
+                    spec.group.clone(),
+                    topic.clone(),
+                    views.clone(),
+                ))
+            })
+            .collect();
+        let (done, done_rx) = mpsc::unbounded_channel();
+        let member = Member {
+            gateway: self.clone(),
+            record,
+            spec,
+            control,
+            records,
+            views_rx,
+            done,
+            done_rx,
+            watchers,
+            held: HashMap::new(),
+            pending: HashSet::new(),
+            merged: SelectAll::new(),
+        };
+        tokio::spawn(member.run());
+        Ok(outgoing(control_rx, records_rx))
+    }
+}
+
+/// The stream the client gets: control events first; a batch of a lease announced as
+/// revoking or ended is dropped.
+fn outgoing(
+    control: mpsc::UnboundedReceiver<Result<SubscriptionEvent, LeaseError>>,
+    records: mpsc::Receiver<SubscriptionEvent>,
+) -> SubscriptionStream {
+    let state = (control, records, HashSet::<String>::new());
+    Box::pin(futures::stream::unfold(
+        state,
+        |(mut control, mut records, mut ended)| async move {
+            loop {
+                let next = tokio::select! {
+                    biased;
+                    event = control.recv() => event?,
+                    Some(event) = records.recv() => Ok(event),
+                };
+                match &next {
+                    Ok(SubscriptionEvent::Records { lease_id, .. }) if ended.contains(lease_id) => {
+                        continue
+                    }
+                    Ok(event) => {
+                        if let Some(lease_id) = event.ends() {
+                            ended.insert(lease_id.to_string());
+                        }
+                    }
+                    Err(_) => {}
+                }
+                return Some((next, (control, records, ended)));
+            }
+        },
+    ))
+}
+
+/// Sends each new view of (`group`, `topic`) to the member task, until it is gone.
+async fn watch_topic(
+    gateway: Arc<Gateway>,
+    group: String,
+    topic: String,
+    views: mpsc::Sender<(String, TopicView)>,
+) {
+    let mut index = None;
+    loop {
+        match gateway
+            .locks()
+            .topic_view(&group, &topic, index, VIEW_WAIT)
+            .await
+        {
+            Ok(view) => {
+                if index == Some(view.index) {
+                    continue;
+                }
+                index = Some(view.index);
+                if views.send((topic.clone(), view)).await.is_err() {
+                    return;
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%group, %topic, %error, "watching a subscribed topic failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
+}
+
+/// A lease the member holds.
+struct Held {
+    lease_id: String,
+    lease: Arc<Lease>,
+    /// Drives the lease's Read into its channel in the merged stream. A Read must be polled
+    /// to notice that its lease ends (a batch being filled holds the partition's feed until
+    /// then), and the merged stream is polled only as fast as the client reads; so each Read
+    /// runs in a task of its own, one batch ahead at most, and aborting the task (a revoke,
+    /// the member leaving) closes the Read at once.
+    pump: JoinHandle<()>,
+    revoking: bool,
+}
+
+/// What the member's own tasks report back.
+enum Done {
+    Acquired {
+        topic: String,
+        partition: i32,
+        result: Result<Granted, LeaseError>,
+    },
+    Released {
+        topic: String,
+        partition: i32,
+        lease_id: String,
+    },
+}
+
+/// One lease's Read in the merged stream: `(lease, Some(batch))`, then `(lease, None)` when
+/// it ends by itself.
+type LeaseRead =
+    Pin<Box<dyn Stream<Item = (String, Option<Result<v1::ReadResponse, LeaseError>>)> + Send>>;
+
+struct Member {
+    gateway: Arc<Gateway>,
+    record: MemberRecord,
+    spec: SubscribeSpec,
+    control: mpsc::UnboundedSender<Result<SubscriptionEvent, LeaseError>>,
+    records: mpsc::Sender<SubscriptionEvent>,
+    views_rx: mpsc::Receiver<(String, TopicView)>,
+    done: mpsc::UnboundedSender<Done>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+    watchers: Vec<JoinHandle<()>>,
+    /// (topic, partition) → the lease.
+    held: HashMap<(String, i32), Held>,
+    /// Attempts in flight.
+    pending: HashSet<(String, i32)>,
+    merged: SelectAll<LeaseRead>,
+}
+
+impl Member {
+    async fn run(mut self) {
+        let mut stopping = self.gateway.stopping();
+        let mut permit: Option<mpsc::OwnedPermit<SubscriptionEvent>> = None;
+        loop {
+            if *stopping.borrow_and_update() {
+                let _ = self.control.send(Err(LeaseError::ShuttingDown));
+                break;
+            }
+            let want_permit = permit.is_none();
+            let can_read = permit.is_some() && !self.merged.is_empty();
+            tokio::select! {
+                biased;
+                () = self.control.closed() => break,
+                changed = stopping.changed() => if changed.is_err() { break },
+                Some(done) = self.done_rx.recv() => self.on_done(done),
+                Some((topic, view)) = self.views_rx.recv() => self.on_view(&topic, view).await,
+                reserved = self.records.clone().reserve_owned(), if want_permit => match reserved {
+                    Ok(reserved) => permit = Some(reserved),
+                    Err(_) => break,
+                },
+                Some((lease_id, item)) = self.merged.next(), if can_read => {
+                    self.on_read(lease_id, item, &mut permit);
+                }
+            }
+        }
+        self.finish().await;
+    }
+
+    fn key_of(&self, lease_id: &str) -> Option<(String, i32)> {
+        self.held
+            .iter()
+            .find(|(_, h)| h.lease_id == lease_id)
+            .map(|(k, _)| k.clone())
+    }
+
+    fn on_read(
+        &mut self,
+        lease_id: String,
+        item: Option<Result<v1::ReadResponse, LeaseError>>,
+        permit: &mut Option<mpsc::OwnedPermit<SubscriptionEvent>>,
+    ) {
+        let Some((topic, partition)) = self.key_of(&lease_id) else {
+            return;
+        };
+        match item {
+            Some(Ok(response)) => {
+                if let Some(permit) = permit.take() {
+                    permit.send(SubscriptionEvent::Records {
+                        lease_id,
+                        topic,
+                        partition,
+                        response,
+                    });
+                }
+            }
+            ended => {
+                // A Read ends by itself when the lease ends: released by the client (OK), or
+                // lost, expired, superseded, or with the gateway.
+                let revoking = self
+                    .held
+                    .get(&(topic.clone(), partition))
+                    .is_some_and(|h| h.revoking);
+                if revoking {
+                    return;
+                }
+                let held = self.held.remove(&(topic.clone(), partition));
+                let error = match ended {
+                    Some(Err(err)) => err,
+                    _ => held
+                        .as_ref()
+                        .and_then(|h| h.lease.end_reason())
+                        .map(|reason| LeaseError::LeaseEnded {
+                            lease_ref: crate::lease::lease_ref(&lease_id).to_string(),
+                            reason,
+                        })
+                        .unwrap_or(LeaseError::LeaseNotFound {
+                            lease_ref: crate::lease::lease_ref(&lease_id).to_string(),
+                        }),
+                };
+                let _ = self.control.send(Ok(SubscriptionEvent::Revoked {
+                    lease_id,
+                    topic,
+                    partition,
+                    why: Ended::Other(error),
+                }));
+            }
+        }
+    }
+
+    fn on_done(&mut self, done: Done) {
+        match done {
+            Done::Acquired {
+                topic,
+                partition,
+                result,
+            } => {
+                self.pending.remove(&(topic.clone(), partition));
+                match result {
+                    Ok(granted) => self.install(topic, partition, granted),
+                    Err(error) => tracing::debug!(
+                        member_id = %self.spec.member_id,
+                        %topic,
+                        partition,
+                        %error,
+                        "a partition the rule gave this member was not taken; the next view decides again",
+                    ),
+                }
+            }
+            Done::Released {
+                topic,
+                partition,
+                lease_id,
+            } => {
+                self.held.remove(&(topic.clone(), partition));
+                let _ = self.control.send(Ok(SubscriptionEvent::Revoked {
+                    lease_id,
+                    topic,
+                    partition,
+                    why: Ended::Revoked,
+                }));
+            }
+        }
+    }
+
+    /// A new lease: announced, then its Read joins the merged stream.
+    fn install(&mut self, topic: String, partition: i32, granted: Granted) {
+        let lease_id = granted.lease_id.clone();
+        let opened = self
+            .gateway
+            .lookup(&lease_id)
+            .and_then(|lease| lease.open_read(self.spec.limits, None).map(|r| (lease, r)));
+        let (lease, read) = match opened {
+            Ok(opened) => opened,
+            Err(error) => {
+                tracing::debug!(%topic, partition, %error, "a lease just granted ended at once");
+                return;
+            }
+        };
+        let (tx, rx) = mpsc::channel(1);
+        let pump = tokio::spawn(async move {
+            let mut read = read;
+            while let Some(item) = read.next().await {
+                let last = item.is_err();
+                if tx.send(Some(item)).await.is_err() || last {
+                    return;
+                }
+            }
+            let _ = tx.send(None).await;
+        });
+        let id = lease_id.clone();
+        let read: LeaseRead = Box::pin(ReceiverStream::new(rx).map(move |item| (id.clone(), item)));
+        let _ = self.control.send(Ok(SubscriptionEvent::Assigned(granted)));
+        self.merged.push(read);
+        self.held.insert(
+            (topic, partition),
+            Held {
+                lease_id,
+                lease,
+                pump,
+                revoking: false,
+            },
+        );
+    }
+
+    async fn on_view(&mut self, topic: &str, view: TopicView) {
+        let member_id = self.spec.member_id.clone();
+        if !view.members.contains_key(&member_id) {
+            // The record went with a lost session: join again under the new one.
+            match self
+                .gateway
+                .locks()
+                .join(&self.spec.group, topic, &self.record)
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) => {
+                    let _ = self.control.send(Err(LeaseError::MemberActive {
+                        group: self.spec.group.clone(),
+                        topic: topic.to_string(),
+                        member_id,
+                    }));
+                    return;
+                }
+                Err(error) => {
+                    tracing::debug!(%topic, %error, "could not join again yet");
+                    return;
+                }
+            }
+        }
+        let partitions = match self.gateway.kafka().partition_count(topic, None).await {
+            Ok(count) => count,
+            Err(error) => {
+                tracing::warn!(%topic, %error, "no partition count for a subscribed topic");
+                return;
+            }
+        };
+        let held: BTreeMap<i32, String> = view
+            .held
+            .iter()
+            .map(|(&p, h)| {
+                let subscriber = h.holder.as_ref().map(|h| h.subscriber.clone());
+                (p, subscriber.unwrap_or_default())
+            })
+            .collect();
+        let mut members: BTreeMap<String, u32> = view
+            .members
+            .iter()
+            .map(|(id, m)| (id.clone(), m.max_partitions))
+            .collect();
+        members.insert(member_id.clone(), self.spec.max_partitions);
+        let shares = balance::plan(partitions, &held, &members);
+        let Some(mine) = shares.get(&member_id) else {
+            return;
+        };
+        for &partition in &mine.give_up {
+            self.revoke(topic, partition);
+        }
+        for &partition in &mine.take {
+            let key = (topic.to_string(), partition);
+            if self.pending.contains(&key) || self.held.contains_key(&key) {
+                continue;
+            }
+            self.take(topic, partition);
+        }
+    }
+
+    fn take(&mut self, topic: &str, partition: i32) {
+        self.pending.insert((topic.to_string(), partition));
+        let spec = AcquireSpec {
+            group: self.spec.group.clone(),
+            topic: topic.to_string(),
+            partition: Some(partition),
+            member: self.spec.member.clone(),
+            ttl: self.spec.revoke_grace + LEASE_TTL_MARGIN,
+            wait: TAKE_WAIT,
+            reset: self.spec.reset,
+            via: None,
+            subscriber: self.spec.member_id.clone(),
+        };
+        let (gateway, done, topic) = (self.gateway.clone(), self.done.clone(), topic.to_string());
+        tokio::spawn(async move {
+            let result = gateway.acquire(spec).await;
+            let _ = done.send(Done::Acquired {
+                topic,
+                partition,
+                result,
+            });
+        });
+    }
+
+    /// Starts giving up a lease: its Read stops, the client hears `revoking`, and the lease
+    /// is released after the client's next commit on it, or at the grace's end.
+    fn revoke(&mut self, topic: &str, partition: i32) {
+        let Some(held) = self.held.get_mut(&(topic.to_string(), partition)) else {
+            return;
+        };
+        if held.revoking {
+            return;
+        }
+        held.revoking = true;
+        held.pump.abort();
+        let grace = self.spec.revoke_grace;
+        let deadline = SystemTime::now() + grace;
+        tracing::info!(
+            member_id = %self.spec.member_id,
+            %topic,
+            partition,
+            ?grace,
+            "revoking a lease: it moves to another member",
+        );
+        let _ = self.control.send(Ok(SubscriptionEvent::Revoking {
+            lease_id: held.lease_id.clone(),
+            topic: topic.to_string(),
+            partition,
+            deadline,
+        }));
+        // Taken now, so a commit that comes before the task runs counts.
+        let mut commits = held.lease.commit_watch();
+        let (gateway, done) = (self.gateway.clone(), self.done.clone());
+        let (topic, lease_id) = (topic.to_string(), held.lease_id.clone());
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(grace, commits.changed()).await;
+            let _ = gateway.release(&lease_id, None).await;
+            let _ = done.send(Done::Released {
+                topic,
+                partition,
+                lease_id,
+            });
+        });
+    }
+
+    /// The member leaves: its leases are released, its records removed.
+    async fn finish(mut self) {
+        for watcher in &self.watchers {
+            watcher.abort();
+        }
+        for held in self.held.values() {
+            held.pump.abort();
+        }
+        let deadline = tokio::time::Instant::now() + CLEANUP_WAIT;
+        while !self.pending.is_empty() {
+            match tokio::time::timeout_at(deadline, self.done_rx.recv()).await {
+                Ok(Some(Done::Acquired {
+                    topic,
+                    partition,
+                    result,
+                })) => {
+                    self.pending.remove(&(topic, partition));
+                    if let Ok(granted) = result {
+                        let _ = self.gateway.release(&granted.lease_id, None).await;
+                    }
+                }
+                Ok(Some(Done::Released { .. })) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let leases: Vec<String> = self.held.values().map(|h| h.lease_id.clone()).collect();
+        for lease_id in leases {
+            let _ = self.gateway.release(&lease_id, None).await;
+        }
+        for topic in &self.spec.topics {
+            if let Err(error) = self
+                .gateway
+                .locks()
+                .leave(&self.spec.group, topic, &self.spec.member_id)
+                .await
+            {
+                tracing::warn!(%topic, %error, "could not remove a member record; it goes with the session");
+            }
+        }
+        tracing::info!(
+            group = %self.spec.group,
+            member_id = %self.spec.member_id,
+            "member left",
+        );
+    }
+}

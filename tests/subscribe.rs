@@ -1,0 +1,282 @@
+//! Subscribe end to end: members of one group on two real gateway processes share a topic's
+//! partitions through real Consul and real Kafka; joins move only what must move, leaves
+//! (a client that goes away, a gateway killed) hand the partitions on, and every record is
+//! delivered at least once with members committing what they processed.
+
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kafka_lease_client::proto;
+use kafka_lease_client::{Client, LeaseFilter};
+use kafka_lease_testkit::{unique_name, wait_for, Services};
+use proto::subscribe_response::Event;
+use support::{create_topic, produce_n, producer, unique_prefix, GatewayProcess};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+/// Offsets delivered per partition, across every member.
+type Delivered = Arc<Mutex<BTreeMap<i32, BTreeSet<i64>>>>;
+
+/// A member run by the test: it commits every batch it processed, and on `revoking` commits
+/// again at once so the lease moves without waiting for the grace.
+struct TestMember {
+    assigned: Arc<AtomicUsize>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Vec<String>>,
+}
+
+impl TestMember {
+    fn start(client: &Client, group: &str, topic: &str, id: &str, delivered: Delivered) -> Self {
+        let assigned = Arc::new(AtomicUsize::new(0));
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let mut raw = client.raw();
+        let request = proto::SubscribeRequest {
+            group: group.into(),
+            topics: vec![topic.into()],
+            member: format!("test {id}"),
+            member_id: id.into(),
+            max_wait: Some(prost_types::Duration {
+                seconds: 0,
+                nanos: 10_000_000,
+            }),
+            ..Default::default()
+        };
+        let counter = assigned.clone();
+        let task = tokio::spawn(async move {
+            let mut log = Vec::new();
+            let mut stream = raw
+                .subscribe(request)
+                .await
+                .expect("subscribe")
+                .into_inner();
+            // lease id → (partition, next offset to commit)
+            let mut leases: HashMap<String, (i32, i64)> = HashMap::new();
+            loop {
+                let event = tokio::select! {
+                    _ = &mut stopped => return log,
+                    event = stream.message() => event,
+                };
+                let event = match event {
+                    Ok(Some(response)) => response.event.expect("an event"),
+                    Ok(None) => return log,
+                    Err(status) => {
+                        log.push(format!("ended: {status:?}"));
+                        return log;
+                    }
+                };
+                match event {
+                    Event::Joined(joined) => log.push(format!("joined {}", joined.member_id)),
+                    Event::Assigned(a) => {
+                        counter.fetch_add(1, Ordering::SeqCst);
+                        log.push(format!("assigned {} at {}", a.partition, a.offset));
+                        leases.insert(a.lease_id, (a.partition, a.offset));
+                    }
+                    Event::Records(batch) => {
+                        let (partition, next) = leases
+                            .get_mut(&batch.lease_id)
+                            .expect("records of an assigned lease");
+                        assert_eq!(*partition, batch.partition);
+                        let offsets: Vec<i64> = batch.records.iter().map(|r| r.offset).collect();
+                        delivered
+                            .lock()
+                            .unwrap()
+                            .entry(batch.partition)
+                            .or_default()
+                            .extend(&offsets);
+                        *next = offsets.last().expect("never empty") + 1;
+                        let _ = raw
+                            .commit(proto::CommitRequest {
+                                lease_id: batch.lease_id.clone(),
+                                offset: *next,
+                                metadata: None,
+                            })
+                            .await;
+                    }
+                    Event::Revoking(r) => {
+                        log.push(format!("revoking {}", r.partition));
+                        let next = leases.get(&r.lease_id).map(|l| l.1).expect("known lease");
+                        let _ = raw
+                            .commit(proto::CommitRequest {
+                                lease_id: r.lease_id.clone(),
+                                offset: next,
+                                metadata: None,
+                            })
+                            .await;
+                    }
+                    Event::Revoked(r) => {
+                        log.push(format!("revoked {} ({})", r.partition, r.reason));
+                        leases.remove(&r.lease_id);
+                    }
+                }
+            }
+        });
+        TestMember {
+            assigned,
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    fn assigned(&self) -> usize {
+        self.assigned.load(Ordering::SeqCst)
+    }
+
+    /// The client goes away: its stream is dropped mid-flight.
+    async fn leave(mut self) -> Vec<String> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.task.await.expect("member task")
+    }
+}
+
+/// Waits until ListLeases shows `expected` leases per member id (and nothing else).
+async fn settled(client: &Client, group: &str, expected: &BTreeMap<String, usize>) {
+    let last = Arc::new(Mutex::new(BTreeMap::new()));
+    let seen = last.clone();
+    let waited = tokio::time::timeout(
+        DEADLINE,
+        wait_for("the group to settle", DEADLINE, || {
+            let seen = seen.clone();
+            async move {
+                let leases = client
+                    .list_leases(LeaseFilter::new().group(group))
+                    .await
+                    .ok()?;
+                let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+                for lease in &leases {
+                    let id = lease.member_id.clone().unwrap_or_default();
+                    *counts.entry(id).or_default() += 1;
+                }
+                *seen.lock().unwrap() = counts.clone();
+                (counts == *expected).then_some(())
+            }
+        }),
+    )
+    .await;
+    assert!(
+        waited.is_ok(),
+        "expected {expected:?}, last seen {:?}",
+        last.lock().unwrap()
+    );
+}
+
+/// Waits until the members have seen `expected` assignments in all (the events trail the
+/// locks ListLeases shows); more than expected fails at once.
+async fn assigned(members: &[&TestMember], expected: &[usize]) {
+    let counts = || members.iter().map(|m| m.assigned()).collect::<Vec<_>>();
+    let reached = tokio::time::timeout(DEADLINE, async {
+        loop {
+            let now = counts();
+            if now == expected || now.iter().zip(expected).any(|(n, e)| n > e) {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        reached.ok(),
+        Some(expected.to_vec()),
+        "assignments (now {:?})",
+        counts()
+    );
+}
+
+fn shares(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
+    pairs.iter().map(|(m, n)| (m.to_string(), *n)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
+    let Some(services) =
+        Services::require("members_share_a_topic_move_only_what_must_move_and_lose_no_record")
+    else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
+    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let partitions = 12;
+    let topic = create_topic(&services, partitions).await;
+    let per_partition = 30;
+    let producer = producer(&services);
+    for p in 0..partitions {
+        produce_n(&producer, &topic, p, per_partition).await;
+    }
+    let group = unique_name("g");
+    let (client_a, client_b) = (a.client().await, b.client().await);
+    let delivered: Delivered = Arc::default();
+
+    // Joins one at a time: each moves exactly the newcomer's share (the others take
+    // nothing new), and shares stay within one of each other.
+    let m1 = TestMember::start(&client_a, &group, &topic, "m1", delivered.clone());
+    settled(&client_a, &group, &shares(&[("m1", 12)])).await;
+    assigned(&[&m1], &[12]).await;
+    let m2 = TestMember::start(&client_a, &group, &topic, "m2", delivered.clone());
+    settled(&client_b, &group, &shares(&[("m1", 6), ("m2", 6)])).await;
+    assigned(&[&m1, &m2], &[12, 6]).await;
+    let m3 = TestMember::start(&client_b, &group, &topic, "m3", delivered.clone());
+    let three = shares(&[("m1", 4), ("m2", 4), ("m3", 4)]);
+    settled(&client_a, &group, &three).await;
+    assigned(&[&m1, &m2, &m3], &[12, 6, 4]).await;
+    let m4 = TestMember::start(&client_b, &group, &topic, "m4", delivered.clone());
+    let four = shares(&[("m1", 3), ("m2", 3), ("m3", 3), ("m4", 3)]);
+    settled(&client_a, &group, &four).await;
+    assigned(&[&m1, &m2, &m3, &m4], &[12, 6, 4, 3]).await;
+
+    // m4's client goes away; m3's gateway is killed. m1 and m2 (on A) take it all. The
+    // moves on a leave are the leaver's partitions only: m4's 3 (one each to m1, m2, m3),
+    // then m3's 4 (two each to m1 and m2).
+    let log4 = m4.leave().await;
+    settled(&client_a, &group, &three).await;
+    assigned(&[&m1, &m2, &m3], &[13, 7, 5]).await;
+    b.signal("KILL");
+    settled(&client_a, &group, &shares(&[("m1", 6), ("m2", 6)])).await;
+    assigned(&[&m1, &m2], &[15, 9]).await;
+
+    // Every record of every partition reached some member.
+    wait_for("every record delivered", DEADLINE, || async {
+        let delivered = delivered.lock().unwrap();
+        let complete = (0..partitions).all(|p| {
+            delivered
+                .get(&p)
+                .is_some_and(|offsets| offsets.len() == per_partition)
+        });
+        complete.then_some(())
+    })
+    .await;
+    let log1 = m1.leave().await;
+    let log2 = m2.leave().await;
+    println!("m1: {log1:?}\nm2: {log2:?}\nm4: {log4:?}");
+    let log3 = m3.leave().await;
+    println!("m3: {log3:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_client_goes_away_leaves_and_releases_its_leases() {
+    let Some(services) =
+        Services::require("a_member_whose_client_goes_away_leaves_and_releases_its_leases")
+    else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
+    let topic = create_topic(&services, 3).await;
+    let group = unique_name("g");
+    let client = a.client().await;
+    let member = TestMember::start(&client, &group, &topic, "m1", Delivered::default());
+    settled(&client, &group, &shares(&[("m1", 3)])).await;
+    assigned(&[&member], &[3]).await;
+    let log = member.leave().await;
+    println!("{log:?}");
+    settled(&client, &group, &shares(&[])).await;
+}
