@@ -19,6 +19,7 @@ use proto::subscribe_response::Event;
 use support::{create_topic, produce_n, producer, unique_prefix, GatewayProcess};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -279,4 +280,125 @@ async fn a_member_whose_client_goes_away_leaves_and_releases_its_leases() {
     let log = member.leave().await;
     println!("{log:?}");
     settled(&client, &group, &shares(&[])).await;
+}
+
+/// Runs one member through the client crate until it has read `records` records of every
+/// one of its partitions, without committing; returns it with the next offset per partition.
+async fn read_all(
+    client: &Client,
+    group: &str,
+    topic: &str,
+    id: &str,
+    partitions: usize,
+    records: i64,
+) -> (kafka_lease_client::Subscription, BTreeMap<i32, i64>) {
+    use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
+    let mut member = client
+        .subscribe(
+            SubscribeOptions::new(group, [topic])
+                .member_id(id)
+                .revoke_grace(Duration::from_secs(3))
+                .max_wait(Duration::from_millis(10)),
+        )
+        .await
+        .expect("subscribe");
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    while next.len() < partitions || next.values().any(|n| *n < records) {
+        let event = tokio::time::timeout(DEADLINE, member.next_event())
+            .await
+            .expect("an event in time")
+            .expect("open")
+            .expect("an event");
+        if let SubscriptionEvent::Records { partition, batch } = event {
+            next.insert(
+                partition.partition(),
+                batch.next_offset().expect("never empty"),
+            );
+        }
+    }
+    (member, next)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline() {
+    use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
+    let Some(services) = Services::require(
+        "a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline",
+    ) else {
+        return;
+    };
+    let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 2).await;
+    let producer = producer(&services);
+    for p in 0..2 {
+        produce_n(&producer, &topic, p, 10).await;
+    }
+    let client = a.client().await;
+    for commits in [true, false] {
+        let group = unique_name("g");
+        let (mut first, next) = read_all(&client, &group, &topic, "first", 2, 10).await;
+        // A second member joins: the first must give one partition up.
+        let mut second = client
+            .subscribe(SubscribeOptions::new(&group, [&topic]).member_id("second"))
+            .await
+            .expect("subscribe");
+        let (revoked, revoking_at) = loop {
+            let event = tokio::time::timeout(DEADLINE, first.next_event())
+                .await
+                .expect("an event in time")
+                .expect("open")
+                .expect("an event");
+            if let SubscriptionEvent::Revoking { partition, .. } = event {
+                break (partition, Instant::now());
+            }
+        };
+        if commits {
+            revoked
+                .commit(next[&revoked.partition()])
+                .await
+                .expect("a commit within the grace");
+        }
+        let (offset, assigned_at) = loop {
+            let event = tokio::time::timeout(DEADLINE, second.next_event())
+                .await
+                .expect("an event in time")
+                .expect("open")
+                .expect("an event");
+            if let SubscriptionEvent::Assigned {
+                partition, offset, ..
+            } = event
+            {
+                assert_eq!(partition.partition(), revoked.partition());
+                break (offset, Instant::now());
+            }
+        };
+        let took = assigned_at - revoking_at;
+        println!("commits: {commits}; moved {took:?} after revoking, at offset {offset}");
+        if commits {
+            // Moved at once, from where the first member got to: nothing lost, nothing
+            // delivered twice.
+            assert!(took < Duration::from_secs(2), "moved after {took:?}");
+            assert_eq!(offset, 10);
+        } else {
+            // Moved at the deadline, from the last commit (none): delivered again.
+            assert!(took >= Duration::from_millis(2_900), "moved after {took:?}");
+            assert_eq!(offset, 0);
+        }
+        // The first member hears the end of the lease.
+        loop {
+            let event = tokio::time::timeout(DEADLINE, first.next_event())
+                .await
+                .expect("an event in time")
+                .expect("open")
+                .expect("an event");
+            if let SubscriptionEvent::Revoked {
+                partition, reason, ..
+            } = event
+            {
+                assert_eq!(partition.partition(), revoked.partition());
+                assert_eq!(reason, kafka_lease_client::Reason::LeaseRevoked);
+                break;
+            }
+        }
+    }
 }

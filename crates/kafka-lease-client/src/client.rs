@@ -8,6 +8,7 @@ use crate::convert::{duration_to_proto, system_time_from_proto};
 use crate::lease::Lease;
 use crate::proto;
 use crate::proto::partition_lease_service_client::PartitionLeaseServiceClient;
+use crate::subscription::{SubscribeOptions, Subscription};
 use crate::{Error, Result};
 
 /// The largest response the client accepts by default: 64 MiB.
@@ -92,6 +93,45 @@ impl Client {
     /// it shares this client's channel.
     pub fn raw(&self) -> PartitionLeaseServiceClient<Channel> {
         self.inner.clone()
+    }
+
+    /// Joins a group as a member for some topics: the gateways share the topics' partitions
+    /// among the group's members (⌊P/M⌋ or ⌈P/M⌉ each), and the [`Subscription`] carries
+    /// the member's leases, their records and the leases it gives up. Returns once the
+    /// member has joined.
+    ///
+    /// ```no_run
+    /// use kafka_lease_client::{Client, SubscribeOptions, SubscriptionEvent};
+    ///
+    /// # async fn run(client: Client) -> kafka_lease_client::Result<()> {
+    /// let mut member = client
+    ///     .subscribe(SubscribeOptions::new("billing", ["payments"]).member_id("worker-1"))
+    ///     .await?;
+    /// while let Some(event) = member.next_event().await {
+    ///     match event? {
+    ///         SubscriptionEvent::Records { partition, batch } => {
+    ///             // … process batch.records …
+    ///             if let Some(next) = batch.next_offset() {
+    ///                 partition.commit(next).await?;
+    ///             }
+    ///         }
+    ///         SubscriptionEvent::Revoking { partition, .. } => {
+    ///             // Everything processed is committed already: nothing to add.
+    ///             println!("giving up {}/{}", partition.topic(), partition.partition());
+    ///         }
+    ///         _ => {}
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] (names, member id, limits), [`Error::NotFound`] (a topic
+    /// does not exist), [`Error::Other`] with reason [`Reason::MemberActive`](crate::Reason::MemberActive)
+    /// (the member id is in use by a live subscription), [`Error::Unavailable`] (retryable).
+    pub async fn subscribe(&self, options: SubscribeOptions) -> Result<Subscription> {
+        Subscription::open(self, options).await
     }
 
     /// Takes an exclusive lease on a partition.

@@ -78,6 +78,7 @@ mod convert;
 mod error;
 mod lease;
 mod stream;
+mod subscription;
 
 /// The generated `kafka_lease.v1` messages and gRPC client, for use with [`Client::raw`].
 pub use kafka_lease_proto::v1 as proto;
@@ -88,3 +89,4 @@ pub use client::{
 pub use error::{Error, Reason, Result, StatusDetails, ERROR_DOMAIN};
 pub use lease::{Lease, ReadOptions, SeekOutcome, SeekTo};
 pub use stream::{Batch, EpochFilter, Record, RecordStream};
+pub use subscription::{Partition, SubscribeOptions, Subscription, SubscriptionEvent};

@@ -1,0 +1,283 @@
+//! Groups that balance themselves: [`Client::subscribe`](crate::Client::subscribe) joins a
+//! group as a member, and the gateways share the topics' partitions among the members.
+
+use std::time::{Duration, SystemTime};
+
+use tonic::Streaming;
+
+use crate::convert::{duration_to_proto, system_time_from_proto};
+use crate::lease::{SeekOutcome, SeekTo};
+use crate::proto;
+use crate::proto::subscribe_response::Event;
+use crate::stream::Batch;
+use crate::{Client, Error, Reason, Reset, Result};
+
+/// What [`Client::subscribe`](crate::Client::subscribe) joins with. Unset fields are left to
+/// the gateway's defaults.
+#[derive(Debug, Clone)]
+pub struct SubscribeOptions {
+    request: proto::SubscribeRequest,
+}
+
+impl SubscribeOptions {
+    /// Joins `group` for `topics` (1 ..= 16 distinct names).
+    pub fn new<I, S>(group: impl Into<String>, topics: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        SubscribeOptions {
+            request: proto::SubscribeRequest {
+                group: group.into(),
+                topics: topics.into_iter().map(Into::into).collect(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A stable member id (`[A-Za-z0-9._-]`, at most 128 characters); by default the gateway
+    /// makes one up ([`Subscription::member_id`]).
+    pub fn member_id(mut self, id: impl Into<String>) -> Self {
+        self.request.member_id = id.into();
+        self
+    }
+
+    /// A free-text label, shown in ListLeases.
+    pub fn member(mut self, member: impl Into<String>) -> Self {
+        self.request.member = member.into();
+        self
+    }
+
+    /// Most records per batch of one lease (gateway default 500).
+    pub fn max_records(mut self, max_records: u32) -> Self {
+        self.request.max_records = max_records;
+        self
+    }
+
+    /// Most bytes per batch of one lease (gateway default 1 MiB).
+    pub fn max_bytes(mut self, max_bytes: u32) -> Self {
+        self.request.max_bytes = max_bytes;
+        self
+    }
+
+    /// How long a batch may wait to fill once it has a record (gateway default 100 ms).
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.request.max_wait = Some(duration_to_proto(max_wait));
+        self
+    }
+
+    /// Where a lease starts when the group has no committed offset.
+    pub fn reset(mut self, reset: Reset) -> Self {
+        self.request.reset = match reset {
+            Reset::Earliest => proto::ResetPolicy::ResetEarliest,
+            Reset::Latest => proto::ResetPolicy::ResetLatest,
+        } as i32;
+        self
+    }
+
+    /// The most partitions of each topic this member holds.
+    pub fn max_partitions(mut self, max: u32) -> Self {
+        self.request.max_partitions = max;
+        self
+    }
+
+    /// How long a revoked lease waits for this member's commit (gateway default 5 s).
+    pub fn revoke_grace(mut self, grace: Duration) -> Self {
+        self.request.revoke_grace = Some(duration_to_proto(grace));
+        self
+    }
+
+    pub(crate) fn into_request(self) -> proto::SubscribeRequest {
+        self.request
+    }
+}
+
+/// One of the member's leases: commit, seek or release it through any gateway instance.
+#[derive(Debug, Clone)]
+pub struct Partition {
+    client: Client,
+    lease_id: String,
+    topic: String,
+    partition: i32,
+    fencing_token: u64,
+}
+
+impl Partition {
+    /// The lease id (a bearer credential).
+    pub fn lease_id(&self) -> &str {
+        &self.lease_id
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The partition.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// The lease's fencing token (0 when the event did not carry it).
+    pub fn fencing_token(&self) -> u64 {
+        self.fencing_token
+    }
+
+    /// Commits `offset` (the next offset to read), fenced by the lease. During `revoking`,
+    /// this commit is what lets the lease move at once.
+    ///
+    /// # Errors
+    /// As [`Lease::commit`](crate::Lease::commit).
+    pub async fn commit(&self, offset: i64) -> Result<()> {
+        let request = proto::CommitRequest {
+            lease_id: self.lease_id.clone(),
+            offset,
+            metadata: None,
+        };
+        self.client.raw().commit(request).await?;
+        Ok(())
+    }
+
+    /// Repositions the lease; later `records` events of it start there (batches of the old
+    /// position that were in flight carry the older seek epoch).
+    ///
+    /// # Errors
+    /// As [`Lease::seek`](crate::Lease::seek).
+    pub async fn seek(&self, to: SeekTo) -> Result<SeekOutcome> {
+        let request = proto::SeekRequest {
+            lease_id: self.lease_id.clone(),
+            position: Some(to.into()),
+        };
+        Ok(SeekOutcome::from(
+            self.client.raw().seek(request).await?.into_inner(),
+        ))
+    }
+}
+
+/// What a subscription's stream carries.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SubscriptionEvent {
+    /// A lease the member now holds; its records follow.
+    Assigned {
+        /// The lease.
+        partition: Partition,
+        /// Where its records start: the group's committed offset, else the reset position.
+        offset: i64,
+        /// The partition's high watermark at the grant.
+        high_watermark: i64,
+    },
+    /// A batch of one of the member's leases.
+    Records {
+        /// The lease.
+        partition: Partition,
+        /// Its records, in offset order.
+        batch: Batch,
+    },
+    /// The lease is moving to another member: no records of it follow. Commit what was
+    /// processed before `deadline`; the lease is released after that commit, or then.
+    Revoking {
+        /// The lease.
+        partition: Partition,
+        /// When it is released if no commit comes first.
+        deadline: SystemTime,
+    },
+    /// The lease has ended: `reason` [`Reason::LeaseRevoked`] after `Revoking`, else why.
+    Revoked {
+        /// The lease.
+        partition: Partition,
+        /// Why it ended.
+        reason: Reason,
+        /// The gateway's words.
+        message: String,
+    },
+}
+
+/// A member of a group, from [`Client::subscribe`](crate::Client::subscribe). The member
+/// stays in the group while this lives; dropping it leaves (its leases are released).
+#[derive(Debug)]
+pub struct Subscription {
+    client: Client,
+    stream: Streaming<proto::SubscribeResponse>,
+    member_id: String,
+    gateway: String,
+}
+
+impl Subscription {
+    pub(crate) async fn open(client: &Client, options: SubscribeOptions) -> Result<Subscription> {
+        let mut stream = client
+            .raw()
+            .subscribe(options.into_request())
+            .await?
+            .into_inner();
+        match stream.message().await? {
+            Some(proto::SubscribeResponse {
+                event: Some(Event::Joined(joined)),
+            }) => Ok(Subscription {
+                client: client.clone(),
+                stream,
+                member_id: joined.member_id,
+                gateway: joined.gateway,
+            }),
+            other => Err(Error::from(tonic::Status::internal(format!(
+                "the subscription's first event was not `joined`: {other:?}"
+            )))),
+        }
+    }
+
+    /// This member's id.
+    pub fn member_id(&self) -> &str {
+        &self.member_id
+    }
+
+    /// The gateway instance serving the subscription.
+    pub fn gateway(&self) -> &str {
+        &self.gateway
+    }
+
+    /// The next event; `None` when the gateway ended the stream with OK, an error when it
+    /// ended it otherwise (the gateway shutting down, a transport failure: subscribe again).
+    pub async fn next_event(&mut self) -> Option<Result<SubscriptionEvent>> {
+        loop {
+            let response = match self.stream.message().await {
+                Ok(Some(response)) => response,
+                Ok(None) => return None,
+                Err(status) => return Some(Err(Error::from(status))),
+            };
+            let handle = |lease_id: String, topic: String, partition: i32, token: u64| Partition {
+                client: self.client.clone(),
+                lease_id,
+                topic,
+                partition,
+                fencing_token: token,
+            };
+            let event = match response.event {
+                Some(Event::Assigned(a)) => SubscriptionEvent::Assigned {
+                    partition: handle(a.lease_id, a.topic, a.partition, a.fencing_token),
+                    offset: a.offset,
+                    high_watermark: a.high_watermark,
+                },
+                Some(Event::Records(r)) => SubscriptionEvent::Records {
+                    partition: handle(r.lease_id, r.topic, r.partition, 0),
+                    batch: Batch::from(proto::ReadResponse {
+                        records: r.records,
+                        high_watermark: r.high_watermark,
+                        seek_epoch: r.seek_epoch,
+                    }),
+                },
+                Some(Event::Revoking(r)) => SubscriptionEvent::Revoking {
+                    partition: handle(r.lease_id, r.topic, r.partition, 0),
+                    deadline: system_time_from_proto(r.deadline).unwrap_or(SystemTime::now()),
+                },
+                Some(Event::Revoked(r)) => SubscriptionEvent::Revoked {
+                    partition: handle(r.lease_id, r.topic, r.partition, 0),
+                    reason: Reason::from_name(&r.reason),
+                    message: r.message,
+                },
+                // A later `joined` or an event this version does not know: skipped.
+                Some(Event::Joined(_)) | None => continue,
+            };
+            return Some(Ok(event));
+        }
+    }
+}
