@@ -26,6 +26,25 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// Offsets delivered per partition, across every member.
 type Delivered = Arc<Mutex<BTreeMap<i32, BTreeSet<i64>>>>;
 
+/// Every commit the gateways accepted: (partition, fencing token, sent, answered).
+type Commits = Arc<Mutex<Vec<(i32, u64, Instant, Instant)>>>;
+
+/// The checker of ownership: once a lease's commit was accepted, no commit of an older lease
+/// of the same partition (a smaller token) sent after that may be accepted. Returns the
+/// number of accepted commits checked.
+fn no_two_holders_committed(commits: &Commits) -> usize {
+    let commits = commits.lock().unwrap().clone();
+    for (p, token, sent, _) in &commits {
+        for (q, newer, _, answered) in &commits {
+            assert!(
+                !(p == q && newer > token && sent > answered),
+                "partition {p}: a commit of token {token} was accepted after one of token {newer}"
+            );
+        }
+    }
+    commits.len()
+}
+
 /// A member run by the test: it commits every batch it processed, and on `revoking` commits
 /// again at once so the lease moves without waiting for the grace.
 struct TestMember {
@@ -35,7 +54,14 @@ struct TestMember {
 }
 
 impl TestMember {
-    fn start(client: &Client, group: &str, topic: &str, id: &str, delivered: Delivered) -> Self {
+    fn start(
+        client: &Client,
+        group: &str,
+        topic: &str,
+        id: &str,
+        delivered: Delivered,
+        commits: Commits,
+    ) -> Self {
         let assigned = Arc::new(AtomicUsize::new(0));
         let (stop, mut stopped) = oneshot::channel::<()>();
         let mut raw = client.raw();
@@ -58,8 +84,8 @@ impl TestMember {
                 .await
                 .expect("subscribe")
                 .into_inner();
-            // lease id → (partition, next offset to commit)
-            let mut leases: HashMap<String, (i32, i64)> = HashMap::new();
+            // lease id → (partition, next offset to commit, fencing token)
+            let mut leases: HashMap<String, (i32, i64, u64)> = HashMap::new();
             loop {
                 let event = tokio::select! {
                     _ = &mut stopped => return log,
@@ -78,10 +104,10 @@ impl TestMember {
                     Event::Assigned(a) => {
                         counter.fetch_add(1, Ordering::SeqCst);
                         log.push(format!("assigned {} at {}", a.partition, a.offset));
-                        leases.insert(a.lease_id, (a.partition, a.offset));
+                        leases.insert(a.lease_id, (a.partition, a.offset, a.fencing_token));
                     }
                     Event::Records(batch) => {
-                        let (partition, next) = leases
+                        let (partition, next, token) = leases
                             .get_mut(&batch.lease_id)
                             .expect("records of an assigned lease");
                         assert_eq!(*partition, batch.partition);
@@ -93,13 +119,23 @@ impl TestMember {
                             .or_default()
                             .extend(&offsets);
                         *next = offsets.last().expect("never empty") + 1;
-                        let _ = raw
+                        let sent = Instant::now();
+                        let accepted = raw
                             .commit(proto::CommitRequest {
                                 lease_id: batch.lease_id.clone(),
                                 offset: *next,
                                 metadata: None,
                             })
-                            .await;
+                            .await
+                            .is_ok();
+                        if accepted {
+                            commits.lock().unwrap().push((
+                                batch.partition,
+                                *token,
+                                sent,
+                                Instant::now(),
+                            ));
+                        }
                     }
                     Event::Revoking(r) => {
                         log.push(format!("revoking {}", r.partition));
@@ -216,20 +252,64 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
     let group = unique_name("g");
     let (client_a, client_b) = (a.client().await, b.client().await);
     let delivered: Delivered = Arc::default();
+    let commits: Commits = Arc::default();
+    // Records keep coming while members join and leave, so leases move with records in
+    // flight and commits of both holders around each move.
+    let produced: Arc<Mutex<usize>> = Arc::new(Mutex::new(per_partition));
+    let producing = {
+        let (topic, produced) = (topic.clone(), produced.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                for p in 0..partitions {
+                    produce_n(&producer, &topic, p, 2).await;
+                }
+                *produced.lock().unwrap() += 2;
+            }
+        })
+    };
 
     // Joins one at a time: each moves exactly the newcomer's share (the others take
     // nothing new), and shares stay within one of each other.
-    let m1 = TestMember::start(&client_a, &group, &topic, "m1", delivered.clone());
+    let m1 = TestMember::start(
+        &client_a,
+        &group,
+        &topic,
+        "m1",
+        delivered.clone(),
+        commits.clone(),
+    );
     settled(&client_a, &group, &shares(&[("m1", 12)])).await;
     assigned(&[&m1], &[12]).await;
-    let m2 = TestMember::start(&client_a, &group, &topic, "m2", delivered.clone());
+    let m2 = TestMember::start(
+        &client_a,
+        &group,
+        &topic,
+        "m2",
+        delivered.clone(),
+        commits.clone(),
+    );
     settled(&client_b, &group, &shares(&[("m1", 6), ("m2", 6)])).await;
     assigned(&[&m1, &m2], &[12, 6]).await;
-    let m3 = TestMember::start(&client_b, &group, &topic, "m3", delivered.clone());
+    let m3 = TestMember::start(
+        &client_b,
+        &group,
+        &topic,
+        "m3",
+        delivered.clone(),
+        commits.clone(),
+    );
     let three = shares(&[("m1", 4), ("m2", 4), ("m3", 4)]);
     settled(&client_a, &group, &three).await;
     assigned(&[&m1, &m2, &m3], &[12, 6, 4]).await;
-    let m4 = TestMember::start(&client_b, &group, &topic, "m4", delivered.clone());
+    let m4 = TestMember::start(
+        &client_b,
+        &group,
+        &topic,
+        "m4",
+        delivered.clone(),
+        commits.clone(),
+    );
     let four = shares(&[("m1", 3), ("m2", 3), ("m3", 3), ("m4", 3)]);
     settled(&client_a, &group, &four).await;
     assigned(&[&m1, &m2, &m3, &m4], &[12, 6, 4, 3]).await;
@@ -244,17 +324,28 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
     settled(&client_a, &group, &shares(&[("m1", 6), ("m2", 6)])).await;
     assigned(&[&m1, &m2], &[15, 9]).await;
 
-    // Every record of every partition reached some member.
+    // Every record of every partition, the ones produced during the moves too, reached
+    // some member. (An abort mid-round may leave some partitions 2 records ahead of the
+    // count: those are not asked for.)
+    producing.abort();
+    let _ = producing.await;
+    let produced = *produced.lock().unwrap();
     wait_for("every record delivered", DEADLINE, || async {
         let delivered = delivered.lock().unwrap();
         let complete = (0..partitions).all(|p| {
             delivered
                 .get(&p)
-                .is_some_and(|offsets| offsets.len() == per_partition)
+                .is_some_and(|offsets| (0..produced as i64).all(|o| offsets.contains(&o)))
         });
         complete.then_some(())
     })
     .await;
+    let checked = no_two_holders_committed(&commits);
+    println!(
+        "{produced} records per partition delivered; {checked} accepted commits, no older \
+         lease's after a newer one's"
+    );
+    assert!(checked > 100, "commits were made and checked: {checked}");
     let log1 = m1.leave().await;
     let log2 = m2.leave().await;
     println!("m1: {log1:?}\nm2: {log2:?}\nm4: {log4:?}");
@@ -274,7 +365,14 @@ async fn a_member_whose_client_goes_away_leaves_and_releases_its_leases() {
     let topic = create_topic(&services, 3).await;
     let group = unique_name("g");
     let client = a.client().await;
-    let member = TestMember::start(&client, &group, &topic, "m1", Delivered::default());
+    let member = TestMember::start(
+        &client,
+        &group,
+        &topic,
+        "m1",
+        Delivered::default(),
+        Commits::default(),
+    );
     settled(&client, &group, &shares(&[("m1", 3)])).await;
     assigned(&[&member], &[3]).await;
     let log = member.leave().await;
