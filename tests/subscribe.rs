@@ -500,3 +500,40 @@ async fn a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_id_is_one_live_member_on_any_gateway() {
+    use kafka_lease_client::{Error, Reason, SubscribeOptions};
+    let Some(services) = Services::require("a_member_id_is_one_live_member_on_any_gateway") else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
+    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let topic = create_topic(&services, 2).await;
+    let group = unique_name("g");
+    let (client_a, client_b) = (a.client().await, b.client().await);
+    let options = || SubscribeOptions::new(&group, [&topic]).member_id("only-one");
+    let first = client_a.subscribe(options()).await.expect("the first");
+    for (name, client) in [
+        ("the same gateway", &client_a),
+        ("the other gateway", &client_b),
+    ] {
+        match client.subscribe(options()).await {
+            Err(err @ Error::Other { .. }) => {
+                assert_eq!(err.code(), tonic::Code::AlreadyExists, "{name}: {err:?}");
+                assert_eq!(err.reason(), Some(Reason::MemberActive), "{name}: {err:?}");
+                assert_eq!(err.metadata("member_id"), Some("only-one"));
+            }
+            other => panic!("{name}: a second live member with the same id: {other:?}"),
+        }
+    }
+    // Once the first has left, the id is free again, on either gateway.
+    drop(first);
+    settled(&client_a, &group, &shares(&[])).await;
+    let again = wait_for("the id to be free", DEADLINE, || async {
+        client_b.subscribe(options()).await.ok()
+    })
+    .await;
+    assert_eq!(again.member_id(), "only-one");
+}

@@ -282,6 +282,8 @@ pub struct Gateway {
     table: Mutex<Table>,
     /// The queue of Acquires of each (group, topic) that has any.
     queues: Mutex<HashMap<(String, String), Weak<TopicQueue>>>,
+    /// (group, member id) of every subscription with a live stream on this instance.
+    members: Mutex<std::collections::HashSet<(String, String)>>,
     shutting_down: AtomicBool,
     /// Set to `true` at shutdown, to wake every waiting Acquire.
     stopping: watch::Sender<bool>,
@@ -428,6 +430,7 @@ impl Gateway {
             waiting: AtomicUsize::new(0),
             table: Mutex::new(Table::default()),
             queues: Mutex::default(),
+            members: Mutex::default(),
             shutting_down: AtomicBool::new(false),
             stopping: watch::channel(false).0,
             me: me.clone(),
@@ -1265,6 +1268,23 @@ impl Gateway {
         )
         .await;
         tracing::info!(leases = count, "all leases released");
+    }
+
+    /// Marks member `member_id` of `group` as subscribed here; `false` when it is already
+    /// (Consul cannot tell two subscriptions of one session apart).
+    pub(crate) fn claim_member(&self, group: &str, member_id: &str) -> bool {
+        self.members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((group.to_string(), member_id.to_string()))
+    }
+
+    /// Undoes [`Gateway::claim_member`].
+    pub(crate) fn free_member(&self, group: &str, member_id: &str) {
+        self.members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(group.to_string(), member_id.to_string()));
     }
 
     /// Turns `true` when the gateway starts shutting down.

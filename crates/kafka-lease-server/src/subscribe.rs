@@ -136,6 +136,20 @@ impl Gateway {
         if spec.member_id.is_empty() {
             spec.member_id = new_member_id();
         }
+        // One live subscription per member id here; other instances refuse it through the
+        // member record, which this instance's session holds.
+        if !self.claim_member(&spec.group, &spec.member_id) {
+            return Err(LeaseError::MemberActive {
+                group: spec.group.clone(),
+                topic: spec.topics.first().cloned().unwrap_or_default(),
+                member_id: spec.member_id.clone(),
+            });
+        }
+        let claim = MemberClaim {
+            gateway: self.clone(),
+            group: spec.group.clone(),
+            member_id: spec.member_id.clone(),
+        };
         let record = MemberRecord {
             member_id: spec.member_id.clone(),
             member: spec.member.clone(),
@@ -195,6 +209,7 @@ impl Gateway {
             .collect();
         let (done, done_rx) = mpsc::unbounded_channel();
         let member = Member {
+            _claim: claim,
             gateway: self.clone(),
             record,
             spec,
@@ -309,7 +324,22 @@ enum Done {
 type LeaseRead =
     Pin<Box<dyn Stream<Item = (String, Option<Result<v1::ReadResponse, LeaseError>>)> + Send>>;
 
+/// A member id claimed on this instance, freed when the subscription's task is done.
+struct MemberClaim {
+    gateway: Arc<Gateway>,
+    group: String,
+    member_id: String,
+}
+
+impl Drop for MemberClaim {
+    fn drop(&mut self) {
+        self.gateway.free_member(&self.group, &self.member_id);
+    }
+}
+
 struct Member {
+    /// Dropped last, after `finish` released the leases and removed the records.
+    _claim: MemberClaim,
     gateway: Arc<Gateway>,
     record: MemberRecord,
     spec: SubscribeSpec,
