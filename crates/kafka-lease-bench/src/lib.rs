@@ -37,6 +37,8 @@ pub const SCENARIOS: &[&str] = &[
     "crash-failover",
     "scale",
     "groups",
+    "rebalance",
+    "drain-subscribe",
 ];
 
 /// How big a run is.
@@ -103,6 +105,8 @@ pub struct Plan {
     pub contended: (usize, usize),
     /// `groups`: (groups, leases per group).
     pub groups: (usize, usize),
+    /// `rebalance`: joins of a new member measured.
+    pub rebalance_rounds: usize,
 }
 
 impl Plan {
@@ -129,6 +133,7 @@ impl Plan {
                 waiters_window: Duration::from_secs(2),
                 contended: (20, 5),
                 groups: (5, 2),
+                rebalance_rounds: 2,
             },
             Mode::Quick => Plan {
                 rounds: 3,
@@ -150,6 +155,7 @@ impl Plan {
                 waiters_window: Duration::from_secs(5),
                 contended: (100, 30),
                 groups: (100, 10),
+                rebalance_rounds: 20,
             },
             Mode::Full => Plan {
                 rounds: 5,
@@ -171,6 +177,7 @@ impl Plan {
                 waiters_window: Duration::from_secs(15),
                 contended: (100, 100),
                 groups: (100, 10),
+                rebalance_rounds: 50,
             },
         }
     }

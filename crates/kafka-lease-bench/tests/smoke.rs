@@ -17,6 +17,8 @@ const SCENARIOS: &[&str] = &[
     "handoff",
     "crash-failover",
     "scale",
+    "rebalance",
+    "drain-subscribe",
 ];
 
 /// Rows each scenario writes.
@@ -33,6 +35,8 @@ const ROWS: &[(&str, &[&str])] = &[
         "scale",
         &["scale-rss", "scale-threads", "scale-consul-writes"],
     ),
+    ("rebalance", &["rebalance"]),
+    ("drain-subscribe", &["drain-subscribe"]),
 ];
 
 fn number(row: &Value, field: &str) -> f64 {

@@ -230,6 +230,22 @@ async fn direct_drain(
     .context("direct drain thread panicked")?
 }
 
+/// The steady rate of one direct drain of `partitions` partitions (0..), for other
+/// scenarios' baselines.
+pub(crate) async fn direct_rate(
+    env: &Env,
+    topic: &str,
+    partitions: i32,
+    per_partition: u64,
+) -> Result<f64> {
+    let all: Vec<i32> = (0..partitions).collect();
+    Ok(
+        direct_drain(env, topic, &all, per_partition, Arc::default())
+            .await?
+            .rate(),
+    )
+}
+
 fn direct_drain_blocking(
     config: ClientConfig,
     topic: &str,

@@ -12,6 +12,7 @@ mod failover;
 mod groups;
 mod handoff;
 mod latency;
+mod rebalance;
 mod scale;
 mod waiters;
 
@@ -31,6 +32,8 @@ pub(crate) async fn run(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
         "groups" => groups::run(env).await,
         "waiters" => waiters::waiters(env).await,
         "acquire-contended" => waiters::contended(env).await,
+        "rebalance" => rebalance::run(env).await,
+        "drain-subscribe" => rebalance::drain(env).await,
         other => bail!("unknown scenario {other}"),
     }
 }

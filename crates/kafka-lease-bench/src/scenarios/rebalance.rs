@@ -1,0 +1,369 @@
+//! `rebalance`: how long a group of members (Subscribe) takes to make room for a new one,
+//! and `drain-subscribe`: one member draining 16 partitions through Subscribe against a
+//! direct consumer of the same 16.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use kafka_lease_client::{Client, SubscribeOptions, Subscription, SubscriptionEvent};
+use serde_json::{json, Map};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::{r3, ratio, Row};
+use crate::env::{create_topic, produce_fill, Env, Gateway};
+use crate::report::{Chart, ScenarioResult};
+use crate::stats::{median, min_max, percentile};
+
+const PARTITIONS: i32 = 12;
+/// Members already in the group when the new one joins.
+const MEMBERS: usize = 3;
+const GOAL_S: f64 = 1.0;
+/// How long one round may take before the scenario fails.
+const ROUND_DEADLINE: Duration = Duration::from_secs(60);
+
+/// What the bench sees of one member.
+#[derive(Default)]
+struct Seen {
+    /// Partitions assigned and not revoked since.
+    held: HashSet<i32>,
+    /// Held partitions that delivered a batch since their assignment.
+    streaming: HashSet<i32>,
+}
+
+/// Runs a member: commits every batch at once, and on `revoking` commits again at once, so
+/// that a lease moves as soon as the gateway lets it.
+fn run_member(mut member: Subscription, seen: Arc<Mutex<Seen>>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut next: HashMap<String, i64> = HashMap::new();
+        while let Some(Ok(event)) = member.next_event().await {
+            match event {
+                SubscriptionEvent::Assigned {
+                    partition, offset, ..
+                } => {
+                    next.insert(partition.lease_id().to_string(), offset);
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .held
+                        .insert(partition.partition());
+                }
+                SubscriptionEvent::Records { partition, batch } => {
+                    if let Some(n) = batch.next_offset() {
+                        next.insert(partition.lease_id().to_string(), n);
+                        let _ = partition.commit(n).await;
+                    }
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .streaming
+                        .insert(partition.partition());
+                }
+                SubscriptionEvent::Revoking { partition, .. } => {
+                    if let Some(&n) = next.get(partition.lease_id()) {
+                        let _ = partition.commit(n).await;
+                    }
+                }
+                SubscriptionEvent::Revoked { partition, .. } => {
+                    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                    seen.held.remove(&partition.partition());
+                    seen.streaming.remove(&partition.partition());
+                }
+                _ => {}
+            }
+        }
+    })
+}
+
+async fn join(
+    client: &Client,
+    group: &str,
+    topic: &str,
+    id: &str,
+) -> Result<(JoinHandle<()>, Arc<Mutex<Seen>>)> {
+    let member = client
+        .subscribe(
+            SubscribeOptions::new(group, [topic])
+                .member_id(id)
+                .max_wait(Duration::from_millis(10)),
+        )
+        .await
+        .with_context(|| format!("Subscribe of {id}"))?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    Ok((run_member(member, seen.clone()), seen))
+}
+
+/// Waits until `check` holds on the members' views.
+async fn until(
+    seen: &[Arc<Mutex<Seen>>],
+    what: &str,
+    check: impl Fn(&[Seen]) -> bool,
+) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let snapshot: Vec<Seen> = seen
+            .iter()
+            .map(|s| {
+                let s = s.lock().unwrap_or_else(|p| p.into_inner());
+                Seen {
+                    held: s.held.clone(),
+                    streaming: s.streaming.clone(),
+                }
+            })
+            .collect();
+        if check(&snapshot) {
+            return Ok(());
+        }
+        if started.elapsed() > ROUND_DEADLINE {
+            bail!("{what} did not happen within {ROUND_DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
+    let name = "rebalance";
+    let topic = env.name("rebalance");
+    create_topic(env, &topic, PARTITIONS).await?;
+    let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-rebalance"), None).await?;
+    let result = rounds(env, &gateway, &topic).await;
+    gateway.stop().await;
+    let samples = result?;
+    let (p50, p99, max) = (
+        percentile(&samples, 50.0),
+        percentile(&samples, 99.0),
+        percentile(&samples, 100.0),
+    );
+    let mut details = Map::new();
+    details.insert("p50_s".into(), r3(p50).into());
+    details.insert("p99_s".into(), r3(p99).into());
+    details.insert("max_s".into(), r3(max).into());
+    details.insert("partitions".into(), PARTITIONS.into());
+    details.insert("members_before_the_join".into(), MEMBERS.into());
+    details.insert(
+        "samples_s".into(),
+        samples.iter().map(|x| r3(*x)).collect::<Vec<_>>().into(),
+    );
+    details.insert("timing".into(), "from just before the new member's Subscribe call to the moment it holds its share (3 of 12 partitions) and has received a batch of each; the old members commit at once on every batch and on revoking; one record per partition is produced every 20 ms throughout, so every moved partition has records to stream".into());
+    Ok(vec![Row {
+        name: name.into(),
+        scenario: "rebalance",
+        unit: "s (p99)",
+        gateway: r3(p99),
+        baseline: GOAL_S,
+        baseline_kind:
+            "constant: the goal's 1 s (Kafka's own cooperative rebalance is not run here)".into(),
+        ratio: ratio(p99, GOAL_S).map(r3),
+        ratio_definition: "p99 / 1 s (met when <= 1)",
+        goal: "p99 <= 1 s".into(),
+        met: p99 <= GOAL_S,
+        summary: format!(
+            "p50 {p50:.3} s, max {max:.3} s over {} joins of a 4th member to 3 on 12 partitions",
+            samples.len()
+        ),
+        details,
+        chart: Chart {
+            title: "rebalance: a member's join to its share streaming".into(),
+            unit: "s".into(),
+            groups: vec![
+                ("p50".into(), vec![("gateway".into(), p50)]),
+                ("p99".into(), vec![("gateway".into(), p99)]),
+                ("max".into(), vec![("gateway".into(), max)]),
+            ],
+            lines: vec![("goal 1 s".into(), GOAL_S)],
+        },
+    }
+    .build()])
+}
+
+async fn rounds(env: &Env, gateway: &Gateway, topic: &str) -> Result<Vec<f64>> {
+    let client = gateway.client().await?;
+    let group = env.name("rebalance");
+    // Records all along, so that a moved partition has something to stream.
+    let producer = crate::env::bulk_producer(env)?;
+    let producing = {
+        let topic = topic.to_string();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                for p in 0..PARTITIONS {
+                    let record = rdkafka::producer::FutureRecord::<(), [u8]>::to(&topic)
+                        .partition(p)
+                        .payload(b"r");
+                    let _ = producer.send(record, Duration::from_secs(5)).await;
+                }
+            }
+        })
+    };
+    let result = async {
+        let mut members = Vec::new();
+        let mut seen = Vec::new();
+        for i in 0..MEMBERS {
+            let (task, s) = join(&client, &group, topic, &format!("old-{i}")).await?;
+            members.push(task);
+            seen.push(s);
+        }
+        let all_held =
+            |v: &[Seen]| v.iter().map(|s| s.held.len()).sum::<usize>() == PARTITIONS as usize;
+        until(&seen, "the first members to hold every partition", all_held).await?;
+        let mut samples = Vec::new();
+        for round in 1..=env.plan.rebalance_rounds {
+            let t0 = Instant::now();
+            let (task, newcomer) = join(&client, &group, topic, &format!("new-{round}")).await?;
+            let share = PARTITIONS as usize / (MEMBERS + 1);
+            until(
+                std::slice::from_ref(&newcomer),
+                "the newcomer's share to stream",
+                |v| v[0].held.len() == share && v[0].streaming.len() == share,
+            )
+            .await?;
+            samples.push(t0.elapsed().as_secs_f64());
+            env.progress.say(format!(
+                "  rebalance round {round}/{}: balanced in {:.3} s",
+                env.plan.rebalance_rounds,
+                t0.elapsed().as_secs_f64()
+            ));
+            task.abort();
+            let _ = task.await;
+            until(
+                &seen,
+                "the old members to take the leaver's share",
+                all_held,
+            )
+            .await?;
+        }
+        for member in members {
+            member.abort();
+        }
+        Ok::<_, anyhow::Error>(samples)
+    }
+    .await;
+    producing.abort();
+    result
+}
+
+/// `drain-subscribe`: one member of a 16-partition topic drains it through Subscribe;
+/// against one direct consumer of the 16, as in drain-16p.
+pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
+    let name = "drain-subscribe";
+    let per_partition = env.plan.drain16_per_partition as u64;
+    let topic = env.name("drainsub");
+    create_topic(env, &topic, 16).await?;
+    produce_fill(env, name, &topic, 16, per_partition as usize, 1024).await?;
+    let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-drainsub"), None).await?;
+    let client = gateway.client().await;
+    let mut runs = Vec::new();
+    let result = async {
+        let client = client?;
+        for round in 1..=env.plan.rounds {
+            let (rate, fairness) = subscribe_drain(env, &client, &topic, per_partition).await?;
+            let direct = super::drain::direct_rate(env, &topic, 16, per_partition).await?;
+            env.progress.say(format!(
+                "  {name} round {round}/{}: subscribe {rate:.0}, direct {direct:.0} records/s; slowest/fastest partition {fairness:.2}",
+                env.plan.rounds
+            ));
+            runs.push((rate, direct, fairness));
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    gateway.stop().await;
+    result?;
+    let g = median(&runs.iter().map(|r| r.0).collect::<Vec<_>>());
+    let d = median(&runs.iter().map(|r| r.1).collect::<Vec<_>>());
+    let fair = median(&runs.iter().map(|r| r.2).collect::<Vec<_>>());
+    let ratio = ratio(g, d);
+    let mut details = Map::new();
+    details.insert("partitions".into(), 16.into());
+    details.insert("records_per_partition".into(), per_partition.into());
+    details.insert("value_bytes".into(), 1024.into());
+    details.insert("slowest_over_fastest_partition".into(), r3(fair).into());
+    details.insert(
+        "rounds".into(),
+        runs.iter()
+            .enumerate()
+            .map(|(i, (g, d, f))| json!({"round": i + 1, "subscribe_records_per_s": r3(*g), "direct_records_per_s": r3(*d), "slowest_over_fastest": r3(*f)}))
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    details.insert("timing".into(), "subscribe: records after the first batch over the time from the first batch to the last record (a fresh group each round, so it starts at offset 0); fairness: per partition, its records over the time its last record arrived, slowest / fastest; direct: as drain-16p".into());
+    Ok(vec![Row {
+        name: name.into(),
+        scenario: "drain-subscribe",
+        unit: "records/s",
+        gateway: r3(g),
+        baseline: r3(d),
+        baseline_kind:
+            "measured: one direct rdkafka BaseConsumer assigned all 16 partitions, same run".into(),
+        ratio: ratio.map(r3),
+        ratio_definition: "Subscribe records/s / direct records/s (medians across rounds)",
+        goal: ">= 0.9 and slowest/fastest partition >= 0.8".into(),
+        met: ratio.is_some_and(|r| r >= 0.9) && fair >= 0.8,
+        summary: format!("one member, 16 partitions; slowest/fastest partition {fair:.2}"),
+        details,
+        chart: Chart {
+            title: format!("{name}: one member drains 16 partitions, records/s per round"),
+            unit: "records/s".into(),
+            groups: runs
+                .iter()
+                .enumerate()
+                .map(|(i, (g, d, _))| {
+                    (
+                        format!("round {}", i + 1),
+                        vec![("subscribe".into(), *g), ("direct rdkafka".into(), *d)],
+                    )
+                })
+                .collect(),
+            lines: vec![("0.9 x direct median".into(), 0.9 * d)],
+        },
+    }
+    .build()])
+}
+
+/// One drain through a fresh member: (steady records/s, slowest/fastest partition).
+async fn subscribe_drain(
+    env: &Env,
+    client: &Client,
+    topic: &str,
+    per_partition: u64,
+) -> Result<(f64, f64)> {
+    let group = env.name("drainsub");
+    let t0 = Instant::now();
+    let mut member = client
+        .subscribe(
+            SubscribeOptions::new(&group, [topic])
+                .member_id("drainer")
+                .max_records(10_000)
+                .max_bytes(4 * 1024 * 1024)
+                .max_wait(Duration::from_millis(10)),
+        )
+        .await
+        .context("Subscribe")?;
+    let total = per_partition * 16;
+    let mut counts: BTreeMap<i32, (u64, f64)> = BTreeMap::new();
+    let (mut n, mut first) = (0_u64, None::<(f64, u64)>);
+    while n < total {
+        let event = tokio::time::timeout(Duration::from_secs(600), member.next_event())
+            .await
+            .map_err(|_| anyhow!("the drain stalled"))?
+            .ok_or_else(|| anyhow!("the subscription ended"))??;
+        if let SubscriptionEvent::Records { partition, batch } = event {
+            let k = batch.records.len() as u64;
+            let now = t0.elapsed().as_secs_f64();
+            first.get_or_insert((now, k));
+            n += k;
+            let entry = counts.entry(partition.partition()).or_default();
+            entry.0 += k;
+            entry.1 = now;
+        }
+    }
+    let last = t0.elapsed().as_secs_f64();
+    let (first_at, first_n) = first.unwrap_or((0.0, 0));
+    let rate = (n - first_n) as f64 / (last - first_at).max(1e-6);
+    let rates: Vec<f64> = counts
+        .values()
+        .map(|(k, at)| *k as f64 / (at - first_at).max(1e-3))
+        .collect();
+    let (lo, hi) = min_max(&rates);
+    Ok((rate, lo / hi))
+}
