@@ -222,6 +222,7 @@ impl Gateway {
             held: HashMap::new(),
             pending: HashSet::new(),
             merged: SelectAll::new(),
+            views: HashMap::new(),
         };
         tokio::spawn(member.run());
         Ok(outgoing(control_rx, records_rx))
@@ -354,6 +355,8 @@ struct Member {
     /// Attempts in flight.
     pending: HashSet<(String, i32)>,
     merged: SelectAll<LeaseRead>,
+    /// The newest view of each topic.
+    views: HashMap<String, TopicView>,
 }
 
 impl Member {
@@ -371,7 +374,12 @@ impl Member {
                 biased;
                 () = self.control.closed() => break,
                 changed = stopping.changed() => if changed.is_err() { break },
-                Some(done) = self.done_rx.recv() => self.on_done(done),
+                Some(done) = self.done_rx.recv() => {
+                    // The rule again, on the newest view: a view that came while this
+                    // action was in flight could not count it.
+                    let topic = self.on_done(done);
+                    self.replan(&topic).await;
+                }
                 Some((topic, view)) = self.views_rx.recv() => self.on_view(&topic, view).await,
                 reserved = self.records.clone().reserve_owned(), if want_permit => match reserved {
                     Ok(reserved) => permit = Some(reserved),
@@ -446,7 +454,8 @@ impl Member {
         }
     }
 
-    fn on_done(&mut self, done: Done) {
+    /// Takes in what a task of this member did; the topic it was about.
+    fn on_done(&mut self, done: Done) -> String {
         match done {
             Done::Acquired {
                 topic,
@@ -455,7 +464,7 @@ impl Member {
             } => {
                 self.pending.remove(&(topic.clone(), partition));
                 match result {
-                    Ok(granted) => self.install(topic, partition, granted),
+                    Ok(granted) => self.install(topic.clone(), partition, granted),
                     Err(error) => tracing::debug!(
                         member_id = %self.spec.member_id,
                         %topic,
@@ -464,6 +473,7 @@ impl Member {
                         "a partition the rule gave this member was not taken; the next view decides again",
                     ),
                 }
+                topic
             }
             Done::Released {
                 topic,
@@ -473,10 +483,11 @@ impl Member {
                 self.held.remove(&(topic.clone(), partition));
                 let _ = self.control.send(Ok(SubscriptionEvent::Revoked {
                     lease_id,
-                    topic,
+                    topic: topic.clone(),
                     partition,
                     why: Ended::Revoked,
                 }));
+                topic
             }
         }
     }
@@ -546,6 +557,17 @@ impl Member {
                 }
             }
         }
+        self.views.insert(topic.to_string(), view);
+        self.replan(topic).await;
+    }
+
+    /// Applies the rule to the newest view of `topic`: gives up what is beyond this
+    /// member's quota, takes the free partitions it is given.
+    async fn replan(&mut self, topic: &str) {
+        let Some(view) = self.views.get(topic).cloned() else {
+            return;
+        };
+        let member_id = self.spec.member_id.clone();
         let partitions = match self.gateway.kafka().partition_count(topic, None).await {
             Ok(count) => count,
             Err(error) => {

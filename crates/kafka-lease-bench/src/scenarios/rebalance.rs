@@ -115,7 +115,17 @@ async fn until(
             return Ok(());
         }
         if started.elapsed() > ROUND_DEADLINE {
-            bail!("{what} did not happen within {ROUND_DEADLINE:?}");
+            let state: Vec<(Vec<i32>, Vec<i32>)> = snapshot
+                .iter()
+                .map(|s| {
+                    let mut held: Vec<i32> = s.held.iter().copied().collect();
+                    let mut streaming: Vec<i32> = s.streaming.iter().copied().collect();
+                    held.sort_unstable();
+                    streaming.sort_unstable();
+                    (held, streaming)
+                })
+                .collect();
+            bail!("{what} did not happen within {ROUND_DEADLINE:?}; (held, streaming) per member: {state:?}");
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -203,9 +213,13 @@ async fn rounds(env: &Env, gateway: &Gateway, topic: &str) -> Result<Vec<f64>> {
             members.push(task);
             seen.push(s);
         }
-        let all_held =
-            |v: &[Seen]| v.iter().map(|s| s.held.len()).sum::<usize>() == PARTITIONS as usize;
-        until(&seen, "the first members to hold every partition", all_held).await?;
+        // Settled: each old member holds its share and streams it.
+        let each = PARTITIONS as usize / MEMBERS;
+        let settled = |v: &[Seen]| {
+            v.iter()
+                .all(|s| s.held.len() == each && s.streaming.len() == each)
+        };
+        until(&seen, "the first members to settle", settled).await?;
         let mut samples = Vec::new();
         for round in 1..=env.plan.rebalance_rounds {
             let t0 = Instant::now();
@@ -225,12 +239,7 @@ async fn rounds(env: &Env, gateway: &Gateway, topic: &str) -> Result<Vec<f64>> {
             ));
             task.abort();
             let _ = task.await;
-            until(
-                &seen,
-                "the old members to take the leaver's share",
-                all_held,
-            )
-            .await?;
+            until(&seen, "the old members to take the leaver's share", settled).await?;
         }
         for member in members {
             member.abort();
