@@ -345,7 +345,8 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
         "{produced} records per partition delivered; {checked} accepted commits, no older \
          lease's after a newer one's"
     );
-    assert!(checked > 100, "commits were made and checked: {checked}");
+    // Two per partition at least: commits from before and after the moves were checked.
+    assert!(checked >= 24, "commits were made and checked: {checked}");
     let log1 = m1.leave().await;
     let log2 = m2.leave().await;
     println!("m1: {log1:?}\nm2: {log2:?}\nm4: {log4:?}");
@@ -380,6 +381,17 @@ async fn a_member_whose_client_goes_away_leaves_and_releases_its_leases() {
     settled(&client, &group, &shares(&[])).await;
 }
 
+/// The next event of a member, within the deadline; the stream must stay open.
+async fn next_event(
+    member: &mut kafka_lease_client::Subscription,
+) -> kafka_lease_client::SubscriptionEvent {
+    tokio::time::timeout(DEADLINE, member.next_event())
+        .await
+        .expect("an event in time")
+        .expect("open")
+        .expect("an event")
+}
+
 /// Runs one member through the client crate until it has read `records` records of every
 /// one of its partitions, without committing; returns it with the next offset per partition.
 async fn read_all(
@@ -402,11 +414,7 @@ async fn read_all(
         .expect("subscribe");
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     while next.len() < partitions || next.values().any(|n| *n < records) {
-        let event = tokio::time::timeout(DEADLINE, member.next_event())
-            .await
-            .expect("an event in time")
-            .expect("open")
-            .expect("an event");
+        let event = next_event(&mut member).await;
         if let SubscriptionEvent::Records { partition, batch } = event {
             next.insert(
                 partition.partition(),
@@ -441,11 +449,7 @@ async fn a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline
             .await
             .expect("subscribe");
         let (revoked, revoking_at) = loop {
-            let event = tokio::time::timeout(DEADLINE, first.next_event())
-                .await
-                .expect("an event in time")
-                .expect("open")
-                .expect("an event");
+            let event = next_event(&mut first).await;
             if let SubscriptionEvent::Revoking { partition, .. } = event {
                 break (partition, Instant::now());
             }
@@ -457,11 +461,7 @@ async fn a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline
                 .expect("a commit within the grace");
         }
         let (offset, assigned_at) = loop {
-            let event = tokio::time::timeout(DEADLINE, second.next_event())
-                .await
-                .expect("an event in time")
-                .expect("open")
-                .expect("an event");
+            let event = next_event(&mut second).await;
             if let SubscriptionEvent::Assigned {
                 partition, offset, ..
             } = event
@@ -484,11 +484,7 @@ async fn a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline
         }
         // The first member hears the end of the lease.
         loop {
-            let event = tokio::time::timeout(DEADLINE, first.next_event())
-                .await
-                .expect("an event in time")
-                .expect("open")
-                .expect("an event");
+            let event = next_event(&mut first).await;
             if let SubscriptionEvent::Revoked {
                 partition, reason, ..
             } = event
