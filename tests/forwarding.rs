@@ -22,6 +22,15 @@ use tonic::Code;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
+/// Two gateway instances sharing one Consul prefix: A (the one that serves the leases in
+/// these tests) and B.
+async fn two_gateways(services: &Services) -> (GatewayProcess, GatewayProcess) {
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(services, &prefix, &unique_name("gw-a"), &[]).await;
+    let b = GatewayProcess::start(services, &prefix, &unique_name("gw-b"), &[]).await;
+    (a, b)
+}
+
 /// What a client sees of one lease's life, with fencing tokens (which differ between any two
 /// leases) written as `T`.
 #[derive(Debug, PartialEq, Eq)]
@@ -177,9 +186,7 @@ async fn every_call_through_the_other_gateway_gives_what_the_serving_one_gives()
     else {
         return;
     };
-    let prefix = unique_prefix();
-    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
-    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     let records: Vec<TestRecord> = (0..20)
         .map(|i| TestRecord::value(format!("record-{i}")))
@@ -215,9 +222,7 @@ async fn a_balanced_channel_over_both_gateways_runs_whole_cycles() {
     else {
         return;
     };
-    let prefix = unique_prefix();
-    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
-    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 2).await;
     // Enough for every cycle to land on the same partition.
     let per_partition = 130;
@@ -283,9 +288,7 @@ async fn a_read_proxied_from_a_killed_gateway_ends_with_lease_lost() {
     else {
         return;
     };
-    let prefix = unique_prefix();
-    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
-    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 10).await;
     let (client_a, client_b) = (a.client().await, b.client().await);
@@ -360,9 +363,7 @@ async fn a_client_that_stops_reading_a_proxied_read_stops_the_serving_gateway_fe
     ) else {
         return;
     };
-    let prefix = unique_prefix();
-    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
-    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     // 64 MiB: far more than the fetch queue, every HTTP/2 window on the way, and the
     // growth allowed below.
@@ -462,9 +463,7 @@ async fn a_paused_serving_gateway_costs_the_caller_its_deadline_and_listings_say
     ) else {
         return;
     };
-    let prefix = unique_prefix();
-    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
-    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 2).await;
     let (client_a, client_b) = (a.client().await, b.client().await);
     let group = unique_name("g");
@@ -550,9 +549,7 @@ async fn a_read_ends_at_the_callers_deadline_directly_and_forwarded_alike() {
     else {
         return;
     };
-    let prefix = unique_prefix();
-    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
-    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 3).await;
     let (client_a, client_b) = (a.client().await, b.client().await);
@@ -602,9 +599,7 @@ async fn a_proxied_read_the_client_cancels_is_closed_on_the_serving_gateway_too(
     else {
         return;
     };
-    let prefix = unique_prefix();
-    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
-    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 3).await;
     let (client_a, client_b) = (a.client().await, b.client().await);

@@ -129,11 +129,6 @@ impl Peers {
         }
     }
 
-    /// This instance's name.
-    pub fn me(&self) -> &str {
-        &self.me
-    }
-
     /// A connection to `instance` for one call on lease `lease_ref`: the cached address, else
     /// the one its Consul record gives; LEASE_LOST when it has none (the instance is gone).
     pub async fn route(&self, lease_ref: &str, instance: &str) -> Result<Route, LeaseError> {

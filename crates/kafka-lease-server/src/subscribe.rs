@@ -320,10 +320,14 @@ enum Done {
     },
 }
 
-/// One lease's Read in the merged stream: `(lease, Some(batch))`, then `(lease, None)` when
-/// it ends by itself.
-type LeaseRead =
-    Pin<Box<dyn Stream<Item = (String, Option<Result<v1::ReadResponse, LeaseError>>)> + Send>>;
+/// One lease's Read in the merged stream: `((topic, partition), lease, Some(batch))`, then
+/// `(.., None)` when it ends by itself.
+type LeaseRead = Pin<Box<dyn Stream<Item = ReadItem> + Send>>;
+type ReadItem = (
+    (String, i32),
+    String,
+    Option<Result<v1::ReadResponse, LeaseError>>,
+);
 
 /// A member id claimed on this instance, freed when the subscription's task is done.
 struct MemberClaim {
@@ -385,30 +389,28 @@ impl Member {
                     Ok(reserved) => permit = Some(reserved),
                     Err(_) => break,
                 },
-                Some((lease_id, item)) = self.merged.next(), if can_read => {
-                    self.on_read(lease_id, item, &mut permit);
+                Some((key, lease_id, item)) = self.merged.next(), if can_read => {
+                    self.on_read(key, lease_id, item, &mut permit);
                 }
             }
         }
         self.finish().await;
     }
 
-    fn key_of(&self, lease_id: &str) -> Option<(String, i32)> {
-        self.held
-            .iter()
-            .find(|(_, h)| h.lease_id == lease_id)
-            .map(|(k, _)| k.clone())
-    }
-
     fn on_read(
         &mut self,
+        (topic, partition): (String, i32),
         lease_id: String,
         item: Option<Result<v1::ReadResponse, LeaseError>>,
         permit: &mut Option<mpsc::OwnedPermit<SubscriptionEvent>>,
     ) {
-        let Some((topic, partition)) = self.key_of(&lease_id) else {
+        if self
+            .held
+            .get(&(topic.clone(), partition))
+            .is_none_or(|h| h.lease_id != lease_id)
+        {
             return;
-        };
+        }
         match item {
             Some(Ok(response)) => {
                 if let Some(permit) = permit.take() {
@@ -517,8 +519,9 @@ impl Member {
             }
             let _ = tx.send(None).await;
         });
-        let id = lease_id.clone();
-        let read: LeaseRead = Box::pin(ReceiverStream::new(rx).map(move |item| (id.clone(), item)));
+        let (id, key) = (lease_id.clone(), (topic.clone(), partition));
+        let read: LeaseRead =
+            Box::pin(ReceiverStream::new(rx).map(move |item| (key.clone(), id.clone(), item)));
         let _ = self.control.send(Ok(SubscriptionEvent::Assigned(granted)));
         self.merged.push(read);
         self.held.insert(
