@@ -313,6 +313,29 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
     let four = shares(&[("m1", 3), ("m2", 3), ("m3", 3), ("m4", 3)]);
     settled(&client_a, &group, &four).await;
     assigned(&[&m1, &m2, &m3, &m4], &[12, 6, 4, 3]).await;
+    // The members and their shares, from either gateway.
+    for client in [&client_a, &client_b] {
+        let members = client
+            .list_members(&group, Some(topic.clone()))
+            .await
+            .expect("list members");
+        let listed: Vec<(String, usize)> = members
+            .iter()
+            .map(|m| (m.member_id.clone(), m.partitions.len()))
+            .collect();
+        assert_eq!(
+            listed,
+            [("m1", 3), ("m2", 3), ("m3", 3), ("m4", 3)].map(|(m, n)| (m.to_string(), n))
+        );
+        let mut all: Vec<i32> = members.iter().flat_map(|m| m.partitions.clone()).collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..partitions).collect::<Vec<_>>(),
+            "each partition once"
+        );
+        assert_eq!(members[2].gateway, b.instance, "m3 is on B");
+    }
 
     // m4's client goes away; m3's gateway is killed. m1 and m2 (on A) take it all. The
     // moves on a leave are the leaver's partitions only: m4's 3 (one each to m1, m2, m3),

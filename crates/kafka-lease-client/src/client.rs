@@ -134,6 +134,24 @@ impl Client {
         Subscription::open(self, options).await
     }
 
+    /// The members subscribed to `group` (every topic, or only `topic`), across every
+    /// gateway instance, each with the partitions it holds: [`proto::MemberInfo`] as the
+    /// gateway sends it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] (bad names), [`Error::Unavailable`] (Consul unreachable).
+    pub async fn list_members(
+        &self,
+        group: impl Into<String>,
+        topic: Option<String>,
+    ) -> Result<Vec<proto::MemberInfo>> {
+        let request = proto::ListMembersRequest {
+            group: group.into(),
+            topic,
+        };
+        Ok(self.raw().list_members(request).await?.into_inner().members)
+    }
+
     /// Takes an exclusive lease on a partition.
     ///
     /// # Errors

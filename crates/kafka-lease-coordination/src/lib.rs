@@ -314,6 +314,10 @@ pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
         member_id: &str,
     ) -> Result<(), CoordinationError>;
 
+    /// The members subscribed to the topics of `group` (see [`MemberRecord`]) whose
+    /// gateway's session lives: (topic, record), ordered by topic and member id.
+    async fn members(&self, group: &str) -> Result<Vec<(String, MemberRecord)>, CoordinationError>;
+
     /// Every held lock under the prefix, optionally only one group's, ordered by key.
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError>;
 

@@ -460,6 +460,22 @@ impl LockBackend for MemoryLocks {
         Ok(())
     }
 
+    async fn members(&self, group: &str) -> Result<Vec<(String, MemberRecord)>, CoordinationError> {
+        let table = self.store.table();
+        let mut members: Vec<(String, MemberRecord)> = table
+            .members
+            .iter()
+            .filter(|((g, _), _)| g == group)
+            .flat_map(|((_, topic), members)| {
+                members
+                    .values()
+                    .map(move |(_, record)| (topic.clone(), record.clone()))
+            })
+            .collect();
+        members.sort_by(|a, b| (&a.0, &a.1.member_id).cmp(&(&b.0, &b.1.member_id)));
+        Ok(members)
+    }
+
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
         let table = self.store.table();
         // The BTreeMap iterates in `LockKey` order, which is the order promised.

@@ -629,6 +629,15 @@ async fn members_join_leave_and_vanish_with_the_session<B: LockBackend>(rig: Rig
         vec!["m-1".to_string(), "m-2".to_string()]
     );
     assert_eq!(seen.members["m-1"], member("m-1", "gw-a"));
+    let listed = rig.b.members(&group).await.unwrap();
+    assert_eq!(
+        listed,
+        vec![
+            (topic.to_string(), member("m-1", "gw-a")),
+            (topic.to_string(), member("m-2", "gw-b")),
+        ]
+    );
+    assert!(rig.b.members("another-group").await.unwrap().is_empty());
     assert_eq!(
         seen.held.keys().copied().collect::<Vec<_>>(),
         vec![0],

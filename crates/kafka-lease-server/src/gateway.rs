@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use crate::coordination::{
     Acquisition, FencingToken, HeldPartition, HolderInfo, LockBackend, LockGrant, LockKey,
-    SessionState,
+    MemberRecord, SessionState,
 };
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::Kafka;
@@ -1250,6 +1250,29 @@ impl Gateway {
                     token: h.token.0,
                     local,
                 }
+            })
+            .collect())
+    }
+
+    /// The members subscribed to `group` (of `topic` only, if given), each with the
+    /// partitions its leases hold: two reads of the group's prefix.
+    pub async fn list_members(
+        &self,
+        group: &str,
+        topic: Option<&str>,
+    ) -> Result<Vec<(String, MemberRecord, Vec<i32>)>, LeaseError> {
+        let members = self.locks.members(group).await?;
+        let held = self.locks.list(Some(group)).await?;
+        Ok(members
+            .into_iter()
+            .filter(|(t, _)| topic.is_none_or(|topic| t == topic))
+            .map(|(t, record)| {
+                let partitions = held
+                    .iter()
+                    .filter(|h| h.key.topic == t && h.holder.subscriber == record.member_id)
+                    .map(|h| h.key.partition)
+                    .collect();
+                (t, record, partitions)
             })
             .collect())
     }

@@ -825,6 +825,39 @@ impl PartitionLeaseService for LeaseService {
         Ok(Response::new(events))
     }
 
+    async fn list_members(
+        &self,
+        request: Request<v1::ListMembersRequest>,
+    ) -> Result<Response<v1::ListMembersResponse>, Status> {
+        let req = request.get_ref();
+        validate::group(&req.group).map_err(status_of)?;
+        if let Some(topic) = &req.topic {
+            validate::topic(topic).map_err(status_of)?;
+        }
+        let members = self
+            .gateway
+            .list_members(&req.group, req.topic.as_deref())
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(v1::ListMembersResponse {
+            members: members
+                .into_iter()
+                .map(|(topic, record, partitions)| v1::MemberInfo {
+                    group: req.group.clone(),
+                    topic,
+                    member_id: record.member_id,
+                    member: record.member,
+                    gateway: record.gateway,
+                    max_partitions: record.max_partitions,
+                    joined_at: Some(timestamp(
+                        SystemTime::UNIX_EPOCH + Duration::from_millis(record.joined_at_ms),
+                    )),
+                    partitions,
+                })
+                .collect(),
+        }))
+    }
+
     async fn seek(
         &self,
         request: Request<v1::SeekRequest>,

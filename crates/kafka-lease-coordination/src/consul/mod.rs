@@ -607,6 +607,28 @@ impl LockBackend for ConsulLocks {
         }
     }
 
+    /// One read of the group's prefix, keeping the locked member records.
+    async fn members(&self, group: &str) -> Result<Vec<(String, MemberRecord)>, CoordinationError> {
+        let prefix = self.shared.prefix();
+        let path = format!("{prefix}/{group}/");
+        let read = self.shared.read_kv("members", &path, true, None).await?;
+        let mut members: Vec<(String, MemberRecord)> = read
+            .entries
+            .iter()
+            .filter(|e| e.session.is_some())
+            .filter_map(|entry| {
+                let rest = entry.key.strip_prefix(&path)?;
+                let (topic, id) = rest.split_once(&format!("/{MEMBERS_DIR}/"))?;
+                let bytes: Vec<u8> = entry.value.clone()?.try_into().ok()?;
+                let record: MemberRecord = serde_json::from_slice(&bytes).ok()?;
+                (record.member_id == id && !topic.contains('/'))
+                    .then(|| (topic.to_string(), record))
+            })
+            .collect();
+        members.sort_by(|a, b| (&a.0, &a.1.member_id).cmp(&(&b.0, &b.1.member_id)));
+        Ok(members)
+    }
+
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {
         let prefix = self.shared.prefix();
         let path = match group {
