@@ -605,3 +605,97 @@ async fn members_coming_and_going_quickly_always_settle() {
         member.leave().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_comes_back_within_its_grace_keeps_its_leases() {
+    use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
+    let Some(services) =
+        Services::require("a_member_that_comes_back_within_its_grace_keeps_its_leases")
+    else {
+        return;
+    };
+    let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 4).await;
+    let producer = producer(&services);
+    for p in 0..4 {
+        produce_n(&producer, &topic, p, 10).await;
+    }
+    let group = unique_name("g");
+    let client = a.client().await;
+    let options = || {
+        SubscribeOptions::new(&group, [&topic])
+            .member_id("steady")
+            .session_grace(Duration::from_secs(3))
+            .max_wait(Duration::from_millis(10))
+    };
+    // Until `count` leases were assigned: their lease ids and start offsets, by partition.
+    async fn assigned_leases(
+        member: &mut kafka_lease_client::Subscription,
+        count: usize,
+    ) -> BTreeMap<i32, (String, u64, i64)> {
+        let mut leases = BTreeMap::new();
+        while leases.len() < count {
+            if let SubscriptionEvent::Assigned {
+                partition, offset, ..
+            } = next_event(member).await
+            {
+                leases.insert(
+                    partition.partition(),
+                    (
+                        partition.lease_id().to_string(),
+                        partition.fencing_token(),
+                        offset,
+                    ),
+                );
+            }
+        }
+        leases
+    }
+    let mut first = client.subscribe(options()).await.expect("subscribe");
+    let before = assigned_leases(&mut first, 4).await;
+    // Partition 0's records are processed and committed up to 5 before the connection
+    // goes.
+    let lease0 = client
+        .raw()
+        .commit(kafka_lease_client::proto::CommitRequest {
+            lease_id: before[&0].0.clone(),
+            offset: 5,
+            metadata: None,
+        })
+        .await;
+    assert!(lease0.is_ok(), "{lease0:?}");
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // Back within the grace: the same leases (ids and tokens), each from its resume point.
+    let mut again = client
+        .subscribe(options())
+        .await
+        .expect("back within the grace");
+    let after = assigned_leases(&mut again, 4).await;
+    for (p, (id, token, offset)) in &after {
+        assert_eq!(
+            (id, token),
+            (&before[p].0, &before[p].1),
+            "partition {p} kept"
+        );
+        assert_eq!(*offset, if *p == 0 { 5 } else { 0 }, "partition {p}");
+    }
+    // Its records come again, from the resume point.
+    loop {
+        if let SubscriptionEvent::Records { partition, batch } = next_event(&mut again).await {
+            if partition.partition() == 0 {
+                assert_eq!(batch.records.first().map(|r| r.offset), Some(5));
+                break;
+            }
+        }
+    }
+    // Gone for longer than the grace: the member leaves and its leases are released.
+    drop(again);
+    settled(&client, &group, &shares(&[])).await;
+    let members = client
+        .list_members(&group, None)
+        .await
+        .expect("list members");
+    assert!(members.is_empty(), "{members:?}");
+}

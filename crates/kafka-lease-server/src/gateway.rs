@@ -283,7 +283,9 @@ pub struct Gateway {
     /// The queue of Acquires of each (group, topic) that has any.
     queues: Mutex<HashMap<(String, String), Weak<TopicQueue>>>,
     /// (group, member id) of every subscription with a live stream on this instance.
-    members: Mutex<std::collections::HashSet<(String, String)>>,
+    /// Its task's way in while the member is detached (its stream gone, within its
+    /// session grace); `None` while a stream is attached.
+    members: Mutex<HashMap<(String, String), Option<crate::subscribe::Reattach>>>,
     shutting_down: AtomicBool,
     /// Set to `true` at shutdown, to wake every waiting Acquire.
     stopping: watch::Sender<bool>,
@@ -1293,13 +1295,41 @@ impl Gateway {
         tracing::info!(leases = count, "all leases released");
     }
 
-    /// Marks member `member_id` of `group` as subscribed here; `false` when it is already
-    /// (Consul cannot tell two subscriptions of one session apart).
-    pub(crate) fn claim_member(&self, group: &str, member_id: &str) -> bool {
-        self.members
+    /// Marks member `member_id` of `group` as attached to a stream here: `Ok(None)` for a
+    /// new member, `Ok(Some(way in))` for one detached within its grace, `Err(())` when a
+    /// stream is attached already (Consul cannot tell two subscriptions of one session
+    /// apart).
+    pub(crate) fn claim_member(
+        &self,
+        group: &str,
+        member_id: &str,
+    ) -> Result<Option<crate::subscribe::Reattach>, ()> {
+        let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        match members.get_mut(&(group.to_string(), member_id.to_string())) {
+            Some(None) => Err(()),
+            Some(detached) => Ok(detached.take()),
+            None => {
+                members.insert((group.to_string(), member_id.to_string()), None);
+                Ok(None)
+            }
+        }
+    }
+
+    /// The member's stream is gone; `reattach` reaches its task until its grace ends.
+    pub(crate) fn detach_member(
+        &self,
+        group: &str,
+        member_id: &str,
+        reattach: crate::subscribe::Reattach,
+    ) {
+        if let Some(slot) = self
+            .members
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((group.to_string(), member_id.to_string()))
+            .get_mut(&(group.to_string(), member_id.to_string()))
+        {
+            *slot = Some(reattach);
+        }
     }
 
     /// Undoes [`Gateway::claim_member`].

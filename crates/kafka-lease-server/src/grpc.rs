@@ -582,6 +582,8 @@ const MAX_SUBSCRIBED_TOPICS: usize = 16;
 /// The revoke grace when the request names none, and the longest allowed.
 const DEFAULT_REVOKE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 const MAX_REVOKE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+/// The longest a detached member keeps its leases.
+const MAX_SESSION_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
 
 fn subscribe_spec(req: &v1::SubscribeRequest) -> Result<SubscribeSpec, LeaseError> {
     validate::group(&req.group)?;
@@ -620,6 +622,13 @@ fn subscribe_spec(req: &v1::SubscribeRequest) -> Result<SubscribeSpec, LeaseErro
             DEFAULT_REVOKE_GRACE,
             std::time::Duration::ZERO,
             MAX_REVOKE_GRACE,
+        )?,
+        session_grace: validate::duration_in(
+            "session_grace",
+            req.session_grace.as_ref(),
+            std::time::Duration::ZERO,
+            std::time::Duration::ZERO,
+            MAX_SESSION_GRACE,
         )?,
     })
 }

@@ -48,7 +48,20 @@ pub struct SubscribeSpec {
     /// Most partitions per topic; 0: no cap.
     pub max_partitions: u32,
     pub revoke_grace: Duration,
+    /// How long the member stays, with its leases, after its stream is gone, for a
+    /// Subscribe with its member id to take it over. Zero: it leaves at once.
+    pub session_grace: Duration,
 }
+
+/// A new stream for a detached member: its task's way back to a client.
+#[derive(Debug)]
+pub struct Attach {
+    control: mpsc::UnboundedSender<Result<SubscriptionEvent, LeaseError>>,
+    records: mpsc::Sender<SubscriptionEvent>,
+}
+
+/// The way in to a detached member's task.
+pub type Reattach = mpsc::UnboundedSender<Attach>;
 
 /// Why a subscription's lease ended.
 #[derive(Debug)]
@@ -137,13 +150,26 @@ impl Gateway {
             spec.member_id = new_member_id();
         }
         // One live subscription per member id here; other instances refuse it through the
-        // member record, which this instance's session holds.
-        if !self.claim_member(&spec.group, &spec.member_id) {
-            return Err(LeaseError::MemberActive {
-                group: spec.group.clone(),
-                topic: spec.topics.first().cloned().unwrap_or_default(),
-                member_id: spec.member_id.clone(),
-            });
+        // member record, which this instance's session holds. A member detached within its
+        // session grace is taken over: same leases, records again from their resume points.
+        let active = || LeaseError::MemberActive {
+            group: spec.group.clone(),
+            topic: spec.topics.first().cloned().unwrap_or_default(),
+            member_id: spec.member_id.clone(),
+        };
+        match self.claim_member(&spec.group, &spec.member_id) {
+            Err(()) => return Err(active()),
+            Ok(Some(way_in)) => {
+                let (control, control_rx) = mpsc::unbounded_channel();
+                let (records, records_rx) = mpsc::channel(1);
+                if way_in.send(Attach { control, records }).is_err() {
+                    // Its grace ended just now; its task is leaving.
+                    return Err(active());
+                }
+                tracing::info!(group = %spec.group, member_id = %spec.member_id, "member reattached");
+                return Ok(outgoing(control_rx, records_rx));
+            }
+            Ok(None) => {}
         }
         let claim = MemberClaim {
             gateway: self.clone(),
@@ -208,7 +234,12 @@ impl Gateway {
             })
             .collect();
         let (done, done_rx) = mpsc::unbounded_channel();
+        let (attach, attach_rx) = mpsc::unbounded_channel();
         let member = Member {
+            attach,
+            attach_rx,
+            attached: true,
+            detached_until: None,
             _claim: claim,
             gateway: self.clone(),
             record,
@@ -297,6 +328,10 @@ async fn watch_topic(
 struct Held {
     lease_id: String,
     lease: Arc<Lease>,
+    /// As granted, to announce it again to a client that takes the member over.
+    granted: Granted,
+    /// The end of its revoke grace, once revoking.
+    deadline: Option<SystemTime>,
     /// Drives the lease's Read into its channel in the merged stream. A Read must be polled
     /// to notice that its lease ends (a batch being filled holds the partition's feed until
     /// then), and the merged stream is polled only as fast as the client reads; so each Read
@@ -345,6 +380,13 @@ impl Drop for MemberClaim {
 struct Member {
     /// Dropped last, after `finish` released the leases and removed the records.
     _claim: MemberClaim,
+    /// Given to the gateway when the stream goes, for a new one to reach this task.
+    attach: Reattach,
+    attach_rx: mpsc::UnboundedReceiver<Attach>,
+    /// Whether a client's stream is attached.
+    attached: bool,
+    /// When a detached member leaves.
+    detached_until: Option<tokio::time::Instant>,
     gateway: Arc<Gateway>,
     record: MemberRecord,
     spec: SubscribeSpec,
@@ -372,11 +414,30 @@ impl Member {
                 let _ = self.control.send(Err(LeaseError::ShuttingDown));
                 break;
             }
-            let want_permit = permit.is_none();
+            let want_permit = permit.is_none() && self.attached;
             let can_read = permit.is_some() && !self.merged.is_empty();
+            let leave_at = self
+                .detached_until
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
                 biased;
-                () = self.control.closed() => break,
+                () = self.control.closed(), if self.attached => {
+                    if self.spec.session_grace.is_zero() {
+                        break;
+                    }
+                    // The client is gone: the member stays, with its leases (their Reads
+                    // stay open, so they stay alive), for its session grace.
+                    permit = None;
+                    self.attached = false;
+                    self.detached_until = Some(tokio::time::Instant::now() + self.spec.session_grace);
+                    self.gateway.detach_member(&self.spec.group, &self.spec.member_id, self.attach.clone());
+                    tracing::info!(member_id = %self.spec.member_id, grace = ?self.spec.session_grace, "member detached; it keeps its leases for its session grace");
+                }
+                Some(attach) = self.attach_rx.recv(), if !self.attached => {
+                    permit = None;
+                    self.reattach(attach);
+                }
+                () = tokio::time::sleep_until(leave_at), if !self.attached => break,
                 changed = stopping.changed() => if changed.is_err() { break },
                 Some(done) = self.done_rx.recv() => {
                     // The rule again, on the newest view: a view that came while this
@@ -494,20 +555,62 @@ impl Member {
         }
     }
 
-    /// A new lease: announced, then its Read joins the merged stream.
-    fn install(&mut self, topic: String, partition: i32, granted: Granted) {
-        let lease_id = granted.lease_id.clone();
-        let opened = self
-            .gateway
-            .lookup(&lease_id)
-            .and_then(|lease| lease.open_read(self.spec.limits, None).map(|r| (lease, r)));
-        let (lease, read) = match opened {
-            Ok(opened) => opened,
-            Err(error) => {
-                tracing::debug!(%topic, partition, %error, "a lease just granted ended at once");
-                return;
+    /// A client took the detached member over: it hears `joined`, every lease again
+    /// (`assigned` at its resume point, or `revoking` with its deadline), and a new Read of
+    /// each from its resume point, as a Read reopened without `from_offset` would.
+    fn reattach(&mut self, attach: Attach) {
+        self.control = attach.control;
+        self.records = attach.records;
+        self.attached = true;
+        self.detached_until = None;
+        // Batches of the old Reads must not reach the new client: a fresh merge.
+        self.merged = SelectAll::new();
+        let _ = self.control.send(Ok(SubscriptionEvent::Joined {
+            member_id: self.spec.member_id.clone(),
+            gateway: self.gateway.instance().to_string(),
+        }));
+        let mut keys: Vec<(String, i32)> = self.held.keys().cloned().collect();
+        keys.sort();
+        for (topic, partition) in keys {
+            let Some(held) = self.held.get(&(topic.clone(), partition)) else {
+                continue;
+            };
+            if held.revoking {
+                let _ = self.control.send(Ok(SubscriptionEvent::Revoking {
+                    lease_id: held.lease_id.clone(),
+                    topic: topic.clone(),
+                    partition,
+                    deadline: held.deadline.unwrap_or_else(SystemTime::now),
+                }));
+                continue;
             }
-        };
+            held.pump.abort();
+            let lease = held.lease.clone();
+            let mut granted = held.granted.clone();
+            granted.offset = lease.resume_point();
+            match self.start_read(&topic, partition, &lease) {
+                Ok(pump) => {
+                    if let Some(held) = self.held.get_mut(&(topic.clone(), partition)) {
+                        held.pump = pump;
+                    }
+                    let _ = self.control.send(Ok(SubscriptionEvent::Assigned(granted)));
+                }
+                Err(error) => {
+                    tracing::debug!(%topic, partition, %error, "a lease ended while its member was detached");
+                }
+            }
+        }
+    }
+
+    /// Opens a Read of `lease` (at its resume point), pumped by a task of its own into the
+    /// merged stream.
+    fn start_read(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        lease: &Arc<Lease>,
+    ) -> Result<JoinHandle<()>, LeaseError> {
+        let read = lease.open_read(self.spec.limits, None)?;
         let (tx, rx) = mpsc::channel(1);
         let pump = tokio::spawn(async move {
             let mut read = read;
@@ -519,16 +622,37 @@ impl Member {
             }
             let _ = tx.send(None).await;
         });
-        let (id, key) = (lease_id.clone(), (topic.clone(), partition));
+        let (id, key) = (lease.id.clone(), (topic.to_string(), partition));
         let read: LeaseRead =
             Box::pin(ReceiverStream::new(rx).map(move |item| (key.clone(), id.clone(), item)));
-        let _ = self.control.send(Ok(SubscriptionEvent::Assigned(granted)));
         self.merged.push(read);
+        Ok(pump)
+    }
+
+    /// A new lease: announced, then its Read joins the merged stream.
+    fn install(&mut self, topic: String, partition: i32, granted: Granted) {
+        let lease_id = granted.lease_id.clone();
+        let started = self
+            .gateway
+            .lookup(&lease_id)
+            .and_then(|lease| Ok((self.start_read(&topic, partition, &lease)?, lease)));
+        let (pump, lease) = match started {
+            Ok(started) => started,
+            Err(error) => {
+                tracing::debug!(%topic, partition, %error, "a lease just granted ended at once");
+                return;
+            }
+        };
+        let _ = self
+            .control
+            .send(Ok(SubscriptionEvent::Assigned(granted.clone())));
         self.held.insert(
             (topic, partition),
             Held {
                 lease_id,
                 lease,
+                granted,
+                deadline: None,
                 pump,
                 revoking: false,
             },
@@ -645,6 +769,7 @@ impl Member {
         held.pump.abort();
         let grace = self.spec.revoke_grace;
         let deadline = SystemTime::now() + grace;
+        held.deadline = Some(deadline);
         tracing::info!(
             member_id = %self.spec.member_id,
             %topic,
