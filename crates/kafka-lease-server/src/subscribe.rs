@@ -262,6 +262,11 @@ impl Gateway {
 
 /// The stream the client gets: control events first; a batch of a lease announced as
 /// revoking or ended is dropped.
+///
+/// A batch can be behind its lease's end only when it was already in the records channel
+/// (of one) when the end was announced: the member task sends nothing of a lease once it is
+/// revoking or gone. So the set of ended leases is emptied at every batch taken from the
+/// channel, and stays bounded by the leases that end between two batches.
 fn outgoing(
     control: mpsc::UnboundedReceiver<Result<SubscriptionEvent, LeaseError>>,
     records: mpsc::Receiver<SubscriptionEvent>,
@@ -277,8 +282,12 @@ fn outgoing(
                     Some(event) = records.recv() => Ok(event),
                 };
                 match &next {
-                    Ok(SubscriptionEvent::Records { lease_id, .. }) if ended.contains(lease_id) => {
-                        continue
+                    Ok(SubscriptionEvent::Records { lease_id, .. }) => {
+                        let stale = ended.contains(lease_id);
+                        ended.clear();
+                        if stale {
+                            continue;
+                        }
                     }
                     Ok(event) => {
                         if let Some(lease_id) = event.ends() {
@@ -465,10 +474,12 @@ impl Member {
         item: Option<Result<v1::ReadResponse, LeaseError>>,
         permit: &mut Option<mpsc::OwnedPermit<SubscriptionEvent>>,
     ) {
+        // Nothing of a lease that has moved on, or is being revoked (its Read was stopped,
+        // but a batch may still sit in its channel), leaves the member.
         if self
             .held
             .get(&(topic.clone(), partition))
-            .is_none_or(|h| h.lease_id != lease_id)
+            .is_none_or(|h| h.lease_id != lease_id || h.revoking)
         {
             return;
         }
@@ -486,13 +497,6 @@ impl Member {
             ended => {
                 // A Read ends by itself when the lease ends: released by the client (OK), or
                 // lost, expired, superseded, or with the gateway.
-                let revoking = self
-                    .held
-                    .get(&(topic.clone(), partition))
-                    .is_some_and(|h| h.revoking);
-                if revoking {
-                    return;
-                }
                 let held = self.held.remove(&(topic.clone(), partition));
                 let error = match ended {
                     Some(Err(err)) => err,
