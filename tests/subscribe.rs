@@ -1,7 +1,8 @@
 //! Subscribe end to end: members of one group on two real gateway processes share a topic's
 //! partitions through real Consul and real Kafka; joins move only what must move, leaves
-//! (a client that goes away, a gateway killed) hand the partitions on, and every record is
-//! delivered at least once with members committing what they processed.
+//! (a client process killed, a client that goes away, a gateway killed) hand the partitions
+//! on, and every record is delivered at least once with members committing what they
+//! processed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -175,6 +176,81 @@ impl TestMember {
     }
 }
 
+/// A member in a process of its own (grpcurl), for a client killed with SIGKILL: it reads
+/// and never commits, so what it read is read again by the next holders.
+struct ProcessMember {
+    child: tokio::process::Child,
+    assigned: Arc<AtomicUsize>,
+    reader: JoinHandle<()>,
+}
+
+impl ProcessMember {
+    fn start(services: &Services, addr: &str, group: &str, topic: &str, id: &str) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let request = serde_json::json!({
+            "group": group,
+            "topics": [topic],
+            "member": format!("process {id}"),
+            "member_id": id,
+            "max_wait": "0.010s",
+        });
+        let mut child = tokio::process::Command::new(services.var("KAFKA_LEASE_GRPCURL_BIN"))
+            .args([
+                "-plaintext",
+                "-d",
+                &request.to_string(),
+                addr,
+                "kafka_lease.v1.PartitionLeaseService/Subscribe",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("grpcurl");
+        let assigned = Arc::new(AtomicUsize::new(0));
+        let counter = assigned.clone();
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if line.trim_start().starts_with("\"assigned\": {") {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+        ProcessMember {
+            child,
+            assigned,
+            reader,
+        }
+    }
+
+    /// SIGKILL: the kernel closes its connection; the process says nothing.
+    async fn kill(mut self) {
+        self.child
+            .start_kill()
+            .expect("kill -9 the member's process");
+        self.child.wait().await.expect("reaped");
+        let _ = self.reader.await;
+    }
+}
+
+/// What [`assigned`] counts.
+trait Counted {
+    fn assigned(&self) -> usize;
+}
+
+impl Counted for TestMember {
+    fn assigned(&self) -> usize {
+        TestMember::assigned(self)
+    }
+}
+
+impl Counted for ProcessMember {
+    fn assigned(&self) -> usize {
+        self.assigned.load(Ordering::SeqCst)
+    }
+}
+
 /// Waits until ListLeases shows `expected` leases per member id (and nothing else).
 async fn settled(client: &Client, group: &str, expected: &BTreeMap<String, usize>) {
     let last = Arc::new(Mutex::new(BTreeMap::new()));
@@ -208,7 +284,7 @@ async fn settled(client: &Client, group: &str, expected: &BTreeMap<String, usize
 
 /// Waits until the members have seen `expected` assignments in all (the events trail the
 /// locks ListLeases shows); more than expected fails at once.
-async fn assigned(members: &[&TestMember], expected: &[usize]) {
+async fn assigned(members: &[&dyn Counted], expected: &[usize]) {
     let counts = || members.iter().map(|m| m.assigned()).collect::<Vec<_>>();
     let reached = tokio::time::timeout(DEADLINE, async {
         loop {
@@ -302,14 +378,7 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
     let three = shares(&[("m1", 4), ("m2", 4), ("m3", 4)]);
     settled(&client_a, &group, &three).await;
     assigned(&[&m1, &m2, &m3], &[12, 6, 4]).await;
-    let m4 = TestMember::start(
-        &client_b,
-        &group,
-        &topic,
-        "m4",
-        delivered.clone(),
-        commits.clone(),
-    );
+    let m4 = ProcessMember::start(&services, &b.addr, &group, &topic, "m4");
     let four = shares(&[("m1", 3), ("m2", 3), ("m3", 3), ("m4", 3)]);
     settled(&client_a, &group, &four).await;
     assigned(&[&m1, &m2, &m3, &m4], &[12, 6, 4, 3]).await;
@@ -337,10 +406,10 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
         assert_eq!(members[2].gateway, b.instance, "m3 is on B");
     }
 
-    // m4's client goes away; m3's gateway is killed. m1 and m2 (on A) take it all. The
-    // moves on a leave are the leaver's partitions only: m4's 3 (one each to m1, m2, m3),
-    // then m3's 4 (two each to m1 and m2).
-    let log4 = m4.leave().await;
+    // m4's client process is killed (SIGKILL); m3's gateway is killed. m1 and m2 (on A)
+    // take it all. The moves on a leave are the leaver's partitions only: m4's 3 (one each
+    // to m1, m2, m3), then m3's 4 (two each to m1 and m2).
+    m4.kill().await;
     settled(&client_a, &group, &three).await;
     assigned(&[&m1, &m2, &m3], &[13, 7, 5]).await;
     b.signal("KILL");
@@ -372,7 +441,7 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
     assert!(checked >= 24, "commits were made and checked: {checked}");
     let log1 = m1.leave().await;
     let log2 = m2.leave().await;
-    println!("m1: {log1:?}\nm2: {log2:?}\nm4: {log4:?}");
+    println!("m1: {log1:?}\nm2: {log2:?}");
     let log3 = m3.leave().await;
     println!("m3: {log3:?}");
 }
@@ -606,26 +675,32 @@ async fn members_coming_and_going_quickly_always_settle() {
     }
 }
 
+/// A client that comes back within its member's session grace, through the other gateway
+/// (behind a load balancer it may land anywhere): its Subscribe goes to the instance that
+/// holds the member, and it gets the same leases back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_comes_back_within_its_grace_keeps_its_leases() {
-    use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
+    use kafka_lease_client::{Error, SubscribeOptions, SubscriptionEvent};
     let Some(services) =
         Services::require("a_member_that_comes_back_within_its_grace_keeps_its_leases")
     else {
         return;
     };
-    let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
+    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
     let topic = create_topic(&services, 4).await;
+    let other_topic = create_topic(&services, 1).await;
     let producer = producer(&services);
     for p in 0..4 {
         produce_n(&producer, &topic, p, 10).await;
     }
     let group = unique_name("g");
-    let client = a.client().await;
-    let options = || {
-        SubscribeOptions::new(&group, [&topic])
+    let (client_a, client_b) = (a.client().await, b.client().await);
+    let options = |topics: &[&String]| {
+        SubscribeOptions::new(&group, topics.iter().copied())
             .member_id("steady")
-            .session_grace(Duration::from_secs(3))
+            .session_grace(Duration::from_secs(5))
             .max_wait(Duration::from_millis(10))
     };
     // Until `count` leases were assigned: their lease ids and start offsets, by partition.
@@ -651,11 +726,15 @@ async fn a_member_that_comes_back_within_its_grace_keeps_its_leases() {
         }
         leases
     }
-    let mut first = client.subscribe(options()).await.expect("subscribe");
+    let mut first = client_a
+        .subscribe(options(&[&topic]))
+        .await
+        .expect("subscribe");
+    assert_eq!(first.gateway(), a.instance);
     let before = assigned_leases(&mut first, 4).await;
     // Partition 0's records are processed and committed up to 5 before the connection
     // goes.
-    let lease0 = client
+    let lease0 = client_a
         .raw()
         .commit(kafka_lease_client::proto::CommitRequest {
             lease_id: before[&0].0.clone(),
@@ -665,13 +744,32 @@ async fn a_member_that_comes_back_within_its_grace_keeps_its_leases() {
         .await;
     assert!(lease0.is_ok(), "{lease0:?}");
     drop(first);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let left_at = Instant::now();
 
-    // Back within the grace: the same leases (ids and tokens), each from its resume point.
-    let mut again = client
-        .subscribe(options())
+    // Until A has noticed the stream is gone, the member is live (MEMBER_ACTIVE); then a
+    // Subscribe with its id for other topics is refused: it names the member's topics.
+    let refused = wait_for("the member to be detached", DEADLINE, || async {
+        match client_b.subscribe(options(&[&topic, &other_topic])).await {
+            Err(err) if err.reason() == Some(kafka_lease_client::Reason::MemberActive) => None,
+            other => Some(other),
+        }
+    })
+    .await;
+    match refused {
+        Err(err @ Error::InvalidArgument { .. }) => {
+            assert!(err.to_string().contains(&topic), "{err}");
+        }
+        other => panic!("a takeover for other topics: {other:?}"),
+    }
+
+    // Back through B within the grace, for the same topics: the member on A, with the same
+    // leases (ids and tokens), each from its resume point.
+    let mut again = client_b
+        .subscribe(options(&[&topic]))
         .await
-        .expect("back within the grace");
+        .expect("back within the grace, through the other gateway");
+    let back_after = left_at.elapsed();
+    assert_eq!(again.gateway(), a.instance, "the member stayed on A");
     let after = assigned_leases(&mut again, 4).await;
     for (p, (id, token, offset)) in &after {
         assert_eq!(
@@ -690,12 +788,182 @@ async fn a_member_that_comes_back_within_its_grace_keeps_its_leases() {
             }
         }
     }
+    // The leases are usable through B too (forwarded to A).
+    let commit = client_b
+        .raw()
+        .commit(kafka_lease_client::proto::CommitRequest {
+            lease_id: after[&1].0.clone(),
+            offset: 3,
+            metadata: None,
+        })
+        .await;
+    assert!(commit.is_ok(), "{commit:?}");
+    println!("came back through B {back_after:?} after leaving A");
     // Gone for longer than the grace: the member leaves and its leases are released.
     drop(again);
-    settled(&client, &group, &shares(&[])).await;
-    let members = client
+    settled(&client_a, &group, &shares(&[])).await;
+    let members = client_b
         .list_members(&group, None)
         .await
         .expect("list members");
     assert!(members.is_empty(), "{members:?}");
+}
+
+/// One member of two topics holds a share of each; a member of one of them takes half of
+/// that one only. The member's partitions are merged fairly: a quiet partition's records
+/// come while a busy one still has thousands to go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_of_two_topics_shares_each_and_a_busy_partition_starves_no_other() {
+    use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
+    let Some(services) = Services::require(
+        "a_member_of_two_topics_shares_each_and_a_busy_partition_starves_no_other",
+    ) else {
+        return;
+    };
+    let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let (busy, quiet) = (
+        create_topic(&services, 2).await,
+        create_topic(&services, 3).await,
+    );
+    let producer = producer(&services);
+    let backlog = 20_000;
+    produce_n(&producer, &busy, 0, backlog).await;
+    let group = unique_name("g");
+    let client = a.client().await;
+    let mut both = client
+        .subscribe(
+            SubscribeOptions::new(&group, [&busy, &quiet])
+                .member_id("both")
+                .max_records(50)
+                .max_wait(Duration::from_millis(10)),
+        )
+        .await
+        .expect("subscribe");
+    // All five partitions assigned and the busy one streaming, then records come to the
+    // quiet ones: they arrive while the busy partition's backlog is still mostly unread.
+    let (mut assigned, mut busy_seen) = (0, 0);
+    while assigned < 5 || busy_seen == 0 {
+        match next_event(&mut both).await {
+            SubscriptionEvent::Assigned { .. } => assigned += 1,
+            SubscriptionEvent::Records { batch, .. } => busy_seen += batch.records.len(),
+            _ => {}
+        }
+    }
+    let produced_at = Instant::now();
+    for p in 0..3 {
+        produce_n(&producer, &quiet, p, 5).await;
+    }
+    let (mut quiet_seen, busy_before) = (0, busy_seen);
+    while quiet_seen < 15 {
+        if let SubscriptionEvent::Records { partition, batch } = next_event(&mut both).await {
+            if partition.topic() == quiet {
+                quiet_seen += batch.records.len();
+            } else {
+                busy_seen += batch.records.len();
+            }
+        }
+    }
+    let between = busy_seen - busy_before;
+    println!(
+        "all 15 quiet records came {:?} after they were produced, after {between} more busy \
+         ones ({busy_seen} of {backlog})",
+        produced_at.elapsed()
+    );
+    assert!(
+        busy_seen < backlog / 2,
+        "the quiet partitions waited for {between} busy records"
+    );
+
+    // A member of the quiet topic only: the quiet topic splits 2 / 1 between the two, the
+    // busy one stays whole with the member of both.
+    let only = client
+        .subscribe(SubscribeOptions::new(&group, [&quiet]).member_id("quiet-only"))
+        .await
+        .expect("subscribe");
+    let split = |members: Vec<kafka_lease_client::proto::MemberInfo>| {
+        let mut shares: Vec<(String, usize)> = members
+            .into_iter()
+            .map(|m| (m.member_id, m.partitions.len()))
+            .collect();
+        shares.sort();
+        shares
+    };
+    wait_for("the quiet topic to split", DEADLINE, || async {
+        let quiet_shares = split(
+            client
+                .list_members(&group, Some(quiet.clone()))
+                .await
+                .ok()?,
+        );
+        let busy_shares = split(client.list_members(&group, Some(busy.clone())).await.ok()?);
+        let mut counts: Vec<usize> = quiet_shares.iter().map(|(_, n)| *n).collect();
+        counts.sort_unstable();
+        let members: Vec<&str> = quiet_shares.iter().map(|(m, _)| m.as_str()).collect();
+        (members == ["both", "quiet-only"]
+            && counts == [1, 2]
+            && busy_shares == [("both".to_string(), 2)])
+        .then_some(())
+    })
+    .await;
+    // It leaves: the quiet topic goes back to the member of both.
+    drop(only);
+    settled(&client, &group, &shares(&[("both", 5)])).await;
+}
+
+/// A client whose member's gateway died comes back through another within its grace: while
+/// Consul still holds the dead instance's member record the answer is GATEWAY_UNREACHABLE
+/// (retry); once the record has gone with the dead instance's session, the member joins
+/// anew on the live instance and takes every partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_gateway_died_joins_anew_through_another() {
+    use kafka_lease_client::{Reason, SubscribeOptions};
+    let Some(services) =
+        Services::require("a_member_whose_gateway_died_joins_anew_through_another")
+    else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
+    let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
+    let topic = create_topic(&services, 3).await;
+    let group = unique_name("g");
+    let (client_a, client_b) = (a.client().await, b.client().await);
+    let options = || {
+        SubscribeOptions::new(&group, [&topic])
+            .member_id("survivor")
+            .session_grace(Duration::from_secs(60))
+    };
+    let first = client_a.subscribe(options()).await.expect("subscribe");
+    settled(&client_b, &group, &shares(&[("survivor", 3)])).await;
+    a.signal("KILL");
+    let killed_at = Instant::now();
+    let mut unreachable = 0;
+    let again = loop {
+        match client_b.subscribe(options()).await {
+            Ok(again) => break again,
+            Err(err) if err.reason() == Some(Reason::GatewayUnreachable) => {
+                assert_eq!(
+                    err.metadata("gateway"),
+                    Some(a.instance.as_str()),
+                    "{err:?}"
+                );
+                assert_eq!(err.metadata("member_id"), Some("survivor"), "{err:?}");
+                assert!(err.retry_after().is_some(), "{err:?}");
+                unreachable += 1;
+            }
+            // A moment after the kill, Consul may not yet have the session's end while the
+            // record's join is refused and the instance's address still resolves.
+            Err(err) if err.reason() == Some(Reason::MemberActive) => {}
+            Err(err) => panic!("{err:?}"),
+        }
+        assert!(killed_at.elapsed() < DEADLINE, "still refused");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!(
+        "joined anew on B {:?} after A was killed ({unreachable} GATEWAY_UNREACHABLE before)",
+        killed_at.elapsed()
+    );
+    assert_eq!(again.gateway(), b.instance);
+    settled(&client_b, &group, &shares(&[("survivor", 3)])).await;
+    drop(first);
 }

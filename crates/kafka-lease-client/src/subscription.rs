@@ -88,7 +88,7 @@ impl SubscribeOptions {
     }
 
     /// How long the member keeps its leases after its stream ends, for a new Subscribe
-    /// with the same member id (through the same gateway) to take it over (default 0).
+    /// with the same member id and topics (through any gateway) to take it over (default 0).
     pub fn session_grace(mut self, grace: Duration) -> Self {
         self.request.session_grace = Some(duration_to_proto(grace));
         self

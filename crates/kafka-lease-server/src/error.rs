@@ -135,6 +135,11 @@ pub enum LeaseError {
         detail: String,
     },
 
+    /// A Subscribe of a member that another instance serves could not reach that instance,
+    /// although it still holds the member's record.
+    #[error("member {:?} of group {:?} is served by gateway instance {:?} at {}, which this instance cannot reach right now ({}); subscribe again (when that instance is gone, its members go with its Consul session and the member joins anew)", .0.member_id, .0.group, .0.gateway, .0.address, .0.detail)]
+    MemberUnreachable(Box<MemberUnreachable>),
+
     /// A Subscribe named a member id that a live subscription uses.
     #[error("member {member_id:?} of group {group:?} is subscribed to topic {topic:?} already, through a live stream; end that one first, or use another member id")]
     MemberActive {
@@ -181,4 +186,15 @@ fn busy_message(group: &str, topic: &str, busy: &[BusyPartition]) -> String {
         "{what} leased in group {group:?} of topic {topic:?}: {}",
         parts.join("; ")
     )
+}
+
+/// Where a member is served that a forwarded Subscribe could not reach (boxed in
+/// [`LeaseError::MemberUnreachable`] to keep the error small).
+#[derive(Debug)]
+pub struct MemberUnreachable {
+    pub group: String,
+    pub member_id: String,
+    pub gateway: String,
+    pub address: String,
+    pub detail: String,
 }

@@ -32,7 +32,7 @@ use kafka_lease_proto::v1::gateway_peer_service_client::GatewayPeerServiceClient
 use kafka_lease_proto::v1::partition_lease_service_client::PartitionLeaseServiceClient;
 
 use crate::coordination::LockBackend;
-use crate::error::{EndReason, LeaseError};
+use crate::error::{EndReason, LeaseError, MemberUnreachable};
 use crate::grpc::{status_of, ERROR_DOMAIN};
 
 /// The request header that marks a call forwarded by another instance; its value names that
@@ -314,25 +314,63 @@ impl Peers {
         status_of(err)
     }
 
-    /// Proxies a Read opened on the serving instance: each response as it comes, pulled only
-    /// when the caller's stream wants the next one (so HTTP/2 flow control carries a slow
-    /// caller's pace to the serving instance's fetching); the end as the serving instance
-    /// sent it, or as [`Peers::failed`] tells it.
-    pub fn proxy_read(
+    /// What the caller of a forwarded Subscribe hears when it failed with `status`: the
+    /// member's instance's own answer exactly; a failed connection as MEMBER's instance being
+    /// unreachable (UNAVAILABLE, retry: when that instance is gone, its member records go
+    /// with its session, and the member joins anew wherever it subscribes).
+    pub fn failed_member(
+        &self,
+        route: &Route,
+        group: &str,
+        member_id: &str,
+        status: Status,
+    ) -> Status {
+        let ours = status
+            .get_details_error_info()
+            .is_some_and(|info| info.domain == ERROR_DOMAIN);
+        if ours
+            || !matches!(
+                status.code(),
+                Code::Unavailable | Code::Unknown | Code::Internal
+            )
+        {
+            return exactly(&status);
+        }
+        self.forget(&route.instance);
+        let err = LeaseError::MemberUnreachable(Box::new(MemberUnreachable {
+            group: group.to_string(),
+            member_id: member_id.to_string(),
+            gateway: route.instance.clone(),
+            address: route.address.clone(),
+            detail: format!("{}: {}", status.code(), status.message()),
+        }));
+        tracing::warn!(peer = %route.instance, address = %route.address, %member_id, error = %err, "a Subscribe forwarded to the member's instance failed");
+        status_of(err)
+    }
+
+    /// Proxies a stream opened on another instance (a Read on the serving instance, a
+    /// Subscribe on the member's): each response as it comes, pulled only when the caller's
+    /// stream wants the next one (so HTTP/2 flow control carries a slow caller's pace to
+    /// the other instance); the end as that instance sent it, or as `on` tells a failure
+    /// ([`Peers::failed`] or [`Peers::failed_member`]).
+    pub fn proxy<T: Send + 'static>(
         self: &Arc<Self>,
         route: Route,
-        inner: tonic::Streaming<v1::ReadResponse>,
-    ) -> ReadResponses {
-        struct State {
+        inner: tonic::Streaming<T>,
+        on: Failure,
+    ) -> Proxied<T> {
+        struct State<T> {
             peers: Arc<Peers>,
             route: Route,
-            inner: tonic::Streaming<v1::ReadResponse>,
+            inner: tonic::Streaming<T>,
+            on: Failure,
             done: bool,
         }
         let state = State {
             peers: self.clone(),
             route,
             inner,
+            on,
             done: false,
         };
         Box::pin(futures::stream::unfold(state, |mut st| async move {
@@ -345,7 +383,12 @@ impl Peers {
                 Ok(None) => None,
                 Err(status) => {
                     st.done = true;
-                    let status = st.peers.failed(&st.route, status).await;
+                    let status = match &st.on {
+                        Failure::Lease => st.peers.failed(&st.route, status).await,
+                        Failure::Member { group, member_id } => {
+                            st.peers.failed_member(&st.route, group, member_id, status)
+                        }
+                    };
                     Some((Err(status), st))
                 }
             }
@@ -373,8 +416,20 @@ impl Peers {
     }
 }
 
-/// A Read's responses, as the gRPC service hands them to tonic.
-pub type ReadResponses = Pin<Box<dyn Stream<Item = Result<v1::ReadResponse, Status>> + Send>>;
+/// A stream's responses, as the gRPC service hands them to tonic.
+pub type Proxied<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// A Read's responses.
+pub type ReadResponses = Proxied<v1::ReadResponse>;
+
+/// How a proxied stream tells a failure of the other instance.
+#[derive(Debug)]
+pub enum Failure {
+    /// A lease's Read: [`Peers::failed`].
+    Lease,
+    /// A member's Subscribe: [`Peers::failed_member`].
+    Member { group: String, member_id: String },
+}
 
 /// `stream`, ended with DEADLINE_EXCEEDED at `deadline` (the caller's `grpc-timeout`): tonic
 /// enforces a call's deadline only until its response headers, and a Read is a stream.

@@ -17,7 +17,7 @@ use crate::coordination::CoordinationError;
 use crate::coordination::LockKey;
 use crate::error::{EndReason, LeaseError};
 use crate::forward::{
-    deadline_of, until_deadline, Peers, DESCRIBE_FANOUT, DESCRIBE_TIMEOUT, FORWARDED_BY,
+    deadline_of, until_deadline, Failure, Peers, DESCRIBE_FANOUT, DESCRIBE_TIMEOUT, FORWARDED_BY,
 };
 use crate::gateway::{lease_info, AcquireSpec, Gateway, ListedLease, Reset, SeekTarget};
 use crate::lease::lease_ref;
@@ -177,6 +177,14 @@ fn status_at(err: LeaseError, now: SystemTime) -> Status {
             retry = Some(RETRY_DELAY);
             (Code::Unavailable, R::GatewayUnreachable)
         }
+        LeaseError::MemberUnreachable(member) => {
+            put("group", member.group.clone());
+            put("member_id", member.member_id.clone());
+            put("gateway", member.gateway.clone());
+            put("address", member.address.clone());
+            retry = Some(RETRY_DELAY);
+            (Code::Unavailable, R::GatewayUnreachable)
+        }
         LeaseError::MemberActive {
             group,
             topic,
@@ -260,6 +268,27 @@ impl LeaseService {
             return None;
         }
         self.gateway.served_elsewhere(lease_id)
+    }
+
+    /// The other instance that holds the record of member `member_id` of `group`, for a
+    /// Subscribe that was not forwarded already; `None` when none does (or Consul cannot say).
+    async fn member_instance<T>(
+        &self,
+        request: &Request<T>,
+        group: &str,
+        member_id: &str,
+    ) -> Option<String> {
+        if member_id.is_empty() || request.metadata().get(FORWARDED_BY).is_some() {
+            return None;
+        }
+        let members = self.gateway.locks().members(group).await.ok()?;
+        members
+            .into_iter()
+            .map(|(_, record)| record)
+            .find(|record| {
+                record.member_id == member_id && record.gateway != self.gateway.instance()
+            })
+            .map(|record| record.gateway)
     }
 
     /// Forwards a unary call on `lease_id` to `instance`.
@@ -785,7 +814,7 @@ impl PartitionLeaseService for LeaseService {
             let outgoing = self.peers.outgoing(request.into_inner(), deadline);
             return match route.client().read(outgoing).await {
                 Ok(answer) => Ok(Response::new(until_deadline(
-                    self.peers.proxy_read(route, answer.into_inner()),
+                    self.peers.proxy(route, answer.into_inner(), Failure::Lease),
                     deadline,
                 ))),
                 Err(status) => Err(self.peers.failed(&route, status).await),
@@ -817,8 +846,40 @@ impl PartitionLeaseService for LeaseService {
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let spec = subscribe_spec(request.get_ref()).map_err(status_of)?;
         let deadline = deadline_of(request.metadata());
-        let events = self.gateway.subscribe(spec).await.map_err(status_of)?;
-        let events = events.map(|event| event.map(subscribe_response).map_err(status_of));
+        let (group, member_id) = (spec.group.clone(), spec.member_id.clone());
+        let events: Self::SubscribeStream = match self.gateway.subscribe(spec).await {
+            Ok(events) => {
+                Box::pin(events.map(|event| event.map(subscribe_response).map_err(status_of)))
+            }
+            Err(err @ LeaseError::MemberActive { .. }) => {
+                // The member id is held elsewhere: when another instance holds its record (a
+                // client reconnecting through another instance within its session grace),
+                // the Subscribe goes there, as a call on a lease goes to its serving instance.
+                let Some(instance) = self.member_instance(&request, &group, &member_id).await
+                else {
+                    return Err(status_of(err));
+                };
+                let member_ref = format!("member {member_id}");
+                let route = match self.peers.route(&member_ref, &instance).await {
+                    Ok(route) => route,
+                    // Gone from Consul since the record was read: its members go with it.
+                    Err(_) => return Err(status_of(err)),
+                };
+                tracing::info!(peer = %instance, address = %route.address, %group, %member_id, "forwarding a Subscribe to the instance that holds the member");
+                let outgoing = self.peers.outgoing(request.into_inner(), deadline);
+                match route.client().subscribe(outgoing).await {
+                    Ok(answer) => self.peers.proxy(
+                        route,
+                        answer.into_inner(),
+                        Failure::Member { group, member_id },
+                    ),
+                    Err(status) => {
+                        return Err(self.peers.failed_member(&route, &group, &member_id, status))
+                    }
+                }
+            }
+            Err(err) => return Err(status_of(err)),
+        };
         let events: Self::SubscribeStream = match deadline {
             Some(deadline) => {
                 Box::pin(events.take_until(tokio::time::sleep_until(deadline)).chain(

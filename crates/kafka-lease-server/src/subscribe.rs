@@ -58,6 +58,9 @@ pub struct SubscribeSpec {
 pub struct Attach {
     control: mpsc::UnboundedSender<Result<SubscriptionEvent, LeaseError>>,
     records: mpsc::Sender<SubscriptionEvent>,
+    /// The new Subscribe: its topics must be the member's; its read limits and graces
+    /// replace the old ones.
+    spec: SubscribeSpec,
 }
 
 /// The way in to a detached member's task.
@@ -162,7 +165,12 @@ impl Gateway {
             Ok(Some(way_in)) => {
                 let (control, control_rx) = mpsc::unbounded_channel();
                 let (records, records_rx) = mpsc::channel(1);
-                if way_in.send(Attach { control, records }).is_err() {
+                let attach = Attach {
+                    control,
+                    records,
+                    spec: spec.clone(),
+                };
+                if way_in.send(attach).is_err() {
                     // Its grace ended just now; its task is leaving.
                     return Err(active());
                 }
@@ -562,7 +570,31 @@ impl Member {
     /// A client took the detached member over: it hears `joined`, every lease again
     /// (`assigned` at its resume point, or `revoking` with its deadline), and a new Read of
     /// each from its resume point, as a Read reopened without `from_offset` would.
+    ///
+    /// A Subscribe for other topics is refused (INVALID_ARGUMENT), and the member stays
+    /// detached: the new client may have meant another member.
     fn reattach(&mut self, attach: Attach) {
+        let (mut mine, mut theirs) = (self.spec.topics.clone(), attach.spec.topics.clone());
+        mine.sort();
+        theirs.sort();
+        if mine != theirs {
+            let _ = attach.control.send(Err(LeaseError::InvalidArgument {
+                field: "topics",
+                message: format!(
+                    "member {:?} of group {:?} is subscribed to topics {mine:?} and waits, \
+                     detached, for its client to come back within its session grace; a \
+                     Subscribe with its member id must name the same topics, not {theirs:?} \
+                     (or use another member id)",
+                    self.spec.member_id, self.spec.group,
+                ),
+            }));
+            self.gateway
+                .detach_member(&self.spec.group, &self.spec.member_id, self.attach.clone());
+            return;
+        }
+        self.spec.limits = attach.spec.limits;
+        self.spec.revoke_grace = attach.spec.revoke_grace;
+        self.spec.session_grace = attach.spec.session_grace;
         self.control = attach.control;
         self.records = attach.records;
         self.attached = true;
