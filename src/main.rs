@@ -199,7 +199,9 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let kafka_cluster = DevKafka::start(args.sample_records).await?;
     let store = MemoryLockStore::new();
     let locks: Arc<dyn LockBackend> = Arc::new(store.backend("dev"));
-    let kafka = Kafka::new(KafkaSettings::new(kafka_cluster.bootstrap_servers(), "dev"))?;
+    let mut settings = KafkaSettings::new(kafka_cluster.bootstrap_servers(), "dev");
+    settings.scan_for_timestamps = true;
+    let kafka = Kafka::new(settings)?;
     let gateway = Gateway::new("dev".to_string(), locks, kafka);
     print_dev_banner(&addr.to_string(), args.sample_records);
     println!("kafka-lease listening on {addr}");
@@ -215,7 +217,9 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
 fn print_dev_banner(addr: &str, per_partition: u32) {
     println!(
         r#"kafka-lease {VERSION} dev mode: in-process Kafka, in-memory locks. Not for production.
-Listening on {addr}. Topic "{DEMO_TOPIC}" has {DEMO_PARTITIONS} partitions of {per_partition} sample records.
+Listening on {addr}. Topic "{DEMO_TOPIC}" has {DEMO_PARTITIONS} partitions of {per_partition} sample records, one
+second apart up to a second ago; of every ten, #3 has a null key, #5 is a tombstone (no value),
+#7 has an empty value, #9 has a repeated header and one without a value.
 
 Try it with grpcurl (reflection is on, no .proto needed):
 
@@ -224,7 +228,8 @@ Try it with grpcurl (reflection is on, no .proto needed):
   grpcurl -plaintext -d '{{"group":"demo-group","topic":"demo","member":"me"}}' {addr} kafka_lease.v1.PartitionLeaseService/Acquire
   grpcurl -plaintext -d '{{"lease_id":"<lease_id>","max_records":5}}' {addr} kafka_lease.v1.PartitionLeaseService/Read
   grpcurl -plaintext -d '{{"lease_id":"<lease_id>","offset":5}}' {addr} kafka_lease.v1.PartitionLeaseService/Commit
-  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","earliest":true}}' {addr} kafka_lease.v1.PartitionLeaseService/Seek
+  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","earliest":{{}}}}' {addr} kafka_lease.v1.PartitionLeaseService/Seek
+  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","timestamp":"<RFC 3339 time>"}}' {addr} kafka_lease.v1.PartitionLeaseService/Seek
   grpcurl -plaintext -d '{{}}' {addr} kafka_lease.v1.PartitionLeaseService/ListLeases
   grpcurl -plaintext -d '{{"lease_id":"<lease_id>"}}' {addr} kafka_lease.v1.PartitionLeaseService/Release
   grpcurl -plaintext {addr} grpc.health.v1.Health/Check

@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use kafka_lease_client::{AcquireOptions, Client, ReadOptions};
+use kafka_lease_client::{AcquireOptions, Client, ReadOptions, SeekTo};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -120,20 +120,59 @@ async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
         "the four partitions, once each"
     );
     let lease = leases.pop().expect("a lease");
+    let partition = lease.partition();
     let mut stream = lease.records(ReadOptions::new()).await.expect("read");
-    let mut offsets = Vec::new();
-    while offsets.len() < 12 {
+    let mut records = Vec::new();
+    while records.len() < 12 {
         let batch = tokio::time::timeout(Duration::from_secs(10), stream.next_batch())
             .await
             .expect("a batch")
             .expect("open")
             .expect("batch");
-        for record in &batch.records {
-            assert!(record.key.is_some() && record.header("source").is_some());
-            offsets.push(record.offset);
-        }
+        records.extend(batch.records);
     }
-    assert_eq!(offsets, (0..12).collect::<Vec<i64>>());
+    // Every shape a client must keep apart: null key, tombstone, empty value, a repeated
+    // header and one without a value; one second apart in time.
+    let bytes = |s: &Option<String>| s.as_ref().map(|s| s.as_bytes().to_vec());
+    for (i, record) in records.iter().enumerate() {
+        let sample = kafka_lease_server::dev::sample(partition, i as u32);
+        assert_eq!(record.offset, i as i64);
+        assert_eq!(record.key, bytes(&sample.key), "key of {i}");
+        assert_eq!(record.value, bytes(&sample.value), "value of {i}");
+        let headers: Vec<(String, Option<Vec<u8>>)> = sample
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), bytes(v)))
+            .collect();
+        assert_eq!(record.headers, headers, "headers of {i}");
+    }
+    assert_eq!(records[3].key, None);
+    assert_eq!(records[5].value, None);
+    assert_eq!(records[7].value, Some(Vec::new()));
+    assert_eq!(
+        records[6]
+            .timestamp
+            .duration_since(records[5].timestamp)
+            .ok(),
+        Some(Duration::from_secs(1))
+    );
+    // Seek by timestamp resolves as on a real broker: the first record at or after it.
+    let half_second = Duration::from_millis(500);
+    let to_seven = lease
+        .seek(SeekTo::Timestamp(records[6].timestamp + half_second))
+        .await
+        .expect("seek by time");
+    assert_eq!(to_seven.offset, 7);
+    let exact = lease
+        .seek(SeekTo::Timestamp(records[4].timestamp))
+        .await
+        .expect("seek by time");
+    assert_eq!(exact.offset, 4);
+    let after_all = lease
+        .seek(SeekTo::Timestamp(records[11].timestamp + half_second))
+        .await
+        .expect("seek by time");
+    assert_eq!(after_all.offset, 12, "none at or after: the high watermark");
     lease.release_with_commit(12).await.expect("release");
     let again = client
         .acquire(AcquireOptions::new("dev-test", "demo").wait(Duration::from_secs(5)))

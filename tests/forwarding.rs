@@ -149,7 +149,7 @@ async fn one_lease_life(
     let after_release = raw
         .seek(proto::SeekRequest {
             lease_id: lease_id.clone(),
-            position: Some(proto::seek_request::Position::Earliest(true)),
+            position: Some(proto::seek_request::Position::Earliest(())),
         })
         .await
         .expect_err("a seek on a released lease");
@@ -641,7 +641,7 @@ async fn a_proxied_read_the_client_cancels_is_closed_on_the_serving_gateway_too(
             .raw()
             .seek(proto::SeekRequest {
                 lease_id: lease.lease_id().to_string(),
-                position: Some(proto::seek_request::Position::Earliest(true)),
+                position: Some(proto::seek_request::Position::Earliest(())),
             })
             .await
         {

@@ -459,14 +459,8 @@ async fn bad_requests_get_their_documented_code_and_change_nothing() {
             "position",
         ),
         (
-            "seek earliest=false",
-            seek(held.lease_id(), Some(Position::Earliest(false))),
-            Code::InvalidArgument,
-            "earliest",
-        ),
-        (
             "seek on released",
-            seek(&released_id, Some(Position::Earliest(true))),
+            seek(&released_id, Some(Position::Earliest(()))),
             Code::FailedPrecondition,
             "released",
         ),
@@ -732,4 +726,47 @@ async fn list_leases_pages_in_key_order() {
     for lease in leases {
         lease.release().await.expect("release");
     }
+}
+
+/// A gateway that cannot be reached for a moment (a restart, a connection refused) costs an
+/// Acquire a retry, not a failure: the client tries again with backoff. Without retries the
+/// same moment is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_retries_while_the_gateway_cannot_be_reached() {
+    let Some(services) = Services::require("acquire_retries_while_the_gateway_cannot_be_reached")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    // An address where nothing listens yet (a port just freed), reached lazily.
+    let addr = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        probe.local_addr().expect("its address")
+    };
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("endpoint")
+        .connect_lazy();
+    let client = kafka_lease_client::Client::from_channel(channel);
+    let refused = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic).retries(0))
+        .await
+        .expect_err("nothing listens");
+    assert!(refused.is_retryable(), "{refused:?}");
+    // The gateway becomes reachable there a moment after the Acquire started.
+    let target: std::net::SocketAddr = gateway.addr.parse().expect("gateway address");
+    let opening = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        kafka_lease_testkit::relay::Relay::start_at(addr, target)
+            .await
+            .expect("relay at the address")
+    });
+    let started = Instant::now();
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic))
+        .await
+        .expect("granted after retries");
+    println!("granted {:?} after the Acquire started", started.elapsed());
+    assert_eq!(lease.partition(), 0);
+    let _relay = opening.await.expect("relay task");
 }

@@ -382,7 +382,7 @@ async fn commit_release_and_the_next_holder_resumes_at_the_committed_offset() {
     let batch = stream.next_batch().await.expect("open").expect("batch");
     assert_eq!(batch.records[0].offset, 20);
 
-    // Another group has its own offsets, and RESET_LATEST starts at the end.
+    // Another group has its own offsets, and OFFSET_RESET_LATEST starts at the end.
     let other = client
         .acquire(
             AcquireOptions::new(unique_name("g"), &topic)

@@ -967,3 +967,59 @@ async fn a_member_whose_gateway_died_joins_anew_through_another() {
     settled(&client_b, &group, &shares(&[("survivor", 3)])).await;
     drop(first);
 }
+
+/// A seek through a subscription's partition handle: no batch of the old position reaches
+/// the member after the seek answered, though some were on their way; and every event's
+/// handle carries the lease's fencing token, which only `assigned` sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seek_through_a_partition_handle_leaks_no_batch_of_the_old_position() {
+    use kafka_lease_client::{SeekTo, SubscribeOptions, SubscriptionEvent};
+    let Some(services) =
+        Services::require("a_seek_through_a_partition_handle_leaks_no_batch_of_the_old_position")
+    else {
+        return;
+    };
+    let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    produce_n(&producer(&services), &topic, 0, 500).await;
+    let client = a.client().await;
+    let mut member = client
+        .subscribe(
+            SubscribeOptions::new(unique_name("g"), [&topic])
+                .max_records(10)
+                .max_wait(Duration::from_millis(10)),
+        )
+        .await
+        .expect("subscribe");
+    let token = loop {
+        if let SubscriptionEvent::Assigned { partition, .. } = next_event(&mut member).await {
+            break partition.fencing_token();
+        }
+    };
+    assert!(token > 0);
+    let (handle, first) = loop {
+        if let SubscriptionEvent::Records { partition, batch } = next_event(&mut member).await {
+            break (partition, batch);
+        }
+    };
+    assert_eq!(
+        handle.fencing_token(),
+        token,
+        "a records event's handle has the token"
+    );
+    assert_eq!(first.records[0].offset, 0);
+    // Batches 10.., 20.. are on their way (pumped ahead, in the HTTP/2 window) when the
+    // seek back to 0 answers.
+    let outcome = handle.seek(SeekTo::Offset(0)).await.expect("seek");
+    loop {
+        if let SubscriptionEvent::Records { partition, batch } = next_event(&mut member).await {
+            assert_eq!(partition.fencing_token(), token);
+            assert_eq!(
+                (batch.seek_epoch, batch.records[0].offset),
+                (outcome.seek_epoch, 0),
+                "the first batch after the seek is of its position"
+            );
+            break;
+        }
+    }
+}

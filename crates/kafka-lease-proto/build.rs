@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto_files = [
         proto_root.join("kafka_lease/v1/partition_lease.proto"),
         proto_root.join("kafka_lease/v1/gateway_peer.proto"),
+        proto_root.join("kafka_lease/v1/errors.proto"),
     ];
     for file in &proto_files {
         println!("cargo:rerun-if-changed={}", file.display());

@@ -160,14 +160,31 @@ impl Client {
     /// out; the message names the holder, and so do [`Error::metadata`]'s `holder_member` and
     /// `partition`, with [`Error::retry_after`] until its lease expires where the gateway
     /// knows it), [`Error::Unavailable`] (retryable).
+    ///
+    /// A retryable failure is tried again ([`AcquireOptions::retries`]); the last one is
+    /// returned. (A lease granted to an attempt whose answer was lost ends at once: the
+    /// gateway sees its caller gone.)
     pub async fn acquire(&self, options: AcquireOptions) -> Result<Lease> {
         let requested_ttl = options.ttl;
         let requested_group = options.group.clone();
-        let response = self
-            .raw()
-            .acquire(options.into_request())
-            .await?
-            .into_inner();
+        let retries = options.retries.unwrap_or(DEFAULT_ACQUIRE_RETRIES);
+        let request = options.into_request();
+        let mut backoff = Duration::from_millis(100);
+        let mut attempt = 0;
+        let response = loop {
+            match self.raw().acquire(request.clone()).await {
+                Ok(response) => break response.into_inner(),
+                Err(status) => {
+                    let err = Error::from(status);
+                    if attempt >= retries || !err.is_retryable() {
+                        return Err(err);
+                    }
+                    attempt += 1;
+                    tokio::time::sleep(err.retry_after().unwrap_or(backoff)).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
         Ok(Lease::from_acquired(
             self.clone(),
             response,
@@ -208,11 +225,11 @@ pub enum Reset {
     Latest,
 }
 
-impl From<Reset> for proto::ResetPolicy {
+impl From<Reset> for proto::OffsetReset {
     fn from(reset: Reset) -> Self {
         match reset {
-            Reset::Earliest => proto::ResetPolicy::ResetEarliest,
-            Reset::Latest => proto::ResetPolicy::ResetLatest,
+            Reset::Earliest => proto::OffsetReset::Earliest,
+            Reset::Latest => proto::OffsetReset::Latest,
         }
     }
 }
@@ -228,7 +245,11 @@ pub struct AcquireOptions {
     ttl: Option<Duration>,
     wait: Option<Duration>,
     reset: Reset,
+    retries: Option<u32>,
 }
+
+/// How many times [`Client::acquire`] tries again after a retryable failure, by default.
+pub const DEFAULT_ACQUIRE_RETRIES: u32 = 4;
 
 impl AcquireOptions {
     /// A lease on any free partition of `topic` for consumer group `group` (both: 1..=249
@@ -274,6 +295,15 @@ impl AcquireOptions {
         self
     }
 
+    /// How many times to try again after a retryable failure ([`Error::is_retryable`]:
+    /// Kafka or Consul unavailable behind the gateway, a broken connection), waiting the
+    /// gateway's retry advice or a backoff of 100 ms doubling up to 2 s in between. Default
+    /// [`DEFAULT_ACQUIRE_RETRIES`]; 0 answers the first failure.
+    pub fn retries(mut self, retries: u32) -> Self {
+        self.retries = Some(retries);
+        self
+    }
+
     /// The request these options describe.
     fn into_request(self) -> proto::AcquireRequest {
         proto::AcquireRequest {
@@ -283,7 +313,7 @@ impl AcquireOptions {
             member: self.member,
             ttl: self.ttl.map(duration_to_proto),
             wait: self.wait.map(duration_to_proto),
-            reset: proto::ResetPolicy::from(self.reset) as i32,
+            offset_reset: proto::OffsetReset::from(self.reset) as i32,
         }
     }
 }
@@ -400,7 +430,7 @@ mod tests {
                 member: String::new(),
                 ttl: None,
                 wait: None,
-                reset: proto::ResetPolicy::ResetEarliest as i32,
+                offset_reset: proto::OffsetReset::Earliest as i32,
             }
         );
     }
@@ -430,7 +460,7 @@ mod tests {
                 nanos: 500_000_000
             })
         );
-        assert_eq!(request.reset, proto::ResetPolicy::ResetLatest as i32);
+        assert_eq!(request.offset_reset, proto::OffsetReset::Latest as i32);
     }
 
     #[test]

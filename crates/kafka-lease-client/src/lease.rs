@@ -352,9 +352,9 @@ impl From<SeekTo> for Position {
         match to {
             SeekTo::Offset(offset) => Position::Offset(offset),
             SeekTo::Timestamp(time) => Position::Timestamp(system_time_to_proto(time)),
-            SeekTo::Earliest => Position::Earliest(true),
-            SeekTo::Latest => Position::Latest(true),
-            SeekTo::Committed => Position::Committed(true),
+            SeekTo::Earliest => Position::Earliest(()),
+            SeekTo::Latest => Position::Latest(()),
+            SeekTo::Committed => Position::Committed(()),
         }
     }
 }
@@ -385,9 +385,9 @@ mod tests {
     #[test]
     fn seek_to_maps_to_the_oneof() {
         assert_eq!(Position::from(SeekTo::Offset(42)), Position::Offset(42));
-        assert_eq!(Position::from(SeekTo::Earliest), Position::Earliest(true));
-        assert_eq!(Position::from(SeekTo::Latest), Position::Latest(true));
-        assert_eq!(Position::from(SeekTo::Committed), Position::Committed(true));
+        assert_eq!(Position::from(SeekTo::Earliest), Position::Earliest(()));
+        assert_eq!(Position::from(SeekTo::Latest), Position::Latest(()));
+        assert_eq!(Position::from(SeekTo::Committed), Position::Committed(()));
         let t = UNIX_EPOCH + Duration::new(1_700_000_000, 1_000);
         assert_eq!(
             Position::from(SeekTo::Timestamp(t)),

@@ -86,8 +86,8 @@ impl Record {
     }
 }
 
-impl From<proto::Record> for Record {
-    fn from(record: proto::Record) -> Self {
+impl From<proto::KafkaRecord> for Record {
+    fn from(record: proto::KafkaRecord) -> Self {
         Record {
             offset: record.offset,
             key: record.key,
@@ -421,7 +421,7 @@ mod tests {
         Ok(proto::ReadResponse {
             records: offsets
                 .iter()
-                .map(|&offset| proto::Record {
+                .map(|&offset| proto::KafkaRecord {
                     offset,
                     ..Default::default()
                 })
@@ -730,20 +730,20 @@ mod tests {
 
     #[test]
     fn record_conversion_keeps_absent_and_empty_apart() {
-        let record = Record::from(proto::Record {
+        let record = Record::from(proto::KafkaRecord {
             offset: 7,
             key: None,
             value: Some(Vec::new()),
             headers: vec![
-                proto::Header {
+                proto::KafkaHeader {
                     key: "a".into(),
                     value: None,
                 },
-                proto::Header {
+                proto::KafkaHeader {
                     key: "a".into(),
                     value: Some(Vec::new()),
                 },
-                proto::Header {
+                proto::KafkaHeader {
                     key: "b".into(),
                     value: Some(b"x".to_vec()),
                 },
@@ -777,7 +777,7 @@ mod tests {
 
     #[test]
     fn record_conversion_tolerates_missing_fields() {
-        let record = Record::from(proto::Record {
+        let record = Record::from(proto::KafkaRecord {
             timestamp_type: 99,
             ..Default::default()
         });
@@ -789,11 +789,11 @@ mod tests {
     fn batch_next_offset_and_lag() {
         let batch = Batch::from(proto::ReadResponse {
             records: vec![
-                proto::Record {
+                proto::KafkaRecord {
                     offset: 10,
                     ..Default::default()
                 },
-                proto::Record {
+                proto::KafkaRecord {
                     offset: 11,
                     ..Default::default()
                 },

@@ -68,10 +68,7 @@ impl SubscribeOptions {
 
     /// Where a lease starts when the group has no committed offset.
     pub fn reset(mut self, reset: Reset) -> Self {
-        self.request.reset = match reset {
-            Reset::Earliest => proto::ResetPolicy::ResetEarliest,
-            Reset::Latest => proto::ResetPolicy::ResetLatest,
-        } as i32;
+        self.request.offset_reset = proto::OffsetReset::from(reset) as i32;
         self
     }
 
@@ -103,6 +100,8 @@ impl SubscribeOptions {
 #[derive(Debug, Clone)]
 pub struct Partition {
     client: Client,
+    /// The newest seek epoch of each of the subscription's leases, shared with it.
+    epochs: Epochs,
     lease_id: String,
     topic: String,
     partition: i32,
@@ -125,7 +124,7 @@ impl Partition {
         self.partition
     }
 
-    /// The lease's fencing token (0 when the event did not carry it).
+    /// The lease's fencing token (from its `assigned` event).
     pub fn fencing_token(&self) -> u64 {
         self.fencing_token
     }
@@ -155,11 +154,17 @@ impl Partition {
             lease_id: self.lease_id.clone(),
             position: Some(to.into()),
         };
-        Ok(SeekOutcome::from(
-            self.client.raw().seek(request).await?.into_inner(),
-        ))
+        let outcome = SeekOutcome::from(self.client.raw().seek(request).await?.into_inner());
+        // Batches of the old position still on their way are dropped by the subscription.
+        let mut epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        let newest = epochs.entry(self.lease_id.clone()).or_default();
+        *newest = (*newest).max(outcome.seek_epoch);
+        Ok(outcome)
     }
 }
+
+/// The newest seek epoch the client knows per lease id.
+type Epochs = std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, u64>>>;
 
 /// What a subscription's stream carries.
 #[derive(Debug)]
@@ -205,6 +210,9 @@ pub enum SubscriptionEvent {
 #[derive(Debug)]
 pub struct Subscription {
     client: Client,
+    epochs: Epochs,
+    /// The fencing token of each lease, from its `assigned` event.
+    tokens: std::collections::HashMap<String, u64>,
     stream: Streaming<proto::SubscribeResponse>,
     member_id: String,
     gateway: String,
@@ -222,6 +230,8 @@ impl Subscription {
                 event: Some(Event::Joined(joined)),
             }) => Ok(Subscription {
                 client: client.clone(),
+                epochs: Epochs::default(),
+                tokens: std::collections::HashMap::new(),
                 stream,
                 member_id: joined.member_id,
                 gateway: joined.gateway,
@@ -230,6 +240,16 @@ impl Subscription {
                 "the subscription's first event was not `joined`: {other:?}"
             )))),
         }
+    }
+
+    /// Whether a batch of `lease_id` at `epoch` is of a position a seek through one of
+    /// this subscription's [`Partition`] handles has left.
+    fn stale(&self, lease_id: &str, epoch: u64) -> bool {
+        self.epochs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(lease_id)
+            .is_some_and(|newest| epoch < *newest)
     }
 
     /// This member's id.
@@ -251,21 +271,28 @@ impl Subscription {
                 Ok(None) => return None,
                 Err(status) => return Some(Err(Error::from(status))),
             };
-            let handle = |lease_id: String, topic: String, partition: i32, token: u64| Partition {
+            // Only `assigned` carries the fencing token: the others' handles get it from there.
+            if let Some(Event::Assigned(a)) = &response.event {
+                self.tokens.insert(a.lease_id.clone(), a.fencing_token);
+            }
+            let tokens = &self.tokens;
+            let handle = |lease_id: String, topic: String, partition: i32| Partition {
                 client: self.client.clone(),
+                epochs: self.epochs.clone(),
+                fencing_token: tokens.get(&lease_id).copied().unwrap_or_default(),
                 lease_id,
                 topic,
                 partition,
-                fencing_token: token,
             };
             let event = match response.event {
                 Some(Event::Assigned(a)) => SubscriptionEvent::Assigned {
-                    partition: handle(a.lease_id, a.topic, a.partition, a.fencing_token),
+                    partition: handle(a.lease_id, a.topic, a.partition),
                     offset: a.offset,
                     high_watermark: a.high_watermark,
                 },
+                Some(Event::Records(r)) if self.stale(&r.lease_id, r.seek_epoch) => continue,
                 Some(Event::Records(r)) => SubscriptionEvent::Records {
-                    partition: handle(r.lease_id, r.topic, r.partition, 0),
+                    partition: handle(r.lease_id, r.topic, r.partition),
                     batch: Batch::from(proto::ReadResponse {
                         records: r.records,
                         high_watermark: r.high_watermark,
@@ -273,14 +300,22 @@ impl Subscription {
                     }),
                 },
                 Some(Event::Revoking(r)) => SubscriptionEvent::Revoking {
-                    partition: handle(r.lease_id, r.topic, r.partition, 0),
+                    partition: handle(r.lease_id, r.topic, r.partition),
                     deadline: system_time_from_proto(r.deadline).unwrap_or(SystemTime::now()),
                 },
-                Some(Event::Revoked(r)) => SubscriptionEvent::Revoked {
-                    partition: handle(r.lease_id, r.topic, r.partition, 0),
-                    reason: Reason::from_name(&r.reason),
-                    message: r.message,
-                },
+                Some(Event::Revoked(r)) => {
+                    self.epochs
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&r.lease_id);
+                    let partition = handle(r.lease_id, r.topic, r.partition);
+                    self.tokens.remove(partition.lease_id());
+                    SubscriptionEvent::Revoked {
+                        partition,
+                        reason: Reason::from_name(&r.reason),
+                        message: r.message,
+                    }
+                }
                 // A later `joined` or an event this version does not know: skipped.
                 Some(Event::Joined(_)) | None => continue,
             };

@@ -30,7 +30,8 @@ impl std::fmt::Debug for DevKafka {
 
 impl DevKafka {
     /// Starts a one-broker mock cluster and fills `demo` with `per_partition` records per
-    /// partition, with keys and headers.
+    /// partition: keys and headers, and every shape a client must keep apart (see
+    /// [`sample`]), one second apart in time, the last one a second ago.
     pub async fn start(per_partition: u32) -> Result<Self, LeaseError> {
         let fail = |operation: &'static str| {
             move |e: rdkafka::error::KafkaError| LeaseError::KafkaUnavailable {
@@ -47,32 +48,31 @@ impl DevKafka {
             .set("linger.ms", "5")
             .create()
             .map_err(fail("creating the sample producer"))?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
         for partition in 0..DEMO_PARTITIONS {
             for i in 0..per_partition {
-                let key = format!("user-{}", (i * 7 + partition as u32) % 10);
-                let value = format!(
-                    "{{\"order\":{},\"partition\":{partition},\"amount\":{}}}",
-                    i,
-                    (i * 37) % 100
-                );
-                let headers = OwnedHeaders::new()
-                    .insert(Header {
-                        key: "source",
-                        value: Some("kafka-lease-dev"),
-                    })
-                    .insert(Header {
-                        key: "seq",
-                        value: Some(&i.to_string()),
+                let record = sample(partition, i);
+                let mut headers = OwnedHeaders::new();
+                for (key, value) in &record.headers {
+                    headers = headers.insert(Header {
+                        key,
+                        value: value.as_deref(),
                     });
+                }
+                let mut message = FutureRecord::<str, str>::to(DEMO_TOPIC)
+                    .partition(partition)
+                    .headers(headers)
+                    .timestamp(now_ms - 1000 * i64::from(per_partition - i));
+                if let Some(key) = &record.key {
+                    message = message.key(key);
+                }
+                if let Some(value) = &record.value {
+                    message = message.payload(value);
+                }
                 producer
-                    .send(
-                        FutureRecord::to(DEMO_TOPIC)
-                            .partition(partition)
-                            .key(&key)
-                            .payload(&value)
-                            .headers(headers),
-                        Duration::from_secs(5),
-                    )
+                    .send(message, Duration::from_secs(5))
                     .await
                     .map_err(|(e, _)| fail("producing sample records")(e))?;
             }
@@ -87,5 +87,42 @@ impl DevKafka {
     /// The mock cluster itself, for tests that inject broker errors or delays.
     pub fn mock(&self) -> &MockCluster<'static, DefaultProducerContext> {
         &self.cluster
+    }
+}
+
+/// One sample record: its key, value and headers (absent is `None`).
+#[derive(Debug, PartialEq)]
+pub struct Sample {
+    pub key: Option<String>,
+    pub value: Option<String>,
+    pub headers: Vec<(String, Option<String>)>,
+}
+
+/// Record `i` of `partition`: a JSON order keyed by user, with a `source` and a `seq` header;
+/// of every ten, #3 has no key (null), #5 is a tombstone (no value), #7 has an empty value,
+/// and #9 has a repeated `tag` header and a `trace` header without a value.
+pub fn sample(partition: i32, i: u32) -> Sample {
+    let mut headers = vec![
+        ("source".to_string(), Some("kafka-lease-dev".to_string())),
+        ("seq".to_string(), Some(i.to_string())),
+    ];
+    if i % 10 == 9 {
+        headers.push(("tag".into(), Some("a".into())));
+        headers.push(("tag".into(), Some("b".into())));
+        headers.push(("trace".into(), None));
+    }
+    let key = (i % 10 != 3).then(|| format!("user-{}", (i * 7 + partition as u32) % 10));
+    let value = match i % 10 {
+        5 => None,
+        7 => Some(String::new()),
+        _ => Some(format!(
+            "{{\"order\":{i},\"partition\":{partition},\"amount\":{}}}",
+            (i * 37) % 100
+        )),
+    };
+    Sample {
+        key,
+        value,
+        headers,
     }
 }

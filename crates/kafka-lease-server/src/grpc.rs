@@ -546,7 +546,7 @@ fn acquire_spec(
         std::time::Duration::ZERO,
         validate::MAX_WAIT,
     )?;
-    let reset = reset_of(req.reset)?;
+    let reset = reset_of(req.offset_reset)?;
     Ok(AcquireSpec {
         group: req.group.clone(),
         topic: req.topic.clone(),
@@ -594,13 +594,14 @@ fn limits_of(
 }
 
 fn reset_of(reset: i32) -> Result<Reset, LeaseError> {
-    match v1::ResetPolicy::try_from(reset) {
-        Ok(v1::ResetPolicy::ResetEarliest) => Ok(Reset::Earliest),
-        Ok(v1::ResetPolicy::ResetLatest) => Ok(Reset::Latest),
+    match v1::OffsetReset::try_from(reset) {
+        Ok(v1::OffsetReset::Unspecified | v1::OffsetReset::Earliest) => Ok(Reset::Earliest),
+        Ok(v1::OffsetReset::Latest) => Ok(Reset::Latest),
         Err(_) => Err(LeaseError::InvalidArgument {
-            field: "reset",
+            field: "offset_reset",
             message: format!(
-                "reset {reset} is not a ResetPolicy; allowed RESET_EARLIEST (0), RESET_LATEST (1)"
+                "offset_reset {reset} is not an OffsetReset; allowed OFFSET_RESET_UNSPECIFIED \
+                 (0, the default: earliest), OFFSET_RESET_EARLIEST (1), OFFSET_RESET_LATEST (2)"
             ),
         }),
     }
@@ -643,7 +644,7 @@ fn subscribe_spec(req: &v1::SubscribeRequest) -> Result<SubscribeSpec, LeaseErro
         member: req.member.clone(),
         member_id: req.member_id.clone(),
         limits: limits_of(req.max_records, req.max_bytes, req.max_wait.as_ref())?,
-        reset: reset_of(req.reset)?,
+        reset: reset_of(req.offset_reset)?,
         max_partitions: req.max_partitions,
         revoke_grace: validate::duration_in(
             "revoke_grace",
@@ -739,16 +740,6 @@ fn subscribe_response(event: SubscriptionEvent) -> v1::SubscribeResponse {
 fn seek_target(req: &v1::SeekRequest) -> Result<SeekTarget, LeaseError> {
     use v1::seek_request::Position;
     validate::lease_id(&req.lease_id)?;
-    let must_be_true = |field: &'static str, set: bool| {
-        if set {
-            Ok(())
-        } else {
-            Err(LeaseError::InvalidArgument {
-                field,
-                message: format!("{field} is false; set it to true, or set another position"),
-            })
-        }
-    };
     match &req.position {
         None => Err(LeaseError::InvalidArgument {
             field: "position",
@@ -760,13 +751,9 @@ fn seek_target(req: &v1::SeekRequest) -> Result<SeekTarget, LeaseError> {
             "timestamp",
             ts,
         )?)),
-        Some(Position::Earliest(set)) => {
-            must_be_true("earliest", *set).map(|()| SeekTarget::Earliest)
-        }
-        Some(Position::Latest(set)) => must_be_true("latest", *set).map(|()| SeekTarget::Latest),
-        Some(Position::Committed(set)) => {
-            must_be_true("committed", *set).map(|()| SeekTarget::Committed)
-        }
+        Some(Position::Earliest(())) => Ok(SeekTarget::Earliest),
+        Some(Position::Latest(())) => Ok(SeekTarget::Latest),
+        Some(Position::Committed(())) => Ok(SeekTarget::Committed),
     }
 }
 
@@ -1561,16 +1548,27 @@ mod tests {
     }
 
     #[test]
-    fn seek_requires_exactly_one_true_position() {
+    fn offset_reset_names_the_allowed_values() {
+        assert!(matches!(reset_of(0), Ok(Reset::Earliest)));
+        assert!(matches!(reset_of(1), Ok(Reset::Earliest)));
+        assert!(matches!(reset_of(2), Ok(Reset::Latest)));
+        let err = reset_of(7).expect_err("7 is no OffsetReset").to_string();
+        assert!(
+            err.contains("offset_reset 7") && err.contains("OFFSET_RESET_LATEST (2)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn seek_requires_a_position() {
         use v1::seek_request::Position;
         let req = |p: Option<Position>| v1::SeekRequest {
             lease_id: "a.b".into(),
             position: p,
         };
         assert!(seek_target(&req(None)).is_err());
-        assert!(seek_target(&req(Some(Position::Earliest(false)))).is_err());
         assert!(matches!(
-            seek_target(&req(Some(Position::Latest(true)))),
+            seek_target(&req(Some(Position::Latest(())))),
             Ok(SeekTarget::Latest)
         ));
         assert!(matches!(

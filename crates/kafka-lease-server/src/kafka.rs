@@ -62,6 +62,10 @@ pub struct KafkaSettings {
     /// Most consumer groups with a client on this gateway at once (`--max-groups`): each
     /// costs a librdkafka client with its own threads and broker connections.
     pub max_groups: usize,
+    /// Look offsets up by time by reading the partition, not by asking the broker: only for
+    /// `kafka-lease dev`, whose in-process Kafka (librdkafka's mock cluster) does not
+    /// implement the lookup (it answers "no such offset" for every time).
+    pub scan_for_timestamps: bool,
 }
 
 impl KafkaSettings {
@@ -74,6 +78,7 @@ impl KafkaSettings {
             partition_count_max_age: PARTITION_COUNT_MAX_AGE,
             instance: instance.into(),
             max_groups: DEFAULT_MAX_GROUPS,
+            scan_for_timestamps: false,
         }
     }
 
@@ -395,6 +400,9 @@ impl Kafka {
         partition: i32,
         timestamp_ms: i64,
     ) -> Result<Option<i64>, LeaseError> {
+        if self.settings.scan_for_timestamps {
+            return self.scan_for_time(topic, partition, timestamp_ms).await;
+        }
         let client = self.metadata.clone();
         let topic = topic.to_string();
         let timeout = self.settings.request_timeout;
@@ -411,6 +419,65 @@ impl Kafka {
                 Some(Offset::Offset(o)) if o >= 0 => Some(o),
                 _ => None,
             })
+        })
+        .await
+    }
+
+    /// [`Kafka::offset_for_time`] by reading the partition from its start (see
+    /// [`KafkaSettings::scan_for_timestamps`]): fine for a dev cluster's few records.
+    async fn scan_for_time(
+        &self,
+        topic: &str,
+        partition: i32,
+        timestamp_ms: i64,
+    ) -> Result<Option<i64>, LeaseError> {
+        const OPERATION: &str = "looking up an offset by timestamp (scanning)";
+        let (low, high) = self.watermarks(topic, partition).await?;
+        if high <= low {
+            return Ok(None);
+        }
+        let mut config = self.settings.base_config();
+        config
+            .set(
+                "group.id",
+                format!("kafka-lease-scan-{}", self.settings.instance),
+            )
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        self.settings.apply_options(&mut config);
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        blocking(OPERATION, move || {
+            use rdkafka::consumer::{BaseConsumer, Consumer as _};
+            use rdkafka::Message as _;
+            let consumer: BaseConsumer = config.create().map_err(|e| unavailable(OPERATION, e))?;
+            let mut assignment = TopicPartitionList::new();
+            assignment
+                .add_partition_offset(&topic, partition, Offset::Beginning)
+                .map_err(|e| unavailable(OPERATION, e))?;
+            consumer
+                .assign(&assignment)
+                .map_err(|e| unavailable(OPERATION, e))?;
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let Some(left) = deadline.checked_duration_since(tokio::time::Instant::now())
+                else {
+                    return Err(unavailable(OPERATION, "the partition was not read in time"));
+                };
+                match consumer.poll(left) {
+                    Some(Ok(message)) => {
+                        let at = message.timestamp().to_millis().unwrap_or(i64::MIN);
+                        if at >= timestamp_ms {
+                            return Ok(Some(message.offset()));
+                        }
+                        if message.offset() + 1 >= high {
+                            return Ok(None);
+                        }
+                    }
+                    Some(Err(e)) => return Err(unavailable(OPERATION, e)),
+                    None => {}
+                }
+            }
         })
         .await
     }
@@ -726,7 +793,7 @@ pub struct PartitionFeed {
     pulled_up_to: i64,
     /// A record taken from the queue but not delivered (it did not fit in a batch), with the
     /// lease position it follows.
-    pending: Option<(v1::Record, i64)>,
+    pending: Option<(v1::KafkaRecord, i64)>,
 }
 
 impl std::fmt::Debug for PartitionFeed {
@@ -784,7 +851,7 @@ impl PartitionFeed {
 
     /// The next record if one is already queued, without waiting or arming a timer: the
     /// per-record fast path of a batch.
-    pub fn try_next_record(&mut self) -> Option<v1::Record> {
+    pub fn try_next_record(&mut self) -> Option<v1::KafkaRecord> {
         if let Some((record, _)) = self.pending.take() {
             return Some(record);
         }
@@ -797,7 +864,7 @@ impl PartitionFeed {
     }
 
     /// The next record (cancel-safe). Transient fetch errors are logged and waited out.
-    pub async fn next_record(&mut self) -> v1::Record {
+    pub async fn next_record(&mut self) -> v1::KafkaRecord {
         if let Some((record, _)) = self.pending.take() {
             return record;
         }
@@ -815,7 +882,7 @@ impl PartitionFeed {
 
     /// Puts back a record that did not fit in a batch, to be the next one returned while the
     /// lease stays at `position` (the offset after the last delivered record).
-    pub fn put_back(&mut self, record: v1::Record, position: i64) {
+    pub fn put_back(&mut self, record: v1::KafkaRecord, position: i64) {
         self.pending = Some((record, position));
     }
 
@@ -833,19 +900,19 @@ impl PartitionFeed {
 /// The bytes a record adds to a ReadResponse on the wire, for `max_bytes`: its encoded size
 /// plus the field tag and length prefix, so a response of `max_bytes` stays within a client's
 /// default 4 MiB message limit.
-pub fn record_size(record: &v1::Record) -> usize {
+pub fn record_size(record: &v1::KafkaRecord) -> usize {
     let len = prost::Message::encoded_len(record);
     len + 1 + prost::length_delimiter_len(len)
 }
 
 /// Converts a record taken from the queue, noting where the queue now stands.
-fn pulled(pulled_up_to: &mut i64, message: &BorrowedMessage<'_>) -> v1::Record {
+fn pulled(pulled_up_to: &mut i64, message: &BorrowedMessage<'_>) -> v1::KafkaRecord {
     let record = record_of(message);
     *pulled_up_to = record.offset + 1;
     record
 }
 
-fn record_of(message: &BorrowedMessage<'_>) -> v1::Record {
+fn record_of(message: &BorrowedMessage<'_>) -> v1::KafkaRecord {
     let (timestamp, timestamp_type) = match message.timestamp() {
         rdkafka::Timestamp::NotAvailable => (None, v1::TimestampType::Unspecified),
         rdkafka::Timestamp::CreateTime(ms) => (Some(ms), v1::TimestampType::CreateTime),
@@ -856,14 +923,14 @@ fn record_of(message: &BorrowedMessage<'_>) -> v1::Record {
         .map(|headers| {
             headers
                 .iter()
-                .map(|h| v1::Header {
+                .map(|h| v1::KafkaHeader {
                     key: h.key.to_string(),
                     value: h.value.map(<[u8]>::to_vec),
                 })
                 .collect()
         })
         .unwrap_or_default();
-    v1::Record {
+    v1::KafkaRecord {
         offset: message.offset(),
         key: message.key().map(<[u8]>::to_vec),
         value: message.payload().map(<[u8]>::to_vec),

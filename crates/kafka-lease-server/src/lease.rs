@@ -471,7 +471,7 @@ enum Fill {
     Batch {
         epoch: u64,
         from: i64,
-        records: Vec<v1::Record>,
+        records: Vec<v1::KafkaRecord>,
         high_watermark: Option<i64>,
     },
     /// The Read must end: `None` with OK, else with the error.
@@ -518,7 +518,7 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
         return Fill::Again;
     }
 
-    let mut records: Vec<v1::Record> = Vec::new();
+    let mut records: Vec<v1::KafkaRecord> = Vec::new();
     let mut bytes = 0_usize;
     // Room for the response's own fields (high watermark, epoch) beside the records.
     let budget = limits.max_bytes.saturating_sub(32);
@@ -566,9 +566,9 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
 /// Adds `record` to the batch being filled; false when the batch is full (the record is then
 /// put back for the next batch, or was the last that fits).
 fn take(
-    records: &mut Vec<v1::Record>,
+    records: &mut Vec<v1::KafkaRecord>,
     bytes: &mut usize,
-    record: v1::Record,
+    record: v1::KafkaRecord,
     from: i64,
     budget: usize,
     feed: &mut PartitionFeed,

@@ -1,0 +1,126 @@
+// Command consume reads a topic as a member of a consumer group through a kafka-lease
+// gateway: it prints `processed <topic> <partition> <offset>` for each record, commits after
+// each batch and when a partition is revoked, and on SIGTERM or SIGINT commits what it
+// processed, leaves the group (releasing its partitions) and exits 0.
+//
+//	KAFKA_LEASE_ADDR=127.0.0.1:50051 KAFKA_LEASE_GROUP=billing KAFKA_LEASE_TOPIC=payments consume
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	kafkalease "github.com/kafka-lease/kafka-lease/clients/go"
+)
+
+func main() {
+	if err := run(); err != nil {
+		log.Printf("consume: %v", err)
+		os.Exit(1)
+	}
+}
+
+// event is one step of the subscription, as read by the goroutine that waits for them.
+type event struct {
+	ev  kafkalease.Event
+	err error
+}
+
+func run() error {
+	addr, group, topic := os.Getenv("KAFKA_LEASE_ADDR"), os.Getenv("KAFKA_LEASE_GROUP"), os.Getenv("KAFKA_LEASE_TOPIC")
+	if addr == "" || group == "" || topic == "" {
+		return fmt.Errorf("set KAFKA_LEASE_ADDR, KAFKA_LEASE_GROUP and KAFKA_LEASE_TOPIC")
+	}
+	stopped, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+
+	client, err := kafkalease.NewClient(addr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = client.Close() }()
+
+	// The subscription lives until Close, not until the signal: what was processed is
+	// committed first, while the member still holds its leases.
+	sub, err := client.Subscribe(context.Background(), group, []string{topic}, kafkalease.SubscribeOptions{Member: "go-example"})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Close() }() // leaves the group; its leases are released
+	log.Printf("joined %s as %s", group, sub.MemberID())
+
+	events := make(chan event)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for ev, err := range sub.Events() {
+			select {
+			case events <- event{ev, err}:
+			case <-done:
+				return
+			}
+		}
+		close(events)
+	}()
+
+	// Per lease: the offset after the last record processed, and whether it is committed.
+	processed := map[*kafkalease.SubscribedLease]int64{}
+	committed := map[*kafkalease.SubscribedLease]int64{}
+	commit := func(lease *kafkalease.SubscribedLease, always bool) {
+		next, ok := processed[lease]
+		if !ok || (committed[lease] == next && !always) {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := lease.Commit(ctx, next); err != nil {
+			log.Printf("commit %d on %s/%d: %v", next, lease.Topic, lease.Partition, err)
+			return
+		}
+		committed[lease] = next
+	}
+
+	for {
+		select {
+		case <-stopped.Done():
+			// Everything processed is committed after each batch; this is for a batch cut
+			// short in a longer-running program. Then the subscription ends (deferred Close).
+			for lease := range processed {
+				commit(lease, false)
+			}
+			log.Printf("stopping: left %s", group)
+			return nil
+		case e, ok := <-events:
+			if !ok {
+				return fmt.Errorf("the gateway ended the subscription")
+			}
+			if e.err != nil {
+				return e.err
+			}
+			switch ev := e.ev.(type) {
+			case *kafkalease.Assigned:
+				log.Printf("assigned %s/%d from offset %d", ev.Lease.Topic, ev.Lease.Partition, ev.Offset)
+				processed[ev.Lease], committed[ev.Lease] = ev.Offset, ev.Offset
+			case *kafkalease.Records:
+				for _, rec := range ev.Records {
+					// os.Stdout is unbuffered: each line is written at once.
+					fmt.Printf("processed %s %d %d\n", ev.Lease.Topic, ev.Lease.Partition, rec.Offset)
+				}
+				processed[ev.Lease], _ = ev.NextOffset()
+				commit(ev.Lease, false)
+			case *kafkalease.Revoking:
+				log.Printf("revoking %s/%d", ev.Lease.Topic, ev.Lease.Partition)
+				commit(ev.Lease, true) // even if nothing changed: the commit lets the lease move at once
+			case *kafkalease.Revoked:
+				log.Printf("revoked %s/%d: %s", ev.Lease.Topic, ev.Lease.Partition, ev.Reason)
+				delete(processed, ev.Lease)
+				delete(committed, ev.Lease)
+			}
+		}
+	}
+}

@@ -1,0 +1,229 @@
+package kafkalease
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"iter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/kafka-lease/kafka-lease/clients/go/kafkaleasev1"
+)
+
+// SubscribeOptions are the optional settings of Subscribe. The zero value leaves
+// everything to the gateway.
+type SubscribeOptions struct {
+	// This member's stable id ([A-Za-z0-9._-], at most 128 characters); empty: the gateway
+	// makes one up (Subscription.MemberID).
+	MemberID string
+	// A free-text label, shown in ListLeases.
+	Member string
+	// Read limits of each records event, as in ReadOptions.
+	MaxRecords uint32
+	MaxBytes   uint32
+	MaxWait    *time.Duration
+	// Where a lease starts when the group has no committed offset (default earliest).
+	OffsetReset kafkaleasev1.OffsetReset
+	// The most partitions of each topic this member holds; 0: no cap.
+	MaxPartitions uint32
+	// How long a revoked lease waits for this member's commit; nil: the gateway's default
+	// (5 s); allowed 0 ..= 60 s.
+	RevokeGrace *time.Duration
+	// How long the member keeps its leases after its stream ends, for a Subscribe with the
+	// same MemberID and topics to take it over; 0 (the default): leave at once.
+	SessionGrace time.Duration
+}
+
+// Subscription is a member of a group, from Client.Subscribe: the gateways share the
+// topics' partitions among the group's members and send this one its leases, their records
+// and the leases it must give up. The member stays in the group until the subscription
+// ends: Close, or the cancellation of the context given to Subscribe (its leases are then
+// released, after SessionGrace).
+//
+// Next (or Events) is for one goroutine; the leases it hands out may be used from any.
+type Subscription struct {
+	ctx      context.Context
+	cancel   context.CancelFunc
+	stream   grpc.ServerStreamingClient[kafkaleasev1.SubscribeResponse]
+	client   *Client
+	memberID string
+	gateway  string
+	leases   map[string]*SubscribedLease
+}
+
+// Event is one event of a subscription: *Assigned, *Records, *Revoking or *Revoked.
+type Event interface{ event() }
+
+// Assigned: the member now holds a lease; its records follow.
+type Assigned struct {
+	Lease *SubscribedLease
+	// Where its records start: the group's committed offset, else the reset position.
+	Offset        int64
+	HighWatermark int64
+}
+
+// Records is a batch of one of the member's leases (stale epochs already dropped).
+type Records struct {
+	Lease *SubscribedLease
+	Batch
+}
+
+// Revoking: the lease is moving to another member and no records of it follow. Commit what
+// was processed before Deadline; the lease is released after that commit, or then.
+type Revoking struct {
+	Lease    *SubscribedLease
+	Deadline time.Time
+}
+
+// Revoked: the lease has ended. Reason is an ErrorReason name (LEASE_REVOKED after
+// Revoking, LEASE_RELEASED, LEASE_LOST, LEASE_EXPIRED, SHUTTING_DOWN).
+type Revoked struct {
+	Lease   *SubscribedLease
+	Reason  string
+	Message string
+}
+
+func (*Assigned) event() {}
+func (*Records) event()  {}
+func (*Revoking) event() {}
+func (*Revoked) event()  {}
+
+// SubscribedLease is one of a member's leases: commit, seek or release it like a Lease.
+// Every event of the lease carries the same *SubscribedLease.
+type SubscribedLease struct {
+	leaseCalls
+	Topic        string
+	Partition    int32
+	FencingToken uint64
+}
+
+// String describes the lease without its id, which is a bearer credential.
+func (l *SubscribedLease) String() string {
+	return fmt.Sprintf("subscribed lease on %s/%d (token %d)", l.Topic, l.Partition, l.FencingToken)
+}
+
+// Subscribe joins group as a member for topics and returns once the gateway confirmed it
+// (the `joined` event). Errors: INVALID_ARGUMENT (INVALID_FIELD), NOT_FOUND
+// (TOPIC_NOT_FOUND), ALREADY_EXISTS (MEMBER_ACTIVE), UNAVAILABLE.
+func (c *Client) Subscribe(ctx context.Context, group string, topics []string, opts SubscribeOptions) (*Subscription, error) {
+	req := &kafkaleasev1.SubscribeRequest{
+		Group:         group,
+		Topics:        topics,
+		Member:        opts.Member,
+		MemberId:      opts.MemberID,
+		MaxRecords:    opts.MaxRecords,
+		MaxBytes:      opts.MaxBytes,
+		OffsetReset:   opts.OffsetReset,
+		MaxPartitions: opts.MaxPartitions,
+	}
+	if opts.MaxWait != nil {
+		req.MaxWait = durationpb.New(*opts.MaxWait)
+	}
+	if opts.RevokeGrace != nil {
+		req.RevokeGrace = durationpb.New(*opts.RevokeGrace)
+	}
+	if opts.SessionGrace != 0 {
+		req.SessionGrace = durationpb.New(opts.SessionGrace)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	stream, err := c.raw.Subscribe(sctx, req)
+	if err == nil {
+		var first *kafkaleasev1.SubscribeResponse
+		if first, err = stream.Recv(); err == nil {
+			joined := first.GetJoined()
+			if joined != nil {
+				return &Subscription{ctx: sctx, cancel: cancel, stream: stream, client: c,
+					memberID: joined.GetMemberId(), gateway: joined.GetGateway(),
+					leases: map[string]*SubscribedLease{}}, nil
+			}
+			err = status.Errorf(codes.Internal, "the subscription's first event was not `joined`: %v", first)
+		} else if err == io.EOF {
+			err = status.Error(codes.Internal, "the subscription ended before `joined`")
+		}
+	}
+	cancel()
+	return nil, wrap(ctx, err)
+}
+
+// MemberID is this member's id (the one asked for, or the gateway's).
+func (s *Subscription) MemberID() string { return s.memberID }
+
+// Gateway is the gateway instance serving the subscription.
+func (s *Subscription) Gateway() string { return s.gateway }
+
+// Close ends the subscription: the member leaves the group and its leases are released
+// (after SessionGrace). Next then fails with an error that unwraps to context.Canceled.
+func (s *Subscription) Close() error {
+	s.cancel()
+	return nil
+}
+
+// Next waits for the next event. It returns io.EOF when the gateway ended the stream with
+// OK, an *Error when it ended otherwise (subscribe again), or one that unwraps to
+// context.Canceled after Close.
+func (s *Subscription) Next() (Event, error) {
+	for {
+		resp, err := s.stream.Recv()
+		if err == io.EOF {
+			return nil, io.EOF
+		}
+		if err != nil {
+			return nil, wrap(s.ctx, err)
+		}
+		switch ev := resp.GetEvent().(type) {
+		case *kafkaleasev1.SubscribeResponse_Assigned:
+			a := ev.Assigned
+			l := s.lease(a.GetLeaseId(), a.GetTopic(), a.GetPartition())
+			l.FencingToken = a.GetFencingToken()
+			return &Assigned{Lease: l, Offset: a.GetOffset(), HighWatermark: a.GetHighWatermark()}, nil
+		case *kafkaleasev1.SubscribeResponse_Records:
+			r := ev.Records
+			l := s.lease(r.GetLeaseId(), r.GetTopic(), r.GetPartition())
+			if !l.epochs.admit(r.GetSeekEpoch()) || len(r.GetRecords()) == 0 {
+				continue
+			}
+			return &Records{Lease: l, Batch: batchFromProto(r.GetRecords(), r.GetHighWatermark(), r.GetSeekEpoch())}, nil
+		case *kafkaleasev1.SubscribeResponse_Revoking:
+			r := ev.Revoking
+			return &Revoking{Lease: s.lease(r.GetLeaseId(), r.GetTopic(), r.GetPartition()), Deadline: r.GetDeadline().AsTime()}, nil
+		case *kafkaleasev1.SubscribeResponse_Revoked:
+			r := ev.Revoked
+			l := s.lease(r.GetLeaseId(), r.GetTopic(), r.GetPartition())
+			delete(s.leases, r.GetLeaseId())
+			return &Revoked{Lease: l, Reason: r.GetReason(), Message: r.GetMessage()}, nil
+		}
+		// A later `joined` (a takeover) or an event this version does not know: skipped.
+	}
+}
+
+// Events is Next as an iterator: it stops after io.EOF, and yields any other error once
+// before stopping.
+func (s *Subscription) Events() iter.Seq2[Event, error] {
+	return func(yield func(Event, error) bool) {
+		for {
+			ev, err := s.Next()
+			if err == io.EOF {
+				return
+			}
+			if !yield(ev, err) || err != nil {
+				return
+			}
+		}
+	}
+}
+
+// lease is the handle of a lease id, made on its first event.
+func (s *Subscription) lease(id, topic string, partition int32) *SubscribedLease {
+	l, ok := s.leases[id]
+	if !ok {
+		l = &SubscribedLease{leaseCalls: leaseCalls{client: s.client, id: id, epochs: &epochFilter{}},
+			Topic: topic, Partition: partition}
+		s.leases[id] = l
+	}
+	return l
+}

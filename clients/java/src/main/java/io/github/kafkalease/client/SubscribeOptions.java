@@ -1,0 +1,89 @@
+package io.github.kafkalease.client;
+
+import io.github.kafkalease.v1.OffsetReset;
+import io.github.kafkalease.v1.SubscribeRequest;
+import java.time.Duration;
+import java.util.List;
+
+/** What {@link KafkaLeaseClient#subscribe} joins with; unset fields take the gateway's defaults. */
+public final class SubscribeOptions {
+  private final SubscribeRequest.Builder request = SubscribeRequest.newBuilder();
+  private Duration joinTimeout = Duration.ofSeconds(30);
+
+  private SubscribeOptions(String group, List<String> topics) {
+    request.setGroup(group).addAllTopics(topics);
+  }
+
+  /** Joins {@code group} for {@code topics} (1..16 distinct names). */
+  public static SubscribeOptions of(String group, String... topics) {
+    return new SubscribeOptions(group, List.of(topics));
+  }
+
+  /** A stable member id ([A-Za-z0-9._-], at most 128); by default the gateway makes one. */
+  public SubscribeOptions memberId(String memberId) {
+    request.setMemberId(memberId);
+    return this;
+  }
+
+  /** A free-text label, shown in ListLeases. */
+  public SubscribeOptions member(String member) {
+    request.setMember(member);
+    return this;
+  }
+
+  /** Most records per batch of one lease (default 500). */
+  public SubscribeOptions maxRecords(int maxRecords) {
+    request.setMaxRecords(maxRecords);
+    return this;
+  }
+
+  /** Most bytes per batch of one lease (default 1 MiB). */
+  public SubscribeOptions maxBytes(int maxBytes) {
+    request.setMaxBytes(maxBytes);
+    return this;
+  }
+
+  /** How long a batch may wait to fill once it has a record (default 100 ms). */
+  public SubscribeOptions maxWait(Duration maxWait) {
+    request.setMaxWait(Protos.duration(maxWait));
+    return this;
+  }
+
+  /** Where a lease starts when the group has no committed offset (default earliest). */
+  public SubscribeOptions offsetReset(OffsetReset reset) {
+    request.setOffsetReset(reset);
+    return this;
+  }
+
+  /** The most partitions of each topic this member holds (default: no cap). */
+  public SubscribeOptions maxPartitions(int max) {
+    request.setMaxPartitions(max);
+    return this;
+  }
+
+  /** How long a revoked lease waits for this member's commit (default 5 s). */
+  public SubscribeOptions revokeGrace(Duration grace) {
+    request.setRevokeGrace(Protos.duration(grace));
+    return this;
+  }
+
+  /** How long the member keeps its leases after its stream ends (default 0: leave at once). */
+  public SubscribeOptions sessionGrace(Duration grace) {
+    request.setSessionGrace(Protos.duration(grace));
+    return this;
+  }
+
+  /** How long {@link KafkaLeaseClient#subscribe} waits for the {@code joined} event (30 s). */
+  public SubscribeOptions joinTimeout(Duration timeout) {
+    this.joinTimeout = timeout;
+    return this;
+  }
+
+  SubscribeRequest request() {
+    return request.build();
+  }
+
+  Duration joinTimeout() {
+    return joinTimeout;
+  }
+}

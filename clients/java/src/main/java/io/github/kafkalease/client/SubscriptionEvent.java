@@ -1,0 +1,49 @@
+package io.github.kafkalease.client;
+
+import java.time.Instant;
+
+/**
+ * What a {@link Subscription} carries, per lease in this order: {@link Assigned}, {@link
+ * Records} batches, then {@link Revoking} and {@link Revoked} (or {@link Revoked} alone).
+ */
+public sealed interface SubscriptionEvent {
+  /** The lease the event is about. */
+  Partition partition();
+
+  /**
+   * The member now holds a lease; its records follow.
+   *
+   * @param partition the lease
+   * @param offset where its records start: the committed offset, else the reset position
+   * @param highWatermark the partition's high watermark at the grant
+   */
+  record Assigned(Partition partition, long offset, long highWatermark)
+      implements SubscriptionEvent {}
+
+  /**
+   * A batch of one of the member's leases (stale seek epochs already dropped).
+   *
+   * @param partition the lease
+   * @param batch its records, in offset order
+   */
+  record Records(Partition partition, Batch batch) implements SubscriptionEvent {}
+
+  /**
+   * The lease moves to another member: no records of it follow. Commit what was processed
+   * before {@code deadline}; the lease is released after that commit, or then.
+   *
+   * @param partition the lease
+   * @param deadline when it is released at the latest
+   */
+  record Revoking(Partition partition, Instant deadline) implements SubscriptionEvent {}
+
+  /**
+   * The lease has ended.
+   *
+   * @param partition the lease
+   * @param reason why: an ErrorReason name (LEASE_REVOKED after Revoking, LEASE_LOST, ...)
+   * @param message why, for people
+   */
+  record Revoked(Partition partition, String reason, String message)
+      implements SubscriptionEvent {}
+}

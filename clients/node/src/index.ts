@@ -1,0 +1,15 @@
+// @kafka-lease/client: a thin wrapper over the generated stubs (./gen, usable on their own).
+export { Client, DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH } from "./client";
+export type { AcquireOptions, ConnectOptions, Reset, SubscribeOptions } from "./client";
+export { Code, KafkaLeaseError, toKafkaLeaseError } from "./errors";
+export type { ReasonName } from "./errors";
+export { EpochFilter, Lease, LeaseHandle, RecordStream } from "./lease";
+export type { Batch, KafkaLeaseRecord, ReadOptions, SeekTo } from "./lease";
+export { Partition, Subscription } from "./subscription";
+export type { SubscriptionEvent } from "./subscription";
+export { ERROR_DOMAIN, decodeStatusDetails, statusDetailsFromMetadata } from "./status";
+export type { StatusDetails } from "./status";
+export type { CallOpts, OffsetLike } from "./convert";
+export * as proto from "./gen/kafka_lease/v1/partition_lease";
+export { ErrorReason } from "./gen/kafka_lease/v1/errors";
+export { TimestampType } from "./gen/kafka_lease/v1/partition_lease";

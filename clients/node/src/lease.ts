@@ -1,0 +1,325 @@
+// A held lease: reading its partition (a RecordStream that drops stale seek epochs and reopens
+// itself after a break), seeking, committing, releasing.
+import type { ClientReadableStream } from "@grpc/grpc-js";
+import { Code, KafkaLeaseError, toKafkaLeaseError } from "./errors";
+import {
+  type AcquireResponse,
+  type KafkaRecord,
+  type PartitionLeaseServiceClient,
+  type ReadResponse,
+  type SeekRequest,
+  TimestampType,
+} from "./gen/kafka_lease/v1/partition_lease";
+import {
+  type CallOpts,
+  type OffsetLike,
+  dateToTimestamp,
+  durationToMs,
+  msToDuration,
+  sleep,
+  timestampToDate,
+  toOffset,
+  unary,
+} from "./convert";
+
+/** One Kafka record. `null` is absent (null key, tombstone, null header value), never `""`. */
+export interface KafkaLeaseRecord {
+  offset: bigint;
+  key: Buffer | null;
+  value: Buffer | null;
+  /** In the producer's order, duplicates kept. */
+  headers: { key: string; value: Buffer | null }[];
+  /** Millisecond precision; null when the record has none. */
+  timestamp: Date | null;
+  timestampType: TimestampType;
+}
+
+/** One ReadResponse (or `records` event): consecutive records of one partition. */
+export interface Batch {
+  records: KafkaLeaseRecord[];
+  highWatermark: bigint;
+  seekEpoch: bigint;
+  /** The offset to commit once the batch is processed: last offset + 1 (undefined if empty). */
+  nextOffset: bigint | undefined;
+}
+
+export function toRecord(r: KafkaRecord): KafkaLeaseRecord {
+  return {
+    offset: r.offset,
+    key: r.key ?? null,
+    value: r.value ?? null,
+    headers: r.headers.map((h) => ({ key: h.key, value: h.value ?? null })),
+    timestamp: timestampToDate(r.timestamp),
+    timestampType: r.timestampType,
+  };
+}
+
+export function toBatch(r: { records: KafkaRecord[]; highWatermark: bigint; seekEpoch: bigint }): Batch {
+  const records = r.records.map(toRecord);
+  const last = records[records.length - 1];
+  return {
+    records,
+    highWatermark: r.highWatermark,
+    seekEpoch: r.seekEpoch,
+    nextOffset: last === undefined ? undefined : last.offset + 1n,
+  };
+}
+
+/**
+ * The newest seek epoch a lease's client has seen. Responses of an older epoch are dropped:
+ * once a Seek answered epoch n, nothing of an epoch below n is handed out.
+ */
+export class EpochFilter {
+  #newest = 0n;
+  get newest(): bigint {
+    return this.#newest;
+  }
+  /** Records a SeekResponse's epoch. Never lowers. */
+  observe(epoch: bigint): void {
+    if (epoch > this.#newest) this.#newest = epoch;
+  }
+  /** Whether a response of `epoch` is to be delivered (it then becomes the newest seen). */
+  admit(epoch: bigint): boolean {
+    const ok = epoch >= this.#newest;
+    this.observe(epoch);
+    return ok;
+  }
+}
+
+/** Where a seek goes: an offset, the first record at or after a time, or a named position. */
+export type SeekTo = OffsetLike | Date | "earliest" | "latest" | "committed";
+
+export function seekPosition(to: SeekTo): SeekRequest["position"] {
+  if (to instanceof Date) return { $case: "timestamp", timestamp: dateToTimestamp(to) };
+  switch (to) {
+    case "earliest":
+      return { $case: "earliest", earliest: {} };
+    case "latest":
+      return { $case: "latest", latest: {} };
+    case "committed":
+      return { $case: "committed", committed: {} };
+    default:
+      return { $case: "offset", offset: toOffset(to) };
+  }
+}
+
+/**
+ * A lease usable for Commit, Seek and Release: a {@link Lease} from Acquire, or a partition
+ * assigned by Subscribe. The lease id is a bearer credential and is kept out of `inspect`.
+ */
+export class LeaseHandle {
+  readonly #id: string;
+  readonly #raw: PartitionLeaseServiceClient;
+  /** The newest seek epoch seen for this lease; shared with its record streams. */
+  readonly epochs = new EpochFilter();
+
+  constructor(
+    raw: PartitionLeaseServiceClient,
+    leaseId: string,
+    readonly topic: string,
+    readonly partition: number,
+    /** Greater than every token issued before for this group, topic and partition. */
+    readonly fencingToken: bigint,
+  ) {
+    this.#id = leaseId;
+    this.#raw = raw;
+  }
+
+  /** The generated client this lease's calls go through. */
+  protected get raw(): PartitionLeaseServiceClient {
+    return this.#raw;
+  }
+
+  /** The opaque lease id (do not log it). */
+  get leaseId(): string {
+    return this.#id;
+  }
+
+  /** Repositions the lease; later batches start at the resolved offset. Commits nothing. */
+  async seek(to: SeekTo, options?: CallOpts): Promise<{ offset: bigint; seekEpoch: bigint }> {
+    const request = { leaseId: this.#id, position: seekPosition(to) };
+    const response = await unary(this.raw.seek.bind(this.raw), request, options);
+    this.epochs.observe(response.seekEpoch);
+    return { offset: response.offset, seekEpoch: response.seekEpoch };
+  }
+
+  /** Commits `offset` (the next offset to read: last processed + 1), fenced by the lease. */
+  async commit(offset: OffsetLike, metadata?: string, options?: CallOpts): Promise<void> {
+    await unary(this.raw.commit.bind(this.raw), { leaseId: this.#id, offset: toOffset(offset), metadata }, options);
+  }
+
+  /** Ends the lease, committing `commitOffset` first if given (a rejected commit keeps it). */
+  async release(commitOffset?: OffsetLike, options?: CallOpts): Promise<void> {
+    const request = { leaseId: this.#id, commitOffset: commitOffset === undefined ? undefined : toOffset(commitOffset) };
+    await unary(this.raw.release.bind(this.raw), request, options);
+  }
+}
+
+/** How a Read batches records and reopens. Unset fields take the gateway's defaults. */
+export interface ReadOptions {
+  maxRecords?: number;
+  maxBytes?: number;
+  maxWaitMs?: number;
+  /** Start here (as a seek would) instead of at the lease's resume point. */
+  fromOffset?: OffsetLike;
+  /** Consecutive failed reopens before the error reaches the caller (default 8; 0: never). */
+  reconnectAttempts?: number;
+  /** Called before each reopen with its `from_offset` (undefined: the resume point). */
+  onReconnect?: (fromOffset: bigint | undefined, cause: KafkaLeaseError) => void;
+}
+
+const DEFAULT_RECONNECT_ATTEMPTS = 8;
+const DEFAULT_TTL_MS = 10_000;
+
+/** An exclusive, expiring lease on one partition, from `Client.acquire`. */
+export class Lease extends LeaseHandle {
+  readonly group: string;
+  /** Where reading started at Acquire: the committed offset, else the reset position. */
+  readonly offset: bigint;
+  /** The partition's high watermark at Acquire. */
+  readonly highWatermark: bigint;
+  /** When the lease expires if nothing renews it, as of Acquire. */
+  readonly expiresAt: Date | null;
+  /** The gateway instance serving the lease. */
+  readonly gateway: string;
+  /** The TTL the gateway granted. */
+  readonly ttlMs: number;
+
+  constructor(raw: PartitionLeaseServiceClient, r: AcquireResponse, group: string, ttlMs: number | undefined) {
+    super(raw, r.leaseId, r.topic, r.partition, r.fencingToken);
+    this.group = r.group || group;
+    this.offset = r.offset;
+    this.highWatermark = r.highWatermark;
+    this.expiresAt = timestampToDate(r.expiresAt);
+    this.gateway = r.gateway;
+    this.ttlMs = durationToMs(r.ttl) ?? ttlMs ?? DEFAULT_TTL_MS;
+  }
+
+  /** The newest seek epoch seen (0 until the first seek). */
+  get seekEpoch(): bigint {
+    return this.epochs.newest;
+  }
+
+  /**
+   * Opens a Read: the partition's batches in order, no gaps, no repeats. Iterate it with
+   * `for await`; leaving the loop (or `cancel()`) closes the Read. A new Read supersedes the
+   * previous one, which then fails with ABORTED (SUPERSEDED).
+   */
+  records(options: ReadOptions = {}): RecordStream {
+    const template = {
+      leaseId: this.leaseId,
+      maxRecords: options.maxRecords ?? 0,
+      maxBytes: options.maxBytes ?? 0,
+      maxWait: options.maxWaitMs === undefined ? undefined : msToDuration(options.maxWaitMs),
+    };
+    const open = (fromOffset: bigint | undefined) => this.raw.read({ ...template, fromOffset });
+    const from = options.fromOffset === undefined ? undefined : toOffset(options.fromOffset);
+    return new RecordStream(open, this.epochs, from, options);
+  }
+}
+
+const FIRST_BACKOFF_MS = 50;
+const MAX_BACKOFF_MS = 2000;
+
+/**
+ * Whether a status that ended a Read says the stream broke, not the lease. With a reason, the
+ * gateway's retry advice decides; without one (made up by the transport), the codes of a
+ * dropped connection do.
+ */
+function streamBroke(e: KafkaLeaseError): boolean {
+  if (e.reason !== undefined) return e.retryAfterMs !== undefined;
+  return [Code.UNAVAILABLE, Code.UNKNOWN, Code.INTERNAL, Code.CANCELLED].includes(e.code);
+}
+
+/**
+ * An open Read: an async iterator of {@link Batch}es.
+ * - batches of a seek epoch older than the lease's newest are dropped;
+ * - a broken stream (transport failure, or UNAVAILABLE with retry advice) is reopened with
+ *   `from_offset` = the offset after the last record handed out (or at the resume point if a
+ *   seek happened since), with backoff, at most `reconnectAttempts` times in a row;
+ * - it ends when the gateway ends the Read with OK (after Release); any other end is thrown
+ *   once as a KafkaLeaseError.
+ */
+export class RecordStream implements AsyncIterableIterator<Batch> {
+  #call!: ClientReadableStream<ReadResponse>;
+  #iterator!: AsyncIterator<ReadResponse>;
+  #delivered: { next: bigint; epoch: bigint } | undefined;
+  #failures = 0;
+  #done = false;
+  readonly #abort = new AbortController();
+  readonly #attempts: number;
+  /** How many times the stream was reopened. */
+  reconnects = 0;
+
+  constructor(
+    private readonly open: (fromOffset: bigint | undefined) => ClientReadableStream<ReadResponse>,
+    private readonly epochs: EpochFilter,
+    fromOffset: bigint | undefined,
+    private readonly options: ReadOptions,
+  ) {
+    this.#attempts = options.reconnectAttempts ?? DEFAULT_RECONNECT_ATTEMPTS;
+    // A first Read that breaks before delivering anything is reopened where it was asked to start.
+    if (fromOffset !== undefined) this.#delivered = { next: fromOffset, epoch: epochs.newest };
+    this.#start(fromOffset);
+  }
+
+  #start(fromOffset: bigint | undefined) {
+    this.#call = this.open(fromOffset);
+    this.#iterator = this.#call[Symbol.asyncIterator]();
+  }
+
+  [Symbol.asyncIterator](): this {
+    return this;
+  }
+
+  async next(): Promise<IteratorResult<Batch, undefined>> {
+    while (!this.#done) {
+      let item: IteratorResult<ReadResponse>;
+      try {
+        item = await this.#iterator.next();
+      } catch (e) {
+        if (this.#done) break;
+        const error = toKafkaLeaseError(e);
+        if (await this.#reopen(error)) continue;
+        this.cancel();
+        throw error;
+      }
+      if (item.done) break;
+      // Checked when handed out, so a batch buffered before a seek returned is dropped too.
+      if (!this.epochs.admit(item.value.seekEpoch)) continue;
+      const batch = toBatch(item.value);
+      if (batch.nextOffset !== undefined) this.#delivered = { next: batch.nextOffset, epoch: batch.seekEpoch };
+      this.#failures = 0;
+      return { value: batch, done: false };
+    }
+    this.cancel();
+    return { value: undefined, done: true };
+  }
+
+  async return(): Promise<IteratorResult<Batch, undefined>> {
+    this.cancel();
+    return { value: undefined, done: true };
+  }
+
+  /** Closes the Read (the lease stays held until its TTL runs out or it is released). */
+  cancel(): void {
+    if (this.#done) return;
+    this.#done = true;
+    this.#abort.abort();
+    this.#call.cancel();
+  }
+
+  async #reopen(error: KafkaLeaseError): Promise<boolean> {
+    if (!streamBroke(error) || this.#failures >= this.#attempts) return false;
+    const backoff = Math.min(FIRST_BACKOFF_MS * 2 ** this.#failures, MAX_BACKOFF_MS);
+    this.#failures++;
+    if (!(await sleep(backoff, this.#abort.signal)) || this.#done) return true;
+    // After the last record handed out, unless a seek happened since: then the resume point.
+    const d = this.#delivered;
+    const from = d !== undefined && this.epochs.newest <= d.epoch ? d.next : undefined;
+    this.reconnects++;
+    this.options.onReconnect?.(from, error);
+    this.#start(from);
+    return true;
+  }
+}

@@ -1,0 +1,20 @@
+# Sourced by test.sh and example.sh: sets $venv to .cache/clients/python/venv at the
+# repository root, (re)creating it when requirements-dev.txt or pyproject.toml changed.
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+venv="$root/.cache/clients/python/venv"
+python="${PYTHON:-python3}"
+
+want="$(cat "$here/requirements-dev.txt" "$here/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+if [[ ! -x "$venv/bin/python" || "$(cat "$venv/.requirements" 2>/dev/null)" != "$want" ]]; then
+  echo "installing the pinned dependencies into $venv" >&2
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    -r "$here/requirements-dev.txt"
+  # The package itself, editable; no build isolation, so no unpinned build backend download.
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps \
+    --no-build-isolation -e "$here"
+  "$venv/bin/python" -m pip check >&2
+  echo "$want" >"$venv/.requirements"
+fi

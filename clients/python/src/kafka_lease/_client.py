@@ -1,0 +1,262 @@
+"""The connection to a gateway (:class:`Client`) and a held lease (:class:`Lease`)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import time
+from typing import TYPE_CHECKING, Any, Sequence
+
+import grpc
+
+from kafka_lease._errors import KafkaLeaseError, LeaseEndedError, NotFoundError
+from kafka_lease._stream import RecordStream
+from kafka_lease._types import (
+    EpochFilter,
+    OffsetReset,
+    Position,
+    Seconds,
+    SeekResult,
+    as_seconds,
+    offset_reset as _offset_reset,
+    seconds_of,
+    seek_position,
+    to_datetime,
+    to_duration,
+)
+from kafka_lease.v1 import partition_lease_pb2 as pb
+from kafka_lease.v1 import partition_lease_pb2_grpc as pb_grpc
+
+if TYPE_CHECKING:
+    from kafka_lease._subscription import Subscription
+
+#: The largest response accepted by default (gRPC's own default, 4 MiB, is too small for the
+#: gateway's largest batches: ``max_bytes`` does not count the protobuf framing, and a record
+#: larger than it comes alone).
+DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH = 64 * 1024 * 1024
+
+
+class Client:
+    """A connection to a kafka-lease gateway: ``Client("127.0.0.1:50051")``.
+
+    Plaintext unless ``credentials`` (e.g. :func:`grpc.ssl_channel_credentials`) are given;
+    ``options`` are extra channel arguments; ``channel`` uses an existing channel instead.
+    ``timeout`` (seconds) bounds each unary call (Acquire: plus its ``wait``). Thread-safe;
+    close it (or use ``with``) when done.
+    """
+
+    def __init__(
+        self,
+        target: str | None = None,
+        *,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+        channel: grpc.Channel | None = None,
+        timeout: float | None = 30.0,
+    ) -> None:
+        if channel is None:
+            if target is None:
+                raise ValueError("Client needs a target ('host:port') or a channel")
+            opts = list(options)
+            if not any(key == "grpc.max_receive_message_length" for key, _ in opts):
+                opts.append(("grpc.max_receive_message_length", DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH))
+            if credentials is None:
+                channel = grpc.insecure_channel(target, options=opts)
+            else:
+                channel = grpc.secure_channel(target, credentials, options=opts)
+        self.channel = channel
+        #: The generated stub, for calls and options this wrapper does not cover.
+        self.stub = pb_grpc.PartitionLeaseServiceStub(channel)
+        self.timeout = timeout
+
+    def close(self) -> None:
+        """Closes the channel; open streams end."""
+        self.channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def call(self, method: str, request: Any, timeout: float | None = None) -> Any:
+        """One unary call of the stub, its failure raised as :class:`KafkaLeaseError`."""
+        try:
+            return getattr(self.stub, method)(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as error:
+            raise KafkaLeaseError.from_rpc_error(error) from None
+
+    def acquire(
+        self,
+        group: str,
+        topic: str,
+        *,
+        partition: int | None = None,
+        member: str = "",
+        ttl: Seconds | None = None,
+        wait: Seconds | None = None,
+        offset_reset: OffsetReset | str = OffsetReset.EARLIEST,
+        retry_attempts: int = 5,
+        retry_deadline: float = 30.0,
+    ) -> Lease:
+        """Takes an exclusive lease on ``partition`` of ``topic`` for ``group`` (or on any
+        free partition). ``ttl`` default 10 s (1 s ..= 5 min); ``wait`` for a busy partition,
+        default 0. Retries when the gateway says it may succeed later (UNAVAILABLE with
+        RetryInfo, waiting its retry delay, or a broken connection), at most
+        ``retry_attempts`` times within ``retry_deadline`` seconds.
+
+        Raises :class:`BusyError` (``PARTITION_BUSY``: ``metadata["holder_member"]``),
+        :class:`NotFoundError` (``TOPIC_NOT_FOUND``, ``PARTITION_NOT_FOUND``),
+        :class:`InvalidArgumentError` (``INVALID_FIELD``), :class:`UnavailableError`.
+        """
+        request = pb.AcquireRequest(
+            group=group,
+            topic=topic,
+            partition=partition,
+            member=member,
+            ttl=to_duration(ttl),
+            wait=to_duration(wait),
+            offset_reset=_offset_reset(offset_reset),
+        )
+        call_timeout = None if self.timeout is None else self.timeout + as_seconds(wait or 0)
+        give_up = time.monotonic() + retry_deadline
+        for attempt in range(1, retry_attempts + 1):
+            try:
+                response = self.call("Acquire", request, call_timeout)
+                return Lease(self, response, group)
+            except KafkaLeaseError as error:
+                delay = error.retry_delay if error.retry_delay is not None else min(0.2 * 2 ** (attempt - 1), 2.0)
+                if not error.is_retryable or attempt == retry_attempts or time.monotonic() + delay > give_up:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def subscribe(self, group: str, topics: Sequence[str], **options: Any) -> Subscription:
+        """Joins ``group`` as a member for ``topics``; see :class:`Subscription` for the
+        options. Returns once the member has joined."""
+        from kafka_lease._subscription import Subscription
+
+        return Subscription(self, group, topics, **options)
+
+    def list_members(self, group: str, topic: str | None = None) -> list[pb.MemberInfo]:
+        """The members subscribed to ``group`` across every gateway instance."""
+        return list(self.call("ListMembers", pb.ListMembersRequest(group=group, topic=topic)).members)
+
+    def list_leases(
+        self, group: str | None = None, topic: str | None = None, page_size: int = 0
+    ) -> list[pb.LeaseInfo]:
+        """Every held lease (all pages), ordered by group, topic, partition."""
+        leases: list[pb.LeaseInfo] = []
+        token = ""
+        while True:
+            request = pb.ListLeasesRequest(group=group, topic=topic, page_size=page_size, page_token=token)
+            response = self.call("ListLeases", request)
+            leases.extend(response.leases)
+            if not response.next_page_token:
+                return leases
+            token = response.next_page_token
+
+
+class LeaseHandle:
+    """Commit, seek and release on a lease id: what a :class:`Lease` and a subscription's
+    :class:`Partition` share."""
+
+    def __init__(self, client: Client, lease_id: str, topic: str, partition: int, fencing_token: int) -> None:
+        self._client = client
+        #: The opaque lease id: a bearer credential, do not log it.
+        self.lease_id = lease_id
+        self.topic = topic
+        self.partition = partition
+        self.fencing_token = fencing_token
+        self.epochs = EpochFilter()
+        self.released = False
+
+    @property
+    def seek_epoch(self) -> int:
+        """The newest seek epoch seen for this lease (0 until the first seek)."""
+        return self.epochs.newest
+
+    def commit(self, offset: int, metadata: str | None = None) -> None:
+        """Commits ``offset`` (the next offset to read: last processed + 1), fenced by the
+        lease, with optional ``metadata`` (at most 4057 UTF-8 bytes)."""
+        self._client.call("Commit", pb.CommitRequest(lease_id=self.lease_id, offset=offset, metadata=metadata))
+
+    def seek(self, position: Position) -> SeekResult:
+        """Repositions the lease: ``seek(42)``, ``seek("earliest")``, ``seek("latest")``,
+        ``seek("committed")`` or ``seek(datetime)``. Once it returns, nothing of the old
+        position is handed out; the next record is at the result's offset (or the next
+        existing one). Commits nothing."""
+        request = seek_position(pb.SeekRequest(lease_id=self.lease_id), position)
+        response = self._client.call("Seek", request)
+        self.epochs.observe(response.seek_epoch)
+        return SeekResult(response.offset, response.seek_epoch)
+
+    def release(self, commit_offset: int | None = None) -> int | None:
+        """Ends the lease, committing ``commit_offset`` first if given (if that commit is
+        rejected the lease is kept). Returns the offset committed, if any."""
+        response = self._client.call("Release", pb.ReleaseRequest(lease_id=self.lease_id, commit_offset=commit_offset))
+        self.released = True
+        return response.committed_offset if response.HasField("committed_offset") else None
+
+    def __repr__(self) -> str:  # leaves out the lease id
+        return f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition}, fencing_token={self.fencing_token})"
+
+
+class Lease(LeaseHandle):
+    """An exclusive, expiring lease on one partition, from :meth:`Client.acquire`.
+
+    Alive while a :meth:`records` stream is open, and for ``ttl`` after the last call
+    otherwise. ``with client.acquire(...) as lease:`` releases it at the end of the block.
+    """
+
+    def __init__(self, client: Client, response: pb.AcquireResponse, group: str) -> None:
+        super().__init__(client, response.lease_id, response.topic, response.partition, response.fencing_token)
+        self.group = response.group or group
+        #: Where reading starts: the group's committed offset, else the reset position.
+        self.offset: int = response.offset
+        self.high_watermark: int = response.high_watermark
+        self.expires_at: _dt.datetime | None = (
+            to_datetime(response.expires_at) if response.HasField("expires_at") else None
+        )
+        self.gateway = response.gateway
+        self.gateway_address = response.gateway_address
+        #: The granted TTL in seconds.
+        self.ttl: float = seconds_of(response.ttl) if response.HasField("ttl") else 10.0
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if self.released:
+            return
+        try:
+            self.release()
+        except (NotFoundError, LeaseEndedError):
+            pass  # already gone
+        except KafkaLeaseError:
+            if exc_type is None:
+                raise
+
+    def records(
+        self,
+        *,
+        max_records: int = 0,
+        max_bytes: int = 0,
+        max_wait: Seconds | None = None,
+        from_offset: int | None = None,
+        reconnect_attempts: int = 8,
+    ) -> RecordStream:
+        """Opens a Read: the partition's records in order, from ``from_offset`` if given, else
+        from the lease's resume point (Acquire offset, last commit or last seek). One Read per
+        lease: a new one supersedes the old. See :class:`RecordStream`."""
+        template = pb.ReadRequest(
+            lease_id=self.lease_id, max_records=max_records, max_bytes=max_bytes, max_wait=to_duration(max_wait)
+        )
+
+        def open_read(offset: int | None) -> Any:
+            request = pb.ReadRequest()
+            request.CopyFrom(template)
+            if offset is not None:
+                request.from_offset = offset
+            return self._client.stub.Read(request)
+
+        return RecordStream(open_read, self.epochs, from_offset, reconnect_attempts)

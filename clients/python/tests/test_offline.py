@@ -1,0 +1,182 @@
+"""Without a gateway: an in-process fake of the service for the paths a live gateway does not
+take on demand (retry advice, reopening after a status), and the epoch filter."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from kafka_lease import (
+    Client,
+    EpochFilter,
+    KafkaLeaseError,
+    RecordStream,
+    SupersededError,
+    UnavailableError,
+)
+from kafka_lease.v1 import partition_lease_pb2 as pb
+from kafka_lease.v1 import partition_lease_pb2_grpc as pb_grpc
+
+
+def rich_status(code: int, message: str, reason: str, metadata=None, retry: float | None = None, domain="kafka-lease"):
+    details = [error_details_pb2.ErrorInfo(reason=reason, domain=domain, metadata=metadata or {})]
+    if retry is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(retry * 1e9))
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+    packed = []
+    for d in details:
+        a = any_pb2.Any()
+        a.Pack(d)
+        packed.append(a)
+    return rpc_status.to_status(status_pb2.Status(code=code, message=message, details=packed))
+
+
+class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
+    def __init__(self) -> None:
+        self.acquire_answers: list = []  # a status to abort with, or a response
+        self.acquires = 0
+        self.read_scripts: list[list] = []  # per Read: responses, then optionally a status
+        self.read_requests: list[pb.ReadRequest] = []
+
+    def Acquire(self, request, context):
+        self.acquires += 1
+        answer = self.acquire_answers.pop(0) if len(self.acquire_answers) > 1 else self.acquire_answers[0]
+        if isinstance(answer, pb.AcquireResponse):
+            return answer
+        context.abort_with_status(answer)
+
+    def Read(self, request, context):
+        self.read_requests.append(request)
+        for item in self.read_scripts.pop(0):
+            if isinstance(item, pb.ReadResponse):
+                yield item
+            else:
+                context.abort_with_status(item)
+
+
+@pytest.fixture
+def fake():
+    gateway = FakeGateway()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_PartitionLeaseServiceServicer_to_server(gateway, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    with Client(f"127.0.0.1:{port}", timeout=10) as client:
+        yield gateway, client
+    server.stop(0)
+
+
+BIG = pb.AcquireResponse(
+    lease_id="ref.secret", topic="t", partition=3, fencing_token=2**64 - 1, offset=2**62 + 1,
+    high_watermark=2**63 - 1, group="g",
+)
+
+
+def test_acquire_waits_the_retry_delay_of_unavailable(fake) -> None:
+    gateway, client = fake
+    outage = rich_status(code_pb2.UNAVAILABLE, "Kafka is unavailable", "KAFKA_UNAVAILABLE", {"operation": "x"}, 0.2)
+    gateway.acquire_answers = [outage, outage, BIG]
+    started = time.monotonic()
+    lease = client.acquire("g", "t", partition=3)
+    assert gateway.acquires == 3 and time.monotonic() - started >= 0.4
+    # int64/uint64 survive whole.
+    assert (lease.fencing_token, lease.offset, lease.high_watermark) == (2**64 - 1, 2**62 + 1, 2**63 - 1)
+
+
+def test_acquire_retries_are_bounded(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [rich_status(code_pb2.UNAVAILABLE, "consul down", "CONSUL_UNAVAILABLE", retry=0.01)]
+    with pytest.raises(UnavailableError) as info:
+        client.acquire("g", "t", retry_attempts=3)
+    assert gateway.acquires == 3
+    assert info.value.reason == "CONSUL_UNAVAILABLE" and info.value.retry_delay == pytest.approx(0.01)
+    assert info.value.is_retryable
+
+
+def test_unavailable_without_retry_advice_is_not_retried(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [
+        rich_status(code_pb2.UNAVAILABLE, "lease ended with its gateway", "SHUTTING_DOWN", {"lease_ref": "r1"})
+    ]
+    with pytest.raises(UnavailableError) as info:
+        client.acquire("g", "t")
+    assert gateway.acquires == 1
+    assert not info.value.is_retryable and info.value.is_lease_ended
+
+
+def test_error_info_of_another_domain_is_ignored(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [rich_status(code_pb2.FAILED_PRECONDITION, "proxy", "LEASE_LOST", domain="some-proxy")]
+    with pytest.raises(KafkaLeaseError) as info:
+        client.acquire("g", "t")
+    assert info.value.reason is None and info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert not info.value.is_lease_ended
+
+
+def batch(epoch: int, *offsets: int) -> pb.ReadResponse:
+    return pb.ReadResponse(records=[pb.KafkaRecord(offset=o) for o in offsets], high_watermark=100, seek_epoch=epoch)
+
+
+def test_read_reopens_after_the_last_record_handed_out(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    gateway.read_scripts = [
+        [batch(0, 5, 6), batch(0, 7), rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message="reset"))],  # no details
+        [batch(1, 8), batch(1, 9)],  # then OK: the stream ends
+    ]
+    lease = client.acquire("g", "t")
+    with lease.records() as stream:
+        assert [r.offset for r in stream] == [5, 6, 7, 8, 9]
+        assert stream.reconnects == 1
+    assert not gateway.read_requests[0].HasField("from_offset")
+    assert gateway.read_requests[1].from_offset == 8
+
+
+def test_superseded_read_is_not_reopened(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    gateway.read_scripts = [[batch(0, 1), rich_status(code_pb2.ABORTED, "superseded", "SUPERSEDED", {"lease_ref": "r"})]]
+    lease = client.acquire("g", "t")
+    with lease.records() as stream:
+        assert stream.next_record(timeout=10).offset == 1
+        with pytest.raises(SupersededError):
+            stream.next_record(timeout=10)
+        assert stream.next_record(timeout=10) is None
+    assert len(gateway.read_requests) == 1
+
+
+class FakeCall:
+    """A Read call that yields scripted responses, released one at a time."""
+
+    def __init__(self, responses: list[pb.ReadResponse]) -> None:
+        self.responses = responses
+        self.cancelled = threading.Event()
+
+    def __iter__(self):
+        yield from self.responses
+        self.cancelled.wait(10)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+def test_stale_epochs_are_dropped_when_handed_out() -> None:
+    epochs = EpochFilter()
+    call = FakeCall([batch(0, 0, 1), batch(0, 2, 3), batch(1, 50), batch(0, 4), batch(1, 51)])
+    stream = RecordStream(lambda _offset: call, epochs, None, 0)
+    assert [r.offset for r in stream.next_batch(timeout=5).records] == [0, 1]
+    assert stream.next_record(timeout=5).offset == 2
+    epochs.observe(1)  # a Seek returned epoch 1: the rest of epoch 0 is stale
+    assert [stream.next_record(timeout=5).offset for _ in range(2)] == [50, 51]
+    with pytest.raises(TimeoutError):
+        stream.next_record(timeout=0.2)
+    stream.close()
+    assert stream.next_record(timeout=1) is None
