@@ -65,7 +65,7 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
                 other => panic!("a commit on a self-fenced lease: {other:?}"),
             }
             match client
-                .acquire(AcquireOptions::new(unique_name("g"), &topic))
+                .acquire(AcquireOptions::new(unique_name("g"), &topic).retries(0))
                 .await
             {
                 Err(Error::Unavailable { message, .. }) => {

@@ -47,7 +47,7 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
     let outage = async {
         wait_health(&health, "", ServingStatus::NotServing, DEADLINE).await;
         match client
-            .acquire(AcquireOptions::new(unique_name("g"), &topic))
+            .acquire(AcquireOptions::new(unique_name("g"), &topic).retries(0))
             .await
         {
             Err(Error::Unavailable { message, .. }) => {
