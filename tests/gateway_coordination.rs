@@ -382,6 +382,7 @@ async fn bad_requests_get_their_documented_code_and_change_nothing() {
         max_bytes,
         max_wait: None,
         from_offset: None,
+        if_seek_epoch: None,
     };
     let reads: Vec<(&str, proto::ReadRequest, Code, &str)> = vec![
         (

@@ -127,6 +127,7 @@ async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
             max_bytes: 3_500,
             max_wait: None,
             from_offset: None,
+            if_seek_epoch: None,
         })
         .await
         .expect("read")
@@ -190,6 +191,7 @@ async fn seeks_while_reading_start_each_epoch_at_the_resolved_offset() {
             max_bytes: 0,
             max_wait: None,
             from_offset: None,
+            if_seek_epoch: None,
         })
         .await
         .expect("read")

@@ -209,3 +209,63 @@ async fn the_client_reopens_a_cut_stream_with_no_gap_and_no_repeat() {
     drop(stream);
     lease.release().await.expect("release");
 }
+
+/// A reopen that names the epoch of its last record does not undo a Seek that reached the
+/// gateway first: the Read starts where the Seek put the lease. At the epoch it names, the
+/// reopen repositions as asked.
+#[tokio::test]
+async fn a_reopen_of_an_epoch_a_seek_has_left_starts_where_the_seek_put_the_lease() {
+    let Some(services) = Services::require(
+        "a_reopen_of_an_epoch_a_seek_has_left_starts_where_the_seek_put_the_lease",
+    ) else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let records: Vec<TestRecord> = (0..100)
+        .map(|i| TestRecord::value(format!("v{i}")))
+        .collect();
+    produce(&producer(&services), &topic, 0, &records).await;
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic))
+        .await
+        .expect("acquire");
+    let read = |from_offset: i64, if_seek_epoch: u64| proto::ReadRequest {
+        lease_id: lease.lease_id().to_string(),
+        max_records: 5,
+        from_offset: Some(from_offset),
+        if_seek_epoch: Some(if_seek_epoch),
+        ..Default::default()
+    };
+    let first = |request| {
+        let mut raw = client.raw();
+        async move {
+            let mut stream = raw.read(request).await.expect("read").into_inner();
+            tokio::time::timeout(DEADLINE, stream.next())
+                .await
+                .expect("a batch in time")
+                .expect("open")
+                .expect("a batch")
+        }
+    };
+    // Epoch 0: the caller has read up to 9; its Seek to 50 lands first (epoch 1).
+    let seek = client
+        .raw()
+        .seek(proto::SeekRequest {
+            lease_id: lease.lease_id().to_string(),
+            position: Some(proto::seek_request::Position::Offset(50)),
+        })
+        .await
+        .expect("seek")
+        .into_inner();
+    assert_eq!(seek.seek_epoch, 1);
+    let late = first(read(10, 0)).await;
+    assert_eq!(
+        (late.seek_epoch, late.records[0].offset),
+        (1, 50),
+        "the reopen of epoch 0 did not undo the Seek"
+    );
+    let current = first(read(60, 1)).await;
+    assert_eq!((current.seek_epoch, current.records[0].offset), (2, 60));
+}

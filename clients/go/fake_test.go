@@ -168,6 +168,59 @@ func TestReadReopensRightAfterTheLastRecordHandedOut(t *testing.T) {
 		f.reads[1].FromOffset == nil || f.reads[2].FromOffset == nil || f.reads[2].GetMaxRecords() != 3 {
 		t.Fatalf("reads %v", f.reads)
 	}
+	// Only while the lease is still at the epoch of the last record handed out.
+	if f.reads[0].IfSeekEpoch != nil || f.reads[1].IfSeekEpoch == nil || f.reads[2].IfSeekEpoch == nil ||
+		f.reads[1].GetIfSeekEpoch() != 0 || f.reads[2].GetIfSeekEpoch() != 0 {
+		t.Fatalf("reads %v", f.reads)
+	}
+}
+
+func TestReadReopensAtTheResumePointAfterASeek(t *testing.T) {
+	ctx := testContext(t, 20*time.Second)
+	f := &fakeGateway{seeks: make(chan int64, 1)}
+	f.read = func(n int, _ *kafkaleasev1.ReadRequest, s kafkaleasev1.PartitionLeaseService_ReadServer) error {
+		switch n {
+		case 0:
+			if err := send(s, 0, 0, 1, 2); err != nil {
+				return err
+			}
+			<-f.seeks
+			return status.Error(codes.Unavailable, "connection reset")
+		case 1:
+			if err := send(s, 1, 5, 6); err != nil {
+				return err
+			}
+			return status.Error(codes.Unavailable, "connection reset")
+		default:
+			return nil
+		}
+	}
+	lease, err := startFake(t, f).Acquire(ctx, "g", "t", kafkalease.AcquireOptions{})
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	var got []int64
+	for rec, err := range lease.Records(ctx, kafkalease.ReadOptions{}) {
+		if err != nil {
+			t.Fatalf("read after %v: %v", got, err)
+		}
+		got = append(got, rec.Offset)
+		if rec.Offset == 0 {
+			if _, err := lease.Seek(ctx, kafkalease.SeekOffset(5)); err != nil {
+				t.Fatalf("seek: %v", err)
+			}
+		}
+	}
+	if fmt.Sprint(got) != "[0 5 6]" || len(f.reads) != 3 {
+		t.Fatalf("got %v in %d reads", got, len(f.reads))
+	}
+	// After the Seek: neither, so the Read starts where the Seek put the lease.
+	if f.reads[1].FromOffset != nil || f.reads[1].IfSeekEpoch != nil {
+		t.Fatalf("reopen after a seek %v", f.reads[1])
+	}
+	if f.reads[2].GetFromOffset() != 7 || f.reads[2].IfSeekEpoch == nil || f.reads[2].GetIfSeekEpoch() != 1 {
+		t.Fatalf("reopen after epoch 1 %v", f.reads[2])
+	}
 }
 
 func TestReadHandsTheEndOfTheLeaseToTheCaller(t *testing.T) {

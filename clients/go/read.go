@@ -197,19 +197,21 @@ func (r *reader) handedOut(next int64, epoch uint64) {
 	r.delivered, r.resume, r.epoch, r.failures = true, next, epoch, 0
 }
 
-// from is where a (re)opened Read starts: after the last record handed out, unless a Seek
-// happened since (then the lease's resume point, which the Seek set). Before anything was
-// handed out: the caller's FromOffset, unless a Seek happened since the Read started.
-func (r *reader) from() *int64 {
+// from is where a reopened Read starts: after the last record handed out, while the lease
+// is still at that record's seek epoch (the gateway checks, so a Seek racing the reopen
+// wins), unless a Seek is known to have happened since (then the lease's resume point,
+// which the Seek set). Before anything was handed out: the caller's FromOffset, unless a
+// Seek happened since the Read started.
+func (r *reader) from() (offset *int64, ifSeekEpoch *uint64) {
 	newest := r.lease.epochs.newest.Load()
 	switch {
 	case r.delivered && newest <= r.epoch:
-		resume := r.resume
-		return &resume
+		resume, epoch := r.resume, r.epoch
+		return &resume, &epoch
 	case !r.delivered && newest == r.startEpoch:
-		return r.opts.FromOffset
+		return r.opts.FromOffset, nil
 	}
-	return nil
+	return nil, nil
 }
 
 func (r *reader) close() {
@@ -231,7 +233,7 @@ func (r *reader) next(ctx context.Context) (*kafkaleasev1.ReadResponse, error) {
 				FromOffset: r.opts.FromOffset,
 			}
 			if r.opened {
-				req.FromOffset = r.from()
+				req.FromOffset, req.IfSeekEpoch = r.from()
 			}
 			if r.opts.MaxWait != nil {
 				req.MaxWait = durationpb.New(*r.opts.MaxWait)

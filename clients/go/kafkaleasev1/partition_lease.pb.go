@@ -416,7 +416,12 @@ type ReadRequest struct {
 	// Where to start: between the partition's log start offset and its high watermark
 	// inclusive (else OUT_OF_RANGE with the valid range). Unset: the lease's resume point (see
 	// Read). Setting it repositions the lease as a Seek does, with a new seek epoch.
-	FromOffset    *int64 `protobuf:"varint,5,opt,name=from_offset,json=fromOffset,proto3,oneof" json:"from_offset,omitempty"`
+	FromOffset *int64 `protobuf:"varint,5,opt,name=from_offset,json=fromOffset,proto3,oneof" json:"from_offset,omitempty"`
+	// With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+	// epoch of the last response the client processed). When a Seek has moved the lease since,
+	// `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+	// broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+	IfSeekEpoch   *uint64 `protobuf:"varint,6,opt,name=if_seek_epoch,json=ifSeekEpoch,proto3,oneof" json:"if_seek_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -482,6 +487,13 @@ func (x *ReadRequest) GetMaxWait() *durationpb.Duration {
 func (x *ReadRequest) GetFromOffset() int64 {
 	if x != nil && x.FromOffset != nil {
 		return *x.FromOffset
+	}
+	return 0
+}
+
+func (x *ReadRequest) GetIfSeekEpoch() uint64 {
+	if x != nil && x.IfSeekEpoch != nil {
+		return *x.IfSeekEpoch
 	}
 	return 0
 }
@@ -2350,7 +2362,7 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\agateway\x18\t \x01(\tR\agateway\x12+\n" +
 	"\x03ttl\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12'\n" +
-	"\x0fgateway_address\x18\v \x01(\tR\x0egatewayAddress\"\xd2\x01\n" +
+	"\x0fgateway_address\x18\v \x01(\tR\x0egatewayAddress\"\x8d\x02\n" +
 	"\vReadRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x1f\n" +
 	"\vmax_records\x18\x02 \x01(\rR\n" +
@@ -2358,8 +2370,10 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\tmax_bytes\x18\x03 \x01(\rR\bmaxBytes\x124\n" +
 	"\bmax_wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\x12$\n" +
 	"\vfrom_offset\x18\x05 \x01(\x03H\x00R\n" +
-	"fromOffset\x88\x01\x01B\x0e\n" +
-	"\f_from_offset\"\x8b\x01\n" +
+	"fromOffset\x88\x01\x01\x12'\n" +
+	"\rif_seek_epoch\x18\x06 \x01(\x04H\x01R\vifSeekEpoch\x88\x01\x01B\x0e\n" +
+	"\f_from_offsetB\x10\n" +
+	"\x0e_if_seek_epoch\"\x8b\x01\n" +
 	"\fReadResponse\x125\n" +
 	"\arecords\x18\x01 \x03(\v2\x1b.kafka_lease.v1.KafkaRecordR\arecords\x12%\n" +
 	"\x0ehigh_watermark\x18\x02 \x01(\x03R\rhighWatermark\x12\x1d\n" +

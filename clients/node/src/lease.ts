@@ -212,7 +212,8 @@ export class Lease extends LeaseHandle {
       maxBytes: options.maxBytes ?? 0,
       maxWait: options.maxWaitMs === undefined ? undefined : msToDuration(options.maxWaitMs),
     };
-    const open = (fromOffset: bigint | undefined) => this.raw.read({ ...template, fromOffset });
+    const open = (fromOffset: bigint | undefined, ifSeekEpoch?: bigint) =>
+      this.raw.read({ ...template, fromOffset, ifSeekEpoch });
     const from = options.fromOffset === undefined ? undefined : toOffset(options.fromOffset);
     return new RecordStream(open, this.epochs, from, options);
   }
@@ -235,15 +236,17 @@ function streamBroke(e: KafkaLeaseError): boolean {
  * An open Read: an async iterator of {@link Batch}es.
  * - batches of a seek epoch older than the lease's newest are dropped;
  * - a broken stream (transport failure, or UNAVAILABLE with retry advice) is reopened with
- *   `from_offset` = the offset after the last record handed out (or at the resume point if a
- *   seek happened since), with backoff, at most `reconnectAttempts` times in a row;
+ *   `from_offset` = the offset after the last record handed out and `if_seek_epoch` = its
+ *   epoch, so a seek racing the reopen wins (or at the resume point if a seek is known to have
+ *   happened since), with backoff, at most `reconnectAttempts` times in a row;
  * - it ends when the gateway ends the Read with OK (after Release); any other end is thrown
  *   once as a KafkaLeaseError.
  */
 export class RecordStream implements AsyncIterableIterator<Batch> {
   #call!: ClientReadableStream<ReadResponse>;
   #iterator!: AsyncIterator<ReadResponse>;
-  #delivered: { next: bigint; epoch: bigint } | undefined;
+  /** Where a reopen starts: after the last record handed out (`handedOut`), else where asked. */
+  #delivered: { next: bigint; epoch: bigint; handedOut: boolean } | undefined;
   #failures = 0;
   #done = false;
   readonly #abort = new AbortController();
@@ -252,19 +255,19 @@ export class RecordStream implements AsyncIterableIterator<Batch> {
   reconnects = 0;
 
   constructor(
-    private readonly open: (fromOffset: bigint | undefined) => ClientReadableStream<ReadResponse>,
+    private readonly open: (fromOffset: bigint | undefined, ifSeekEpoch?: bigint) => ClientReadableStream<ReadResponse>,
     private readonly epochs: EpochFilter,
     fromOffset: bigint | undefined,
     private readonly options: ReadOptions,
   ) {
     this.#attempts = options.reconnectAttempts ?? DEFAULT_RECONNECT_ATTEMPTS;
     // A first Read that breaks before delivering anything is reopened where it was asked to start.
-    if (fromOffset !== undefined) this.#delivered = { next: fromOffset, epoch: epochs.newest };
+    if (fromOffset !== undefined) this.#delivered = { next: fromOffset, epoch: epochs.newest, handedOut: false };
     this.#start(fromOffset);
   }
 
-  #start(fromOffset: bigint | undefined) {
-    this.#call = this.open(fromOffset);
+  #start(fromOffset: bigint | undefined, ifSeekEpoch?: bigint) {
+    this.#call = this.open(fromOffset, ifSeekEpoch);
     this.#iterator = this.#call[Symbol.asyncIterator]();
   }
 
@@ -288,7 +291,9 @@ export class RecordStream implements AsyncIterableIterator<Batch> {
       // Checked when handed out, so a batch buffered before a seek returned is dropped too.
       if (!this.epochs.admit(item.value.seekEpoch)) continue;
       const batch = toBatch(item.value);
-      if (batch.nextOffset !== undefined) this.#delivered = { next: batch.nextOffset, epoch: batch.seekEpoch };
+      if (batch.nextOffset !== undefined) {
+        this.#delivered = { next: batch.nextOffset, epoch: batch.seekEpoch, handedOut: true };
+      }
       this.#failures = 0;
       return { value: batch, done: false };
     }
@@ -314,12 +319,14 @@ export class RecordStream implements AsyncIterableIterator<Batch> {
     const backoff = Math.min(FIRST_BACKOFF_MS * 2 ** this.#failures, MAX_BACKOFF_MS);
     this.#failures++;
     if (!(await sleep(backoff, this.#abort.signal)) || this.#done) return true;
-    // After the last record handed out, unless a seek happened since: then the resume point.
+    // After the last record handed out, while the lease is still at its epoch (the gateway
+    // checks, so a seek racing the reopen wins), unless a seek is known to have happened
+    // since: then the resume point.
     const d = this.#delivered;
-    const from = d !== undefined && this.epochs.newest <= d.epoch ? d.next : undefined;
+    const resume = d !== undefined && this.epochs.newest <= d.epoch ? d : undefined;
     this.reconnects++;
-    this.options.onReconnect?.(from, error);
-    this.#start(from);
+    this.options.onReconnect?.(resume?.next, error);
+    this.#start(resume?.next, resume?.handedOut ? resume.epoch : undefined);
     return true;
   }
 }

@@ -1,5 +1,6 @@
 // Without a gateway: the generated code's presence and int64 handling, the status-details
-// decoder, the epoch filter, and Acquire's retry against an in-process fake gateway.
+// decoder, the epoch filter, and Acquire's retry and a Read's reopen against an in-process
+// fake gateway.
 import assert from "node:assert/strict";
 import { describe, test } from "node:test";
 import { inspect } from "node:util";
@@ -117,8 +118,8 @@ describe("epoch filter", () => {
   });
 });
 
-describe("acquire retry (fake gateway)", () => {
-  async function fakeGateway(failures: Uint8Array[]) {
+describe("acquire retry and read reopen (fake gateway)", () => {
+  async function fakeGateway(failures: Uint8Array[], handlers: Partial<proto.PartitionLeaseServiceServer> = {}) {
     const server = new grpc.Server();
     let calls = 0;
     const unimplemented = (_: unknown, cb: (e: grpc.ServiceError) => void) =>
@@ -141,6 +142,7 @@ describe("acquire retry (fake gateway)", () => {
       subscribe: unimplemented,
       listMembers: unimplemented,
       listLeases: unimplemented,
+      ...handlers,
     } as unknown as proto.PartitionLeaseServiceServer);
     const port = await new Promise<number>((resolve, reject) =>
       server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (e, p) => (e ? reject(e) : resolve(p))),
@@ -180,5 +182,41 @@ describe("acquire retry (fake gateway)", () => {
     assert.equal(always.calls(), 3);
     always.client.close();
     always.server.forceShutdown();
+  });
+
+  test("reopens a broken Read after the last record handed out, at its epoch; after a seek, at the resume point", async () => {
+    const batch = (seekEpoch: bigint, ...offsets: bigint[]): proto.ReadResponse => ({
+      ...proto.ReadResponse.create(),
+      seekEpoch,
+      records: offsets.map((offset) => ({ ...proto.KafkaRecord.create(), offset })),
+    });
+    const scripts = [[batch(0n, 5n, 6n)], [batch(1n, 7n)], [batch(1n, 8n)], []];
+    const reads: proto.ReadRequest[] = [];
+    const fake = await fakeGateway([], {
+      read: (call) => {
+        const script = scripts[reads.push(call.request) - 1];
+        for (const response of script) call.write(response);
+        if (script.length === 0) call.end();
+        else call.emit("error", { code: Code.UNAVAILABLE, details: "connection reset", metadata: new grpc.Metadata() });
+      },
+      seek: (_call, cb) => cb(null, { ...proto.SeekResponse.create(), offset: 20n, seekEpoch: 2n }),
+    });
+    try {
+      const lease = await fake.client.acquire({ group: "g", topic: "t" });
+      const stream = lease.records();
+      const offsets = async () => (await stream.next()).value?.records.map((r) => r.offset);
+      assert.deepEqual(await offsets(), [5n, 6n]);
+      assert.deepEqual(await offsets(), [7n]);
+      assert.deepEqual(await offsets(), [8n]);
+      assert.equal((await lease.seek(20)).seekEpoch, 2n);
+      assert.equal(await offsets(), undefined, "ended after the reopen");
+      const asked = reads.map((r) => [r.fromOffset, r.ifSeekEpoch]);
+      // Only while the lease is still at the epoch of the last record handed out; after the
+      // seek, neither: the Read starts where the seek put the lease.
+      assert.deepEqual(asked, [[undefined, undefined], [7n, 0n], [8n, 1n], [undefined, undefined]]);
+    } finally {
+      fake.client.close();
+      fake.server.forceShutdown();
+    }
   });
 });

@@ -45,6 +45,7 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
         self.acquires = 0
         self.read_scripts: list[list] = []  # per Read: responses, then optionally a status
         self.read_requests: list[pb.ReadRequest] = []
+        self.seek_epoch = 0
 
     def Acquire(self, request, context):
         self.acquires += 1
@@ -60,6 +61,10 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
                 yield item
             else:
                 context.abort_with_status(item)
+
+    def Seek(self, request, context):
+        self.seek_epoch += 1
+        return pb.SeekResponse(offset=request.offset, seek_epoch=self.seek_epoch)
 
 
 @pytest.fixture
@@ -137,7 +142,26 @@ def test_read_reopens_after_the_last_record_handed_out(fake) -> None:
         assert [r.offset for r in stream] == [5, 6, 7, 8, 9]
         assert stream.reconnects == 1
     assert not gateway.read_requests[0].HasField("from_offset")
+    assert not gateway.read_requests[0].HasField("if_seek_epoch")
     assert gateway.read_requests[1].from_offset == 8
+    # Only while the lease is still at the epoch of the last record handed out.
+    assert gateway.read_requests[1].HasField("if_seek_epoch") and gateway.read_requests[1].if_seek_epoch == 0
+
+
+def test_read_reopens_at_the_resume_point_after_a_seek(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    reset = rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message="reset"))
+    gateway.read_scripts = [[batch(0, 5, 6), reset], [batch(1, 20), reset], []]
+    lease = client.acquire("g", "t")
+    with lease.records() as stream:
+        assert stream.next_record(timeout=10).offset == 5
+        assert lease.seek(20).seek_epoch == 1
+        assert [r.offset for r in stream] == [20]  # 6 was stale
+    first, second = gateway.read_requests[1:]
+    # After the seek: neither, so the Read starts where the seek put the lease.
+    assert not first.HasField("from_offset") and not first.HasField("if_seek_epoch")
+    assert second.from_offset == 21 and second.HasField("if_seek_epoch") and second.if_seek_epoch == 1
 
 
 def test_superseded_read_is_not_reopened(fake) -> None:
@@ -171,7 +195,7 @@ class FakeCall:
 def test_stale_epochs_are_dropped_when_handed_out() -> None:
     epochs = EpochFilter()
     call = FakeCall([batch(0, 0, 1), batch(0, 2, 3), batch(1, 50), batch(0, 4), batch(1, 51)])
-    stream = RecordStream(lambda _offset: call, epochs, None, 0)
+    stream = RecordStream(lambda _offset, _epoch: call, epochs, None, 0)
     assert [r.offset for r in stream.next_batch(timeout=5).records] == [0, 1]
     assert stream.next_record(timeout=5).offset == 2
     epochs.observe(1)  # a Seek returned epoch 1: the rest of epoch 0 is stale

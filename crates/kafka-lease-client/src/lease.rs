@@ -166,20 +166,24 @@ impl Lease {
             max_bytes: options.max_bytes,
             max_wait: options.max_wait.map(duration_to_proto),
             from_offset: None,
+            if_seek_epoch: None,
         };
         let client = self.client.clone();
-        let open: OpenRead = Arc::new(move |from_offset: Option<i64>| {
-            let request = proto::ReadRequest {
-                from_offset,
-                ..template.clone()
-            };
-            let mut raw = client.raw();
-            Box::pin(async move {
-                let stream = raw.read(request).await?.into_inner();
-                Ok(Box::pin(stream) as ResponseStream)
-            })
-        });
-        let first = open(options.from_offset).await?;
+        let open: OpenRead = Arc::new(
+            move |from_offset: Option<i64>, if_seek_epoch: Option<u64>| {
+                let request = proto::ReadRequest {
+                    from_offset,
+                    if_seek_epoch,
+                    ..template.clone()
+                };
+                let mut raw = client.raw();
+                Box::pin(async move {
+                    let stream = raw.read(request).await?.into_inner();
+                    Ok(Box::pin(stream) as ResponseStream)
+                })
+            },
+        );
+        let first = open(options.from_offset, None).await?;
         let reopen = Reopen {
             open,
             attempts: options

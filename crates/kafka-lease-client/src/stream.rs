@@ -178,9 +178,13 @@ pub struct RecordStream {
 pub(crate) type ResponseStream =
     Pin<Box<dyn Stream<Item = Result<proto::ReadResponse, Status>> + Send>>;
 
-/// Opens a new Read from the given offset (or the lease's resume point).
-pub(crate) type OpenRead =
-    Arc<dyn Fn(Option<i64>) -> BoxFuture<'static, Result<ResponseStream, Status>> + Send + Sync>;
+/// Opens a new Read from the given offset (or the lease's resume point), only while the lease
+/// is at the given seek epoch (when set).
+pub(crate) type OpenRead = Arc<
+    dyn Fn(Option<i64>, Option<u64>) -> BoxFuture<'static, Result<ResponseStream, Status>>
+        + Send
+        + Sync,
+>;
 
 type ReopenFuture = BoxFuture<'static, Result<ResponseStream, Status>>;
 
@@ -257,12 +261,13 @@ impl RecordStream {
         self.next().await
     }
 
-    /// Where a reopened Read must start: right after the last record handed out, unless a
-    /// seek happened since (then the lease's resume point, which the seek set).
-    fn reopen_from(&self) -> Option<i64> {
+    /// Where a reopened Read must start: right after the last record handed out, while the
+    /// lease is at that record's seek epoch (the gateway checks, so a seek that races the
+    /// reopen wins); the lease's resume point if a seek is known to have happened since.
+    fn reopen_from(&self) -> (Option<i64>, Option<u64>) {
         match self.delivered {
-            Some((next, epoch)) if self.filter.newest() <= epoch => Some(next),
-            _ => None,
+            Some((next, epoch)) if self.filter.newest() <= epoch => (Some(next), Some(epoch)),
+            _ => (None, None),
         }
     }
 
@@ -280,11 +285,11 @@ impl RecordStream {
             .min(MAX_BACKOFF);
         self.failures += 1;
         let open = reopen.open.clone();
-        let from = self.reopen_from();
+        let (from, if_seek_epoch) = self.reopen_from();
         self.inner = None;
         self.reopening = Some(Box::pin(async move {
             tokio::time::sleep(backoff).await;
-            open(from).await
+            open(from, if_seek_epoch).await
         }));
         true
     }
@@ -520,19 +525,22 @@ mod tests {
         });
     }
 
-    /// A reopen that records each `from_offset` asked for and answers with the next scripted
+    /// What each reopen asked for: `from_offset` and `if_seek_epoch`.
+    type Asked = Arc<std::sync::Mutex<Vec<(Option<i64>, Option<u64>)>>>;
+
+    /// A reopen that records each `from_offset` (and `if_seek_epoch`) asked for and answers with the next scripted
     /// stream (or an error once the script runs out).
     fn scripted_reopen(
         script: Vec<Vec<Result<proto::ReadResponse, Status>>>,
         attempts: u32,
-    ) -> (Reopen, Arc<std::sync::Mutex<Vec<Option<i64>>>>) {
+    ) -> (Reopen, Asked) {
         let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
         let script = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
             script,
         )));
         let log = asked.clone();
-        let open: OpenRead = Arc::new(move |from: Option<i64>| {
-            log.lock().unwrap().push(from);
+        let open: OpenRead = Arc::new(move |from: Option<i64>, epoch: Option<u64>| {
+            log.lock().unwrap().push((from, epoch));
             let next = script.lock().unwrap().pop_front();
             Box::pin(async move {
                 match next {
@@ -570,7 +578,8 @@ mod tests {
         let (got, err) = drain(&mut stream).await;
         assert_eq!(got, vec![0, 1, 2, 3, 4, 5, 6], "no gap, no repeat");
         assert!(err.is_none(), "{err:?}");
-        assert_eq!(*asked.lock().unwrap(), vec![Some(4)]);
+        // From the next offset, while the lease is still at that record's epoch.
+        assert_eq!(*asked.lock().unwrap(), vec![(Some(4), Some(0))]);
     }
 
     #[tokio::test]
@@ -591,7 +600,7 @@ mod tests {
         let (got, err) = drain(&mut stream).await;
         assert_eq!(got, vec![50]);
         assert!(err.is_none(), "{err:?}");
-        assert_eq!(*asked.lock().unwrap(), vec![None]);
+        assert_eq!(*asked.lock().unwrap(), vec![(None, None)]);
     }
 
     #[tokio::test]
@@ -626,7 +635,7 @@ mod tests {
             matches!(err, Some(crate::Error::Unavailable { .. })),
             "{err:?}"
         );
-        assert_eq!(*asked.lock().unwrap(), vec![Some(1), Some(1), Some(1)]);
+        assert_eq!(*asked.lock().unwrap(), vec![(Some(1), Some(0)); 3]);
         assert!(stream.next_batch().await.is_none());
     }
 
@@ -725,7 +734,7 @@ mod tests {
         let (got, err) = drain(&mut stream).await;
         assert_eq!(got, vec![0, 1]);
         assert!(err.is_none(), "{err:?}");
-        assert_eq!(*asked.lock().unwrap(), vec![Some(1)]);
+        assert_eq!(*asked.lock().unwrap(), vec![(Some(1), Some(0))]);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::coordination::{
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::Kafka;
 use crate::lease::{
-    lease_ref, new_lease_id, serving_instance, Lease, LeaseParts, ReadLimits, ReadStream,
+    lease_ref, new_lease_id, serving_instance, Lease, LeaseParts, ReadFrom, ReadLimits, ReadStream,
 };
 use crate::waiters::{TopicQueue, Wants};
 
@@ -1093,20 +1093,26 @@ impl Gateway {
     }
 
     /// Opens a Read on a lease, superseding any open one: at `from_offset` (checked against
-    /// the partition's range, as a Seek to it is) or at the lease's resume point.
+    /// the partition's range, as a Seek to it is) or at the lease's resume point. With
+    /// `if_seek_epoch`, `from_offset` counts only while the lease is still at that epoch.
     pub async fn read(
         &self,
         lease_id: &str,
         limits: ReadLimits,
         from_offset: Option<i64>,
+        if_seek_epoch: Option<u64>,
     ) -> Result<ReadStream, LeaseError> {
         let lease = self.lookup(lease_id)?;
         lease.fenced()?;
         lease.touch()?;
-        if let Some(offset) = from_offset {
-            self.check_in_range(&lease, offset).await?;
+        let from = from_offset.map(|offset| ReadFrom {
+            offset,
+            if_seek_epoch,
+        });
+        if let Some(from) = from.filter(|from| lease.still_at(from.if_seek_epoch)) {
+            self.check_in_range(&lease, from.offset).await?;
         }
-        lease.open_read(limits, from_offset)
+        lease.open_read(limits, from)
     }
 
     /// Fails with OUT_OF_RANGE unless `offset` lies between the partition's log start offset

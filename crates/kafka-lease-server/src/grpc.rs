@@ -814,6 +814,7 @@ impl PartitionLeaseService for LeaseService {
                 &request.get_ref().lease_id,
                 limits,
                 request.get_ref().from_offset,
+                request.get_ref().if_seek_epoch,
             )
             .await
             .map_err(status_of)?;

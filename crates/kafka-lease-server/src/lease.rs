@@ -339,6 +339,11 @@ impl Lease {
         state.resume_point = offset;
     }
 
+    /// Whether the lease is at seek epoch `epoch` (any, when `None`).
+    pub fn still_at(&self, epoch: Option<u64>) -> bool {
+        epoch.is_none_or(|e| e == self.state().seek_epoch)
+    }
+
     /// Where a Read without `from_offset` would start now.
     pub fn resume_point(&self) -> i64 {
         self.state().resume_point
@@ -382,20 +387,22 @@ impl Lease {
     pub fn open_read(
         self: &Arc<Self>,
         limits: ReadLimits,
-        from: Option<i64>,
+        from: Option<ReadFrom>,
     ) -> Result<ReadStream, LeaseError> {
         let generation = {
             let mut state = self.state();
             if let Some(reason) = &state.ended {
                 return Err(self.ended_error(reason));
             }
+            let epoch = state.seek_epoch;
             match from {
-                Some(offset) => {
+                Some(from) if from.if_seek_epoch.is_none_or(|e| e == epoch) => {
                     state.seek_epoch += 1;
-                    state.position = offset;
-                    state.resume_point = offset;
+                    state.position = from.offset;
+                    state.resume_point = from.offset;
                 }
-                None => state.position = state.resume_point,
+                // No position, or one of an epoch a Seek has left: where that Seek put it.
+                _ => state.position = state.resume_point,
             }
             state.read_generation += 1;
             state.read_open = true;
@@ -691,4 +698,11 @@ mod tests {
         assert_eq!(serving_instance("0123.4567"), None);
         assert_eq!(serving_instance("0123.4567~"), None);
     }
+}
+
+/// Where a Read asks to start: `offset`, only while the lease is at `if_seek_epoch` (when set).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadFrom {
+    pub offset: i64,
+    pub if_seek_epoch: Option<u64>,
 }

@@ -101,7 +101,7 @@ async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_t
 
     let mut first = rig
         .gateway
-        .read(&lease.lease_id, limits(10), None)
+        .read(&lease.lease_id, limits(10), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut first).await.1, (0..10).collect::<Vec<_>>());
@@ -110,7 +110,7 @@ async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_t
     // Read starts at the Acquire offset again (at least once), superseding the first.
     let mut second = rig
         .gateway
-        .read(&lease.lease_id, limits(10), None)
+        .read(&lease.lease_id, limits(10), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut second).await.1[0], 0);
@@ -126,7 +126,7 @@ async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_t
     rig.gateway.commit(&lease.lease_id, 7, None).await.unwrap();
     let mut third = rig
         .gateway
-        .read(&lease.lease_id, limits(10), None)
+        .read(&lease.lease_id, limits(10), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut third).await.1[0], 7);
@@ -140,7 +140,7 @@ async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_t
     assert_eq!((offset, epoch), (30, 1));
     let mut fourth = rig
         .gateway
-        .read(&lease.lease_id, limits(10), None)
+        .read(&lease.lease_id, limits(10), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut fourth).await, (1, (30..40).collect::<Vec<_>>()));
@@ -148,17 +148,42 @@ async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_t
     // `from_offset` starts exactly there, as a Seek would: a new epoch.
     let mut fifth = rig
         .gateway
-        .read(&lease.lease_id, limits(5), Some(12))
+        .read(&lease.lease_id, limits(5), Some(12), None)
         .await
         .unwrap();
     assert_eq!(next(&mut fifth).await, (2, (12..17).collect::<Vec<_>>()));
     // ... and it is the new resume point.
     let mut sixth = rig
         .gateway
-        .read(&lease.lease_id, limits(5), None)
+        .read(&lease.lease_id, limits(5), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut sixth).await.1[0], 12);
+
+    // A reopen's `from_offset` counts only while the lease is at the epoch it names: a
+    // reopen of epoch 2's Read racing a Seek (epoch 3) starts where the Seek put the lease.
+    let (_, epoch) = rig
+        .gateway
+        .seek(&lease.lease_id, SeekTarget::Offset(20))
+        .await
+        .unwrap();
+    assert_eq!(epoch, 3);
+    let mut late_reopen = rig
+        .gateway
+        .read(&lease.lease_id, limits(5), Some(17), Some(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        next(&mut late_reopen).await,
+        (3, (20..25).collect::<Vec<_>>())
+    );
+    // At the epoch it names, it repositions (a new epoch).
+    let mut reopen = rig
+        .gateway
+        .read(&lease.lease_id, limits(5), Some(22), Some(3))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut reopen).await, (4, (22..27).collect::<Vec<_>>()));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,7 +192,7 @@ async fn after_a_seek_no_record_of_the_old_epoch_is_handed_out() {
     let lease = acquire(&rig, &unique_name("g"), 1).await;
     let mut stream = rig
         .gateway
-        .read(&lease.lease_id, limits(3), None)
+        .read(&lease.lease_id, limits(3), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut stream).await, (0, vec![0, 1, 2]));
@@ -213,7 +238,7 @@ async fn release_ends_the_read_with_ok_and_later_calls_say_so() {
     let lease = acquire(&rig, &group, 2).await;
     let mut stream = rig
         .gateway
-        .read(&lease.lease_id, limits(RECORDS as usize), None)
+        .read(&lease.lease_id, limits(RECORDS as usize), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut stream).await.1.len(), RECORDS as usize);
@@ -255,7 +280,7 @@ async fn a_lost_session_ends_every_lease_and_their_reads_say_lease_lost() {
         let lease = acquire(&rig, &group, partition).await;
         let mut stream = rig
             .gateway
-            .read(&lease.lease_id, limits(RECORDS as usize), None)
+            .read(&lease.lease_id, limits(RECORDS as usize), None, None)
             .await
             .unwrap();
         next(&mut stream).await;

@@ -252,11 +252,13 @@ class Lease(LeaseHandle):
             lease_id=self.lease_id, max_records=max_records, max_bytes=max_bytes, max_wait=to_duration(max_wait)
         )
 
-        def open_read(offset: int | None) -> Any:
+        def open_read(offset: int | None, if_seek_epoch: int | None) -> Any:
             request = pb.ReadRequest()
             request.CopyFrom(template)
             if offset is not None:
                 request.from_offset = offset
+            if if_seek_epoch is not None:
+                request.if_seek_epoch = if_seek_epoch
             return self._client.stub.Read(request)
 
         return RecordStream(open_read, self.epochs, from_offset, reconnect_attempts)

@@ -96,7 +96,7 @@ class RecordStream:
 
     def __init__(
         self,
-        open_read: Callable[[int | None], Any],
+        open_read: Callable[[int | None, int | None], Any],
         epochs: EpochFilter,
         from_offset: int | None,
         reconnect_attempts: int,
@@ -114,7 +114,7 @@ class RecordStream:
         self._reopen_at: float | None = None
         self._done = False
         self._closed = False
-        self._pump: Pump | None = Pump(open_read(from_offset))
+        self._pump: Pump | None = Pump(open_read(from_offset, None))
 
     def __enter__(self) -> RecordStream:
         return self
@@ -179,7 +179,7 @@ class RecordStream:
                         time.sleep(max(0.0, deadline - time.monotonic()))
                         raise TimeoutError("no message within the timeout")
                     time.sleep(wait)
-                self._pump = Pump(self._open(self._reopen_from()))
+                self._pump = Pump(self._open(*self._reopen_from()))
                 self.reconnects += 1
             kind, value = self._pump.get(deadline)
             if kind == _ITEM:
@@ -202,9 +202,11 @@ class RecordStream:
             self._done = True
             raise error
 
-    def _reopen_from(self) -> int | None:
-        """Right after the last record handed out, unless a seek happened since (then the
-        lease's resume point, which the seek set)."""
+    def _reopen_from(self) -> tuple[int | None, int | None]:
+        """``(from_offset, if_seek_epoch)``: right after the last record handed out, while the
+        lease is still at its seek epoch (the gateway checks, so a seek racing the reopen
+        wins); ``(None, None)`` if a seek is known to have happened since (then the lease's
+        resume point, which the seek set)."""
         if self._delivered is not None and self._epochs.newest <= self._delivered[1]:
-            return self._delivered[0]
-        return None
+            return self._delivered
+        return None, None

@@ -133,6 +133,7 @@ async fn gateway_drain(
                                 nanos: READ_MAX_WAIT.as_nanos() as i32,
                             }),
                             from_offset: None,
+                            if_seek_epoch: None,
                         };
                         let inner = reader
                             .raw()

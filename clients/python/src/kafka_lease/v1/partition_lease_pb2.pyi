@@ -75,18 +75,20 @@ class AcquireResponse(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., fencing_token: _Optional[int] = ..., offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., group: _Optional[str] = ..., gateway: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., gateway_address: _Optional[str] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("lease_id", "max_records", "max_bytes", "max_wait", "from_offset")
+    __slots__ = ("lease_id", "max_records", "max_bytes", "max_wait", "from_offset", "if_seek_epoch")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_RECORDS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_FIELD_NUMBER: _ClassVar[int]
     FROM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    IF_SEEK_EPOCH_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     max_records: int
     max_bytes: int
     max_wait: _duration_pb2.Duration
     from_offset: int
-    def __init__(self, lease_id: _Optional[str] = ..., max_records: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., from_offset: _Optional[int] = ...) -> None: ...
+    if_seek_epoch: int
+    def __init__(self, lease_id: _Optional[str] = ..., max_records: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., from_offset: _Optional[int] = ..., if_seek_epoch: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
     __slots__ = ("records", "high_watermark", "seek_epoch")

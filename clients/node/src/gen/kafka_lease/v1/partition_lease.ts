@@ -243,7 +243,16 @@ export interface ReadRequest {
    * inclusive (else OUT_OF_RANGE with the valid range). Unset: the lease's resume point (see
    * Read). Setting it repositions the lease as a Seek does, with a new seek epoch.
    */
-  fromOffset?: bigint | undefined;
+  fromOffset?:
+    | bigint
+    | undefined;
+  /**
+   * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+   * epoch of the last response the client processed). When a Seek has moved the lease since,
+   * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+   * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+   */
+  ifSeekEpoch?: bigint | undefined;
 }
 
 /** What Read streams: one batch of consecutive records of the leased partition. */
@@ -1078,7 +1087,7 @@ export const AcquireResponse: MessageFns<AcquireResponse> = {
 };
 
 function createBaseReadRequest(): ReadRequest {
-  return { leaseId: "", maxRecords: 0, maxBytes: 0, maxWait: undefined, fromOffset: undefined };
+  return { leaseId: "", maxRecords: 0, maxBytes: 0, maxWait: undefined, fromOffset: undefined, ifSeekEpoch: undefined };
 }
 
 export const ReadRequest: MessageFns<ReadRequest> = {
@@ -1100,6 +1109,12 @@ export const ReadRequest: MessageFns<ReadRequest> = {
         throw new globalThis.Error("value provided for field message.fromOffset of type int64 too large");
       }
       writer.uint32(40).int64(message.fromOffset);
+    }
+    if (message.ifSeekEpoch !== undefined) {
+      if (BigInt.asUintN(64, message.ifSeekEpoch) !== message.ifSeekEpoch) {
+        throw new globalThis.Error("value provided for field message.ifSeekEpoch of type uint64 too large");
+      }
+      writer.uint32(48).uint64(message.ifSeekEpoch);
     }
     return writer;
   },
@@ -1157,6 +1172,14 @@ export const ReadRequest: MessageFns<ReadRequest> = {
             message.fromOffset = reader.int64() as bigint;
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.ifSeekEpoch = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1196,6 +1219,11 @@ export const ReadRequest: MessageFns<ReadRequest> = {
         : isSet(object.from_offset)
         ? BigInt(object.from_offset)
         : undefined,
+      ifSeekEpoch: isSet(object.ifSeekEpoch)
+        ? BigInt(object.ifSeekEpoch)
+        : isSet(object.if_seek_epoch)
+        ? BigInt(object.if_seek_epoch)
+        : undefined,
     };
   },
 
@@ -1216,6 +1244,9 @@ export const ReadRequest: MessageFns<ReadRequest> = {
     if (message.fromOffset !== undefined) {
       obj.fromOffset = message.fromOffset.toString();
     }
+    if (message.ifSeekEpoch !== undefined) {
+      obj.ifSeekEpoch = message.ifSeekEpoch.toString();
+    }
     return obj;
   },
 
@@ -1232,6 +1263,9 @@ export const ReadRequest: MessageFns<ReadRequest> = {
       : undefined;
     message.fromOffset = (object.fromOffset !== undefined && object.fromOffset !== null)
       ? BigInt(object.fromOffset)
+      : undefined;
+    message.ifSeekEpoch = (object.ifSeekEpoch !== undefined && object.ifSeekEpoch !== null)
+      ? BigInt(object.ifSeekEpoch)
       : undefined;
     return message;
   },

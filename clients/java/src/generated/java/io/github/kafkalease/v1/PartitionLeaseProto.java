@@ -176,116 +176,118 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "rmark\030\006 \001(\003\022.\n\nexpires_at\030\007 \001(\0132\032.google" +
       ".protobuf.Timestamp\022\r\n\005group\030\010 \001(\t\022\017\n\007ga" +
       "teway\030\t \001(\t\022&\n\003ttl\030\n \001(\0132\031.google.protob" +
-      "uf.Duration\022\027\n\017gateway_address\030\013 \001(\t\"\236\001\n" +
+      "uf.Duration\022\027\n\017gateway_address\030\013 \001(\t\"\314\001\n" +
       "\013ReadRequest\022\020\n\010lease_id\030\001 \001(\t\022\023\n\013max_re" +
       "cords\030\002 \001(\r\022\021\n\tmax_bytes\030\003 \001(\r\022+\n\010max_wa" +
       "it\030\004 \001(\0132\031.google.protobuf.Duration\022\030\n\013f" +
-      "rom_offset\030\005 \001(\003H\000\210\001\001B\016\n\014_from_offset\"h\n" +
-      "\014ReadResponse\022,\n\007records\030\001 \003(\0132\033.kafka_l" +
-      "ease.v1.KafkaRecord\022\026\n\016high_watermark\030\002 " +
-      "\001(\003\022\022\n\nseek_epoch\030\003 \001(\004\"\351\001\n\013KafkaRecord\022" +
-      "\016\n\006offset\030\001 \001(\003\022\020\n\003key\030\002 \001(\014H\000\210\001\001\022\022\n\005val" +
-      "ue\030\003 \001(\014H\001\210\001\001\022,\n\007headers\030\004 \003(\0132\033.kafka_l" +
-      "ease.v1.KafkaHeader\022-\n\ttimestamp\030\005 \001(\0132\032" +
-      ".google.protobuf.Timestamp\0225\n\016timestamp_" +
-      "type\030\006 \001(\0162\035.kafka_lease.v1.TimestampTyp" +
-      "eB\006\n\004_keyB\010\n\006_value\"8\n\013KafkaHeader\022\013\n\003ke" +
-      "y\030\001 \001(\t\022\022\n\005value\030\002 \001(\014H\000\210\001\001B\010\n\006_value\"\203\002" +
-      "\n\013SeekRequest\022\020\n\010lease_id\030\001 \001(\t\022\020\n\006offse" +
-      "t\030\002 \001(\003H\000\022/\n\ttimestamp\030\003 \001(\0132\032.google.pr" +
-      "otobuf.TimestampH\000\022*\n\010earliest\030\007 \001(\0132\026.g" +
-      "oogle.protobuf.EmptyH\000\022(\n\006latest\030\010 \001(\0132\026" +
-      ".google.protobuf.EmptyH\000\022+\n\tcommitted\030\t " +
-      "\001(\0132\026.google.protobuf.EmptyH\000B\n\n\010positio" +
-      "nJ\004\010\004\020\005J\004\010\005\020\006J\004\010\006\020\007\"2\n\014SeekResponse\022\016\n\006o" +
-      "ffset\030\001 \001(\003\022\022\n\nseek_epoch\030\002 \001(\004\"U\n\rCommi" +
-      "tRequest\022\020\n\010lease_id\030\001 \001(\t\022\016\n\006offset\030\002 \001" +
-      "(\003\022\025\n\010metadata\030\003 \001(\tH\000\210\001\001B\013\n\t_metadata\"2" +
-      "\n\016CommitResponse\022\016\n\006offset\030\001 \001(\003\022\020\n\010meta" +
-      "data\030\002 \001(\t\"P\n\016ReleaseRequest\022\020\n\010lease_id" +
-      "\030\001 \001(\t\022\032\n\rcommit_offset\030\002 \001(\003H\000\210\001\001B\020\n\016_c" +
-      "ommit_offset\"E\n\017ReleaseResponse\022\035\n\020commi" +
-      "tted_offset\030\001 \001(\003H\000\210\001\001B\023\n\021_committed_off" +
-      "set\"\344\002\n\020SubscribeRequest\022\r\n\005group\030\001 \001(\t\022" +
-      "\016\n\006topics\030\002 \003(\t\022\016\n\006member\030\003 \001(\t\022\021\n\tmembe" +
-      "r_id\030\004 \001(\t\022\023\n\013max_records\030\005 \001(\r\022\021\n\tmax_b" +
-      "ytes\030\006 \001(\r\022+\n\010max_wait\030\007 \001(\0132\031.google.pr" +
-      "otobuf.Duration\0221\n\014offset_reset\030\014 \001(\0162\033." +
-      "kafka_lease.v1.OffsetReset\022\026\n\016max_partit" +
-      "ions\030\t \001(\r\022/\n\014revoke_grace\030\n \001(\0132\031.googl" +
-      "e.protobuf.Duration\0220\n\rsession_grace\030\013 \001" +
-      "(\0132\031.google.protobuf.DurationJ\004\010\010\020\tR\005res" +
-      "et\"\204\002\n\021SubscribeResponse\022(\n\006joined\030\001 \001(\013" +
-      "2\026.kafka_lease.v1.JoinedH\000\022,\n\010assigned\030\002" +
-      " \001(\0132\030.kafka_lease.v1.AssignedH\000\0224\n\007reco" +
-      "rds\030\003 \001(\0132!.kafka_lease.v1.SubscribedRec" +
-      "ordsH\000\022,\n\010revoking\030\004 \001(\0132\030.kafka_lease.v" +
-      "1.RevokingH\000\022*\n\007revoked\030\005 \001(\0132\027.kafka_le" +
-      "ase.v1.RevokedH\000B\007\n\005event\",\n\006Joined\022\021\n\tm" +
-      "ember_id\030\001 \001(\t\022\017\n\007gateway\030\002 \001(\t\"}\n\010Assig" +
-      "ned\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\t" +
-      "partition\030\003 \001(\005\022\025\n\rfencing_token\030\004 \001(\004\022\016" +
-      "\n\006offset\030\005 \001(\003\022\026\n\016high_watermark\030\006 \001(\003\"\241" +
-      "\001\n\021SubscribedRecords\022\020\n\010lease_id\030\001 \001(\t\022\r" +
-      "\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\022\n\nseek" +
-      "_epoch\030\004 \001(\004\022\026\n\016high_watermark\030\005 \001(\003\022,\n\007" +
-      "records\030\006 \003(\0132\033.kafka_lease.v1.KafkaReco" +
-      "rd\"l\n\010Revoking\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topi" +
-      "c\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022,\n\010deadline\030\004" +
-      " \001(\0132\032.google.protobuf.Timestamp\"^\n\007Revo" +
-      "ked\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\t" +
-      "partition\030\003 \001(\005\022\016\n\006reason\030\004 \001(\t\022\017\n\007messa" +
-      "ge\030\005 \001(\t\"A\n\022ListMembersRequest\022\r\n\005group\030" +
-      "\001 \001(\t\022\022\n\005topic\030\002 \001(\tH\000\210\001\001B\010\n\006_topic\"B\n\023L" +
-      "istMembersResponse\022+\n\007members\030\001 \003(\0132\032.ka" +
-      "fka_lease.v1.MemberInfo\"\271\001\n\nMemberInfo\022\r" +
-      "\n\005group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tmember_i" +
-      "d\030\003 \001(\t\022\016\n\006member\030\004 \001(\t\022\017\n\007gateway\030\005 \001(\t" +
-      "\022\026\n\016max_partitions\030\006 \001(\r\022-\n\tjoined_at\030\007 " +
-      "\001(\0132\032.google.protobuf.Timestamp\022\022\n\nparti" +
-      "tions\030\010 \003(\005\"v\n\021ListLeasesRequest\022\022\n\005grou" +
-      "p\030\001 \001(\tH\000\210\001\001\022\022\n\005topic\030\002 \001(\tH\001\210\001\001\022\021\n\tpage" +
-      "_size\030\003 \001(\r\022\022\n\npage_token\030\004 \001(\tB\010\n\006_grou" +
-      "pB\010\n\006_topic\"X\n\022ListLeasesResponse\022)\n\006lea" +
-      "ses\030\001 \003(\0132\031.kafka_lease.v1.LeaseInfo\022\027\n\017" +
-      "next_page_token\030\002 \001(\t\"\300\003\n\tLeaseInfo\022\r\n\005g" +
-      "roup\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003" +
-      " \001(\005\022\016\n\006member\030\004 \001(\t\022\025\n\rfencing_token\030\005 " +
-      "\001(\004\022/\n\013acquired_at\030\006 \001(\0132\032.google.protob" +
-      "uf.Timestamp\022.\n\nexpires_at\030\007 \001(\0132\032.googl" +
-      "e.protobuf.Timestamp\022\017\n\007gateway\030\010 \001(\t\022\025\n" +
-      "\010position\030\t \001(\003H\000\210\001\001\022\035\n\020committed_offset" +
-      "\030\n \001(\003H\001\210\001\001\022\033\n\016high_watermark\030\013 \001(\003H\002\210\001\001" +
-      "\022\020\n\003lag\030\014 \001(\003H\003\210\001\001\022\033\n\023details_unavailabl" +
-      "e\030\r \001(\t\022\027\n\017gateway_address\030\016 \001(\t\022\021\n\tmemb" +
-      "er_id\030\017 \001(\tB\013\n\t_positionB\023\n\021_committed_o" +
-      "ffsetB\021\n\017_high_watermarkB\006\n\004_lag*_\n\013Offs" +
-      "etReset\022\034\n\030OFFSET_RESET_UNSPECIFIED\020\000\022\031\n" +
-      "\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSET_RESET" +
-      "_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIMESTAMP_" +
-      "TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_TYPE_CRE" +
-      "ATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_APPEND_" +
-      "TIME\020\0022\201\005\n\025PartitionLeaseService\022J\n\007Acqu" +
-      "ire\022\036.kafka_lease.v1.AcquireRequest\032\037.ka" +
-      "fka_lease.v1.AcquireResponse\022C\n\004Read\022\033.k" +
-      "afka_lease.v1.ReadRequest\032\034.kafka_lease." +
-      "v1.ReadResponse0\001\022A\n\004Seek\022\033.kafka_lease." +
-      "v1.SeekRequest\032\034.kafka_lease.v1.SeekResp" +
-      "onse\022G\n\006Commit\022\035.kafka_lease.v1.CommitRe" +
-      "quest\032\036.kafka_lease.v1.CommitResponse\022J\n" +
-      "\007Release\022\036.kafka_lease.v1.ReleaseRequest" +
-      "\032\037.kafka_lease.v1.ReleaseResponse\022R\n\tSub" +
-      "scribe\022 .kafka_lease.v1.SubscribeRequest" +
-      "\032!.kafka_lease.v1.SubscribeResponse0\001\022V\n" +
-      "\013ListMembers\022\".kafka_lease.v1.ListMember" +
-      "sRequest\032#.kafka_lease.v1.ListMembersRes" +
-      "ponse\022S\n\nListLeases\022!.kafka_lease.v1.Lis" +
-      "tLeasesRequest\032\".kafka_lease.v1.ListLeas" +
-      "esResponseB\260\001\n\027io.github.kafkalease.v1B\023" +
-      "PartitionLeaseProtoP\001ZGgithub.com/kafka-" +
-      "lease/kafka-lease/clients/go/kafkaleasev" +
-      "1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rK" +
-      "afkaLease\\V1\352\002\016KafkaLease::V1b\006proto3"
+      "rom_offset\030\005 \001(\003H\000\210\001\001\022\032\n\rif_seek_epoch\030\006" +
+      " \001(\004H\001\210\001\001B\016\n\014_from_offsetB\020\n\016_if_seek_ep" +
+      "och\"h\n\014ReadResponse\022,\n\007records\030\001 \003(\0132\033.k" +
+      "afka_lease.v1.KafkaRecord\022\026\n\016high_waterm" +
+      "ark\030\002 \001(\003\022\022\n\nseek_epoch\030\003 \001(\004\"\351\001\n\013KafkaR" +
+      "ecord\022\016\n\006offset\030\001 \001(\003\022\020\n\003key\030\002 \001(\014H\000\210\001\001\022" +
+      "\022\n\005value\030\003 \001(\014H\001\210\001\001\022,\n\007headers\030\004 \003(\0132\033.k" +
+      "afka_lease.v1.KafkaHeader\022-\n\ttimestamp\030\005" +
+      " \001(\0132\032.google.protobuf.Timestamp\0225\n\016time" +
+      "stamp_type\030\006 \001(\0162\035.kafka_lease.v1.Timest" +
+      "ampTypeB\006\n\004_keyB\010\n\006_value\"8\n\013KafkaHeader" +
+      "\022\013\n\003key\030\001 \001(\t\022\022\n\005value\030\002 \001(\014H\000\210\001\001B\010\n\006_va" +
+      "lue\"\203\002\n\013SeekRequest\022\020\n\010lease_id\030\001 \001(\t\022\020\n" +
+      "\006offset\030\002 \001(\003H\000\022/\n\ttimestamp\030\003 \001(\0132\032.goo" +
+      "gle.protobuf.TimestampH\000\022*\n\010earliest\030\007 \001" +
+      "(\0132\026.google.protobuf.EmptyH\000\022(\n\006latest\030\010" +
+      " \001(\0132\026.google.protobuf.EmptyH\000\022+\n\tcommit" +
+      "ted\030\t \001(\0132\026.google.protobuf.EmptyH\000B\n\n\010p" +
+      "ositionJ\004\010\004\020\005J\004\010\005\020\006J\004\010\006\020\007\"2\n\014SeekRespons" +
+      "e\022\016\n\006offset\030\001 \001(\003\022\022\n\nseek_epoch\030\002 \001(\004\"U\n" +
+      "\rCommitRequest\022\020\n\010lease_id\030\001 \001(\t\022\016\n\006offs" +
+      "et\030\002 \001(\003\022\025\n\010metadata\030\003 \001(\tH\000\210\001\001B\013\n\t_meta" +
+      "data\"2\n\016CommitResponse\022\016\n\006offset\030\001 \001(\003\022\020" +
+      "\n\010metadata\030\002 \001(\t\"P\n\016ReleaseRequest\022\020\n\010le" +
+      "ase_id\030\001 \001(\t\022\032\n\rcommit_offset\030\002 \001(\003H\000\210\001\001" +
+      "B\020\n\016_commit_offset\"E\n\017ReleaseResponse\022\035\n" +
+      "\020committed_offset\030\001 \001(\003H\000\210\001\001B\023\n\021_committ" +
+      "ed_offset\"\344\002\n\020SubscribeRequest\022\r\n\005group\030" +
+      "\001 \001(\t\022\016\n\006topics\030\002 \003(\t\022\016\n\006member\030\003 \001(\t\022\021\n" +
+      "\tmember_id\030\004 \001(\t\022\023\n\013max_records\030\005 \001(\r\022\021\n" +
+      "\tmax_bytes\030\006 \001(\r\022+\n\010max_wait\030\007 \001(\0132\031.goo" +
+      "gle.protobuf.Duration\0221\n\014offset_reset\030\014 " +
+      "\001(\0162\033.kafka_lease.v1.OffsetReset\022\026\n\016max_" +
+      "partitions\030\t \001(\r\022/\n\014revoke_grace\030\n \001(\0132\031" +
+      ".google.protobuf.Duration\0220\n\rsession_gra" +
+      "ce\030\013 \001(\0132\031.google.protobuf.DurationJ\004\010\010\020" +
+      "\tR\005reset\"\204\002\n\021SubscribeResponse\022(\n\006joined" +
+      "\030\001 \001(\0132\026.kafka_lease.v1.JoinedH\000\022,\n\010assi" +
+      "gned\030\002 \001(\0132\030.kafka_lease.v1.AssignedH\000\0224" +
+      "\n\007records\030\003 \001(\0132!.kafka_lease.v1.Subscri" +
+      "bedRecordsH\000\022,\n\010revoking\030\004 \001(\0132\030.kafka_l" +
+      "ease.v1.RevokingH\000\022*\n\007revoked\030\005 \001(\0132\027.ka" +
+      "fka_lease.v1.RevokedH\000B\007\n\005event\",\n\006Joine" +
+      "d\022\021\n\tmember_id\030\001 \001(\t\022\017\n\007gateway\030\002 \001(\t\"}\n" +
+      "\010Assigned\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001" +
+      "(\t\022\021\n\tpartition\030\003 \001(\005\022\025\n\rfencing_token\030\004" +
+      " \001(\004\022\016\n\006offset\030\005 \001(\003\022\026\n\016high_watermark\030\006" +
+      " \001(\003\"\241\001\n\021SubscribedRecords\022\020\n\010lease_id\030\001" +
+      " \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\022" +
+      "\n\nseek_epoch\030\004 \001(\004\022\026\n\016high_watermark\030\005 \001" +
+      "(\003\022,\n\007records\030\006 \003(\0132\033.kafka_lease.v1.Kaf" +
+      "kaRecord\"l\n\010Revoking\022\020\n\010lease_id\030\001 \001(\t\022\r" +
+      "\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022,\n\010dead" +
+      "line\030\004 \001(\0132\032.google.protobuf.Timestamp\"^" +
+      "\n\007Revoked\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001" +
+      "(\t\022\021\n\tpartition\030\003 \001(\005\022\016\n\006reason\030\004 \001(\t\022\017\n" +
+      "\007message\030\005 \001(\t\"A\n\022ListMembersRequest\022\r\n\005" +
+      "group\030\001 \001(\t\022\022\n\005topic\030\002 \001(\tH\000\210\001\001B\010\n\006_topi" +
+      "c\"B\n\023ListMembersResponse\022+\n\007members\030\001 \003(" +
+      "\0132\032.kafka_lease.v1.MemberInfo\"\271\001\n\nMember" +
+      "Info\022\r\n\005group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tme" +
+      "mber_id\030\003 \001(\t\022\016\n\006member\030\004 \001(\t\022\017\n\007gateway" +
+      "\030\005 \001(\t\022\026\n\016max_partitions\030\006 \001(\r\022-\n\tjoined" +
+      "_at\030\007 \001(\0132\032.google.protobuf.Timestamp\022\022\n" +
+      "\npartitions\030\010 \003(\005\"v\n\021ListLeasesRequest\022\022" +
+      "\n\005group\030\001 \001(\tH\000\210\001\001\022\022\n\005topic\030\002 \001(\tH\001\210\001\001\022\021" +
+      "\n\tpage_size\030\003 \001(\r\022\022\n\npage_token\030\004 \001(\tB\010\n" +
+      "\006_groupB\010\n\006_topic\"X\n\022ListLeasesResponse\022" +
+      ")\n\006leases\030\001 \003(\0132\031.kafka_lease.v1.LeaseIn" +
+      "fo\022\027\n\017next_page_token\030\002 \001(\t\"\300\003\n\tLeaseInf" +
+      "o\022\r\n\005group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tparti" +
+      "tion\030\003 \001(\005\022\016\n\006member\030\004 \001(\t\022\025\n\rfencing_to" +
+      "ken\030\005 \001(\004\022/\n\013acquired_at\030\006 \001(\0132\032.google." +
+      "protobuf.Timestamp\022.\n\nexpires_at\030\007 \001(\0132\032" +
+      ".google.protobuf.Timestamp\022\017\n\007gateway\030\010 " +
+      "\001(\t\022\025\n\010position\030\t \001(\003H\000\210\001\001\022\035\n\020committed_" +
+      "offset\030\n \001(\003H\001\210\001\001\022\033\n\016high_watermark\030\013 \001(" +
+      "\003H\002\210\001\001\022\020\n\003lag\030\014 \001(\003H\003\210\001\001\022\033\n\023details_unav" +
+      "ailable\030\r \001(\t\022\027\n\017gateway_address\030\016 \001(\t\022\021" +
+      "\n\tmember_id\030\017 \001(\tB\013\n\t_positionB\023\n\021_commi" +
+      "tted_offsetB\021\n\017_high_watermarkB\006\n\004_lag*_" +
+      "\n\013OffsetReset\022\034\n\030OFFSET_RESET_UNSPECIFIE" +
+      "D\020\000\022\031\n\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSET" +
+      "_RESET_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIME" +
+      "STAMP_TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_TY" +
+      "PE_CREATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_A" +
+      "PPEND_TIME\020\0022\201\005\n\025PartitionLeaseService\022J" +
+      "\n\007Acquire\022\036.kafka_lease.v1.AcquireReques" +
+      "t\032\037.kafka_lease.v1.AcquireResponse\022C\n\004Re" +
+      "ad\022\033.kafka_lease.v1.ReadRequest\032\034.kafka_" +
+      "lease.v1.ReadResponse0\001\022A\n\004Seek\022\033.kafka_" +
+      "lease.v1.SeekRequest\032\034.kafka_lease.v1.Se" +
+      "ekResponse\022G\n\006Commit\022\035.kafka_lease.v1.Co" +
+      "mmitRequest\032\036.kafka_lease.v1.CommitRespo" +
+      "nse\022J\n\007Release\022\036.kafka_lease.v1.ReleaseR" +
+      "equest\032\037.kafka_lease.v1.ReleaseResponse\022" +
+      "R\n\tSubscribe\022 .kafka_lease.v1.SubscribeR" +
+      "equest\032!.kafka_lease.v1.SubscribeRespons" +
+      "e0\001\022V\n\013ListMembers\022\".kafka_lease.v1.List" +
+      "MembersRequest\032#.kafka_lease.v1.ListMemb" +
+      "ersResponse\022S\n\nListLeases\022!.kafka_lease." +
+      "v1.ListLeasesRequest\032\".kafka_lease.v1.Li" +
+      "stLeasesResponseB\260\001\n\027io.github.kafkaleas" +
+      "e.v1B\023PartitionLeaseProtoP\001ZGgithub.com/" +
+      "kafka-lease/kafka-lease/clients/go/kafka" +
+      "leasev1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease." +
+      "V1\312\002\rKafkaLease\\V1\352\002\016KafkaLease::V1b\006pro" +
+      "to3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -311,7 +313,7 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
     internal_static_kafka_lease_v1_ReadRequest_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_ReadRequest_descriptor,
-        new java.lang.String[] { "LeaseId", "MaxRecords", "MaxBytes", "MaxWait", "FromOffset", });
+        new java.lang.String[] { "LeaseId", "MaxRecords", "MaxBytes", "MaxWait", "FromOffset", "IfSeekEpoch", });
     internal_static_kafka_lease_v1_ReadResponse_descriptor =
       getDescriptor().getMessageType(3);
     internal_static_kafka_lease_v1_ReadResponse_fieldAccessorTable = new

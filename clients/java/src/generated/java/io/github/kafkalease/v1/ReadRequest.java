@@ -206,6 +206,39 @@ private static final long serialVersionUID = 0L;
     return fromOffset_;
   }
 
+  public static final int IF_SEEK_EPOCH_FIELD_NUMBER = 6;
+  private long ifSeekEpoch_ = 0L;
+  /**
+   * <pre>
+   * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+   * epoch of the last response the client processed). When a Seek has moved the lease since,
+   * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+   * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+   * </pre>
+   *
+   * <code>optional uint64 if_seek_epoch = 6;</code>
+   * @return Whether the ifSeekEpoch field is set.
+   */
+  @java.lang.Override
+  public boolean hasIfSeekEpoch() {
+    return ((bitField0_ & 0x00000004) != 0);
+  }
+  /**
+   * <pre>
+   * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+   * epoch of the last response the client processed). When a Seek has moved the lease since,
+   * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+   * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+   * </pre>
+   *
+   * <code>optional uint64 if_seek_epoch = 6;</code>
+   * @return The ifSeekEpoch.
+   */
+  @java.lang.Override
+  public long getIfSeekEpoch() {
+    return ifSeekEpoch_;
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -235,6 +268,9 @@ private static final long serialVersionUID = 0L;
     if (((bitField0_ & 0x00000002) != 0)) {
       output.writeInt64(5, fromOffset_);
     }
+    if (((bitField0_ & 0x00000004) != 0)) {
+      output.writeUInt64(6, ifSeekEpoch_);
+    }
     getUnknownFields().writeTo(output);
   }
   private int computeSerializedSize_0() {
@@ -257,6 +293,10 @@ private static final long serialVersionUID = 0L;
     if (((bitField0_ & 0x00000002) != 0)) {
       size += com.google.protobuf.CodedOutputStream
         .computeInt64Size(5, fromOffset_);
+    }
+    if (((bitField0_ & 0x00000004) != 0)) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeUInt64Size(6, ifSeekEpoch_);
     }
     return size;
   }
@@ -298,6 +338,11 @@ private static final long serialVersionUID = 0L;
       if (getFromOffset()
           != other.getFromOffset()) return false;
     }
+    if (hasIfSeekEpoch() != other.hasIfSeekEpoch()) return false;
+    if (hasIfSeekEpoch()) {
+      if (getIfSeekEpoch()
+          != other.getIfSeekEpoch()) return false;
+    }
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -323,6 +368,11 @@ private static final long serialVersionUID = 0L;
       hash = (37 * hash) + FROM_OFFSET_FIELD_NUMBER;
       hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
           getFromOffset());
+    }
+    if (hasIfSeekEpoch()) {
+      hash = (37 * hash) + IF_SEEK_EPOCH_FIELD_NUMBER;
+      hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
+          getIfSeekEpoch());
     }
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
@@ -474,6 +524,7 @@ private static final long serialVersionUID = 0L;
         maxWaitBuilder_ = null;
       }
       fromOffset_ = 0L;
+      ifSeekEpoch_ = 0L;
       return this;
     }
 
@@ -527,6 +578,10 @@ private static final long serialVersionUID = 0L;
         result.fromOffset_ = fromOffset_;
         to_bitField0_ |= 0x00000002;
       }
+      if (((from_bitField0_ & 0x00000020) != 0)) {
+        result.ifSeekEpoch_ = ifSeekEpoch_;
+        to_bitField0_ |= 0x00000004;
+      }
       result.bitField0_ |= to_bitField0_;
     }
 
@@ -558,6 +613,9 @@ private static final long serialVersionUID = 0L;
       }
       if (other.hasFromOffset()) {
         setFromOffset(other.getFromOffset());
+      }
+      if (other.hasIfSeekEpoch()) {
+        setIfSeekEpoch(other.getIfSeekEpoch());
       }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
@@ -610,6 +668,11 @@ private static final long serialVersionUID = 0L;
               bitField0_ |= 0x00000010;
               break;
             } // case 40
+            case 48: {
+              ifSeekEpoch_ = input.readUInt64();
+              bitField0_ |= 0x00000020;
+              break;
+            } // case 48
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -1040,6 +1103,74 @@ private static final long serialVersionUID = 0L;
     public Builder clearFromOffset() {
       bitField0_ = (bitField0_ & ~0x00000010);
       fromOffset_ = 0L;
+      onChanged();
+      return this;
+    }
+
+    private long ifSeekEpoch_ ;
+    /**
+     * <pre>
+     * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+     * epoch of the last response the client processed). When a Seek has moved the lease since,
+     * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+     * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+     * </pre>
+     *
+     * <code>optional uint64 if_seek_epoch = 6;</code>
+     * @return Whether the ifSeekEpoch field is set.
+     */
+    @java.lang.Override
+    public boolean hasIfSeekEpoch() {
+      return ((bitField0_ & 0x00000020) != 0);
+    }
+    /**
+     * <pre>
+     * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+     * epoch of the last response the client processed). When a Seek has moved the lease since,
+     * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+     * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+     * </pre>
+     *
+     * <code>optional uint64 if_seek_epoch = 6;</code>
+     * @return The ifSeekEpoch.
+     */
+    @java.lang.Override
+    public long getIfSeekEpoch() {
+      return ifSeekEpoch_;
+    }
+    /**
+     * <pre>
+     * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+     * epoch of the last response the client processed). When a Seek has moved the lease since,
+     * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+     * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+     * </pre>
+     *
+     * <code>optional uint64 if_seek_epoch = 6;</code>
+     * @param value The ifSeekEpoch to set.
+     * @return This builder for chaining.
+     */
+    public Builder setIfSeekEpoch(long value) {
+
+      ifSeekEpoch_ = value;
+      bitField0_ |= 0x00000020;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+     * epoch of the last response the client processed). When a Seek has moved the lease since,
+     * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+     * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+     * </pre>
+     *
+     * <code>optional uint64 if_seek_epoch = 6;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearIfSeekEpoch() {
+      bitField0_ = (bitField0_ & ~0x00000020);
+      ifSeekEpoch_ = 0L;
       onChanged();
       return this;
     }

@@ -105,4 +105,29 @@ public interface ReadRequestOrBuilder extends
    * @return The fromOffset.
    */
   long getFromOffset();
+
+  /**
+   * <pre>
+   * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+   * epoch of the last response the client processed). When a Seek has moved the lease since,
+   * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+   * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+   * </pre>
+   *
+   * <code>optional uint64 if_seek_epoch = 6;</code>
+   * @return Whether the ifSeekEpoch field is set.
+   */
+  boolean hasIfSeekEpoch();
+  /**
+   * <pre>
+   * With `from_offset`: reposition only while the lease's seek epoch is still this one (the
+   * epoch of the last response the client processed). When a Seek has moved the lease since,
+   * `from_offset` is ignored and the Read starts where that Seek put it. A client reopening a
+   * broken Read sets it, so that a Seek of its user racing the reopen is never undone.
+   * </pre>
+   *
+   * <code>optional uint64 if_seek_epoch = 6;</code>
+   * @return The ifSeekEpoch.
+   */
+  long getIfSeekEpoch();
 }

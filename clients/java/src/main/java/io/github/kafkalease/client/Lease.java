@@ -73,7 +73,8 @@ public final class Lease extends LeaseHandle implements AutoCloseable {
    */
   public RecordStream records(ReadOptions options) {
     return new RecordStream(
-        from -> StreamCall.start(client.async()::read, options.request(leaseId, from)),
+        (from, ifSeekEpoch) ->
+            StreamCall.start(client.async()::read, options.request(leaseId, from, ifSeekEpoch)),
         options.fromOffset(),
         epochs,
         options.reconnectAttempts());

@@ -47,10 +47,13 @@ public final class ReadOptions {
     return this;
   }
 
-  ReadRequest request(String leaseId, Long from) {
+  ReadRequest request(String leaseId, Long from, Long ifSeekEpoch) {
     ReadRequest.Builder b = request.clone().setLeaseId(leaseId);
     if (from != null) {
       b.setFromOffset(from);
+    }
+    if (ifSeekEpoch != null) {
+      b.setIfSeekEpoch(ifSeekEpoch);
     }
     return b.build();
   }

@@ -9,7 +9,7 @@ import java.util.List;
 import java.util.NoSuchElementException;
 import java.util.Spliterator;
 import java.util.Spliterators;
-import java.util.function.Function;
+import java.util.function.BiFunction;
 import java.util.stream.Stream;
 import java.util.stream.StreamSupport;
 
@@ -35,7 +35,7 @@ public final class RecordStream implements Iterator<ConsumedRecord>, AutoCloseab
   private static final Duration FIRST_BACKOFF = Duration.ofMillis(50);
   private static final Duration MAX_BACKOFF = Duration.ofSeconds(2);
 
-  private final Function<Long, StreamCall<ReadRequest, ReadResponse>> open;
+  private final BiFunction<Long, Long, StreamCall<ReadRequest, ReadResponse>> open;
   private final EpochFilter epochs;
   private final int attempts;
   private volatile StreamCall<ReadRequest, ReadResponse> call;
@@ -51,14 +51,14 @@ public final class RecordStream implements Iterator<ConsumedRecord>, AutoCloseab
   private long deliveredEpoch;
 
   RecordStream(
-      Function<Long, StreamCall<ReadRequest, ReadResponse>> open,
+      BiFunction<Long, Long, StreamCall<ReadRequest, ReadResponse>> open,
       Long fromOffset,
       EpochFilter epochs,
       int attempts) {
     this.open = open;
     this.epochs = epochs;
     this.attempts = attempts;
-    this.call = open.apply(fromOffset);
+    this.call = open.apply(fromOffset, null);
   }
 
   @Override
@@ -172,7 +172,11 @@ public final class RecordStream implements Iterator<ConsumedRecord>, AutoCloseab
     }
   }
 
-  /** Opens a new Read after a pause, right after the last record handed out. */
+  /**
+   * Opens a new Read after a pause, right after the last record handed out while the lease is
+   * still at that record's seek epoch (the gateway checks, so a seek racing the reopen wins);
+   * at the lease's resume point if a seek is known to have happened since.
+   */
   private void reopen() {
     Duration backoff = FIRST_BACKOFF.multipliedBy(1L << Math.min(failures, 6));
     failures++;
@@ -181,8 +185,9 @@ public final class RecordStream implements Iterator<ConsumedRecord>, AutoCloseab
     } catch (InterruptedException e) {
       throw KafkaLeaseException.interrupted(e);
     }
-    Long from = delivered && !epochs.isStale(deliveredEpoch) ? deliveredNext : null;
-    StreamCall<ReadRequest, ReadResponse> next = open.apply(from);
+    boolean resume = delivered && !epochs.isStale(deliveredEpoch);
+    StreamCall<ReadRequest, ReadResponse> next =
+        resume ? open.apply(deliveredNext, deliveredEpoch) : open.apply(null, null);
     call = next;
     if (closed) {
       next.cancel();

@@ -223,7 +223,43 @@ class FakeGatewayTest {
       assertEquals(List.of(0L, 1L, 2L, 3L), got);
     }
     assertFalse(reads.get(0).hasFromOffset(), "the first Read starts at the resume point");
+    assertFalse(reads.get(0).hasIfSeekEpoch());
     assertEquals(2, reads.get(1).getFromOffset());
+    assertTrue(reads.get(1).hasIfSeekEpoch(), "only while the lease is at the epoch of record 1");
+    assertEquals(0, reads.get(1).getIfSeekEpoch());
+  }
+
+  @Test
+  void readIsReopenedAtTheResumePointAfterSeek() throws Exception {
+    start();
+    onAcquire = () -> {};
+    onRead =
+        (req, out) -> {
+          switch (reads.size()) {
+            case 1 -> {
+              out.onNext(batch(0, 0, 1));
+              out.onError(Status.UNAVAILABLE.withDescription("reset").asRuntimeException());
+            }
+            case 2 -> {
+              out.onNext(batch(1, 5, 6));
+              out.onError(Status.UNAVAILABLE.withDescription("reset").asRuntimeException());
+            }
+            default -> out.onCompleted();
+          }
+        };
+    Lease lease = client.acquire(AcquireOptions.of("g", "t"));
+    try (RecordStream records = lease.records()) {
+      assertEquals(0, records.next().offset());
+      assertEquals(new SeekTo.Result(5, 1), lease.seek(SeekTo.offset(5)));
+      List<Long> got = records.stream().map(ConsumedRecord::offset).toList();
+      assertEquals(List.of(5L, 6L), got, "offset 1 is stale");
+    }
+    assertEquals(3, reads.size());
+    assertFalse(reads.get(1).hasFromOffset(), "after the seek: where the seek put the lease");
+    assertFalse(reads.get(1).hasIfSeekEpoch());
+    assertEquals(7, reads.get(2).getFromOffset());
+    assertTrue(reads.get(2).hasIfSeekEpoch());
+    assertEquals(1, reads.get(2).getIfSeekEpoch());
   }
 
   @Test
