@@ -349,6 +349,11 @@ impl Lease {
         self.state().resume_point
     }
 
+    /// The lease's current seek epoch.
+    pub fn seek_epoch(&self) -> u64 {
+        self.state().seek_epoch
+    }
+
     pub fn committed(&self) -> Option<i64> {
         self.state().committed
     }
