@@ -1,6 +1,7 @@
 //! The per-connection limits of a real gateway, through gRPC: leases per connection
 //! (RESOURCE_EXHAUSTED naming the flag and its value) and calls open at once per connection
-//! (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a client queues calls past it).
+//! (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a client queues calls past it), and the size
+//! of a request message.
 
 mod support;
 
@@ -120,4 +121,42 @@ async fn one_connection_cannot_take_more_than_its_limits() {
     waiting[1].abort();
     second.release().await.expect("release");
     again.release().await.expect("release");
+}
+
+/// A request larger than the API accepts (1 MiB encoded) is refused before it is decoded,
+/// changes nothing, and the same connection goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_request_is_refused_and_the_connection_goes_on() {
+    let Some(services) =
+        Services::require("an_oversized_request_is_refused_and_the_connection_goes_on")
+    else {
+        return;
+    };
+    let gateway =
+        GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw-size"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let group = unique_name("g");
+    let client = Client::connect(gateway.endpoint()).await.expect("connect");
+    let huge = kafka_lease_client::proto::AcquireRequest {
+        group: group.clone(),
+        topic: topic.clone(),
+        member: "m".repeat(2 * 1024 * 1024),
+        ..Default::default()
+    };
+    let refused = client.raw().acquire(huge).await.expect_err("2 MiB request");
+    // tonic answers OUT_OF_RANGE, naming the size and the limit.
+    assert_eq!(refused.code(), tonic::Code::OutOfRange, "{refused:?}");
+    assert!(
+        refused.message().contains("1048576"),
+        "names the limit: {refused:?}"
+    );
+    let leases = client
+        .list_leases(LeaseFilter::new().group(&group))
+        .await
+        .expect("the connection still serves");
+    assert!(leases.is_empty(), "nothing was acquired: {leases:?}");
+    client
+        .acquire(AcquireOptions::new(&group, &topic))
+        .await
+        .expect("a normal request on the same connection");
 }

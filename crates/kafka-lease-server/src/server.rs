@@ -57,6 +57,18 @@ impl Default for ServeOptions {
     }
 }
 
+/// The largest request message the API accepts, encoded (every legitimate one is far
+/// smaller: names are at most 249 characters, commit metadata 4057 bytes). A larger one is
+/// refused before it is decoded (tonic answers OUT_OF_RANGE, naming its size and the limit),
+/// and the connection goes on serving.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+
+/// How often the server pings a client connection over HTTP/2; a connection that does not
+/// answer within [`KEEPALIVE_TIMEOUT`] is closed, and its calls end (a Read's lease then
+/// lives out its TTL).
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// Serves `gateway` on `listener` until `shutdown` resolves, then shuts down gracefully
 /// within `options.grace`.
 pub async fn serve(
@@ -93,15 +105,16 @@ pub async fn serve(
     ));
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
-        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .max_concurrent_streams(Some(options.max_streams_per_connection))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(PartitionLeaseServiceServer::new(LeaseService::new(
-            gateway.clone(),
-            peers,
-        )))
+        .add_service(
+            PartitionLeaseServiceServer::new(LeaseService::new(gateway.clone(), peers))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        )
         .add_service(GatewayPeerServiceServer::new(PeerService::new(
             gateway.clone(),
         )))
