@@ -186,6 +186,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let options = ServeOptions {
         grace: args.shutdown_grace,
         max_streams_per_connection: args.max_streams_per_connection,
+        keepalive_interval: args.keepalive_interval,
+        keepalive_timeout: args.keepalive_timeout,
     };
     kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), options).await?;
     Ok(())

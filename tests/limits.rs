@@ -160,3 +160,69 @@ async fn an_oversized_request_is_refused_and_the_connection_goes_on() {
         .await
         .expect("a normal request on the same connection");
 }
+
+/// A client that vanishes without closing its connection (a paused or cut-off host: its
+/// packets stop, no FIN, no RST) loses its lease: the gateway's HTTP/2 pings go unanswered,
+/// it closes the connection, the open Read ends, and the lease lives out its TTL. With the
+/// pings far apart the same client keeps the partition past the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_vanishes_with_its_connection_open_loses_its_lease() {
+    let Some(services) =
+        Services::require("a_client_that_vanishes_with_its_connection_open_loses_its_lease")
+    else {
+        return;
+    };
+    let topic = create_topic(&services, 1).await;
+    for (keepalive, freed) in [("1s", true), ("10m", false)] {
+        let gateway = GatewayProcess::start(
+            &services,
+            &unique_prefix(),
+            &unique_name("gw-keepalive"),
+            &[
+                "--keepalive-interval",
+                keepalive,
+                "--keepalive-timeout",
+                "1s",
+            ],
+        )
+        .await;
+        let target: std::net::SocketAddr = gateway.addr.parse().expect("gateway address");
+        let relay = kafka_lease_testkit::Relay::start(target)
+            .await
+            .expect("relay");
+        let vanishing = Client::connect(format!("http://{}", relay.addr()))
+            .await
+            .expect("connect through the relay");
+        let group = unique_name("g");
+        let lease = vanishing
+            .acquire(
+                AcquireOptions::new(&group, &topic)
+                    .partition(0)
+                    .ttl(Duration::from_secs(2)),
+            )
+            .await
+            .expect("the lease");
+        // An open Read keeps the lease alive for as long as it is open.
+        let _records = lease
+            .records(kafka_lease_client::ReadOptions::new().reconnect_attempts(0))
+            .await
+            .expect("read");
+        relay.hold();
+        let other = Client::connect(gateway.endpoint()).await.expect("connect");
+        let started = tokio::time::Instant::now();
+        let next = other
+            .acquire(
+                AcquireOptions::new(&group, &topic)
+                    .partition(0)
+                    .wait(Duration::from_secs(8)),
+            )
+            .await;
+        println!(
+            "keepalive {keepalive}: the next Acquire answered after {:?}: {}",
+            started.elapsed(),
+            if next.is_ok() { "granted" } else { "busy" }
+        );
+        assert_eq!(next.is_ok(), freed, "keepalive {keepalive}: {next:?}");
+        relay.release();
+    }
+}

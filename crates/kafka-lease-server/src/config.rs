@@ -135,6 +135,14 @@ pub struct ServeArgs {
     /// How long a graceful shutdown (SIGTERM, SIGINT) may take before the process exits.
     #[arg(long, env = "KAFKA_LEASE_SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "10s")]
     pub shutdown_grace: Duration,
+    /// How often the gateway pings each client connection over HTTP/2 (1s ..= 10m).
+    #[arg(long, env = "KAFKA_LEASE_KEEPALIVE_INTERVAL", value_parser = parse_duration, default_value = "20s")]
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the connection is closed and its calls end:
+    /// a client that vanished without closing it (a paused or cut-off host) then loses its
+    /// leases after their TTL, as one that went away does (1s ..= 10m).
+    #[arg(long, env = "KAFKA_LEASE_KEEPALIVE_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
+    pub keepalive_timeout: Duration,
     #[command(flatten)]
     pub log: LogArgs,
 }
@@ -201,6 +209,18 @@ impl ServeArgs {
         }
         if let Some(id) = &self.instance_id {
             check_name("--instance-id", id)?;
+        }
+        for (flag, value) in [
+            ("--keepalive-interval", self.keepalive_interval),
+            ("--keepalive-timeout", self.keepalive_timeout),
+        ] {
+            if value < Duration::from_secs(1) || value > Duration::from_secs(600) {
+                return Err(ConfigError {
+                    flag,
+                    value: humantime::format_duration(value).to_string(),
+                    allowed: "1s ..= 10m".into(),
+                });
+            }
         }
         if self.shutdown_grace < Duration::from_secs(1)
             || self.shutdown_grace > Duration::from_secs(600)
@@ -379,6 +399,14 @@ mod tests {
         assert!(s.validate().unwrap_err().to_string().contains("http://"));
         assert!(serve(&["--kafka", "k:1", "--listen", "nope"]).is_err());
         assert!(serve(&["--kafka", "k:1", "--kafka-option", "novalue"]).is_err());
+        let s = serve(&["--kafka", "k:1", "--keepalive-timeout", "500ms"]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--keepalive-timeout")
+                && err.contains("500ms")
+                && err.contains("1s ..= 10m"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -46,6 +46,11 @@ pub struct ServeOptions {
     /// client queues calls past it until one ends; a stream opened past it anyway is refused
     /// (REFUSED_STREAM).
     pub max_streams_per_connection: u32,
+    /// How often the server pings a client connection over HTTP/2; a connection that does
+    /// not answer within `keepalive_timeout` is closed, and its calls end (a Read's lease
+    /// then lives out its TTL).
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for ServeOptions {
@@ -53,6 +58,8 @@ impl Default for ServeOptions {
         ServeOptions {
             grace: Duration::from_secs(10),
             max_streams_per_connection: 200,
+            keepalive_interval: Duration::from_secs(20),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -62,12 +69,6 @@ impl Default for ServeOptions {
 /// refused before it is decoded (tonic answers OUT_OF_RANGE, naming its size and the limit),
 /// and the connection goes on serving.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
-
-/// How often the server pings a client connection over HTTP/2; a connection that does not
-/// answer within [`KEEPALIVE_TIMEOUT`] is closed, and its calls end (a Read's lease then
-/// lives out its TTL).
-pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Serves `gateway` on `listener` until `shutdown` resolves, then shuts down gracefully
 /// within `options.grace`.
@@ -105,8 +106,8 @@ pub async fn serve(
     ));
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .http2_keepalive_interval(Some(options.keepalive_interval))
+        .http2_keepalive_timeout(Some(options.keepalive_timeout))
         .max_concurrent_streams(Some(options.max_streams_per_connection))
         .add_service(health_service)
         .add_service(reflection_v1)
