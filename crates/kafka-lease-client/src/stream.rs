@@ -148,9 +148,10 @@ impl From<proto::ReadResponse> for Batch {
 /// - A broken stream is reopened by itself (see [`ReadOptions::reconnect_attempts`](crate::ReadOptions::reconnect_attempts)):
 ///   when the connection drops, a proxy resets the stream or the gateway answers that Kafka
 ///   or Consul is unavailable (with retry advice), it opens a new Read with `from_offset` = the offset after the last record it handed to
-///   you, so nothing is skipped and nothing you already received comes again. If a seek
-///   happened since the last batch you received, it reopens at the lease's resume point (the
-///   seek's offset, or a later commit) instead.
+///   you, so nothing is skipped and nothing you already received comes again; it names that
+///   record's seek epoch (`if_seek_epoch`), so a seek that reached the gateway first is not
+///   undone. If a seek happened since the last batch you received, it reopens at the lease's
+///   resume point (the seek's offset, or a later commit) instead.
 /// - The stream ends (`None`) when the gateway ends it with `OK`, which it does after the lease
 ///   is released.
 /// - An error status is yielded once as `Err` and then the stream ends:
