@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use kafka_lease_server::auth::Auth;
 use kafka_lease_server::config::{DevArgs, LogArgs, LogFormat, ServeArgs};
 use kafka_lease_server::coordination::consul::ConsulLocks;
 use kafka_lease_server::coordination::memory::MemoryLockStore;
@@ -15,6 +16,7 @@ use kafka_lease_server::dev::{DevKafka, DEMO_PARTITIONS, DEMO_TOPIC};
 use kafka_lease_server::gateway::{Gateway, Limits};
 use kafka_lease_server::kafka::{Kafka, KafkaSettings};
 use kafka_lease_server::server::ServeOptions;
+use kafka_lease_server::tls::ServerTls;
 
 /// The version and the git revision this binary was built from.
 const VERSION: &str = concat!(
@@ -153,6 +155,29 @@ async fn shutdown_signal() {
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let instance = args.instance();
+    // TLS material and the policy are read before anything is bound: a bad file is a
+    // startup error naming it.
+    let tls = match args.security.tls_files() {
+        Some(files) => Some(Arc::new(ServerTls::load(files).context("TLS")?)),
+        None => None,
+    };
+    let auth = Arc::new(
+        Auth::load(&args.security.auth_files(), tls.clone())
+            .map_err(anyhow::Error::msg)
+            .context("authorization")?,
+    );
+    tracing::info!(
+        tls = tls.is_some(),
+        mutual_tls = tls.as_ref().is_some_and(|t| t.mutual()),
+        identity = tls
+            .as_ref()
+            .and_then(|t| t.own_identity())
+            .as_deref()
+            .unwrap_or("-"),
+        policy = auth.enforcing(),
+        reflection = args.security.reflection,
+        "transport security"
+    );
     tracing::info!(version = VERSION, %instance, listen = %args.listen, kafka = %args.kafka, consul = %args.consul, "starting kafka-lease");
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -188,6 +213,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         max_streams_per_connection: args.max_streams_per_connection,
         keepalive_interval: args.keepalive_interval,
         keepalive_timeout: args.keepalive_timeout,
+        tls,
+        auth,
+        reflection: args.security.reflection,
     };
     kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), options).await?;
     Ok(())

@@ -170,6 +170,19 @@ const (
 	// Metadata: `lease_ref`.
 	// No RetryInfo.
 	ErrorReason_LEASE_REVOKED ErrorReason = 21
+	// UNAUTHENTICATED. The gateway requires an identity (its policy file is set) and the call
+	// carried none it accepts: no client certificate and no bearer token, or a bearer token
+	// the gateway does not know (the token itself is never echoed or logged).
+	// Metadata: none.
+	// No RetryInfo.
+	ErrorReason_NOT_AUTHENTICATED ErrorReason = 22
+	// PERMISSION_DENIED. The caller's identity may not take this action here: the gateway's
+	// policy grants it no `action` on this group and topic, or the lease was acquired by
+	// another identity (a lease id is bound to the identity that acquired it).
+	// Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list),
+	// `group`, `topic` (where known).
+	// No RetryInfo.
+	ErrorReason_ACTION_DENIED ErrorReason = 23
 )
 
 // Enum value maps for ErrorReason.
@@ -197,6 +210,8 @@ var (
 		19: "GATEWAY_UNREACHABLE",
 		20: "MEMBER_ACTIVE",
 		21: "LEASE_REVOKED",
+		22: "NOT_AUTHENTICATED",
+		23: "ACTION_DENIED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -221,6 +236,8 @@ var (
 		"GATEWAY_UNREACHABLE":      19,
 		"MEMBER_ACTIVE":            20,
 		"LEASE_REVOKED":            21,
+		"NOT_AUTHENTICATED":        22,
+		"ACTION_DENIED":            23,
 	}
 )
 
@@ -255,7 +272,7 @@ var File_kafka_lease_v1_errors_proto protoreflect.FileDescriptor
 
 const file_kafka_lease_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bkafka_lease/v1/errors.proto\x12\x0ekafka_lease.v1*\xd6\x03\n" +
+	"\x1bkafka_lease/v1/errors.proto\x12\x0ekafka_lease.v1*\x80\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rINVALID_FIELD\x10\x01\x12\x13\n" +
@@ -281,7 +298,9 @@ const file_kafka_lease_v1_errors_proto_rawDesc = "" +
 	"\rLIMIT_REACHED\x10\x12\x12\x17\n" +
 	"\x13GATEWAY_UNREACHABLE\x10\x13\x12\x11\n" +
 	"\rMEMBER_ACTIVE\x10\x14\x12\x11\n" +
-	"\rLEASE_REVOKED\x10\x15B\xa8\x01\n" +
+	"\rLEASE_REVOKED\x10\x15\x12\x15\n" +
+	"\x11NOT_AUTHENTICATED\x10\x16\x12\x11\n" +
+	"\rACTION_DENIED\x10\x17B\xa8\x01\n" +
 	"\x17io.github.kafkalease.v1B\vErrorsProtoP\x01ZGgithub.com/kafka-lease/kafka-lease/clients/go/kafkaleasev1;kafkaleasev1\xa2\x02\x03KLX\xaa\x02\rKafkaLease.V1\xca\x02\rKafkaLease\\V1\xea\x02\x0eKafkaLease::V1b\x06proto3"
 
 var (

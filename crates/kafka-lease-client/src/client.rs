@@ -2,7 +2,10 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tonic::transport::{Channel, Endpoint};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use crate::convert::{duration_to_proto, system_time_from_proto};
 use crate::lease::Lease;
@@ -21,7 +24,101 @@ pub const DEFAULT_MAX_DECODING_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 /// A connection to a kafka-lease gateway. Cheap to clone: clones share one HTTP/2 channel.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: PartitionLeaseServiceClient<Channel>,
+    channel: Channel,
+    credentials: Credentials,
+    max_decoding_message_size: usize,
+}
+
+/// What the generated client runs over: the channel, with the bearer token (if any) added
+/// to every call.
+pub type Transport = InterceptedService<Channel, Credentials>;
+
+/// The per-call credentials: the bearer token, sent as `authorization: Bearer <token>`.
+/// Its `Debug` never shows the token.
+#[derive(Clone, Default)]
+pub struct Credentials {
+    bearer: Option<MetadataValue<Ascii>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("bearer", &self.bearer.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
+        if let Some(bearer) = &self.bearer {
+            request
+                .metadata_mut()
+                .insert("authorization", bearer.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// TLS towards the gateway: the CA its certificate chains to, and for mutual TLS this
+/// client's certificate and key. All PEM.
+#[derive(Clone, Default)]
+pub struct ClientTls {
+    ca_pem: Option<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+    domain: Option<String>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("ca", &self.ca_pem.is_some())
+            .field("client_certificate", &self.identity.is_some())
+            .field("domain", &self.domain)
+            .finish()
+    }
+}
+
+impl ClientTls {
+    /// TLS checking the gateway's certificate against the CA certificates in `ca_pem`.
+    pub fn new(ca_pem: impl Into<Vec<u8>>) -> ClientTls {
+        ClientTls {
+            ca_pem: Some(ca_pem.into()),
+            ..ClientTls::default()
+        }
+    }
+
+    /// Presents `cert_pem` (chain, leaf first) with its `key_pem`: mutual TLS.
+    pub fn client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> ClientTls {
+        self.identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// Checks the gateway's certificate for `domain` instead of the endpoint's host.
+    pub fn domain(mut self, domain: impl Into<String>) -> ClientTls {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    fn config(&self) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new();
+        if let Some(ca) = &self.ca_pem {
+            config = config.ca_certificate(Certificate::from_pem(ca));
+        }
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &self.domain {
+            config = config.domain_name(domain.clone());
+        }
+        config
+    }
 }
 
 impl Client {
@@ -38,6 +135,44 @@ impl Client {
             .await
             .map_err(Error::Transport)?;
         Ok(Client::from_channel(channel))
+    }
+
+    /// Connects over TLS to the gateway at `endpoint`, e.g. `"https://gw.example:50051"`.
+    ///
+    /// # Errors
+    /// As [`Client::connect`]; a certificate the CA does not vouch for, or a gateway that
+    /// refuses this client's certificate, is [`Error::Transport`].
+    pub async fn connect_tls(endpoint: impl Into<String>, tls: &ClientTls) -> Result<Client> {
+        let endpoint = endpoint.into();
+        let channel = Endpoint::from_shared(endpoint.clone())
+            .map_err(|source| Error::InvalidEndpoint {
+                endpoint: endpoint.clone(),
+                source,
+            })?
+            .tls_config(tls.config())
+            .map_err(Error::Transport)?
+            .connect()
+            .await
+            .map_err(Error::Transport)?;
+        Ok(Client::from_channel(channel))
+    }
+
+    /// Sends `token` as `authorization: Bearer <token>` with every call (for a gateway
+    /// with a tokens file; use TLS, or the token crosses the network readable).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the token cannot be a header value.
+    pub fn with_bearer_token(mut self, token: &str) -> Result<Client> {
+        let value = MetadataValue::try_from(format!("Bearer {token}")).map_err(|_| {
+            Error::InvalidArgument {
+                message: "the bearer token is not usable as a header value: it must be \
+                          visible ASCII"
+                    .into(),
+                details: crate::StatusDetails::default(),
+            }
+        })?;
+        self.credentials.bearer = Some(value);
+        Ok(self)
     }
 
     /// Spreads calls over several gateway instances of one deployment, e.g.
@@ -75,24 +210,28 @@ impl Client {
     /// Uses an existing channel, e.g. one built with TLS, timeouts or `connect_lazy`.
     pub fn from_channel(channel: Channel) -> Client {
         Client {
-            inner: PartitionLeaseServiceClient::new(channel)
-                .max_decoding_message_size(DEFAULT_MAX_DECODING_MESSAGE_SIZE),
+            channel,
+            credentials: Credentials::default(),
+            max_decoding_message_size: DEFAULT_MAX_DECODING_MESSAGE_SIZE,
         }
     }
 
     /// Sets the largest response message this client accepts (default
     /// [`DEFAULT_MAX_DECODING_MESSAGE_SIZE`]). A larger one fails its call, or ends its Read,
     /// with [`Error::OutOfRange`].
-    pub fn max_decoding_message_size(self, limit: usize) -> Client {
-        Client {
-            inner: self.inner.max_decoding_message_size(limit),
-        }
+    pub fn max_decoding_message_size(mut self, limit: usize) -> Client {
+        self.max_decoding_message_size = limit;
+        self
     }
 
-    /// The generated gRPC client, for calls and options this facade does not cover. A clone:
-    /// it shares this client's channel.
-    pub fn raw(&self) -> PartitionLeaseServiceClient<Channel> {
-        self.inner.clone()
+    /// The generated gRPC client, for calls and options this facade does not cover. It
+    /// shares this client's channel and sends its bearer token.
+    pub fn raw(&self) -> PartitionLeaseServiceClient<Transport> {
+        PartitionLeaseServiceClient::with_interceptor(
+            self.channel.clone(),
+            self.credentials.clone(),
+        )
+        .max_decoding_message_size(self.max_decoding_message_size)
     }
 
     /// Joins a group as a member for some topics: the gateways share the topics' partitions

@@ -86,6 +86,15 @@ pub enum Reason {
     MemberActive,
     /// `LEASE_REVOKED`: in a Subscribe `revoked` event, the lease moved to another member.
     LeaseRevoked,
+    /// `NOT_AUTHENTICATED`: the gateway requires an identity (a client certificate or a
+    /// bearer token, see [`ClientTls`](crate::ClientTls) and
+    /// [`Client::with_bearer_token`](crate::Client::with_bearer_token)) and the call
+    /// carried none it accepts (code UNAUTHENTICATED).
+    NotAuthenticated,
+    /// `ACTION_DENIED`: the caller's identity may not take this action on this group and
+    /// topic, or the lease belongs to another identity (code PERMISSION_DENIED, metadata
+    /// `identity`, `action`, `group`, `topic`).
+    ActionDenied,
     /// A reason this version of the crate does not know, as the gateway spelled it.
     Unknown(String),
 }
@@ -117,6 +126,8 @@ impl Reason {
             Some(R::GatewayUnreachable) => Reason::GatewayUnreachable,
             Some(R::MemberActive) => Reason::MemberActive,
             Some(R::LeaseRevoked) => Reason::LeaseRevoked,
+            Some(R::NotAuthenticated) => Reason::NotAuthenticated,
+            Some(R::ActionDenied) => Reason::ActionDenied,
             Some(R::Unspecified) | None => Reason::Unknown(name.to_owned()),
         }
     }
@@ -146,6 +157,8 @@ impl Reason {
             Reason::GatewayUnreachable => R::GatewayUnreachable,
             Reason::MemberActive => R::MemberActive,
             Reason::LeaseRevoked => R::LeaseRevoked,
+            Reason::NotAuthenticated => R::NotAuthenticated,
+            Reason::ActionDenied => R::ActionDenied,
             Reason::Unknown(name) => return name,
         };
         known.as_str_name()

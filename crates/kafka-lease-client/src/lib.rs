@@ -84,8 +84,8 @@ mod subscription;
 pub use kafka_lease_proto::v1 as proto;
 
 pub use client::{
-    AcquireOptions, Client, LeaseFilter, LeaseInfo, Reset, DEFAULT_ACQUIRE_RETRIES,
-    DEFAULT_MAX_DECODING_MESSAGE_SIZE,
+    AcquireOptions, Client, ClientTls, Credentials, LeaseFilter, LeaseInfo, Reset, Transport,
+    DEFAULT_ACQUIRE_RETRIES, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
 };
 pub use error::{Error, Reason, Result, StatusDetails, ERROR_DOMAIN};
 pub use lease::{Lease, ReadOptions, SeekOutcome, SeekTo};

@@ -2,11 +2,14 @@
 //! connected. Every flag has a `KAFKA_LEASE_*` environment variable.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::auth::AuthFiles;
 use crate::coordination::consul::{ConsulConfigError, ConsulLockConfig, SessionCheck};
+use crate::tls::TlsFiles;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -144,7 +147,93 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_LEASE_KEEPALIVE_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
     pub keepalive_timeout: Duration,
     #[command(flatten)]
+    pub security: SecurityArgs,
+    #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// Transport security, identities and authorization on the gRPC port.
+#[derive(Debug, Clone, Args)]
+pub struct SecurityArgs {
+    /// The server's TLS certificate chain (PEM, leaf first): TLS on the gRPC port. Also
+    /// this instance's client certificate towards other instances. Re-read when it changes.
+    #[arg(long, env = "KAFKA_LEASE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS#8, PKCS#1 or SEC1). Re-read when it changes.
+    #[arg(long, env = "KAFKA_LEASE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates (PEM) that client certificates must chain to: every client must
+    /// present one (mutual TLS), and its name is the caller's identity. Re-read when it changes.
+    #[arg(long, env = "KAFKA_LEASE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// CA certificates (PEM) that other instances' certificates must chain to when calls
+    /// are forwarded to them. Default: --tls-client-ca.
+    #[arg(long, env = "KAFKA_LEASE_TLS_PEER_CA", requires = "tls_cert")]
+    pub tls_peer_ca: Option<PathBuf>,
+    /// Serve plaintext gRPC on a non-loopback address. Without TLS flags the gateway
+    /// serves plaintext only on a loopback address unless this is given.
+    #[arg(long, env = "KAFKA_LEASE_PLAINTEXT", conflicts_with = "tls_cert")]
+    pub plaintext: bool,
+    /// The authorization policy (TOML): which identities may do what, per group and topic
+    /// pattern. Set, every call needs an identity. Re-read when it changes; a bad version
+    /// keeps the previous one in force. See the README's "Running it securely".
+    #[arg(long, env = "KAFKA_LEASE_AUTH_POLICY")]
+    pub auth_policy: Option<PathBuf>,
+    /// Bearer tokens: lines of `<identity> <token>` (`#` comments). A call with
+    /// `authorization: Bearer <token>` is that identity. Re-read when it changes.
+    #[arg(long, env = "KAFKA_LEASE_AUTH_TOKENS_FILE")]
+    pub auth_tokens_file: Option<PathBuf>,
+    /// Whether the gRPC reflection services are served (grpcurl and grpcui use them to
+    /// learn the API; with `false`, give them the .proto files instead).
+    #[arg(long, env = "KAFKA_LEASE_REFLECTION", default_value_t = true,
+          action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub reflection: bool,
+}
+
+impl SecurityArgs {
+    /// The TLS files, when TLS is on.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone(),
+            peer_ca: self.tls_peer_ca.clone(),
+        })
+    }
+
+    pub fn auth_files(&self) -> AuthFiles {
+        AuthFiles {
+            policy: self.auth_policy.clone(),
+            tokens: self.auth_tokens_file.clone(),
+        }
+    }
+
+    /// Plaintext on a non-loopback address only when asked for; forwarding over TLS needs
+    /// a CA to check peers against.
+    fn validate(&self, listen: SocketAddr) -> Result<(), ConfigError> {
+        if self.tls_cert.is_none() && !self.plaintext && !listen.ip().is_loopback() {
+            return Err(ConfigError {
+                flag: "--listen",
+                value: listen.to_string(),
+                allowed: "a loopback address, unless TLS is set up (--tls-cert and --tls-key) \
+                          or plaintext is asked for explicitly (--plaintext): without TLS, \
+                          lease ids, offsets and records cross the network readable by anyone \
+                          on the path"
+                    .into(),
+            });
+        }
+        if self.tls_cert.is_some() && self.tls_client_ca.is_none() && self.tls_peer_ca.is_none() {
+            return Err(ConfigError {
+                flag: "--tls-peer-ca",
+                value: "(unset)".into(),
+                allowed: "a CA file: with TLS on, calls forwarded to other instances check \
+                          their certificates against it (--tls-client-ca serves for both when \
+                          one CA signs gateways and clients)"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -210,6 +299,7 @@ impl ServeArgs {
         if let Some(id) = &self.instance_id {
             check_name("--instance-id", id)?;
         }
+        self.security.validate(self.listen)?;
         for (flag, value) in [
             ("--keepalive-interval", self.keepalive_interval),
             ("--keepalive-timeout", self.keepalive_timeout),
@@ -410,6 +500,53 @@ mod tests {
     }
 
     #[test]
+    fn plaintext_leaves_loopback_only_when_asked_and_tls_needs_a_peer_ca() {
+        let s = serve(&["--kafka", "k:1", "--listen", "10.0.0.7:50051"]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--listen")
+                && err.contains("10.0.0.7:50051")
+                && err.contains("--plaintext"),
+            "{err}"
+        );
+        let s = serve(&[
+            "--kafka",
+            "k:1",
+            "--listen",
+            "10.0.0.7:50051",
+            "--plaintext",
+        ])
+        .expect("parse");
+        assert!(s.validate().is_ok());
+        let tls = ["--tls-cert", "c.pem", "--tls-key", "k.pem"];
+        let mut args = vec!["--kafka", "k:1", "--listen", "10.0.0.7:50051"];
+        args.extend(tls);
+        let err = serve(&args)
+            .expect("parse")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--tls-peer-ca"), "{err}");
+        args.extend(["--tls-client-ca", "ca.pem"]);
+        assert!(serve(&args).expect("parse").validate().is_ok());
+        // Plaintext and TLS at once, or half a key pair, are refused by the parser.
+        assert!(serve(&[
+            "--kafka",
+            "k:1",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--plaintext"
+        ])
+        .is_err());
+        assert!(serve(&["--kafka", "k:1", "--tls-cert", "c"]).is_err());
+        assert!(serve(&["--kafka", "k:1", "--tls-client-ca", "ca"]).is_err());
+        let s = serve(&["--kafka", "k:1", "--reflection", "false"]).expect("parse");
+        assert!(!s.security.reflection);
+    }
+
+    #[test]
     fn the_advertised_address_is_the_listen_address_unless_that_is_a_wildcard() {
         let bound: SocketAddr = "10.0.0.7:41234".parse().expect("addr");
         let s = serve(&["--kafka", "k:1", "--listen", "10.0.0.7:0"]).expect("parse");
@@ -419,13 +556,14 @@ mod tests {
             Some("10.0.0.7:41234")
         );
 
-        let s = serve(&["--kafka", "k:1", "--listen", "0.0.0.0:50051"]).expect("parse");
+        let s =
+            serve(&["--kafka", "k:1", "--listen", "0.0.0.0:50051", "--plaintext"]).expect("parse");
         let err = s.validate().unwrap_err().to_string();
         assert!(
             err.contains("--advertise-addr") && err.contains("0.0.0.0:50051"),
             "{err}"
         );
-        let s = serve(&["--kafka", "k:1", "--listen", "[::]:50051"]).expect("parse");
+        let s = serve(&["--kafka", "k:1", "--listen", "[::]:50051", "--plaintext"]).expect("parse");
         assert!(s.validate().is_err());
 
         let s = serve(&[
@@ -435,6 +573,7 @@ mod tests {
             "0.0.0.0:50051",
             "--advertise-addr",
             "gw-1.kafka-lease:50051",
+            "--plaintext",
         ])
         .expect("parse");
         assert!(s.validate().is_ok());

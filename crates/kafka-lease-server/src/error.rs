@@ -50,6 +50,14 @@ pub struct BusyPartition {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LeaseError {
+    /// The gateway requires an identity and the call carried none it accepts.
+    #[error("{0}")]
+    NotAuthenticated(String),
+
+    /// The caller may not take this action here.
+    #[error("{0}")]
+    ActionDenied(Box<crate::auth::Denied>),
+
     #[error("{message}")]
     InvalidArgument {
         field: &'static str,

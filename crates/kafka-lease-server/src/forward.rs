@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use tonic::metadata::{MetadataMap, MetadataValue};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
 
@@ -31,9 +31,11 @@ use kafka_lease_proto::v1;
 use kafka_lease_proto::v1::gateway_peer_service_client::GatewayPeerServiceClient;
 use kafka_lease_proto::v1::partition_lease_service_client::PartitionLeaseServiceClient;
 
+use crate::auth::Caller;
 use crate::coordination::LockBackend;
 use crate::error::{EndReason, LeaseError, MemberUnreachable};
 use crate::grpc::{status_of, ERROR_DOMAIN};
+use crate::tls::ServerTls;
 
 /// The request header that marks a call forwarded by another instance; its value names that
 /// instance. A call with it is answered where it lands, never forwarded again.
@@ -62,6 +64,9 @@ pub struct Peers {
     /// opened, so forwarded Reads never queue behind a peer's HTTP/2 stream limit.
     streams_per_connection: usize,
     peers: Mutex<HashMap<String, Peer>>,
+    /// This instance's TLS: set, peers are dialed over TLS, presenting this instance's
+    /// certificate and checking theirs against the peer CA.
+    tls: Option<Arc<ServerTls>>,
 }
 
 /// The pool of connections to one instance.
@@ -126,7 +131,33 @@ impl Peers {
             locks,
             streams_per_connection: streams_per_connection.max(1),
             peers: Mutex::new(HashMap::new()),
+            tls: None,
         }
+    }
+
+    /// Peers are dialed over TLS with `tls`'s certificate and peer CA (read at each new
+    /// connection, so a reloaded certificate is used from then on).
+    pub fn with_tls(mut self, tls: Option<Arc<ServerTls>>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    fn endpoint(&self, address: &str) -> Result<Endpoint, String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
+            .map_err(|e| format!("its advertised address is not usable: {e}"))?;
+        if let Some(tls) = &self.tls {
+            let peer = tls.peer();
+            let mut config =
+                ClientTlsConfig::new().identity(Identity::from_pem(&peer.cert_pem, &peer.key_pem));
+            if let Some(ca) = &peer.ca_pem {
+                config = config.ca_certificate(Certificate::from_pem(ca));
+            }
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| format!("TLS towards it cannot be set up: {e}"))?;
+        }
+        Ok(endpoint)
     }
 
     /// A connection to `instance` for one call on lease `lease_ref`: the cached address, else
@@ -175,12 +206,13 @@ impl Peers {
         {
             Some(connection) => connection.clone(),
             None => {
-                let endpoint = Endpoint::from_shared(format!("http://{address}"))
-                    .map_err(|e| LeaseError::GatewayUnreachable {
+                let endpoint = self
+                    .endpoint(address)
+                    .map_err(|detail| LeaseError::GatewayUnreachable {
                         lease_ref: lease_ref.to_string(),
                         gateway: instance.to_string(),
                         address: address.to_string(),
-                        detail: format!("its advertised address is not usable: {e}"),
+                        detail,
                     })?
                     .connect_timeout(CONNECT_TIMEOUT)
                     .tcp_nodelay(true)
@@ -232,13 +264,25 @@ impl Peers {
 
     /// The request to send to the serving instance: `message`, the caller's deadline less
     /// what has passed, and [`FORWARDED_BY`].
-    pub fn outgoing<T>(&self, message: T, deadline: Option<tokio::time::Instant>) -> Request<T> {
+    pub fn outgoing<T>(
+        &self,
+        message: T,
+        deadline: Option<tokio::time::Instant>,
+        caller: &Caller,
+    ) -> Request<T> {
         let mut request = Request::new(message);
         if let Some(deadline) = deadline {
             request.set_timeout(deadline.saturating_duration_since(tokio::time::Instant::now()));
         }
         if let Ok(value) = MetadataValue::try_from(self.me.as_str()) {
             request.metadata_mut().insert(FORWARDED_BY, value);
+        }
+        // An identity that cannot be a header value is not sent: the serving instance then
+        // sees no caller, and refuses whatever needs one.
+        for (name, value) in caller.forwarding_headers() {
+            if let Ok(value) = MetadataValue::try_from(value.as_str()) {
+                request.metadata_mut().insert(name, value);
+            }
         }
         request
     }
@@ -402,13 +446,14 @@ impl Peers {
         route: Route,
         message: Req,
         deadline: Option<tokio::time::Instant>,
+        caller: &Caller,
         call: F,
     ) -> Result<Resp, Status>
     where
         F: FnOnce(PartitionLeaseServiceClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
-        let request = self.outgoing(message, deadline);
+        let request = self.outgoing(message, deadline, caller);
         match call(route.client(), request).await {
             Ok(response) => Ok(response.into_inner()),
             Err(status) => Err(self.failed(&route, status).await),

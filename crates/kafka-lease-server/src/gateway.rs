@@ -48,6 +48,8 @@ pub struct AcquireSpec {
     pub via: Option<std::net::SocketAddr>,
     /// The member id of the subscription the lease is for; empty for an Acquire.
     pub subscriber: String,
+    /// The caller's identity, when it has one: the lease answers only it.
+    pub owner: Option<String>,
 }
 
 /// What Acquire grants.
@@ -957,6 +959,7 @@ impl Gateway {
             id: id.clone(),
             grant,
             member: spec.member.clone(),
+            owner: spec.owner.clone(),
             ttl: spec.ttl,
             acquired_at: holder.acquired_at(),
             position: start,

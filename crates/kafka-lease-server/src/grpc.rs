@@ -13,6 +13,7 @@ use kafka_lease_proto::v1;
 use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerService;
 use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseService;
 
+use crate::auth::{self, Action, Auth, Caller};
 use crate::coordination::CoordinationError;
 use crate::coordination::LockKey;
 use crate::error::{EndReason, LeaseError};
@@ -53,6 +54,18 @@ fn status_at(err: LeaseError, now: SystemTime) -> Status {
     };
     let mut retry = None;
     let (code, reason) = match &err {
+        LeaseError::NotAuthenticated(_) => (Code::Unauthenticated, R::NotAuthenticated),
+        LeaseError::ActionDenied(denied) => {
+            put("identity", denied.identity.clone());
+            put("action", denied.action.to_owned());
+            if let Some(group) = &denied.group {
+                put("group", group.clone());
+            }
+            if let Some(topic) = &denied.topic {
+                put("topic", topic.clone());
+            }
+            (Code::PermissionDenied, R::ActionDenied)
+        }
         LeaseError::InvalidArgument { field, .. } => {
             put("field", (*field).to_owned());
             (Code::InvalidArgument, R::InvalidField)
@@ -249,11 +262,56 @@ fn proto_duration(d: std::time::Duration) -> prost_types::Duration {
 pub struct LeaseService {
     gateway: Arc<Gateway>,
     peers: Arc<Peers>,
+    auth: Arc<Auth>,
 }
 
 impl LeaseService {
+    /// The service with no identities and no policy: everyone may do everything.
     pub fn new(gateway: Arc<Gateway>, peers: Arc<Peers>) -> Self {
-        Self { gateway, peers }
+        Self {
+            gateway,
+            peers,
+            auth: Auth::open(),
+        }
+    }
+
+    /// Identities and the policy come from `auth`.
+    pub fn with_auth(mut self, auth: Arc<Auth>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// Who is calling: UNAUTHENTICATED when the gateway requires an identity and the call
+    /// has none it accepts.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let certs = request.peer_certs();
+        self.auth
+            .caller(request.metadata(), certs.as_deref().map(Vec::as_slice))
+            .map_err(status_of)
+    }
+
+    /// Checks a call on a lease this instance serves: the caller may take `action` on its
+    /// group and topic, and is the identity that acquired it. A lease this instance does
+    /// not know is left to the call itself, which answers why.
+    fn authorize_lease(
+        &self,
+        caller: &Caller,
+        action: Action,
+        lease_id: &str,
+    ) -> Result<(), Status> {
+        if let Ok(lease) = self.gateway.lookup(lease_id) {
+            let (group, topic) = (&lease.key.group, &lease.key.topic);
+            self.auth
+                .check(caller, action, group, topic)
+                .and_then(|()| {
+                    auth::check_owner(lease.owner.as_deref(), caller, action, group, topic)
+                })
+                .map_err(|err| {
+                    tracing::info!(parent: &lease.span, error = %err, "call refused");
+                    status_of(err)
+                })?;
+        }
+        Ok(())
     }
 
     /// The instance to forward a call on `lease_id` to: the one the id names when this
@@ -298,6 +356,7 @@ impl LeaseService {
         instance: &str,
         lease_id: &str,
         request: Request<Req>,
+        caller: &Caller,
         call: F,
     ) -> Result<Response<Resp>, Status>
     where
@@ -318,7 +377,7 @@ impl LeaseService {
         tracing::debug!(%method, peer = %instance, address = %route.address, %lease_ref, "forwarding a call to the serving instance");
         let deadline = deadline_of(request.metadata());
         self.peers
-            .unary(route, request.into_inner(), deadline, call)
+            .unary(route, request.into_inner(), deadline, caller, call)
             .await
             .map(Response::new)
     }
@@ -456,9 +515,11 @@ impl LeaseService {
             .peers
             .describer(instance, &address)
             .map_err(|e| e.to_string())?;
-        let request = self
-            .peers
-            .outgoing(v1::DescribeLeasesRequest { leases: keys }, None);
+        let request = self.peers.outgoing(
+            v1::DescribeLeasesRequest { leases: keys },
+            None,
+            &Caller::anonymous(),
+        );
         match client.describe_leases(request).await {
             Ok(answer) => Ok(answer.into_inner().leases),
             Err(status) => Err(format!(
@@ -474,11 +535,21 @@ impl LeaseService {
 #[derive(Debug, Clone)]
 pub struct PeerService {
     gateway: Arc<Gateway>,
+    auth: Arc<Auth>,
 }
 
 impl PeerService {
     pub fn new(gateway: Arc<Gateway>) -> Self {
-        Self { gateway }
+        Self {
+            gateway,
+            auth: Auth::open(),
+        }
+    }
+
+    /// Only gateway instances may call it, when identities exist (see [`Auth::check_gateway`]).
+    pub fn with_auth(mut self, auth: Arc<Auth>) -> Self {
+        self.auth = auth;
+        self
     }
 }
 
@@ -488,6 +559,10 @@ impl GatewayPeerService for PeerService {
         &self,
         request: Request<v1::DescribeLeasesRequest>,
     ) -> Result<Response<v1::DescribeLeasesResponse>, Status> {
+        let certs = request.peer_certs();
+        self.auth
+            .check_gateway(certs.as_deref().map(Vec::as_slice))
+            .map_err(status_of)?;
         let asked = &request.get_ref().leases;
         if asked.len() > validate::MAX_PAGE_SIZE as usize {
             return Err(status_of(LeaseError::InvalidArgument {
@@ -557,6 +632,7 @@ fn acquire_spec(
         reset,
         via,
         subscriber: String::new(),
+        owner: None,
     })
 }
 
@@ -660,6 +736,7 @@ fn subscribe_spec(req: &v1::SubscribeRequest) -> Result<SubscribeSpec, LeaseErro
             std::time::Duration::ZERO,
             MAX_SESSION_GRACE,
         )?,
+        owner: None,
     })
 }
 
@@ -765,7 +842,12 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::AcquireRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let spec = acquire_spec(request.get_ref(), request.remote_addr()).map_err(status_of)?;
+        let caller = self.caller(&request)?;
+        let mut spec = acquire_spec(request.get_ref(), request.remote_addr()).map_err(status_of)?;
+        self.auth
+            .check(&caller, Action::Acquire, &spec.group, &spec.topic)
+            .map_err(status_of)?;
+        spec.owner = caller.identity;
         let granted = self.gateway.acquire(spec).await.map_err(status_of)?;
         Ok(Response::new(v1::AcquireResponse {
             lease_id: granted.lease_id,
@@ -788,6 +870,7 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
+        let caller = self.caller(&request)?;
         let limits = read_limits(request.get_ref()).map_err(status_of)?;
         if let Some(instance) = self.forward_to(&request, &request.get_ref().lease_id) {
             let lease_ref = lease_ref(&request.get_ref().lease_id).to_string();
@@ -798,7 +881,7 @@ impl PartitionLeaseService for LeaseService {
                 .map_err(status_of)?;
             tracing::info!(peer = %instance, address = %route.address, %lease_ref, "proxying a Read from the serving instance");
             let deadline = deadline_of(request.metadata());
-            let outgoing = self.peers.outgoing(request.into_inner(), deadline);
+            let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
             return match route.client().read(outgoing).await {
                 Ok(answer) => Ok(Response::new(until_deadline(
                     self.peers.proxy(route, answer.into_inner(), Failure::Lease),
@@ -807,6 +890,7 @@ impl PartitionLeaseService for LeaseService {
                 Err(status) => Err(self.peers.failed(&route, status).await),
             };
         }
+        self.authorize_lease(&caller, Action::Read, &request.get_ref().lease_id)?;
         let deadline = deadline_of(request.metadata());
         let stream = self
             .gateway
@@ -832,7 +916,14 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
-        let spec = subscribe_spec(request.get_ref()).map_err(status_of)?;
+        let caller = self.caller(&request)?;
+        let mut spec = subscribe_spec(request.get_ref()).map_err(status_of)?;
+        for topic in &spec.topics {
+            self.auth
+                .check(&caller, Action::Subscribe, &spec.group, topic)
+                .map_err(status_of)?;
+        }
+        spec.owner = caller.identity.clone();
         let deadline = deadline_of(request.metadata());
         let (group, member_id) = (spec.group.clone(), spec.member_id.clone());
         let events: Self::SubscribeStream = match self.gateway.subscribe(spec).await {
@@ -854,7 +945,7 @@ impl PartitionLeaseService for LeaseService {
                     Err(_) => return Err(status_of(err)),
                 };
                 tracing::info!(peer = %instance, address = %route.address, %group, %member_id, "forwarding a Subscribe to the instance that holds the member");
-                let outgoing = self.peers.outgoing(request.into_inner(), deadline);
+                let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
                 match route.client().subscribe(outgoing).await {
                     Ok(answer) => self.peers.proxy(
                         route,
@@ -887,16 +978,26 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::ListMembersRequest>,
     ) -> Result<Response<v1::ListMembersResponse>, Status> {
+        let caller = self.caller(&request)?;
         let req = request.get_ref();
         validate::group(&req.group).map_err(status_of)?;
         if let Some(topic) = &req.topic {
             validate::topic(topic).map_err(status_of)?;
+            self.auth
+                .check(&caller, Action::List, &req.group, topic)
+                .map_err(status_of)?;
+        } else {
+            self.auth
+                .check_group(&caller, Action::List, &req.group)
+                .map_err(status_of)?;
         }
-        let members = self
+        let mut members = self
             .gateway
             .list_members(&req.group, req.topic.as_deref())
             .await
             .map_err(status_of)?;
+        // Only the topics the caller may list.
+        members.retain(|(topic, _, _)| self.auth.allows(&caller, Action::List, &req.group, topic));
         Ok(Response::new(v1::ListMembersResponse {
             members: members
                 .into_iter()
@@ -920,6 +1021,7 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::SeekRequest>,
     ) -> Result<Response<v1::SeekResponse>, Status> {
+        let caller = self.caller(&request)?;
         let target = seek_target(request.get_ref()).map_err(status_of)?;
         let lease_id = request.get_ref().lease_id.clone();
         if let Some(instance) = self.forward_to(&request, &lease_id) {
@@ -929,10 +1031,12 @@ impl PartitionLeaseService for LeaseService {
                     &instance,
                     &lease_id,
                     request,
+                    &caller,
                     |mut c, r| async move { c.seek(r).await },
                 )
                 .await;
         }
+        self.authorize_lease(&caller, Action::Seek, &lease_id)?;
         let (offset, seek_epoch) = self
             .gateway
             .seek(&request.get_ref().lease_id, target)
@@ -945,6 +1049,7 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::CommitRequest>,
     ) -> Result<Response<v1::CommitResponse>, Status> {
+        let caller = self.caller(&request)?;
         let req = request.get_ref();
         validate::lease_id(&req.lease_id).map_err(status_of)?;
         if let Some(metadata) = &req.metadata {
@@ -958,10 +1063,12 @@ impl PartitionLeaseService for LeaseService {
                     &instance,
                     &lease_id,
                     request,
+                    &caller,
                     |mut c, r| async move { c.commit(r).await },
                 )
                 .await;
         }
+        self.authorize_lease(&caller, Action::Commit, &lease_id)?;
         let req = request.get_ref();
         let metadata = self
             .gateway
@@ -978,6 +1085,7 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let caller = self.caller(&request)?;
         validate::lease_id(&request.get_ref().lease_id).map_err(status_of)?;
         let lease_id = request.get_ref().lease_id.clone();
         if let Some(instance) = self.forward_to(&request, &lease_id) {
@@ -987,10 +1095,12 @@ impl PartitionLeaseService for LeaseService {
                     &instance,
                     &lease_id,
                     request,
+                    &caller,
                     |mut c, r| async move { c.release(r).await },
                 )
                 .await;
         }
+        self.authorize_lease(&caller, Action::Release, &lease_id)?;
         let req = request.get_ref();
         let committed_offset = self
             .gateway
@@ -1004,6 +1114,7 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::ListLeasesRequest>,
     ) -> Result<Response<v1::ListLeasesResponse>, Status> {
+        let caller = self.caller(&request)?;
         let req = request.get_ref();
         if let Some(group) = &req.group {
             validate::group(group).map_err(status_of)?;
@@ -1019,11 +1130,16 @@ impl PartitionLeaseService for LeaseService {
         )
         .map_err(status_of)? as usize;
         let after = validate::page_token(&req.page_token).map_err(status_of)?;
-        let listed = self
+        let mut listed = self
             .gateway
             .list(req.group.as_deref(), req.topic.as_deref())
             .await
             .map_err(status_of)?;
+        // Only what the caller may see: a lease whose group and topic it may list.
+        listed.retain(|l| {
+            self.auth
+                .allows(&caller, Action::List, &l.key.group, &l.key.topic)
+        });
         let (page, next) = page_of(listed, after.as_ref(), size);
         let deadline = deadline_of(request.metadata());
         Ok(Response::new(v1::ListLeasesResponse {

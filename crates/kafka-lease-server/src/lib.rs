@@ -4,9 +4,11 @@
 //! Layers, bottom up: [`coordination`] (locks; knows nothing of Kafka or gRPC), [`kafka`]
 //! (reading and offsets; knows nothing of locks or gRPC), [`lease`] and [`gateway`] (the
 //! lease rules, on both), [`grpc`] (validation and the one error-to-status mapping),
-//! [`forward`] (calls on leases other instances serve, sent on to them), and [`server`]
-//! (running it all, health, shutdown).
+//! [`forward`] (calls on leases other instances serve, sent on to them), [`tls`] and
+//! [`auth`] (transport security, identities and the policy), and [`server`] (running it all,
+//! health, shutdown).
 
+pub mod auth;
 mod balance;
 pub mod config;
 /// The partition locks: a crate of its own, so that "knows nothing of Kafka or gRPC" is a
@@ -21,5 +23,6 @@ pub mod kafka;
 pub mod lease;
 pub mod server;
 pub mod subscribe;
+pub mod tls;
 pub mod validate;
 mod waiters;

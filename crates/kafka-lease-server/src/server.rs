@@ -19,10 +19,12 @@ use tonic_health::ServingStatus;
 use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerServiceServer;
 use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseServiceServer;
 
+use crate::auth::Auth;
 use crate::coordination::SessionState;
 use crate::forward::Peers;
 use crate::gateway::Gateway;
 use crate::grpc::{LeaseService, PeerService};
+use crate::tls::ServerTls;
 
 /// Why the server could not run.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +40,7 @@ pub enum ServerError {
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How the server runs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ServeOptions {
     /// How long a graceful shutdown may take.
     pub grace: Duration,
@@ -51,6 +53,12 @@ pub struct ServeOptions {
     /// then lives out its TTL).
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// TLS on the port (and towards peers); `None`: plaintext.
+    pub tls: Option<Arc<ServerTls>>,
+    /// Identities and the policy.
+    pub auth: Arc<Auth>,
+    /// Whether the reflection services are served (grpcurl and grpcui use them).
+    pub reflection: bool,
 }
 
 impl Default for ServeOptions {
@@ -60,6 +68,9 @@ impl Default for ServeOptions {
             max_streams_per_connection: 200,
             keepalive_interval: Duration::from_secs(20),
             keepalive_timeout: Duration::from_secs(20),
+            tls: None,
+            auth: Auth::open(),
+            reflection: true,
         }
     }
 }
@@ -85,49 +96,82 @@ pub async fn serve(
 
     // google.rpc's error details are served too, so that reflection-driven tools (grpcurl,
     // grpcui) can decode the ErrorInfo and RetryInfo in every error status.
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let reflection_v1 = options
+        .reflection
+        .then(|| {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+                .build_v1()
+        })
+        .transpose()?;
+    let reflection_v1alpha = options
+        .reflection
+        .then(|| {
+            tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+                .build_v1alpha()
+        })
+        .transpose()?;
 
     // Calls on leases other instances serve go to them over pooled connections, each
     // carrying as many calls as this instance lets a connection carry (instances of one
     // deployment share their settings).
-    let peers = Arc::new(Peers::new(
-        gateway.instance().to_string(),
-        gateway.locks().clone(),
-        options.max_streams_per_connection as usize,
-    ));
+    let peers = Arc::new(
+        Peers::new(
+            gateway.instance().to_string(),
+            gateway.locks().clone(),
+            options.max_streams_per_connection as usize,
+        )
+        .with_tls(options.tls.clone()),
+    );
+    // The certificate, key, CAs, policy and tokens are re-read while the server runs.
+    let reloads: Vec<tokio::task::JoinHandle<()>> = [
+        options.tls.clone().map(|tls| tokio::spawn(tls.watch())),
+        Some(tokio::spawn(options.auth.clone().watch())),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = Server::builder()
+    let router = Server::builder()
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
         .max_concurrent_streams(Some(options.max_streams_per_connection))
         .add_service(health_service)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(
-            PartitionLeaseServiceServer::new(LeaseService::new(gateway.clone(), peers))
-                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            PartitionLeaseServiceServer::new(
+                LeaseService::new(gateway.clone(), peers).with_auth(options.auth.clone()),
+            )
+            .max_decoding_message_size(MAX_REQUEST_BYTES),
         )
-        .add_service(GatewayPeerServiceServer::new(PeerService::new(
-            gateway.clone(),
-        )))
-        // TCP_NODELAY: without it Nagle's algorithm holds small ReadResponses back until the
-        // client's delayed ACK, adding ~40 ms to delivery latency.
-        .serve_with_incoming_shutdown(
+        .add_service(GatewayPeerServiceServer::new(
+            PeerService::new(gateway.clone()).with_auth(options.auth.clone()),
+        ));
+    let stopped = async {
+        let _ = server_stopped.await;
+    };
+    let server: std::pin::Pin<
+        Box<dyn Future<Output = Result<(), tonic::transport::Error>> + Send>,
+    > = match &options.tls {
+        Some(tls) => Box::pin(
+            router
+                .serve_with_incoming_shutdown(crate::tls::incoming(listener, tls.clone()), stopped),
+        ),
+        // TCP_NODELAY: without it Nagle's algorithm holds small ReadResponses back until
+        // the client's delayed ACK, adding ~40 ms to delivery latency.
+        None => Box::pin(router.serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async {
-                let _ = server_stopped.await;
-            },
-        );
+            stopped,
+        )),
+    };
     tokio::pin!(server);
+    let _reloads = AbortOnDrop(reloads);
 
     tokio::select! {
         result = &mut server => {
@@ -164,6 +208,17 @@ pub async fn serve(
     }
     tracing::info!(took = ?started.elapsed(), "shutdown complete");
     Ok(())
+}
+
+/// Stops the reload tasks when the server ends.
+struct AbortOnDrop(Vec<tokio::task::JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
 }
 
 async fn set_health(reporter: &HealthReporter, status: ServingStatus) {

@@ -51,6 +51,9 @@ pub struct SubscribeSpec {
     /// How long the member stays, with its leases, after its stream is gone, for a
     /// Subscribe with its member id to take it over. Zero: it leaves at once.
     pub session_grace: Duration,
+    /// The caller's identity, when it has one: the member's leases answer only it, and
+    /// only it may take the member over.
+    pub owner: Option<String>,
 }
 
 /// A new stream for a detached member: its task's way back to a client.
@@ -577,6 +580,28 @@ impl Member {
         let (mut mine, mut theirs) = (self.spec.topics.clone(), attach.spec.topics.clone());
         mine.sort();
         theirs.sort();
+        if attach.spec.owner != self.spec.owner {
+            let _ = attach.control.send(Err(LeaseError::ActionDenied(Box::new(
+                crate::auth::Denied {
+                    identity: attach
+                        .spec
+                        .owner
+                        .clone()
+                        .unwrap_or_else(|| "(anonymous)".into()),
+                    action: crate::auth::Action::Subscribe.as_str(),
+                    group: Some(self.spec.group.clone()),
+                    topic: mine.first().cloned(),
+                    why: Some(format!(
+                        "member {:?} belongs to another identity; only the identity that \
+                         subscribed it may take it over",
+                        self.spec.member_id
+                    )),
+                },
+            ))));
+            self.gateway
+                .detach_member(&self.spec.group, &self.spec.member_id, self.attach.clone());
+            return;
+        }
         if mine != theirs {
             let _ = attach.control.send(Err(LeaseError::InvalidArgument {
                 field: "topics",
@@ -780,6 +805,7 @@ impl Member {
             reset: self.spec.reset,
             via: None,
             subscriber: self.spec.member_id.clone(),
+            owner: self.spec.owner.clone(),
         };
         let (gateway, done, topic) = (self.gateway.clone(), self.done.clone(), topic.to_string());
         tokio::spawn(async move {

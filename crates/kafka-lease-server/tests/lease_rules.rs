@@ -61,6 +61,7 @@ fn spec(group: &str, partition: i32) -> AcquireSpec {
         reset: Reset::Earliest,
         via: None,
         subscriber: String::new(),
+        owner: None,
     }
 }
 

@@ -46,6 +46,7 @@ fn spec(group: &str, topic: &str, member: &str, wait: Duration) -> AcquireSpec {
         reset: Reset::Earliest,
         via: None,
         subscriber: String::new(),
+        owner: None,
     }
 }
 

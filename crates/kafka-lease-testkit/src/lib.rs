@@ -6,10 +6,12 @@
 //! is a loud failure; elsewhere the test is skipped with a message saying how to start the
 //! services.
 
+pub mod certs;
 pub mod consul_agent;
 pub mod gateway;
 pub mod relay;
 pub mod topics;
+pub use certs::TestCa;
 pub use consul_agent::ConsulClientAgent;
 pub use gateway::GatewayProcess;
 pub use relay::{Fault, Relay};

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkafka_lease/v1/errors.proto\x12\x0ekafka_lease.v1*\xd6\x03\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n\rINVALID_FIELD\x10\x01\x12\x13\n\x0fTOPIC_NOT_FOUND\x10\x02\x12\x17\n\x13PARTITION_NOT_FOUND\x10\x03\x12\x13\n\x0fLEASE_NOT_FOUND\x10\x04\x12\x12\n\x0ePARTITION_BUSY\x10\x05\x12\x11\n\rWRONG_GATEWAY\x10\x06\x12\x0e\n\nLEASE_LOST\x10\x07\x12\x11\n\rLEASE_EXPIRED\x10\x08\x12\x12\n\x0eLEASE_RELEASED\x10\t\x12\x13\n\x0fLEASE_ABANDONED\x10\n\x12\x17\n\x13OFFSET_OUT_OF_RANGE\x10\x0b\x12\x0e\n\nSUPERSEDED\x10\x0c\x12\x11\n\rSHUTTING_DOWN\x10\r\x12\x15\n\x11KAFKA_UNAVAILABLE\x10\x0e\x12\x16\n\x12\x43ONSUL_UNAVAILABLE\x10\x0f\x12\x10\n\x0cKAFKA_DENIED\x10\x10\x12\x11\n\rKAFKA_REFUSED\x10\x11\x12\x11\n\rLIMIT_REACHED\x10\x12\x12\x17\n\x13GATEWAY_UNREACHABLE\x10\x13\x12\x11\n\rMEMBER_ACTIVE\x10\x14\x12\x11\n\rLEASE_REVOKED\x10\x15\x42\xa8\x01\n\x17io.github.kafkalease.v1B\x0b\x45rrorsProtoP\x01ZGgithub.com/kafka-lease/kafka-lease/clients/go/kafkaleasev1;kafkaleasev1\xa2\x02\x03KLX\xaa\x02\rKafkaLease.V1\xca\x02\rKafkaLease\\V1\xea\x02\x0eKafkaLease::V1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bkafka_lease/v1/errors.proto\x12\x0ekafka_lease.v1*\x80\x04\n\x0b\x45rrorReason\x12\x1c\n\x18\x45RROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n\rINVALID_FIELD\x10\x01\x12\x13\n\x0fTOPIC_NOT_FOUND\x10\x02\x12\x17\n\x13PARTITION_NOT_FOUND\x10\x03\x12\x13\n\x0fLEASE_NOT_FOUND\x10\x04\x12\x12\n\x0ePARTITION_BUSY\x10\x05\x12\x11\n\rWRONG_GATEWAY\x10\x06\x12\x0e\n\nLEASE_LOST\x10\x07\x12\x11\n\rLEASE_EXPIRED\x10\x08\x12\x12\n\x0eLEASE_RELEASED\x10\t\x12\x13\n\x0fLEASE_ABANDONED\x10\n\x12\x17\n\x13OFFSET_OUT_OF_RANGE\x10\x0b\x12\x0e\n\nSUPERSEDED\x10\x0c\x12\x11\n\rSHUTTING_DOWN\x10\r\x12\x15\n\x11KAFKA_UNAVAILABLE\x10\x0e\x12\x16\n\x12\x43ONSUL_UNAVAILABLE\x10\x0f\x12\x10\n\x0cKAFKA_DENIED\x10\x10\x12\x11\n\rKAFKA_REFUSED\x10\x11\x12\x11\n\rLIMIT_REACHED\x10\x12\x12\x17\n\x13GATEWAY_UNREACHABLE\x10\x13\x12\x11\n\rMEMBER_ACTIVE\x10\x14\x12\x11\n\rLEASE_REVOKED\x10\x15\x12\x15\n\x11NOT_AUTHENTICATED\x10\x16\x12\x11\n\rACTION_DENIED\x10\x17\x42\xa8\x01\n\x17io.github.kafkalease.v1B\x0b\x45rrorsProtoP\x01ZGgithub.com/kafka-lease/kafka-lease/clients/go/kafkaleasev1;kafkaleasev1\xa2\x02\x03KLX\xaa\x02\rKafkaLease.V1\xca\x02\rKafkaLease\\V1\xea\x02\x0eKafkaLease::V1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,5 +33,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'\n\027io.github.kafkalease.v1B\013ErrorsProtoP\001ZGgithub.com/kafka-lease/kafka-lease/clients/go/kafkaleasev1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rKafkaLease\\V1\352\002\016KafkaLease::V1'
   _globals['_ERRORREASON']._serialized_start=48
-  _globals['_ERRORREASON']._serialized_end=518
+  _globals['_ERRORREASON']._serialized_end=560
 # @@protoc_insertion_point(module_scope)

@@ -28,6 +28,8 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GATEWAY_UNREACHABLE: _ClassVar[ErrorReason]
     MEMBER_ACTIVE: _ClassVar[ErrorReason]
     LEASE_REVOKED: _ClassVar[ErrorReason]
+    NOT_AUTHENTICATED: _ClassVar[ErrorReason]
+    ACTION_DENIED: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 TOPIC_NOT_FOUND: ErrorReason
@@ -50,3 +52,5 @@ LIMIT_REACHED: ErrorReason
 GATEWAY_UNREACHABLE: ErrorReason
 MEMBER_ACTIVE: ErrorReason
 LEASE_REVOKED: ErrorReason
+NOT_AUTHENTICATED: ErrorReason
+ACTION_DENIED: ErrorReason

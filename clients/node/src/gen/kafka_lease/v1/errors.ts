@@ -201,6 +201,23 @@ export enum ErrorReason {
    * No RetryInfo.
    */
   LEASE_REVOKED = 21,
+  /**
+   * NOT_AUTHENTICATED - UNAUTHENTICATED. The gateway requires an identity (its policy file is set) and the call
+   * carried none it accepts: no client certificate and no bearer token, or a bearer token
+   * the gateway does not know (the token itself is never echoed or logged).
+   * Metadata: none.
+   * No RetryInfo.
+   */
+  NOT_AUTHENTICATED = 22,
+  /**
+   * ACTION_DENIED - PERMISSION_DENIED. The caller's identity may not take this action here: the gateway's
+   * policy grants it no `action` on this group and topic, or the lease was acquired by
+   * another identity (a lease id is bound to the identity that acquired it).
+   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list),
+   * `group`, `topic` (where known).
+   * No RetryInfo.
+   */
+  ACTION_DENIED = 23,
   UNRECOGNIZED = -1,
 }
 
@@ -272,6 +289,12 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 21:
     case "LEASE_REVOKED":
       return ErrorReason.LEASE_REVOKED;
+    case 22:
+    case "NOT_AUTHENTICATED":
+      return ErrorReason.NOT_AUTHENTICATED;
+    case 23:
+    case "ACTION_DENIED":
+      return ErrorReason.ACTION_DENIED;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -325,6 +348,10 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "MEMBER_ACTIVE";
     case ErrorReason.LEASE_REVOKED:
       return "LEASE_REVOKED";
+    case ErrorReason.NOT_AUTHENTICATED:
+      return "NOT_AUTHENTICATED";
+    case ErrorReason.ACTION_DENIED:
+      return "ACTION_DENIED";
     case ErrorReason.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

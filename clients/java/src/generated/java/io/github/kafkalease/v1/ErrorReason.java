@@ -290,6 +290,31 @@ public enum ErrorReason
    * <code>LEASE_REVOKED = 21;</code>
    */
   LEASE_REVOKED(21),
+  /**
+   * <pre>
+   * UNAUTHENTICATED. The gateway requires an identity (its policy file is set) and the call
+   * carried none it accepts: no client certificate and no bearer token, or a bearer token
+   * the gateway does not know (the token itself is never echoed or logged).
+   * Metadata: none.
+   * No RetryInfo.
+   * </pre>
+   *
+   * <code>NOT_AUTHENTICATED = 22;</code>
+   */
+  NOT_AUTHENTICATED(22),
+  /**
+   * <pre>
+   * PERMISSION_DENIED. The caller's identity may not take this action here: the gateway's
+   * policy grants it no `action` on this group and topic, or the lease was acquired by
+   * another identity (a lease id is bound to the identity that acquired it).
+   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list),
+   * `group`, `topic` (where known).
+   * No RetryInfo.
+   * </pre>
+   *
+   * <code>ACTION_DENIED = 23;</code>
+   */
+  ACTION_DENIED(23),
   UNRECOGNIZED(-1),
   ;
 
@@ -561,6 +586,31 @@ public enum ErrorReason
    * <code>LEASE_REVOKED = 21;</code>
    */
   public static final int LEASE_REVOKED_VALUE = 21;
+  /**
+   * <pre>
+   * UNAUTHENTICATED. The gateway requires an identity (its policy file is set) and the call
+   * carried none it accepts: no client certificate and no bearer token, or a bearer token
+   * the gateway does not know (the token itself is never echoed or logged).
+   * Metadata: none.
+   * No RetryInfo.
+   * </pre>
+   *
+   * <code>NOT_AUTHENTICATED = 22;</code>
+   */
+  public static final int NOT_AUTHENTICATED_VALUE = 22;
+  /**
+   * <pre>
+   * PERMISSION_DENIED. The caller's identity may not take this action here: the gateway's
+   * policy grants it no `action` on this group and topic, or the lease was acquired by
+   * another identity (a lease id is bound to the identity that acquired it).
+   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list),
+   * `group`, `topic` (where known).
+   * No RetryInfo.
+   * </pre>
+   *
+   * <code>ACTION_DENIED = 23;</code>
+   */
+  public static final int ACTION_DENIED_VALUE = 23;
 
 
   public final int getNumber() {
@@ -609,6 +659,8 @@ public enum ErrorReason
       case 19: return GATEWAY_UNREACHABLE;
       case 20: return MEMBER_ACTIVE;
       case 21: return LEASE_REVOKED;
+      case 22: return NOT_AUTHENTICATED;
+      case 23: return ACTION_DENIED;
       default: return null;
     }
   }
