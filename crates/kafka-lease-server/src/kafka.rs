@@ -310,6 +310,7 @@ impl Kafka {
         settings.apply_options(&mut config);
         let metadata: BaseConsumer = settings.create(&config, "creating the metadata client")?;
         let metadata = Arc::new(metadata);
+        tokio::spawn(serve_metadata_client_events(Arc::downgrade(&metadata)));
         let groups: Arc<Mutex<HashMap<String, CachedGroup>>> = Arc::default();
         tokio::spawn(close_idle_group_clients(Arc::downgrade(&groups)));
         Ok(Self {
@@ -569,6 +570,36 @@ impl Kafka {
             },
         );
         Ok(client)
+    }
+}
+
+/// How often the metadata client's events are served.
+const METADATA_EVENTS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Serves the metadata client's event queue every [`METADATA_EVENTS_INTERVAL`] until the
+/// client is gone. librdkafka queues its log lines and client errors there (a failed SASL
+/// authentication, all brokers down), and the metadata client is otherwise never polled: they
+/// would be logged only when it closes, so a gateway with wrong Kafka credentials would only
+/// say "broker transport failure" while it runs. (Group clients serve theirs in their poller.)
+async fn serve_metadata_client_events(client: Weak<BaseConsumer>) {
+    let mut ticker = tokio::time::interval(METADATA_EVENTS_INTERVAL);
+    loop {
+        ticker.tick().await;
+        let Some(client) = client.upgrade() else {
+            return;
+        };
+        // The client context logs each event as it is served; the errors poll returns are
+        // those same events (the client reads no records). A poll returns None once its
+        // time passed without an event it returns, having served everything else meanwhile;
+        // the bound keeps a storm of errors from holding the blocking thread.
+        let _ = tokio::task::spawn_blocking(move || {
+            for _ in 0..20 {
+                if client.poll(Duration::from_millis(50)).is_none() {
+                    break;
+                }
+            }
+        })
+        .await;
     }
 }
 
