@@ -179,6 +179,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "transport security"
     );
     tracing::info!(version = VERSION, %instance, listen = %args.listen, kafka = %args.kafka, consul = %args.consul, "starting kafka-lease");
+    // validate() read the file before logging was set up; this is the read that counts.
+    let kafka_properties = args.kafka_properties()?;
+    // Which properties the operator set, secret values as `***`.
+    match &args.kafka_config_file {
+        Some(file) => tracing::info!(
+            properties = %kafka_properties.redacted(),
+            file = %file.display(),
+            "Kafka client properties set by --kafka-config and --kafka-config-file"
+        ),
+        None => tracing::info!(
+            properties = %kafka_properties.redacted(),
+            "Kafka client properties set by --kafka-config"
+        ),
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -188,7 +202,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot open a Consul session at {}", args.consul))?;
     let mut settings = KafkaSettings::new(&args.kafka, &instance);
-    settings.options = args.kafka_options.clone();
+    settings.options = kafka_properties;
     settings.queue_kbytes_per_partition = args.fetch_queue_kbytes;
     settings.max_groups = args.max_groups as usize;
     let kafka = Kafka::new(settings)?;

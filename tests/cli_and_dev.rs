@@ -71,6 +71,73 @@ fn bad_configuration_exits_64_with_one_line_naming_the_value() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--session-ttl 1s"));
 }
 
+#[test]
+fn help_never_shows_the_values_of_secret_capable_variables() {
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--help"])
+        .env("KAFKA_LEASE_KAFKA_OPTIONS", "sasl.password=Env-S3cr3t")
+        .env("KAFKA_LEASE_CONSUL_TOKEN", "Token-S3cr3t")
+        .output()
+        .expect("run");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(!help.contains("S3cr3t"), "{help}");
+    for shown in [
+        "--kafka-config <KEY=VALUE>",
+        "--kafka-option",
+        "KAFKA_LEASE_KAFKA_OPTIONS",
+        "--kafka-config-file <PATH>",
+        "KAFKA_LEASE_KAFKA_CONFIG_FILE",
+    ] {
+        assert!(help.contains(shown), "{shown}: {help}");
+    }
+}
+
+#[test]
+fn bad_kafka_configuration_exits_64_naming_the_place_but_no_value() {
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let bad_line = dir.join("cli-bad-line.properties");
+    std::fs::write(&bad_line, "# ok\nsasl.username=u\nFile-S3cr3t\n").expect("write");
+    let reserved = dir.join("cli-reserved.properties");
+    std::fs::write(&reserved, "group.id = File-S3cr3t\n").expect("write");
+    let missing = dir.join("cli-missing.properties");
+    let (bad_line, reserved, missing) = (
+        bad_line.to_str().expect("utf-8"),
+        reserved.to_str().expect("utf-8"),
+        missing.to_str().expect("utf-8"),
+    );
+    let file_flag = "--kafka-config-file";
+    let cases: [(&[&str], String); 5] = [
+        (&[file_flag, bad_line], format!("{bad_line} line 3")),
+        (
+            &[file_flag, reserved],
+            format!("{reserved} line 1 (group.id)"),
+        ),
+        (&[file_flag, missing], missing.to_string()),
+        (
+            &["--kafka-config", "sasl.password=Flag-S3cr3t,rest-S3cr3t"],
+            "--kafka-config entry 2".to_string(),
+        ),
+        (
+            &["--kafka-option", "bootstrap.servers=Flag-S3cr3t"],
+            "--kafka-config bootstrap.servers".to_string(),
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = std::process::Command::new(BIN)
+            .args(["serve", "--kafka", "k:9092"])
+            .args(args)
+            .env_remove("KAFKA_LEASE_LISTEN")
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&needle), "{args:?}: {stderr}");
+        assert!(!stderr.contains("S3cr3t"), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "nothing started: {args:?}");
+    }
+}
+
 #[tokio::test]
 async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
     let mut child = Command::new(BIN)

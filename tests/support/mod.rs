@@ -108,6 +108,11 @@ impl GatewayProcess {
     pub fn log(&self) -> String {
         self.inner.log()
     }
+
+    /// Everything the gateway printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        self.inner.stdout()
+    }
 }
 
 /// Waits until the gateway reports `want` for `service` ("" is the whole server); returns

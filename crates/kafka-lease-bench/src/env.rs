@@ -45,7 +45,7 @@ impl Env {
     /// librdkafka settings of a direct consumer that match the gateway's per-group consumer
     /// (`GroupClient::new` in crates/kafka-lease-server/src/kafka.rs): same fetch and queue
     /// settings, including what `--gateway-arg` changes (`--fetch-queue-kbytes`,
-    /// `--kafka-option`).
+    /// `--kafka-config`).
     pub(crate) fn direct_consumer_config(&self, group: &str) -> ClientConfig {
         let mut fetch_queue_kbytes = "2048".to_string();
         let mut options: Vec<(String, String)> = Vec::new();
@@ -62,7 +62,7 @@ impl Env {
                         fetch_queue_kbytes = v;
                     }
                 }
-                "--kafka-option" => {
+                "--kafka-config" | "--kafka-option" => {
                     if let Some((k, v)) = value().as_deref().and_then(|kv| kv.split_once('=')) {
                         options.push((k.to_string(), v.to_string()));
                     }

@@ -9,6 +9,7 @@ use clap::{Args, ValueEnum};
 
 use crate::auth::AuthFiles;
 use crate::coordination::consul::{ConsulConfigError, ConsulLockConfig, SessionCheck};
+use crate::kafka_config::{parse_properties, KafkaProperties, PROPERTIES_FORMAT};
 use crate::tls::TlsFiles;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -130,11 +131,19 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_LEASE_MAX_GROUPS", default_value_t = 100,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_groups: u32,
-    /// Extra librdkafka property, `key=value` (repeatable; comma-separated in the env var),
-    /// e.g. `security.protocol=ssl`.
-    #[arg(long = "kafka-option", env = "KAFKA_LEASE_KAFKA_OPTIONS", value_delimiter = ',',
-          value_parser = parse_key_value)]
-    pub kafka_options: Vec<(String, String)>,
+    /// A librdkafka property, `key=value`, for the gateway's Kafka clients: TLS, SASL, tuning
+    /// (repeatable; a value splits at commas, so give a value that holds a comma in
+    /// --kafka-config-file). Overrides the same key of --kafka-config-file. Values of secret
+    /// keys (passwords, private keys) are never shown. `--kafka-option` is the older name.
+    #[arg(long = "kafka-config", visible_alias = "kafka-option", env = "KAFKA_LEASE_KAFKA_OPTIONS",
+          value_name = "KEY=VALUE", value_delimiter = ',', hide_env_values = true,
+          value_parser = kafka_config_entry)]
+    pub kafka_config: Vec<KafkaConfigEntry>,
+    /// A Java-style properties file of librdkafka properties (`key=value` lines, `#` or `!`
+    /// comments, blank lines), read at startup; --kafka-config overrides its values. The
+    /// place for secrets such as `sasl.password`: keep it readable by the gateway alone.
+    #[arg(long, env = "KAFKA_LEASE_KAFKA_CONFIG_FILE", value_name = "PATH")]
+    pub kafka_config_file: Option<PathBuf>,
     /// How long a graceful shutdown (SIGTERM, SIGINT) may take before the process exits.
     #[arg(long, env = "KAFKA_LEASE_SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "10s")]
     pub shutdown_grace: Duration,
@@ -253,12 +262,39 @@ fn parse_duration(value: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{value:?} is not a duration like 10s, 500ms or 2m ({e})"))
 }
 
-fn parse_key_value(value: &str) -> Result<(String, String), String> {
-    match value.split_once('=') {
-        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
-        _ => Err(format!("{value:?} is not key=value")),
+/// One `--kafka-config` value as given (one comma-separated piece of it), checked only by
+/// [`ServeArgs::kafka_properties`]: a parse error would make clap quote the value, which may
+/// be a secret. Its `Debug` shows the key alone.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KafkaConfigEntry(String);
+
+impl KafkaConfigEntry {
+    /// `(key, value)`, trimmed, or `None` when it is not `key=value` with a key.
+    fn pair(&self) -> Option<(&str, &str)> {
+        match self.0.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Some((k.trim(), v.trim())),
+            _ => None,
+        }
     }
 }
+
+impl std::fmt::Debug for KafkaConfigEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pair() {
+            Some((key, _)) => write!(f, "{key}=<value not shown>"),
+            None => f.write_str("<not key=value; not shown>"),
+        }
+    }
+}
+
+fn kafka_config_entry(value: &str) -> Result<KafkaConfigEntry, std::convert::Infallible> {
+    Ok(KafkaConfigEntry(value.to_string()))
+}
+
+/// Properties the gateway sets itself on every Kafka client; an operator may not.
+const RESERVED_KAFKA_KEYS: [&str; 3] = ["group.id", "enable.auto.commit", "bootstrap.servers"];
+const RESERVED_KAFKA_KEYS_ALLOWED: &str = "any librdkafka property except group.id, \
+     enable.auto.commit and bootstrap.servers, which the gateway sets itself";
 
 /// A configuration value that is syntactically fine but not allowed.
 #[derive(Debug, thiserror::Error)]
@@ -334,19 +370,66 @@ impl ServeArgs {
         if let Err(err) = self.consul_config("validate", listen).validate() {
             return Err(self.consul_error(err));
         }
-        for (key, _) in &self.kafka_options {
-            if matches!(
-                key.as_str(),
-                "group.id" | "enable.auto.commit" | "bootstrap.servers"
-            ) {
-                return Err(ConfigError {
-                    flag: "--kafka-option",
-                    value: key.clone(),
-                    allowed: "any librdkafka property except group.id, enable.auto.commit and bootstrap.servers, which the gateway sets itself".into(),
-                });
+        self.kafka_properties()?;
+        Ok(())
+    }
+
+    /// The librdkafka properties the operator set: those of `--kafka-config-file` (read now),
+    /// then those of `--kafka-config`, which override the file's value of the same key; a key
+    /// given twice in one place keeps its last value. Refuses a file that cannot be read or
+    /// has a line that is not `key=value`, a comment or blank, a flag value that is not
+    /// `key=value`, and the keys the gateway sets itself. No error quotes a value.
+    pub fn kafka_properties(&self) -> Result<KafkaProperties, ConfigError> {
+        let mut properties = KafkaProperties::new();
+        if let Some(path) = &self.kafka_config_file {
+            let file = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+                flag: "--kafka-config-file",
+                value: file.clone(),
+                allowed: format!("a file the gateway can read ({e}), holding {PROPERTIES_FORMAT}"),
+            })?;
+            let entries = parse_properties(&text).map_err(|e| ConfigError {
+                flag: "--kafka-config-file",
+                value: format!("{file} line {}", e.line),
+                allowed: format!(
+                    "{}; allowed is {PROPERTIES_FORMAT} (the line is not shown: it may hold a \
+                     secret)",
+                    e.problem
+                ),
+            })?;
+            for (line, key, value) in entries {
+                if RESERVED_KAFKA_KEYS.contains(&key.as_str()) {
+                    return Err(ConfigError {
+                        flag: "--kafka-config-file",
+                        value: format!("{file} line {line} ({key})"),
+                        allowed: RESERVED_KAFKA_KEYS_ALLOWED.into(),
+                    });
+                }
+                properties.set(key, value);
             }
         }
-        Ok(())
+        for (index, entry) in self.kafka_config.iter().enumerate() {
+            let Some((key, value)) = entry.pair() else {
+                return Err(ConfigError {
+                    flag: "--kafka-config",
+                    value: format!("entry {} (the value is not shown)", index + 1),
+                    allowed: "key=value; entries are the flag's values and their \
+                              comma-separated pieces, in order (KAFKA_LEASE_KAFKA_OPTIONS \
+                              splits the same way), so a value holding a comma belongs in \
+                              --kafka-config-file"
+                        .into(),
+                });
+            };
+            if RESERVED_KAFKA_KEYS.contains(&key) {
+                return Err(ConfigError {
+                    flag: "--kafka-config",
+                    value: key.to_string(),
+                    allowed: RESERVED_KAFKA_KEYS_ALLOWED.into(),
+                });
+            }
+            properties.set(key, value);
+        }
+        Ok(properties)
     }
 
     /// A Consul setting the lock backend refused, told as the flag that sets it, with the value
@@ -488,7 +571,12 @@ mod tests {
         let s = serve(&["--kafka", "k:1", "--consul", "127.0.0.1:8500"]).expect("parse");
         assert!(s.validate().unwrap_err().to_string().contains("http://"));
         assert!(serve(&["--kafka", "k:1", "--listen", "nope"]).is_err());
-        assert!(serve(&["--kafka", "k:1", "--kafka-option", "novalue"]).is_err());
+        let s = serve(&["--kafka", "k:1", "--kafka-option", "novalue"]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--kafka-config entry 1") && !err.contains("novalue"),
+            "{err}"
+        );
         let s = serve(&["--kafka", "k:1", "--keepalive-timeout", "500ms"]).expect("parse");
         let err = s.validate().unwrap_err().to_string();
         assert!(
@@ -587,5 +675,134 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    /// A properties file of its own for one test, removed when dropped.
+    struct TempFile(std::path::PathBuf);
+
+    impl TempFile {
+        fn new(text: &str) -> Self {
+            let path = std::env::temp_dir().join(format!(
+                "kafka-lease-config-test-{}-{:016x}.properties",
+                std::process::id(),
+                rand::random::<u64>()
+            ));
+            std::fs::write(&path, text).expect("write the properties file");
+            TempFile(path)
+        }
+
+        fn path(&self) -> &str {
+            self.0.to_str().expect("utf-8 temp path")
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    #[test]
+    fn kafka_config_flags_override_the_file_and_the_old_name_still_works() {
+        let file = TempFile::new(
+            "# credentials\n\
+             security.protocol = sasl_ssl\n\
+             sasl.username=from-file\n\
+             sasl.password = S3cr3t=with#chars\n",
+        );
+        let s = serve(&[
+            "--kafka",
+            "k:1",
+            "--kafka-config-file",
+            file.path(),
+            "--kafka-config",
+            "sasl.username=from-flag",
+            "--kafka-option",
+            "sasl.mechanism=SCRAM-SHA-256,client.rack=r1",
+        ])
+        .expect("parse");
+        assert!(s.validate().is_ok());
+        let properties = s.kafka_properties().expect("properties");
+        let all: Vec<_> = properties.iter().collect();
+        assert_eq!(
+            all,
+            vec![
+                ("security.protocol", "sasl_ssl"),
+                ("sasl.username", "from-flag"),
+                ("sasl.password", "S3cr3t=with#chars"),
+                ("sasl.mechanism", "SCRAM-SHA-256"),
+                ("client.rack", "r1"),
+            ]
+        );
+        let debug = format!("{s:?} {properties:?}");
+        assert!(!debug.contains("S3cr3t"), "{debug}");
+    }
+
+    #[test]
+    fn kafka_config_values_are_never_quoted_in_errors_or_debug() {
+        let s = serve(&[
+            "--kafka",
+            "k:1",
+            "--kafka-config",
+            "client.rack=r1",
+            // A password holding a comma: split in two, the second piece is not key=value.
+            "--kafka-config",
+            "sasl.password=S3cr3t,tail-S3cr3t",
+        ])
+        .expect("parse: values are checked later, never by clap");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("--kafka-config entry 3"), "{err}");
+        assert!(err.contains("--kafka-config-file"), "{err}");
+        assert!(!err.contains("S3cr3t"), "{err}");
+        let debug = format!("{s:?}");
+        assert!(debug.contains("sasl.password=<value not shown>"), "{debug}");
+        assert!(!debug.contains("S3cr3t"), "{debug}");
+    }
+
+    #[test]
+    fn keys_the_gateway_sets_are_refused_from_flags_and_from_the_file() {
+        for key in ["group.id", "enable.auto.commit", "bootstrap.servers"] {
+            let s =
+                serve(&["--kafka", "k:1", "--kafka-config", &format!("{key}=x")]).expect("parse");
+            let err = s.validate().unwrap_err().to_string();
+            assert!(err.contains("--kafka-config") && err.contains(key), "{err}");
+
+            let file = TempFile::new(&format!("a.b=1\n\n{key} = S3cr3t\n"));
+            let s = serve(&["--kafka", "k:1", "--kafka-config-file", file.path()]).expect("parse");
+            let err = s.validate().unwrap_err().to_string();
+            assert!(
+                err.contains("--kafka-config-file")
+                    && err.contains(&format!("{} line 3 ({key})", file.path())),
+                "{err}"
+            );
+            assert!(!err.contains("S3cr3t"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_properties_file_is_refused_naming_the_file_and_line_but_no_value() {
+        let file = TempFile::new("# ok\nsasl.username=u\nS3cr3t-on-a-line-of-its-own\n");
+        let s = serve(&["--kafka", "k:1", "--kafka-config-file", file.path()]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("--kafka-config-file {} line 3", file.path())),
+            "{err}"
+        );
+        assert!(
+            err.contains("key=value") && err.contains('#') && err.contains('!'),
+            "names what is allowed: {err}"
+        );
+        assert!(!err.contains("S3cr3t"), "{err}");
+
+        let missing = std::env::temp_dir().join("kafka-lease-no-such-file.properties");
+        let missing = missing.to_str().expect("utf-8");
+        let s = serve(&["--kafka", "k:1", "--kafka-config-file", missing]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--kafka-config-file")
+                && err.contains(missing)
+                && err.contains("key=value"),
+            "{err}"
+        );
     }
 }

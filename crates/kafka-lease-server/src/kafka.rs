@@ -29,6 +29,7 @@ use tokio::task::JoinHandle;
 use kafka_lease_proto::v1;
 
 use crate::error::LeaseError;
+use crate::kafka_config::KafkaProperties;
 
 /// How long a partition queue waits for a wake-up before it looks again by itself.
 const REPOLL: Duration = Duration::from_millis(20);
@@ -48,8 +49,9 @@ const SOCKET_TIMEOUT_MS: &str = "10000";
 pub struct KafkaSettings {
     /// `host:port[,host:port...]`.
     pub bootstrap_servers: String,
-    /// Extra librdkafka properties (`--kafka-option key=value`), applied last.
-    pub options: Vec<(String, String)>,
+    /// The operator's librdkafka properties (`--kafka-config`, `--kafka-config-file`),
+    /// applied last. Shown only redacted (secret values as `***`).
+    pub options: KafkaProperties,
     /// Most kilobytes librdkafka pre-fetches per leased partition (`queued.max.messages.kbytes`).
     /// This is the per-lease memory bound: a slow client stops the fetching at this point.
     pub queue_kbytes_per_partition: u32,
@@ -72,7 +74,7 @@ impl KafkaSettings {
     pub fn new(bootstrap_servers: impl Into<String>, instance: impl Into<String>) -> Self {
         Self {
             bootstrap_servers: bootstrap_servers.into(),
-            options: Vec::new(),
+            options: KafkaProperties::new(),
             queue_kbytes_per_partition: 2048,
             request_timeout: Duration::from_secs(5),
             partition_count_max_age: PARTITION_COUNT_MAX_AGE,
@@ -101,9 +103,35 @@ impl KafkaSettings {
     }
 
     fn apply_options(&self, config: &mut ClientConfig) {
-        for (key, value) in &self.options {
+        for (key, value) in self.options.iter() {
             config.set(key, value);
         }
+    }
+
+    /// Creates a librdkafka client from `config`. A failure never quotes a property's value:
+    /// rdkafka's configuration error appends the value it refused (and librdkafka's own text
+    /// may quote it), and it may be a secret, possibly under a misspelt key that
+    /// [`crate::kafka_config::is_secret`] cannot recognise. So a refused property is named
+    /// by its key only, and every secret value of the options is masked in what remains.
+    fn create<T: rdkafka::config::FromClientConfig>(
+        &self,
+        config: &ClientConfig,
+        operation: &'static str,
+    ) -> Result<T, LeaseError> {
+        config
+            .create()
+            .map_err(|e| unavailable(operation, self.creation_error(&e)))
+    }
+
+    /// [`KafkaSettings::create`]'s error text.
+    fn creation_error(&self, err: &KafkaError) -> String {
+        let text = match err {
+            KafkaError::ClientConfig(_, description, key, _value) => {
+                format!("librdkafka refused the property {key:?}: {description}")
+            }
+            other => other.to_string(),
+        };
+        self.options.redact(&text)
     }
 }
 
@@ -280,14 +308,14 @@ impl Kafka {
             .set("group.id", "kafka-lease-metadata")
             .set("enable.auto.commit", "false");
         settings.apply_options(&mut config);
-        let metadata: BaseConsumer = config
-            .create()
-            .map_err(|e| unavailable("creating the metadata client", e))?;
+        let metadata: BaseConsumer = settings.create(&config, "creating the metadata client")?;
+        let metadata = Arc::new(metadata);
+        tokio::spawn(serve_metadata_client_events(Arc::downgrade(&metadata)));
         let groups: Arc<Mutex<HashMap<String, CachedGroup>>> = Arc::default();
         tokio::spawn(close_idle_group_clients(Arc::downgrade(&groups)));
         Ok(Self {
             settings: Arc::new(settings),
-            metadata: Arc::new(metadata),
+            metadata,
             groups,
             partition_counts: Arc::default(),
         })
@@ -447,10 +475,11 @@ impl Kafka {
         self.settings.apply_options(&mut config);
         let topic = topic.to_string();
         let timeout = self.settings.request_timeout;
+        let settings = self.settings.clone();
         blocking(OPERATION, move || {
             use rdkafka::consumer::{BaseConsumer, Consumer as _};
             use rdkafka::Message as _;
-            let consumer: BaseConsumer = config.create().map_err(|e| unavailable(OPERATION, e))?;
+            let consumer: BaseConsumer = settings.create(&config, OPERATION)?;
             let mut assignment = TopicPartitionList::new();
             assignment
                 .add_partition_offset(&topic, partition, Offset::Beginning)
@@ -544,6 +573,36 @@ impl Kafka {
     }
 }
 
+/// How often the metadata client's events are served.
+const METADATA_EVENTS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Serves the metadata client's event queue every [`METADATA_EVENTS_INTERVAL`] until the
+/// client is gone. librdkafka queues its log lines and client errors there (a failed SASL
+/// authentication, all brokers down), and the metadata client is otherwise never polled: they
+/// would be logged only when it closes, so a gateway with wrong Kafka credentials would only
+/// say "broker transport failure" while it runs. (Group clients serve theirs in their poller.)
+async fn serve_metadata_client_events(client: Weak<BaseConsumer>) {
+    let mut ticker = tokio::time::interval(METADATA_EVENTS_INTERVAL);
+    loop {
+        ticker.tick().await;
+        let Some(client) = client.upgrade() else {
+            return;
+        };
+        // The client context logs each event as it is served; the errors poll returns are
+        // those same events (the client reads no records). A poll returns None once its
+        // time passed without an event it returns, having served everything else meanwhile;
+        // the bound keeps a storm of errors from holding the blocking thread.
+        let _ = tokio::task::spawn_blocking(move || {
+            for _ in 0..20 {
+                if client.poll(Duration::from_millis(50)).is_none() {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}
+
 /// Closes group clients no lease has used for [`IDLE_GROUP_CLIENT`]; ends with the clients.
 async fn close_idle_group_clients(groups: Weak<Mutex<HashMap<String, CachedGroup>>>) {
     let mut ticker = tokio::time::interval(IDLE_GROUP_CLIENT / 6);
@@ -625,9 +684,7 @@ impl GroupClient {
             .set("fetch.queue.backoff.ms", "10")
             .set("fetch.wait.max.ms", "100");
         settings.apply_options(&mut config);
-        let consumer: LeaseConsumer = config
-            .create()
-            .map_err(|e| unavailable("creating the group client", e))?;
+        let consumer: LeaseConsumer = settings.create(&config, "creating the group client")?;
         let consumer = Arc::new(consumer);
         let events = consumer.clone();
         let group_name = group.to_string();
@@ -940,5 +997,78 @@ fn record_of(message: &BorrowedMessage<'_>) -> v1::KafkaRecord {
             nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
         }),
         timestamp_type: timestamp_type as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaConfRes;
+
+    fn settings_with(options: &[(&str, &str)]) -> KafkaSettings {
+        let mut settings = KafkaSettings::new("127.0.0.1:9", "test");
+        for (k, v) in options {
+            settings.options.set(*k, *v);
+        }
+        settings
+    }
+
+    fn creation_failure(options: &[(&str, &str)]) -> String {
+        match Kafka::new(settings_with(options)) {
+            Ok(_) => panic!("{options:?} must be refused"),
+            Err(err) => {
+                println!("{err}");
+                err.to_string()
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn client_creation_errors_never_quote_a_property_value() {
+        // A secret under a misspelt key: rdkafka's error appends the value it refused.
+        let err = creation_failure(&[("sasl.pasword", "typo-S3cr3t")]);
+        assert!(err.contains("sasl.pasword"), "{err}");
+        assert!(!err.contains("typo-S3cr3t"), "{err}");
+        // librdkafka's own text quotes an invalid value: a secret's is masked.
+        let err = creation_failure(&[("sasl.password", "S3cr3t"), ("socket.timeout.ms", "S3cr3t")]);
+        assert!(err.contains("socket.timeout.ms"), "{err}");
+        assert!(!err.contains("S3cr3t"), "{err}");
+        // A private key librdkafka cannot load.
+        let err = creation_failure(&[
+            ("security.protocol", "ssl"),
+            ("ssl.key.pem", "not-a-pem-S3cr3t"),
+            ("ssl.key.password", "pw-S3cr3t"),
+        ]);
+        assert!(!err.contains("S3cr3t"), "{err}");
+    }
+
+    #[test]
+    fn a_configuration_error_is_told_by_key_with_secret_values_masked() {
+        let settings = settings_with(&[("sasl.password", "S3cr3t"), ("client.rack", "r1")]);
+        let err = KafkaError::ClientConfig(
+            RDKafkaConfRes::RD_KAFKA_CONF_INVALID,
+            "Invalid value \"S3cr3t\" for configuration property \"sasl.password\"".into(),
+            "sasl.password".into(),
+            "S3cr3t".into(),
+        );
+        let text = settings.creation_error(&err);
+        assert!(!text.contains("S3cr3t"), "{text}");
+        assert!(
+            text.contains("\"sasl.password\"") && text.contains("***"),
+            "{text}"
+        );
+        let err = KafkaError::ClientCreation("failed to load S3cr3t".into());
+        assert_eq!(
+            settings.creation_error(&err),
+            "Client creation error: failed to load ***"
+        );
+    }
+
+    #[test]
+    fn settings_debug_hides_secret_values() {
+        let settings = settings_with(&[("sasl.password", "S3cr3t"), ("sasl.username", "svc")]);
+        let debug = format!("{settings:?}");
+        assert!(!debug.contains("S3cr3t"), "{debug}");
+        assert!(debug.contains("svc"), "{debug}");
     }
 }

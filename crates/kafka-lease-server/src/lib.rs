@@ -20,6 +20,7 @@ pub mod forward;
 pub mod gateway;
 pub mod grpc;
 pub mod kafka;
+pub mod kafka_config;
 pub mod lease;
 pub mod server;
 pub mod subscribe;

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -23,6 +24,8 @@ pub struct GatewayProcess {
     pub instance: String,
     /// Where its log (stderr) goes.
     pub log_path: PathBuf,
+    /// Every line it printed on stdout so far.
+    stdout: Arc<Mutex<String>>,
 }
 
 impl GatewayProcess {
@@ -49,8 +52,15 @@ impl GatewayProcess {
         let pid = child.id().ok_or("the gateway exited at once")?;
         let stdout = child.stdout.take().ok_or("no stdout pipe")?;
         let mut lines = BufReader::new(stdout).lines();
+        let printed: Arc<Mutex<String>> = Arc::default();
+        let keep = |printed: &Arc<Mutex<String>>, line: &str| {
+            let mut printed = printed.lock().unwrap_or_else(|p| p.into_inner());
+            printed.push_str(line);
+            printed.push('\n');
+        };
         let found = tokio::time::timeout(LISTEN_DEADLINE, async {
             while let Ok(Some(line)) = lines.next_line().await {
+                keep(&printed, &line);
                 if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
                     return Some(addr.trim().to_string());
                 }
@@ -77,13 +87,19 @@ impl GatewayProcess {
             }
         };
         // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let drained = printed.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                keep(&drained, &line);
+            }
+        });
         Ok(GatewayProcess {
             child: Some(child),
             pid,
             addr,
             instance: instance.to_string(),
             log_path,
+            stdout: printed,
         })
     }
 
@@ -157,6 +173,14 @@ impl GatewayProcess {
     /// Everything the gateway logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Everything the gateway printed on stdout so far.
+    pub fn stdout(&self) -> String {
+        self.stdout
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

@@ -104,6 +104,71 @@ impl Services {
             panic!("the services env file has no {key}; rerun scripts/services up")
         })
     }
+
+    /// The services and the broker's SASL listener, or `None` (after printing why and how to
+    /// start them) when they are not running, or were started by a `scripts/services` older
+    /// than the listener, and this is not CI.
+    ///
+    /// # Panics
+    /// Under `CI=true` when a service or the listener is missing.
+    pub fn require_kafka_sasl(test: &str) -> Option<(Services, KafkaSasl)> {
+        let services = Self::require(test)?;
+        match services.kafka_sasl() {
+            Ok(sasl) => Some((services, sasl)),
+            Err(why) => {
+                if is_ci() {
+                    panic!("{test}: needs the broker's SASL listener, but {why}. scripts/test starts it (scripts/services up).");
+                }
+                eprintln!(
+                    "SKIPPED {test}: {why}. Restart the services with `scripts/services up`."
+                );
+                None
+            }
+        }
+    }
+
+    /// The broker's SASL listener and its SCRAM user, from the env file.
+    pub fn kafka_sasl(&self) -> Result<KafkaSasl, String> {
+        let get = |key: &str| {
+            self.vars.get(key).cloned().ok_or_else(|| {
+                format!(
+                    "the services env file has no {key} (the services were started by a \
+                     scripts/services without the SASL listener)"
+                )
+            })
+        };
+        let sasl = KafkaSasl {
+            bootstrap: get("KAFKA_LEASE_KAFKA_SASL_BOOTSTRAP_SERVERS")?,
+            mechanism: get("KAFKA_LEASE_KAFKA_SASL_MECHANISM")?,
+            username: get("KAFKA_LEASE_KAFKA_SASL_USERNAME")?,
+            password: get("KAFKA_LEASE_KAFKA_SASL_PASSWORD")?,
+        };
+        let addr = sasl.bootstrap.parse().map_err(|e| {
+            format!(
+                "the SASL listener {:?} is not host:port ({e})",
+                sasl.bootstrap
+            )
+        })?;
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| {
+            format!(
+                "the SASL listener at {} does not accept connections ({e})",
+                sasl.bootstrap
+            )
+        })?;
+        Ok(sasl)
+    }
+}
+
+/// The test broker's `SASL_PLAINTEXT` listener and the SCRAM user `scripts/services` created
+/// for it: fixed test credentials.
+#[derive(Debug, Clone)]
+pub struct KafkaSasl {
+    /// `host:port` of the listener.
+    pub bootstrap: String,
+    /// `SCRAM-SHA-256`.
+    pub mechanism: String,
+    pub username: String,
+    pub password: String,
 }
 
 /// True when running under CI (`CI=true` or `CI=1`).
