@@ -1,6 +1,6 @@
 # The least a kafka-lease gateway needs in Consul, for the default --consul-prefix.
 # Create it with: consul acl policy create -name kafka-lease -rules @deploy/consul-acl-policy.hcl
-# and give the gateways a token with it (--consul-token / KAFKA_LEASE_CONSUL_TOKEN).
+# and give the gateways a token with it (--consul-token-file, or --consul-token).
 
 # The lock keys: <prefix>/<group>/<topic>/<partition>.
 key_prefix "kafka-lease/" {
@@ -18,6 +18,5 @@ service_prefix "kafka-lease" {
   policy = "write"
 }
 
-node_prefix "" {
-  policy = "read"
-}
+# Nothing else: tests/consul_security.rs shows that leaving out any rule above stops a
+# gateway, and that these are enough (on a Consul with default-deny ACLs).

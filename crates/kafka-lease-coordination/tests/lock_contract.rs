@@ -106,6 +106,7 @@ fn consul_config(
         renew_interval: None,
         check: None,
         advertise: None,
+        tls: Default::default(),
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 
 use crate::auth::AuthFiles;
-use crate::coordination::consul::{ConsulConfigError, ConsulLockConfig, SessionCheck};
+use crate::coordination::consul::{ConsulConfigError, ConsulLockConfig, ConsulTls, SessionCheck};
 use crate::kafka_config::{parse_properties, KafkaProperties, PROPERTIES_FORMAT};
 use crate::tls::TlsFiles;
 
@@ -63,6 +63,36 @@ pub struct ServeArgs {
     /// Consul ACL token (needs `key_prefix` write on the prefix and `session` write).
     #[arg(long, env = "KAFKA_LEASE_CONSUL_TOKEN", hide_env_values = true)]
     pub consul_token: Option<String>,
+    /// A file holding the Consul ACL token (read at startup, surrounding whitespace
+    /// trimmed): keeps the token out of the process list and the environment.
+    #[arg(
+        long,
+        env = "KAFKA_LEASE_CONSUL_TOKEN_FILE",
+        conflicts_with = "consul_token",
+        value_name = "PATH"
+    )]
+    pub consul_token_file: Option<PathBuf>,
+    /// CA certificates (PEM) that Consul's HTTPS certificate must chain to, for an
+    /// `https://` --consul. Default: CONSUL_CACERT, else the system's roots.
+    #[arg(long, env = "KAFKA_LEASE_CONSUL_CA_CERT", value_name = "PATH")]
+    pub consul_ca_cert: Option<PathBuf>,
+    /// A client certificate (PEM) for a Consul agent that verifies incoming HTTPS
+    /// (`verify_incoming`), with --consul-client-key.
+    #[arg(
+        long,
+        env = "KAFKA_LEASE_CONSUL_CLIENT_CERT",
+        requires = "consul_client_key",
+        value_name = "PATH"
+    )]
+    pub consul_client_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM, PKCS#8 or RSA).
+    #[arg(
+        long,
+        env = "KAFKA_LEASE_CONSUL_CLIENT_KEY",
+        requires = "consul_client_cert",
+        value_name = "PATH"
+    )]
+    pub consul_client_key: Option<PathBuf>,
     /// Consul KV prefix for the lock keys: `<prefix>/<group>/<topic>/<partition>`.
     #[arg(long, env = "KAFKA_LEASE_CONSUL_PREFIX", default_value = "kafka-lease")]
     pub consul_prefix: String,
@@ -336,6 +366,7 @@ impl ServeArgs {
             check_name("--instance-id", id)?;
         }
         self.security.validate(self.listen)?;
+        self.consul_token()?;
         for (flag, value) in [
             ("--keepalive-interval", self.keepalive_interval),
             ("--keepalive-timeout", self.keepalive_timeout),
@@ -432,6 +463,31 @@ impl ServeArgs {
         Ok(properties)
     }
 
+    /// The Consul ACL token: `--consul-token`, or the contents of `--consul-token-file`.
+    /// Errors name the file, never its contents.
+    pub fn consul_token(&self) -> Result<Option<String>, ConfigError> {
+        let Some(path) = &self.consul_token_file else {
+            return Ok(self.consul_token.clone());
+        };
+        let refused = |allowed: String| ConfigError {
+            flag: "--consul-token-file",
+            value: path.display().to_string(),
+            allowed,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            refused(format!(
+                "a file the gateway can read ({e}) holding the token"
+            ))
+        })?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(refused(
+                "a file holding the token; this one is empty".into(),
+            ));
+        }
+        Ok(Some(token.to_string()))
+    }
+
     /// A Consul setting the lock backend refused, told as the flag that sets it, with the value
     /// as it was given.
     fn consul_error(&self, err: ConsulConfigError) -> ConfigError {
@@ -439,7 +495,9 @@ impl ServeArgs {
         let (setting, value, allowed) = err.parts();
         let (flag, value) = match setting {
             "address" => ("--consul", value),
+            "token" if self.consul_token_file.is_some() => ("--consul-token-file", value),
             "token" => ("--consul-token", value),
+            "tls.client_cert" => ("--consul-client-cert", value),
             "prefix" => ("--consul-prefix", value),
             "instance" => ("--instance-id", value),
             "session_ttl" => ("--session-ttl", given(self.session_ttl)),
@@ -469,9 +527,16 @@ impl ServeArgs {
             }),
             ConsulCheck::None => None,
         };
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
         ConsulLockConfig {
             address: self.consul.clone(),
-            token: self.consul_token.clone(),
+            // An unreadable file was refused by `validate`, which runs first.
+            token: self.consul_token().ok().flatten(),
+            tls: ConsulTls {
+                ca_cert: path(&self.consul_ca_cert),
+                client_cert: path(&self.consul_client_cert),
+                client_key: path(&self.consul_client_key),
+            },
             prefix: self.consul_prefix.trim_matches('/').to_string(),
             instance: instance.to_string(),
             session_ttl: self.session_ttl,
@@ -585,6 +650,55 @@ mod tests {
                 && err.contains("1s ..= 10m"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_consul_token_comes_from_its_file_and_errors_never_show_it() {
+        let dir =
+            std::env::temp_dir().join(format!("kafka-lease-token-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("token");
+        std::fs::write(&file, "  s3cr3t-token\n").expect("write");
+        let path = file.display().to_string();
+        let s = serve(&["--kafka", "k:1", "--consul-token-file", &path]).expect("parse");
+        assert!(s.validate().is_ok());
+        assert_eq!(
+            s.consul_token().expect("read").as_deref(),
+            Some("s3cr3t-token")
+        );
+        assert_eq!(
+            s.consul_config("i", "127.0.0.1:1".parse().expect("addr"))
+                .token
+                .as_deref(),
+            Some("s3cr3t-token")
+        );
+        std::fs::write(&file, "\n").expect("write");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--consul-token-file") && err.contains("empty"),
+            "{err}"
+        );
+        let missing = dir.join("missing").display().to_string();
+        let s = serve(&["--kafka", "k:1", "--consul-token-file", &missing]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains(&missing), "{err}");
+        // Both at once is refused by the parser; a CA needs an https:// address.
+        assert!(serve(&[
+            "--kafka",
+            "k:1",
+            "--consul-token",
+            "t",
+            "--consul-token-file",
+            &path
+        ])
+        .is_err());
+        let s = serve(&["--kafka", "k:1", "--consul-ca-cert", "ca.pem"]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--consul") && err.contains("https://"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

@@ -8,11 +8,13 @@
 
 pub mod certs;
 pub mod consul_agent;
+pub mod consul_secure;
 pub mod gateway;
 pub mod relay;
 pub mod topics;
 pub use certs::TestCa;
 pub use consul_agent::ConsulClientAgent;
+pub use consul_secure::SecureConsul;
 pub use gateway::GatewayProcess;
 pub use relay::{Fault, Relay};
 pub use topics::create_topic;

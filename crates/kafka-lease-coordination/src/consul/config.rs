@@ -60,6 +60,20 @@ pub struct ConsulLockConfig {
     /// session (see [`LockBackend::instance_address`]), before the session is used. `None`:
     /// nothing is registered, and no other instance can forward calls here.
     pub advertise: Option<String>,
+    /// TLS towards an `https://` address: the CA and, for an agent that verifies incoming
+    /// HTTPS, a client certificate. Unset parts fall back to Consul's usual environment
+    /// variables (`CONSUL_CACERT`, `CONSUL_CLIENT_CERT`, `CONSUL_CLIENT_KEY`).
+    pub tls: ConsulTls,
+}
+
+/// TLS towards Consul's HTTPS API: PEM files.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConsulTls {
+    /// CA certificates the agent's certificate must chain to.
+    pub ca_cert: Option<String>,
+    /// This gateway's client certificate and its key (both or neither).
+    pub client_cert: Option<String>,
+    pub client_key: Option<String>,
 }
 
 /// The health check a check-bound session hangs on: the local Consul agent dials `tcp_addr`
@@ -115,6 +129,7 @@ impl Default for ConsulLockConfig {
             renew_interval: None,
             check: None,
             advertise: None,
+            tls: ConsulTls::default(),
         }
     }
 }
@@ -188,6 +203,27 @@ impl ConsulLockConfig {
                 setting: "address",
                 value: self.address.clone(),
                 reason: "must be http://host:port or https://host:port",
+            });
+        }
+        if (self.tls.ca_cert.is_some() || self.tls.client_cert.is_some())
+            && !address.starts_with("https://")
+        {
+            return Err(ConsulConfigError::Invalid {
+                setting: "address",
+                value: self.address.clone(),
+                reason: "must be https://host:port when a CA or client certificate for \
+                         Consul is given",
+            });
+        }
+        if self.tls.client_cert.is_some() != self.tls.client_key.is_some() {
+            return Err(ConsulConfigError::Invalid {
+                setting: "tls.client_cert",
+                value: if self.tls.client_cert.is_some() {
+                    "a certificate without a key".into()
+                } else {
+                    "a key without a certificate".into()
+                },
+                reason: "a client certificate needs its key, and a key its certificate",
             });
         }
         if let Some(token) = &self.token {
@@ -378,6 +414,31 @@ mod tests {
             .validate()
             .expect_err("should be rejected")
             .to_string()
+    }
+
+    #[test]
+    fn tls_towards_consul_needs_https_and_a_whole_key_pair() {
+        let tls = |ca: bool, cert: bool, key: bool| ConsulTls {
+            ca_cert: ca.then(|| "ca.pem".into()),
+            client_cert: cert.then(|| "c.pem".into()),
+            client_key: key.then(|| "k.pem".into()),
+        };
+        let e = rejected(ConsulLockConfig {
+            tls: tls(true, false, false),
+            ..valid()
+        });
+        assert!(e.contains("https://"), "{e}");
+        let https = |t: ConsulTls| ConsulLockConfig {
+            address: "https://127.0.0.1:8501".into(),
+            tls: t,
+            ..valid()
+        };
+        assert!(https(tls(true, true, true)).validate().is_ok());
+        assert!(https(tls(true, false, false)).validate().is_ok());
+        let e = rejected(https(tls(true, true, false)));
+        assert!(e.contains("without a key"), "{e}");
+        let e = rejected(https(tls(false, false, true)));
+        assert!(e.contains("without a certificate"), "{e}");
     }
 
     fn checked() -> ConsulLockConfig {

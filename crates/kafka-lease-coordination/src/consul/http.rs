@@ -13,6 +13,52 @@
 
 use super::*;
 
+/// A consulrs client whose HTTP client trusts `tls.ca_cert` and presents `tls.client_cert`,
+/// built here on rustls: consulrs' own builder parses the client certificate for rustls but
+/// builds the client on the default (OpenSSL) backend, which refuses it. Errors name the
+/// file and the reason.
+pub(super) fn tls_client(
+    settings: consulrs::client::ConsulClientSettings,
+    tls: &ConsulTls,
+) -> Result<ConsulClient, CoordinationError> {
+    let failed = |what: &str, path: &str, e: &dyn std::fmt::Display| {
+        unavailable("connect (TLS)", format!("{what} {path}: {e}"))
+    };
+    let mut builder = reqwest::ClientBuilder::new().use_rustls_tls();
+    if let Some(path) = &tls.ca_cert {
+        let pem = std::fs::read(path).map_err(|e| failed("cannot read the CA file", path, &e))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| failed("no usable CA certificate in", path, &e))?;
+        if certs.is_empty() {
+            return Err(failed("no CA certificate in", path, &"expected PEM"));
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    if let (Some(cert), Some(key)) = (&tls.client_cert, &tls.client_key) {
+        let mut pem = std::fs::read(cert)
+            .map_err(|e| failed("cannot read the client certificate", cert, &e))?;
+        pem.push(b'\n');
+        pem.extend(std::fs::read(key).map_err(|e| failed("cannot read the client key", key, &e))?);
+        let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+            failed(
+                "no usable certificate and key (PEM; the key PKCS#8 or RSA) in",
+                &format!("{cert} and {key}"),
+                &e,
+            )
+        })?;
+        builder = builder.identity(identity);
+    }
+    let http = builder
+        .build()
+        .map_err(|e| unavailable("connect (TLS)", error_chain(&e)))?;
+    Ok(ConsulClient {
+        http: rustify::clients::reqwest::Client::new(settings.address.as_str(), http),
+        settings,
+    })
+}
+
 /// A consulrs error with the server's message, which consulrs' own `Display` leaves out.
 pub(super) fn describe(error: &ClientError) -> String {
     match error {

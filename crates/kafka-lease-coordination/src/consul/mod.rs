@@ -79,7 +79,7 @@ mod http;
 mod session;
 
 pub use config::{
-    ConsulConfigError, ConsulLockConfig, SessionCheck, DEFAULT_CHECK_INTERVAL,
+    ConsulConfigError, ConsulLockConfig, ConsulTls, SessionCheck, DEFAULT_CHECK_INTERVAL,
     DEFAULT_CHECK_TIMEOUT, DEFAULT_DEREGISTER_AFTER, DEFAULT_LOCK_DELAY, DEFAULT_SESSION_TTL,
     FENCE_MARGIN,
 };
@@ -243,15 +243,20 @@ impl ConsulLocks {
         config
             .validate()
             .map_err(|e| unavailable("connect (invalid configuration)", e.to_string()))?;
-        // TLS settings come from Consul's usual environment variables (CONSUL_CACERT, ...);
-        // the address and the token only from the config, which is the source of truth.
+        // TLS files come from the config, else from Consul's usual environment variables
+        // (CONSUL_CACERT, ...); the address and the token only from the config, which is the
+        // source of truth.
         let mut settings = ConsulClientSettingsBuilder::default()
             .address(config.address.trim_end_matches('/'))
             .build()
             .map_err(|e| unavailable("connect (client settings)", e.to_string()))?;
         settings.token = config.token.clone();
-        let client = ConsulClient::new(settings)
-            .map_err(|e| unavailable("connect (client)", describe(&e)))?;
+        let client = if config.tls == ConsulTls::default() {
+            ConsulClient::new(settings)
+                .map_err(|e| unavailable("connect (client)", describe(&e)))?
+        } else {
+            http::tls_client(settings, &config.tls)?
+        };
         let (state, _) = watch::channel(SessionState::Lost {
             reason: "session not created yet".into(),
         });
