@@ -117,8 +117,10 @@ fn init_logging(log: &LogArgs) -> anyhow::Result<()> {
             }
         }
     }
+    // Colour only for a person at a terminal: a file or a pipe gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match log.log_format {
         LogFormat::Pretty => builder.init(),
@@ -193,6 +195,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             "Kafka client properties set by --kafka-config"
         ),
     }
+    let metrics = match args.metrics_listen {
+        Some(addr) => Some((
+            kafka_lease_server::metrics::install()?,
+            kafka_lease_server::metrics::bind(addr).await?,
+        )),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -219,6 +228,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limits,
     );
     let addr = listener.local_addr()?;
+    if let Some((handle, metrics_listener)) = metrics {
+        let metrics_addr = metrics_listener.local_addr()?;
+        tracing::info!(endpoint = %format!("http://{metrics_addr}/metrics"), "serving metrics");
+        tokio::spawn(kafka_lease_server::metrics::serve(
+            metrics_listener,
+            handle,
+            gateway.clone(),
+        ));
+    }
     tracing::info!(%addr, %advertise, "serving");
     // One machine-readable line on stdout, for scripts and tests started with port 0.
     println!("kafka-lease listening on {addr}");

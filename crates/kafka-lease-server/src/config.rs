@@ -185,6 +185,10 @@ pub struct ServeArgs {
     /// leases after their TTL, as one that went away does (1s ..= 10m).
     #[arg(long, env = "KAFKA_LEASE_KEEPALIVE_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
     pub keepalive_timeout: Duration,
+    /// Serve Prometheus metrics at `http://<addr>/metrics` (off unless given; 9464 is the
+    /// conventional port, e.g. `0.0.0.0:9464`).
+    #[arg(long, env = "KAFKA_LEASE_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
     #[command(flatten)]
     pub security: SecurityArgs,
     #[command(flatten)]

@@ -22,6 +22,19 @@ pub enum EndReason {
     Abandoned,
 }
 
+impl EndReason {
+    /// The reason as a metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            EndReason::Released => "released",
+            EndReason::Expired => "expired",
+            EndReason::Lost(_) => "lost",
+            EndReason::Shutdown => "shutdown",
+            EndReason::Abandoned => "abandoned",
+        }
+    }
+}
+
 impl fmt::Display for EndReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

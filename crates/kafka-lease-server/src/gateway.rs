@@ -468,6 +468,26 @@ impl Gateway {
 
     /// The live details of the lease this instance serves on `key` under `token`, if it
     /// does: for another instance's ListLeases.
+    /// Every lease this instance serves, with its live state (for the metrics).
+    pub fn local_leases(&self) -> Vec<(LockKey, crate::lease::LeaseSnapshot)> {
+        let leases: Vec<Arc<Lease>> = self.table().leases.values().cloned().collect();
+        leases
+            .into_iter()
+            .map(|lease| {
+                let mut snapshot = lease.snapshot();
+                // The partition keeps being fetched while no Read is open, so librdkafka's
+                // watermark is fresher than the one the last batch carried.
+                if let Some(high) = lease
+                    .group_client
+                    .cached_high_watermark(&lease.key.topic, lease.key.partition)
+                {
+                    snapshot.high_watermark = snapshot.high_watermark.max(high);
+                }
+                (lease.key.clone(), snapshot)
+            })
+            .collect()
+    }
+
     pub fn describe(&self, key: &LockKey, token: u64) -> Option<crate::lease::LeaseSnapshot> {
         let table = self.table();
         table
@@ -969,6 +989,7 @@ impl Gateway {
             locks: self.locks.clone(),
         });
         self.table().install(lease.clone(), spec.via);
+        metrics::counter!(crate::metrics::LEASES_GRANTED).increment(1);
         tracing::info!(parent: &lease.span, member = %spec.member, offset = start, "lease granted");
         self.spawn_supervisor(lease.clone());
         let snapshot = lease.snapshot();
@@ -1017,6 +1038,7 @@ impl Gateway {
         if !lease.mark_ended(reason.clone()) {
             return;
         }
+        metrics::counter!(crate::metrics::LEASES_ENDED, "reason" => reason.label()).increment(1);
         self.table().remove_ended(lease, reason.clone());
         match tokio::time::timeout(COMMIT_SETTLE_WAIT, lease.commits_settled()).await {
             Ok(_settled) => self.dismantle_and_release(lease).await,

@@ -38,6 +38,17 @@ const RETRY_DELAY: Duration = Duration::from_secs(1);
 /// invite a busy loop (an active holder renews it anyway).
 const MIN_BUSY_RETRY_DELAY: Duration = Duration::from_millis(100);
 
+/// Runs one call of the lease service and records its outcome ([`crate::metrics`]).
+async fn observed<T>(
+    method: &'static str,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let started = tokio::time::Instant::now();
+    let result = call.await;
+    crate::metrics::record_call(method, started.elapsed(), result.as_ref().err());
+    result
+}
+
 /// The single place where domain errors become gRPC statuses: the code, the human message,
 /// and in the details a `google.rpc.ErrorInfo` (always) and a `google.rpc.RetryInfo` (where
 /// the same call can succeed later), as `ErrorReason` in the proto documents them.
@@ -842,26 +853,30 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::AcquireRequest>,
     ) -> Result<Response<v1::AcquireResponse>, Status> {
-        let caller = self.caller(&request)?;
-        let mut spec = acquire_spec(request.get_ref(), request.remote_addr()).map_err(status_of)?;
-        self.auth
-            .check(&caller, Action::Acquire, &spec.group, &spec.topic)
-            .map_err(status_of)?;
-        spec.owner = caller.identity;
-        let granted = self.gateway.acquire(spec).await.map_err(status_of)?;
-        Ok(Response::new(v1::AcquireResponse {
-            lease_id: granted.lease_id,
-            topic: granted.key.topic,
-            partition: granted.key.partition,
-            fencing_token: granted.fencing_token,
-            offset: granted.offset,
-            high_watermark: granted.high_watermark,
-            expires_at: Some(timestamp(granted.expires_at)),
-            group: granted.key.group,
-            gateway: granted.gateway,
-            ttl: Some(proto_duration(granted.ttl)),
-            gateway_address: self.gateway.address().unwrap_or_default().to_string(),
-        }))
+        observed("Acquire", async move {
+            let caller = self.caller(&request)?;
+            let mut spec =
+                acquire_spec(request.get_ref(), request.remote_addr()).map_err(status_of)?;
+            self.auth
+                .check(&caller, Action::Acquire, &spec.group, &spec.topic)
+                .map_err(status_of)?;
+            spec.owner = caller.identity;
+            let granted = self.gateway.acquire(spec).await.map_err(status_of)?;
+            Ok(Response::new(v1::AcquireResponse {
+                lease_id: granted.lease_id,
+                topic: granted.key.topic,
+                partition: granted.key.partition,
+                fencing_token: granted.fencing_token,
+                offset: granted.offset,
+                high_watermark: granted.high_watermark,
+                expires_at: Some(timestamp(granted.expires_at)),
+                group: granted.key.group,
+                gateway: granted.gateway,
+                ttl: Some(proto_duration(granted.ttl)),
+                gateway_address: self.gateway.address().unwrap_or_default().to_string(),
+            }))
+        })
+        .await
     }
 
     type ReadStream = ReadResponseStream;
@@ -870,6 +885,7 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
+        observed("Read", async move {
         let caller = self.caller(&request)?;
         let limits = read_limits(request.get_ref()).map_err(status_of)?;
         if let Some(instance) = self.forward_to(&request, &request.get_ref().lease_id) {
@@ -906,6 +922,8 @@ impl PartitionLeaseService for LeaseService {
             Box::pin(stream.map(|item| item.map_err(status_of))),
             deadline,
         )))
+        })
+        .await
     }
 
     type SubscribeStream = std::pin::Pin<
@@ -916,6 +934,7 @@ impl PartitionLeaseService for LeaseService {
         &self,
         request: Request<v1::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        observed("Subscribe", async move {
         let caller = self.caller(&request)?;
         let mut spec = subscribe_spec(request.get_ref()).map_err(status_of)?;
         for topic in &spec.topics {
@@ -972,183 +991,201 @@ impl PartitionLeaseService for LeaseService {
             None => Box::pin(events),
         };
         Ok(Response::new(events))
+        })
+        .await
     }
 
     async fn list_members(
         &self,
         request: Request<v1::ListMembersRequest>,
     ) -> Result<Response<v1::ListMembersResponse>, Status> {
-        let caller = self.caller(&request)?;
-        let req = request.get_ref();
-        validate::group(&req.group).map_err(status_of)?;
-        if let Some(topic) = &req.topic {
-            validate::topic(topic).map_err(status_of)?;
-            self.auth
-                .check(&caller, Action::List, &req.group, topic)
+        observed("ListMembers", async move {
+            let caller = self.caller(&request)?;
+            let req = request.get_ref();
+            validate::group(&req.group).map_err(status_of)?;
+            if let Some(topic) = &req.topic {
+                validate::topic(topic).map_err(status_of)?;
+                self.auth
+                    .check(&caller, Action::List, &req.group, topic)
+                    .map_err(status_of)?;
+            } else {
+                self.auth
+                    .check_group(&caller, Action::List, &req.group)
+                    .map_err(status_of)?;
+            }
+            let mut members = self
+                .gateway
+                .list_members(&req.group, req.topic.as_deref())
+                .await
                 .map_err(status_of)?;
-        } else {
-            self.auth
-                .check_group(&caller, Action::List, &req.group)
-                .map_err(status_of)?;
-        }
-        let mut members = self
-            .gateway
-            .list_members(&req.group, req.topic.as_deref())
-            .await
-            .map_err(status_of)?;
-        // Only the topics the caller may list.
-        members.retain(|(topic, _, _)| self.auth.allows(&caller, Action::List, &req.group, topic));
-        Ok(Response::new(v1::ListMembersResponse {
-            members: members
-                .into_iter()
-                .map(|(topic, record, partitions)| v1::MemberInfo {
-                    group: req.group.clone(),
-                    topic,
-                    member_id: record.member_id,
-                    member: record.member,
-                    gateway: record.gateway,
-                    max_partitions: record.max_partitions,
-                    joined_at: Some(timestamp(
-                        SystemTime::UNIX_EPOCH + Duration::from_millis(record.joined_at_ms),
-                    )),
-                    partitions,
-                })
-                .collect(),
-        }))
+            // Only the topics the caller may list.
+            members
+                .retain(|(topic, _, _)| self.auth.allows(&caller, Action::List, &req.group, topic));
+            Ok(Response::new(v1::ListMembersResponse {
+                members: members
+                    .into_iter()
+                    .map(|(topic, record, partitions)| v1::MemberInfo {
+                        group: req.group.clone(),
+                        topic,
+                        member_id: record.member_id,
+                        member: record.member,
+                        gateway: record.gateway,
+                        max_partitions: record.max_partitions,
+                        joined_at: Some(timestamp(
+                            SystemTime::UNIX_EPOCH + Duration::from_millis(record.joined_at_ms),
+                        )),
+                        partitions,
+                    })
+                    .collect(),
+            }))
+        })
+        .await
     }
 
     async fn seek(
         &self,
         request: Request<v1::SeekRequest>,
     ) -> Result<Response<v1::SeekResponse>, Status> {
-        let caller = self.caller(&request)?;
-        let target = seek_target(request.get_ref()).map_err(status_of)?;
-        let lease_id = request.get_ref().lease_id.clone();
-        if let Some(instance) = self.forward_to(&request, &lease_id) {
-            return self
-                .forward(
-                    "Seek",
-                    &instance,
-                    &lease_id,
-                    request,
-                    &caller,
-                    |mut c, r| async move { c.seek(r).await },
-                )
-                .await;
-        }
-        self.authorize_lease(&caller, Action::Seek, &lease_id)?;
-        let (offset, seek_epoch) = self
-            .gateway
-            .seek(&request.get_ref().lease_id, target)
-            .await
-            .map_err(status_of)?;
-        Ok(Response::new(v1::SeekResponse { offset, seek_epoch }))
+        observed("Seek", async move {
+            let caller = self.caller(&request)?;
+            let target = seek_target(request.get_ref()).map_err(status_of)?;
+            let lease_id = request.get_ref().lease_id.clone();
+            if let Some(instance) = self.forward_to(&request, &lease_id) {
+                return self
+                    .forward(
+                        "Seek",
+                        &instance,
+                        &lease_id,
+                        request,
+                        &caller,
+                        |mut c, r| async move { c.seek(r).await },
+                    )
+                    .await;
+            }
+            self.authorize_lease(&caller, Action::Seek, &lease_id)?;
+            let (offset, seek_epoch) = self
+                .gateway
+                .seek(&request.get_ref().lease_id, target)
+                .await
+                .map_err(status_of)?;
+            Ok(Response::new(v1::SeekResponse { offset, seek_epoch }))
+        })
+        .await
     }
 
     async fn commit(
         &self,
         request: Request<v1::CommitRequest>,
     ) -> Result<Response<v1::CommitResponse>, Status> {
-        let caller = self.caller(&request)?;
-        let req = request.get_ref();
-        validate::lease_id(&req.lease_id).map_err(status_of)?;
-        if let Some(metadata) = &req.metadata {
-            validate::metadata(metadata).map_err(status_of)?;
-        }
-        let lease_id = req.lease_id.clone();
-        if let Some(instance) = self.forward_to(&request, &lease_id) {
-            return self
-                .forward(
-                    "Commit",
-                    &instance,
-                    &lease_id,
-                    request,
-                    &caller,
-                    |mut c, r| async move { c.commit(r).await },
-                )
-                .await;
-        }
-        self.authorize_lease(&caller, Action::Commit, &lease_id)?;
-        let req = request.get_ref();
-        let metadata = self
-            .gateway
-            .commit(&req.lease_id, req.offset, req.metadata.as_deref())
-            .await
-            .map_err(status_of)?;
-        Ok(Response::new(v1::CommitResponse {
-            offset: req.offset,
-            metadata,
-        }))
+        observed("Commit", async move {
+            let caller = self.caller(&request)?;
+            let req = request.get_ref();
+            validate::lease_id(&req.lease_id).map_err(status_of)?;
+            if let Some(metadata) = &req.metadata {
+                validate::metadata(metadata).map_err(status_of)?;
+            }
+            let lease_id = req.lease_id.clone();
+            if let Some(instance) = self.forward_to(&request, &lease_id) {
+                return self
+                    .forward(
+                        "Commit",
+                        &instance,
+                        &lease_id,
+                        request,
+                        &caller,
+                        |mut c, r| async move { c.commit(r).await },
+                    )
+                    .await;
+            }
+            self.authorize_lease(&caller, Action::Commit, &lease_id)?;
+            let req = request.get_ref();
+            let metadata = self
+                .gateway
+                .commit(&req.lease_id, req.offset, req.metadata.as_deref())
+                .await
+                .map_err(status_of)?;
+            Ok(Response::new(v1::CommitResponse {
+                offset: req.offset,
+                metadata,
+            }))
+        })
+        .await
     }
 
     async fn release(
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
-        let caller = self.caller(&request)?;
-        validate::lease_id(&request.get_ref().lease_id).map_err(status_of)?;
-        let lease_id = request.get_ref().lease_id.clone();
-        if let Some(instance) = self.forward_to(&request, &lease_id) {
-            return self
-                .forward(
-                    "Release",
-                    &instance,
-                    &lease_id,
-                    request,
-                    &caller,
-                    |mut c, r| async move { c.release(r).await },
-                )
-                .await;
-        }
-        self.authorize_lease(&caller, Action::Release, &lease_id)?;
-        let req = request.get_ref();
-        let committed_offset = self
-            .gateway
-            .release(&req.lease_id, req.commit_offset)
-            .await
-            .map_err(status_of)?;
-        Ok(Response::new(v1::ReleaseResponse { committed_offset }))
+        observed("Release", async move {
+            let caller = self.caller(&request)?;
+            validate::lease_id(&request.get_ref().lease_id).map_err(status_of)?;
+            let lease_id = request.get_ref().lease_id.clone();
+            if let Some(instance) = self.forward_to(&request, &lease_id) {
+                return self
+                    .forward(
+                        "Release",
+                        &instance,
+                        &lease_id,
+                        request,
+                        &caller,
+                        |mut c, r| async move { c.release(r).await },
+                    )
+                    .await;
+            }
+            self.authorize_lease(&caller, Action::Release, &lease_id)?;
+            let req = request.get_ref();
+            let committed_offset = self
+                .gateway
+                .release(&req.lease_id, req.commit_offset)
+                .await
+                .map_err(status_of)?;
+            Ok(Response::new(v1::ReleaseResponse { committed_offset }))
+        })
+        .await
     }
 
     async fn list_leases(
         &self,
         request: Request<v1::ListLeasesRequest>,
     ) -> Result<Response<v1::ListLeasesResponse>, Status> {
-        let caller = self.caller(&request)?;
-        let req = request.get_ref();
-        if let Some(group) = &req.group {
-            validate::group(group).map_err(status_of)?;
-        }
-        if let Some(topic) = &req.topic {
-            validate::topic(topic).map_err(status_of)?;
-        }
-        let size = validate::count_in(
-            "page_size",
-            req.page_size,
-            validate::DEFAULT_PAGE_SIZE,
-            validate::MAX_PAGE_SIZE,
-        )
-        .map_err(status_of)? as usize;
-        let after = validate::page_token(&req.page_token).map_err(status_of)?;
-        let mut listed = self
-            .gateway
-            .list(req.group.as_deref(), req.topic.as_deref())
-            .await
-            .map_err(status_of)?;
-        // Only what the caller may see: a lease whose group and topic it may list.
-        listed.retain(|l| {
-            self.auth
-                .allows(&caller, Action::List, &l.key.group, &l.key.topic)
-        });
-        let (page, next) = page_of(listed, after.as_ref(), size);
-        let deadline = deadline_of(request.metadata());
-        Ok(Response::new(v1::ListLeasesResponse {
-            leases: self.with_live_details(&page, deadline).await,
-            next_page_token: next
-                .as_ref()
-                .map(validate::page_token_after)
-                .unwrap_or_default(),
-        }))
+        observed("ListLeases", async move {
+            let caller = self.caller(&request)?;
+            let req = request.get_ref();
+            if let Some(group) = &req.group {
+                validate::group(group).map_err(status_of)?;
+            }
+            if let Some(topic) = &req.topic {
+                validate::topic(topic).map_err(status_of)?;
+            }
+            let size = validate::count_in(
+                "page_size",
+                req.page_size,
+                validate::DEFAULT_PAGE_SIZE,
+                validate::MAX_PAGE_SIZE,
+            )
+            .map_err(status_of)? as usize;
+            let after = validate::page_token(&req.page_token).map_err(status_of)?;
+            let mut listed = self
+                .gateway
+                .list(req.group.as_deref(), req.topic.as_deref())
+                .await
+                .map_err(status_of)?;
+            // Only what the caller may see: a lease whose group and topic it may list.
+            listed.retain(|l| {
+                self.auth
+                    .allows(&caller, Action::List, &l.key.group, &l.key.topic)
+            });
+            let (page, next) = page_of(listed, after.as_ref(), size);
+            let deadline = deadline_of(request.metadata());
+            Ok(Response::new(v1::ListLeasesResponse {
+                leases: self.with_live_details(&page, deadline).await,
+                next_page_token: next
+                    .as_ref()
+                    .map(validate::page_token_after)
+                    .unwrap_or_default(),
+            }))
+        })
+        .await
     }
 }
 

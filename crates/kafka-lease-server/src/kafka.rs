@@ -136,6 +136,7 @@ impl KafkaSettings {
 }
 
 fn unavailable(operation: &'static str, err: impl std::fmt::Display) -> LeaseError {
+    metrics::counter!(crate::metrics::KAFKA_ERRORS, "operation" => operation).increment(1);
     LeaseError::KafkaUnavailable {
         operation,
         detail: err.to_string(),
@@ -220,6 +221,7 @@ fn kafka_error(operation: &'static str, err: KafkaError) -> LeaseError {
         _ => (false, false),
     };
     if refused {
+        metrics::counter!(crate::metrics::KAFKA_ERRORS, "operation" => operation).increment(1);
         LeaseError::KafkaRefused {
             operation,
             detail: err.to_string(),
@@ -819,7 +821,7 @@ impl GroupClient {
 
     /// The high watermark librdkafka last saw in a fetch response, without a request.
     #[allow(unsafe_code)]
-    fn cached_high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+    pub fn cached_high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
         let topic = CString::new(topic).ok()?;
         let (mut low, mut high) = (-1_i64, -1_i64);
         // SAFETY: the client handle is valid while `self.consumer` lives; the topic pointer

@@ -676,6 +676,14 @@ impl futures::Stream for ReadStream {
                     }
                     let Some(last) = records.last() else { continue };
                     state.position = last.offset + 1;
+                    let labels = [
+                        ("group", this.lease.key.group.clone()),
+                        ("topic", this.lease.key.topic.clone()),
+                    ];
+                    metrics::counter!(crate::metrics::RECORDS_DELIVERED, &labels)
+                        .increment(records.len() as u64);
+                    metrics::counter!(crate::metrics::BYTES_DELIVERED, &labels)
+                        .increment(records.iter().map(record_size).sum::<usize>() as u64);
                     let high = high_watermark.unwrap_or(0).max(state.position);
                     state.high_watermark = state.high_watermark.max(high);
                     let response = v1::ReadResponse {

@@ -22,6 +22,7 @@ pub mod grpc;
 pub mod kafka;
 pub mod kafka_config;
 pub mod lease;
+pub mod metrics;
 pub mod server;
 pub mod subscribe;
 pub mod tls;

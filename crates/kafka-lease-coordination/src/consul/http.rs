@@ -94,6 +94,7 @@ pub(super) fn go_duration(d: Duration) -> String {
 }
 
 pub(super) fn unavailable(operation: &'static str, detail: impl Into<String>) -> CoordinationError {
+    ::metrics::counter!(super::metrics::ERRORS, "operation" => operation).increment(1);
     CoordinationError::Unavailable {
         operation,
         detail: detail.into(),

@@ -78,6 +78,40 @@ mod config;
 mod http;
 mod session;
 
+/// The backend's metrics, recorded through the `metrics` facade (whatever recorder the
+/// process installed; none, and they cost nothing).
+pub mod metrics {
+    /// Seconds a session renew took to answer (or to fail).
+    pub const RENEW_SECONDS: &str = "kafka_lease_consul_renew_duration_seconds";
+    /// Session renews that failed (no answer, an error); the session lives on until its
+    /// fence window passes without a confirmed one.
+    pub const RENEW_FAILURES: &str = "kafka_lease_consul_renew_failures_total";
+    /// Lock sessions created (at startup, and after each loss).
+    pub const SESSIONS_CREATED: &str = "kafka_lease_consul_sessions_created_total";
+    /// Lock sessions lost, by `cause`: `invalidated` (Consul ended it) or `self_fence` (no
+    /// renew confirmed for a whole fence window: every lock of the instance was void).
+    pub const SESSIONS_LOST: &str = "kafka_lease_consul_sessions_lost_total";
+    /// Consul requests that failed or went unanswered, by `operation`.
+    pub const ERRORS: &str = "kafka_lease_consul_errors_total";
+}
+
+/// Describes the backend's metrics to the installed recorder.
+pub fn describe_metrics() {
+    use ::metrics::{describe_counter, describe_histogram, Unit};
+    describe_histogram!(
+        metrics::RENEW_SECONDS,
+        Unit::Seconds,
+        "time a Consul session renew took"
+    );
+    describe_counter!(metrics::RENEW_FAILURES, "Consul session renews that failed");
+    describe_counter!(metrics::SESSIONS_CREATED, "Consul lock sessions created");
+    describe_counter!(
+        metrics::SESSIONS_LOST,
+        "Consul lock sessions lost, by cause"
+    );
+    describe_counter!(metrics::ERRORS, "Consul requests that failed, by operation");
+}
+
 pub use config::{
     ConsulConfigError, ConsulLockConfig, ConsulTls, SessionCheck, DEFAULT_CHECK_INTERVAL,
     DEFAULT_CHECK_TIMEOUT, DEFAULT_DEREGISTER_AFTER, DEFAULT_LOCK_DELAY, DEFAULT_SESSION_TTL,

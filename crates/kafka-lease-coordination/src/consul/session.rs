@@ -310,6 +310,7 @@ impl Shared {
             .await;
             return Err(error);
         }
+        ::metrics::counter!(super::metrics::SESSIONS_CREATED).increment(1);
         Ok((id, sent))
     }
 
@@ -344,6 +345,7 @@ impl Shared {
         let renewed =
             tokio::time::timeout(limit, consulrs::session::renew(&self.client, session, None))
                 .await;
+        ::metrics::histogram!(super::metrics::RENEW_SECONDS).record(sent.elapsed().as_secs_f64());
         let outcome = match renewed {
             Ok(Ok(answer)) if !answer.response.is_empty() => Renewal::Confirmed,
             // Consul 1.8 answers 404 for an unknown session; older ones 200 and `[]`.
@@ -380,6 +382,7 @@ impl Shared {
                         }
                         Renewal::Gone => return Loss::Invalidated,
                         Renewal::Failed(error) => {
+                            ::metrics::counter!(super::metrics::RENEW_FAILURES).increment(1);
                             tracing::warn!(
                                 %instance,
                                 session = %held.id,
@@ -445,6 +448,8 @@ pub(super) async fn run_renewer(shared: Arc<Shared>, first: Held) {
     loop {
         match shared.keep_alive(&mut held).await {
             Loss::Invalidated => {
+                ::metrics::counter!(super::metrics::SESSIONS_LOST, "cause" => "invalidated")
+                    .increment(1);
                 shared.set_state(SessionState::Lost {
                     reason: "session invalidated".into(),
                 });
@@ -460,6 +465,8 @@ pub(super) async fn run_renewer(shared: Arc<Shared>, first: Held) {
                 );
             }
             Loss::Unreachable => {
+                ::metrics::counter!(super::metrics::SESSIONS_LOST, "cause" => "self_fence")
+                    .increment(1);
                 let silent = held.confirmed.elapsed();
                 let since = SystemTime::now()
                     .checked_sub(silent)

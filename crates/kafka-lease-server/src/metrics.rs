@@ -1,0 +1,242 @@
+//! Prometheus metrics: their names, the endpoint that serves them, and the sampling of the
+//! gauges that describe leases.
+//!
+//! Counters and histograms are recorded where things happen, through the `metrics` facade
+//! (the lock crate records its own Consul metrics the same way, knowing nothing of
+//! Prometheus); this module installs the Prometheus recorder and serves its text on
+//! `--metrics-listen`. The per-lease gauges (position, committed offset, lag) and the counts
+//! (leases per group and topic, Acquires waiting) are sampled from the lease table just
+//! before each scrape, so they are exact at scrape time.
+//!
+//! Labels are bounded: method, gRPC code, reason, operation (all fixed sets); group, topic
+//! and partition (as many as the leases this instance serves). Never lease ids.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+
+use crate::gateway::Gateway;
+
+/// gRPC calls answered, by `method` and `code`.
+pub const GRPC_REQUESTS: &str = "kafka_lease_grpc_requests_total";
+/// Seconds until Acquire, Commit, Seek and Release answered, by `method` and `outcome` (`ok`
+/// or the error's reason).
+pub const REQUEST_SECONDS: &str = "kafka_lease_request_duration_seconds";
+/// Leases this instance serves, by `group` and `topic`.
+pub const LEASES: &str = "kafka_lease_leases";
+/// Per lease served here, by `group`, `topic`, `partition`: the next offset its Read
+/// delivers, the group's committed offset, and the records between the position and the
+/// high watermark.
+pub const LEASE_POSITION: &str = "kafka_lease_lease_position";
+pub const LEASE_COMMITTED: &str = "kafka_lease_lease_committed_offset";
+pub const LEASE_LAG: &str = "kafka_lease_lease_lag";
+/// Acquires waiting for a partition on this instance.
+pub const ACQUIRES_WAITING: &str = "kafka_lease_acquires_waiting";
+/// Leases granted, and leases ended by `reason` (released, expired, lost, abandoned,
+/// shutdown).
+pub const LEASES_GRANTED: &str = "kafka_lease_leases_granted_total";
+pub const LEASES_ENDED: &str = "kafka_lease_leases_ended_total";
+/// Records handed to Reads, and their size as encoded on the wire (each record's protobuf
+/// field, with its key, value, headers and offsets), by `group` and `topic`.
+pub const RECORDS_DELIVERED: &str = "kafka_lease_records_delivered_total";
+pub const BYTES_DELIVERED: &str = "kafka_lease_bytes_delivered_total";
+/// Kafka operations that failed, by `operation`.
+pub const KAFKA_ERRORS: &str = "kafka_lease_kafka_errors_total";
+
+/// Histogram buckets for request and Consul latencies, in seconds.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// Why the metrics endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("installing the metrics recorder failed: {0}")]
+    Install(String),
+    #[error("cannot listen on {addr} for metrics: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Installs the Prometheus recorder for the process. Call once, before anything records.
+pub fn install() -> Result<PrometheusHandle, MetricsError> {
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
+        .map_err(|e| MetricsError::Install(e.to_string()))?
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|e| MetricsError::Install(e.to_string()))?;
+    describe();
+    Ok(handle)
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(GRPC_REQUESTS, "gRPC calls answered, by method and code");
+    describe_histogram!(
+        REQUEST_SECONDS,
+        Unit::Seconds,
+        "time to answer Acquire, Commit, Seek and Release, by method and outcome"
+    );
+    describe_gauge!(LEASES, "leases this instance serves, by group and topic");
+    describe_gauge!(LEASE_POSITION, "the next offset a lease's Read delivers");
+    describe_gauge!(
+        LEASE_COMMITTED,
+        "the group's committed offset for a leased partition"
+    );
+    describe_gauge!(
+        LEASE_LAG,
+        "records between a lease's position and the partition's high watermark"
+    );
+    describe_gauge!(ACQUIRES_WAITING, "Acquires waiting for a partition here");
+    describe_counter!(LEASES_GRANTED, "leases granted by this instance");
+    describe_counter!(LEASES_ENDED, "leases ended, by reason");
+    describe_counter!(
+        RECORDS_DELIVERED,
+        "records handed to Reads, by group and topic"
+    );
+    describe_counter!(
+        BYTES_DELIVERED,
+        Unit::Bytes,
+        "encoded size of the records handed to Reads, by group and topic"
+    );
+    describe_counter!(KAFKA_ERRORS, "Kafka operations that failed, by operation");
+    kafka_lease_coordination::consul::describe_metrics();
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped: the gauges sampled from
+/// `gateway`, then everything recorded.
+pub async fn serve(listener: TcpListener, handle: PrometheusHandle, gateway: Arc<Gateway>) {
+    let sampler = Arc::new(Sampler::default());
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let (handle, gateway, sampler) = (handle.clone(), gateway.clone(), sampler.clone());
+            async move {
+                sampler.sample(&gateway);
+                handle.run_upkeep();
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    handle.render(),
+                )
+            }
+        }),
+    );
+    if let Err(err) = axum::serve(listener, app).await {
+        tracing::warn!(error = %err, "the metrics endpoint stopped");
+    }
+}
+
+/// Binds the metrics listener (before anything else starts, so a taken port is a startup
+/// error).
+pub async fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| MetricsError::Listen { addr, source })
+}
+
+/// The label sets the previous sample set: a group and topic with no lease left shows 0
+/// leases, and an ended lease's lag shows 0 (its position and committed offset keep their
+/// last values, which is what they were when it ended).
+#[derive(Default)]
+struct Sampler {
+    seen_groups: Mutex<HashSet<(String, String)>>,
+    seen_leases: Mutex<HashSet<(String, String, i32)>>,
+}
+
+impl Sampler {
+    fn sample(&self, gateway: &Gateway) {
+        let leases = gateway.local_leases();
+        let mut groups: HashSet<(String, String)> = HashSet::new();
+        let mut counts: std::collections::HashMap<(String, String), usize> = Default::default();
+        let mut keys = HashSet::new();
+        for (key, snapshot) in &leases {
+            *counts
+                .entry((key.group.clone(), key.topic.clone()))
+                .or_default() += 1;
+            let labels = [
+                ("group", key.group.clone()),
+                ("topic", key.topic.clone()),
+                ("partition", key.partition.to_string()),
+            ];
+            metrics::gauge!(LEASE_POSITION, &labels).set(snapshot.position as f64);
+            if let Some(committed) = snapshot.committed {
+                metrics::gauge!(LEASE_COMMITTED, &labels).set(committed as f64);
+            }
+            metrics::gauge!(LEASE_LAG, &labels)
+                .set((snapshot.high_watermark - snapshot.position).max(0) as f64);
+            keys.insert((key.group.clone(), key.topic.clone(), key.partition));
+        }
+        for ((group, topic), n) in &counts {
+            metrics::gauge!(LEASES, "group" => group.clone(), "topic" => topic.clone())
+                .set(*n as f64);
+            groups.insert((group.clone(), topic.clone()));
+        }
+        let mut seen = self.seen_groups.lock().unwrap_or_else(|p| p.into_inner());
+        for (group, topic) in seen.difference(&groups) {
+            metrics::gauge!(LEASES, "group" => group.clone(), "topic" => topic.clone()).set(0.0);
+        }
+        *seen = groups;
+        let mut seen = self.seen_leases.lock().unwrap_or_else(|p| p.into_inner());
+        for (group, topic, partition) in seen.difference(&keys) {
+            let labels = [
+                ("group", group.clone()),
+                ("topic", topic.clone()),
+                ("partition", partition.to_string()),
+            ];
+            metrics::gauge!(LEASE_LAG, &labels).set(0.0);
+        }
+        *seen = keys;
+        metrics::gauge!(ACQUIRES_WAITING).set(gateway.waiting_acquires() as f64);
+    }
+}
+
+/// Records one answered gRPC call: its code, and for the lease calls its latency with the
+/// outcome (`ok`, or the error's reason).
+pub fn record_call(method: &'static str, elapsed: Duration, status: Option<&tonic::Status>) {
+    let code = status.map_or(tonic::Code::Ok, tonic::Status::code);
+    metrics::counter!(GRPC_REQUESTS, "method" => method, "code" => code_name(code)).increment(1);
+    if matches!(method, "Acquire" | "Commit" | "Seek" | "Release") {
+        let outcome = match status {
+            None => "ok".to_string(),
+            Some(status) => tonic_types::StatusExt::get_details_error_info(status)
+                .map(|info| info.reason)
+                .unwrap_or_else(|| code_name(status.code()).to_string()),
+        };
+        metrics::histogram!(REQUEST_SECONDS, "method" => method, "outcome" => outcome)
+            .record(elapsed.as_secs_f64());
+    }
+}
+
+/// The canonical name of a gRPC code, as a label value.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code as C;
+    match code {
+        C::Ok => "OK",
+        C::Cancelled => "CANCELLED",
+        C::Unknown => "UNKNOWN",
+        C::InvalidArgument => "INVALID_ARGUMENT",
+        C::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        C::NotFound => "NOT_FOUND",
+        C::AlreadyExists => "ALREADY_EXISTS",
+        C::PermissionDenied => "PERMISSION_DENIED",
+        C::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        C::FailedPrecondition => "FAILED_PRECONDITION",
+        C::Aborted => "ABORTED",
+        C::OutOfRange => "OUT_OF_RANGE",
+        C::Unimplemented => "UNIMPLEMENTED",
+        C::Internal => "INTERNAL",
+        C::Unavailable => "UNAVAILABLE",
+        C::DataLoss => "DATA_LOSS",
+        C::Unauthenticated => "UNAUTHENTICATED",
+    }
+}

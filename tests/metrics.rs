@@ -1,0 +1,272 @@
+//! The Prometheus endpoint of a real gateway during a real acquire / read / seek / commit /
+//! release cycle: the counters, gauges and histograms move as the cycle goes, with the
+//! labels documented in the README.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kafka_lease_client::{proto, AcquireOptions, SeekTo};
+use kafka_lease_testkit::{unique_name, wait_for, Services};
+use support::{create_topic, produce_n, producer, unique_prefix, GatewayProcess};
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// One scrape: every sample as `name{labels}` → value.
+async fn scrape(endpoint: &str) -> BTreeMap<String, f64> {
+    let addr = endpoint
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .expect("http endpoint");
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    assert!(
+        head.to_lowercase().contains("content-type: text/plain"),
+        "{head}"
+    );
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The value of the series named `name` whose labels include all of `labels`.
+fn value(samples: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|(series, _)| {
+            let (n, rest) = series.split_once('{').unwrap_or((series.as_str(), ""));
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_follow_a_lease_through_its_life() {
+    let Some(services) = Services::require("metrics_follow_a_lease_through_its_life") else {
+        return;
+    };
+    let topic = create_topic(&services, 2).await;
+    let group = unique_name("metrics");
+    let gateway = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("gw"),
+        &["--metrics-listen", "127.0.0.1:0"],
+    )
+    .await;
+    let log = gateway.log();
+    let endpoint = log
+        .split_whitespace()
+        .find_map(|w| {
+            let w = w.trim_start_matches("endpoint=");
+            (w.starts_with("http://") && w.ends_with("/metrics")).then(|| w.to_string())
+        })
+        .unwrap_or_else(|| panic!("no metrics endpoint in the log:\n{log}"));
+    let g = group.as_str();
+    let t = topic.as_str();
+
+    let before = scrape(&endpoint).await;
+    assert_eq!(value(&before, "kafka_lease_leases", &[("group", g)]), 0.0);
+    let granted_before = value(&before, "kafka_lease_leases_granted_total", &[]);
+
+    produce_n(&producer(&services), &topic, 0, 20).await;
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(g, t).partition(0))
+        .await
+        .expect("acquire");
+    let s = scrape(&endpoint).await;
+    assert_eq!(
+        value(&s, "kafka_lease_leases", &[("group", g), ("topic", t)]),
+        1.0
+    );
+    assert_eq!(
+        value(&s, "kafka_lease_leases_granted_total", &[]),
+        granted_before + 1.0
+    );
+    assert!(
+        value(
+            &s,
+            "kafka_lease_request_duration_seconds_count",
+            &[("method", "Acquire"), ("outcome", "ok")]
+        ) >= 1.0
+    );
+    assert!(
+        value(
+            &s,
+            "kafka_lease_grpc_requests_total",
+            &[("method", "Acquire"), ("code", "OK")]
+        ) >= 1.0
+    );
+    let lease_labels = [("group", g), ("topic", t), ("partition", "0")];
+    assert_eq!(value(&s, "kafka_lease_lease_position", &lease_labels), 0.0);
+
+    // Read all 20: delivered records and bytes, the position and the lag follow.
+    let mut stream = client
+        .raw()
+        .read(proto::ReadRequest {
+            lease_id: lease.lease_id().to_string(),
+            max_records: 100,
+            ..Default::default()
+        })
+        .await
+        .expect("read")
+        .into_inner();
+    let mut read = 0;
+    let mut bytes = 0usize;
+    while read < 20 {
+        let batch = tokio::time::timeout(DEADLINE, stream.next())
+            .await
+            .expect("a batch in time")
+            .expect("open")
+            .expect("batch");
+        read += batch.records.len();
+        // Each record as encoded in the response: its field tag, length and message.
+        bytes += batch
+            .records
+            .iter()
+            .map(|r| {
+                let len = prost::Message::encoded_len(r);
+                1 + prost::length_delimiter_len(len) + len
+            })
+            .sum::<usize>();
+    }
+    let s = wait_for("the position to reach 20", DEADLINE, || async {
+        let s = scrape(&endpoint).await;
+        (value(&s, "kafka_lease_lease_position", &lease_labels) == 20.0).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        value(
+            &s,
+            "kafka_lease_records_delivered_total",
+            &[("group", g), ("topic", t)]
+        ),
+        20.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            "kafka_lease_bytes_delivered_total",
+            &[("group", g), ("topic", t)]
+        ),
+        bytes as f64
+    );
+    assert_eq!(value(&s, "kafka_lease_lease_lag", &lease_labels), 0.0);
+
+    // More records: the lag grows while nobody reads them.
+    drop(stream);
+    produce_n(&producer(&services), &topic, 0, 5).await;
+    wait_for("the lag to show 5 unread records", DEADLINE, || async {
+        let s = scrape(&endpoint).await;
+        (value(&s, "kafka_lease_lease_lag", &lease_labels) == 5.0).then_some(())
+    })
+    .await;
+
+    // Commit and seek: the committed offset, and the histograms by outcome.
+    lease.commit(20).await.expect("commit");
+    lease.seek(SeekTo::Offset(10)).await.expect("seek");
+    let err = lease
+        .seek(SeekTo::Offset(1_000))
+        .await
+        .expect_err("beyond the high watermark");
+    assert_eq!(err.code(), tonic::Code::OutOfRange);
+    let s = scrape(&endpoint).await;
+    assert_eq!(
+        value(&s, "kafka_lease_lease_committed_offset", &lease_labels),
+        20.0
+    );
+    assert_eq!(value(&s, "kafka_lease_lease_position", &lease_labels), 10.0);
+    assert_eq!(
+        value(
+            &s,
+            "kafka_lease_request_duration_seconds_count",
+            &[("method", "Commit"), ("outcome", "ok")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            "kafka_lease_request_duration_seconds_count",
+            &[("method", "Seek"), ("outcome", "OFFSET_OUT_OF_RANGE")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            "kafka_lease_grpc_requests_total",
+            &[("method", "Seek"), ("code", "OUT_OF_RANGE")]
+        ),
+        1.0
+    );
+    assert!(
+        value(&s, "kafka_lease_consul_renew_duration_seconds_count", &[]) >= 1.0,
+        "the Consul session renews are timed"
+    );
+    assert!(value(&s, "kafka_lease_consul_sessions_created_total", &[]) >= 1.0);
+
+    // Release: no lease left for the group, one ended as released.
+    let ended_before = value(
+        &s,
+        "kafka_lease_leases_ended_total",
+        &[("reason", "released")],
+    );
+    lease.release().await.expect("release");
+    let s = scrape(&endpoint).await;
+    assert_eq!(
+        value(&s, "kafka_lease_leases", &[("group", g), ("topic", t)]),
+        0.0
+    );
+    assert_eq!(
+        value(
+            &s,
+            "kafka_lease_leases_ended_total",
+            &[("reason", "released")]
+        ),
+        ended_before + 1.0
+    );
+
+    // A failed Acquire is counted with its reason; no lease id is ever a label.
+    let missing = unique_name("no-such-topic");
+    client
+        .acquire(AcquireOptions::new(g, &missing).retries(0))
+        .await
+        .expect_err("no such topic");
+    let s = scrape(&endpoint).await;
+    assert_eq!(
+        value(
+            &s,
+            "kafka_lease_request_duration_seconds_count",
+            &[("method", "Acquire"), ("outcome", "TOPIC_NOT_FOUND")]
+        ),
+        1.0
+    );
+    assert!(s.keys().all(|series| !series.contains("lease_id")));
+    assert!(
+        !gateway.log().contains('\u{1b}'),
+        "no colour codes in a log file"
+    );
+}
