@@ -265,6 +265,40 @@ async fn metrics_follow_a_lease_through_its_life() {
         1.0
     );
     assert!(s.keys().all(|series| !series.contains("lease_id")));
+
+    // The dashboard in deploy/ reads only series the gateway serves and the README lists.
+    let dashboard = std::fs::read_to_string(
+        kafka_lease_testkit::repo_root().join("deploy/grafana/kafka-lease.json"),
+    )
+    .expect("the dashboard");
+    let readme = std::fs::read_to_string(kafka_lease_testkit::repo_root().join("README.md"))
+        .expect("README");
+    let served: std::collections::BTreeSet<&str> = s
+        .keys()
+        .map(|series| series.split('{').next().unwrap_or_default())
+        .collect();
+    let mut used = std::collections::BTreeSet::new();
+    for (i, _) in dashboard.match_indices("kafka_lease_") {
+        let name: String = dashboard[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        used.insert(name);
+    }
+    assert!(used.len() >= 10, "{used:?}");
+    for name in &used {
+        let base = name.strip_suffix("_bucket").unwrap_or(name);
+        assert!(
+            readme.contains(&format!("`{base}`")),
+            "{base} is not in the README"
+        );
+        // The error counters appear with their first error, labelled by its operation.
+        let on_error = base.ends_with("_errors_total");
+        assert!(
+            on_error || served.contains(name.as_str()),
+            "the dashboard reads {name}, which the gateway does not serve: {served:?}"
+        );
+    }
     assert!(
         !gateway.log().contains('\u{1b}'),
         "no colour codes in a log file"

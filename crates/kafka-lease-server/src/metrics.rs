@@ -107,6 +107,14 @@ fn describe() {
         "encoded size of the records handed to Reads, by group and topic"
     );
     describe_counter!(KAFKA_ERRORS, "Kafka operations that failed, by operation");
+    // Series a dashboard or an alert reads are there from the start, at zero, rather than
+    // appearing with their first event (the error counters, labelled by an operation that
+    // is known only when it fails, are the exception).
+    metrics::counter!(LEASES_GRANTED).increment(0);
+    for reason in ["released", "expired", "lost", "abandoned", "shutdown"] {
+        metrics::counter!(LEASES_ENDED, "reason" => reason).increment(0);
+    }
+    metrics::gauge!(ACQUIRES_WAITING).set(0.0);
     kafka_lease_coordination::consul::describe_metrics();
 }
 

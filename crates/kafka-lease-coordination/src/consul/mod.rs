@@ -110,6 +110,11 @@ pub fn describe_metrics() {
         "Consul lock sessions lost, by cause"
     );
     describe_counter!(metrics::ERRORS, "Consul requests that failed, by operation");
+    ::metrics::counter!(metrics::RENEW_FAILURES).increment(0);
+    ::metrics::counter!(metrics::SESSIONS_CREATED).increment(0);
+    for cause in ["invalidated", "self_fence"] {
+        ::metrics::counter!(metrics::SESSIONS_LOST, "cause" => cause).increment(0);
+    }
 }
 
 pub use config::{
