@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use kafka_lease_server::auth::Auth;
-use kafka_lease_server::config::{DevArgs, LogArgs, LogFormat, ServeArgs};
+use kafka_lease_server::config::{default_instance_id, DevArgs, LogArgs, LogFormat, ServeArgs};
 use kafka_lease_server::coordination::consul::ConsulLocks;
 use kafka_lease_server::coordination::memory::MemoryLockStore;
 use kafka_lease_server::coordination::LockBackend;
@@ -17,6 +17,7 @@ use kafka_lease_server::gateway::{Gateway, Limits};
 use kafka_lease_server::kafka::{Kafka, KafkaSettings};
 use kafka_lease_server::server::ServeOptions;
 use kafka_lease_server::tls::ServerTls;
+use opentelemetry_sdk::trace::SdkTracerProvider;
 
 /// The version and the git revision this binary was built from.
 const VERSION: &str = concat!(
@@ -49,7 +50,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
             let usage_error = err.use_stderr();
@@ -67,14 +68,6 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_USAGE);
         }
     }
-    let log = match &cli.command {
-        Command::Serve(args) => &args.log,
-        Command::Dev(args) => &args.log,
-    };
-    if let Err(err) = init_logging(log) {
-        eprintln!("kafka-lease: {err:#}");
-        return ExitCode::from(EXIT_USAGE);
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // librdkafka's blocking calls (metadata, commits, seeks) run here; a cap keeps the
@@ -89,12 +82,42 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The instance id is fixed here, so that the traces' resource names the instance the
+    // logs and Consul name.
+    let (log, instance) = match &mut cli.command {
+        Command::Serve(args) => {
+            let instance = args
+                .instance_id
+                .get_or_insert_with(default_instance_id)
+                .clone();
+            (&args.log, instance)
+        }
+        Command::Dev(args) => (&args.log, "dev".to_string()),
+    };
+    // The OTLP exporter's gRPC channel lives on the runtime.
+    let traces = {
+        let _runtime = runtime.enter();
+        match init_logging(log, &instance) {
+            Ok(traces) => traces,
+            Err(err) => {
+                eprintln!("kafka-lease: {err:#}");
+                return ExitCode::from(EXIT_USAGE);
+            }
+        }
+    };
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => serve(*args).await,
             Command::Dev(args) => dev(args).await,
         }
     });
+    if let Some(traces) = traces {
+        // Sends the spans still buffered.
+        let _runtime = runtime.enter();
+        if let Err(err) = traces.shutdown() {
+            eprintln!("kafka-lease: flushing traces: {err}");
+        }
+    }
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -105,7 +128,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(log: &LogArgs) -> anyhow::Result<()> {
+/// Logging to stderr, and with `--otlp-endpoint` the span exporter (returned, to be flushed
+/// at exit).
+fn init_logging(log: &LogArgs, instance: &str) -> anyhow::Result<Option<SdkTracerProvider>> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
     let mut filter = tracing_subscriber::EnvFilter::try_new(&log.log)
         .with_context(|| format!("invalid --log filter {:?}", log.log))?;
     // The Consul client logs every request at info and expected 404s at error; keep it to
@@ -118,19 +146,55 @@ fn init_logging(log: &LogArgs) -> anyhow::Result<()> {
         }
     }
     // Colour only for a person at a terminal: a file or a pipe gets plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    match log.log_format {
-        LogFormat::Pretty => builder.init(),
-        LogFormat::Json => builder
+    let fmt = match log.log_format {
+        LogFormat::Pretty => fmt.boxed(),
+        LogFormat::Json => fmt
             .json()
             .flatten_event(true)
             .with_current_span(true)
-            .init(),
-    }
-    Ok(())
+            .boxed(),
+    };
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let traces = match &log.otlp_endpoint {
+        None => None,
+        Some(endpoint) => {
+            use opentelemetry_otlp::WithExportConfig as _;
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_tonic()
+                .with_endpoint(endpoint.clone())
+                .build()
+                .with_context(|| format!("invalid --otlp-endpoint {endpoint:?}"))?;
+            let resource = opentelemetry_sdk::Resource::builder()
+                .with_service_name("kafka-lease")
+                .with_attribute(opentelemetry::KeyValue::new(
+                    "service.instance.id",
+                    instance.to_string(),
+                ))
+                .with_attribute(opentelemetry::KeyValue::new("service.version", VERSION))
+                .build();
+            Some(
+                SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(resource)
+                    .build(),
+            )
+        }
+    };
+    let otel = traces.as_ref().map(|provider| {
+        use opentelemetry::trace::TracerProvider as _;
+        tracing_opentelemetry::layer().with_tracer(provider.tracer("kafka-lease"))
+    });
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(fmt)
+        .with(otel)
+        .init();
+    Ok(traces)
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -46,6 +46,11 @@ pub struct LogArgs {
     /// Log filter, in `tracing` EnvFilter syntax (e.g. `info`, `kafka_lease_server=debug`).
     #[arg(long, env = "KAFKA_LEASE_LOG", default_value = "info")]
     pub log: String,
+    /// Export traces over OTLP/gRPC to this collector, e.g. `http://otel-collector:4317`
+    /// (off unless given): a span per gRPC call, continuing the caller's W3C trace context,
+    /// and a span per lease.
+    #[arg(long, env = "KAFKA_LEASE_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -138,6 +138,7 @@ pub async fn serve(
     .collect();
     let (stop_server, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let router = Server::builder()
+        .trace_fn(grpc_span)
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
         .max_concurrent_streams(Some(options.max_streams_per_connection))
@@ -208,6 +209,38 @@ pub async fn serve(
     }
     tracing::info!(took = ?started.elapsed(), "shutdown complete");
     Ok(())
+}
+
+/// The span of one gRPC call, named by its method, continuing the caller's trace when the
+/// request carries W3C trace context (`traceparent`). Exported over OTLP when
+/// `--otlp-endpoint` is set; every log line of the call carries it.
+fn grpc_span(request: &http::Request<()>) -> tracing::Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let method = request.uri().path().trim_start_matches('/');
+    let span = tracing::info_span!(
+        "grpc",
+        otel.name = %method,
+        otel.kind = "server",
+        rpc.system = "grpc",
+    );
+    let parent = opentelemetry::global::get_text_map_propagator(|propagator| {
+        propagator.extract(&HeaderExtractor(request.headers()))
+    });
+    let _ = span.set_parent(parent);
+    span
+}
+
+/// Reads trace context from HTTP/2 request headers.
+struct HeaderExtractor<'a>(&'a http::HeaderMap);
+
+impl opentelemetry::propagation::Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
 }
 
 /// Stops the reload tasks when the server ends.
