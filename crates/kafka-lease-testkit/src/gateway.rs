@@ -37,12 +37,27 @@ impl GatewayProcess {
         instance: &str,
         log_path: PathBuf,
     ) -> Result<GatewayProcess, String> {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--listen", "127.0.0.1:0", "--instance-id", instance]);
+        Self::spawn_with_env(bin, &all, &[], instance, log_path).await
+    }
+
+    /// Runs `bin serve <args>` with `env` added to its environment and nothing else added
+    /// (the listen address and instance id come from `args` or `env`, as a deployment gives
+    /// them), and waits until it prints `kafka-lease listening on <addr>`.
+    pub async fn spawn_with_env(
+        bin: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        instance: &str,
+        log_path: PathBuf,
+    ) -> Result<GatewayProcess, String> {
         let log = std::fs::File::create(&log_path)
             .map_err(|e| format!("creating {}: {e}", log_path.display()))?;
         let mut child = Command::new(bin)
             .arg("serve")
             .args(args)
-            .args(["--listen", "127.0.0.1:0", "--instance-id", instance])
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))
