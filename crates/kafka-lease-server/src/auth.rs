@@ -350,7 +350,9 @@ impl<T> Reloading<T> {
         what: &'static str,
         parse: fn(&str) -> Result<T, String>,
     ) -> Result<Self, String> {
-        let (digest, value) = Self::read(&path, what, parse)?;
+        let bytes = read_file(&path, what)?;
+        let value = parse_file(&path, what, parse, &bytes)?;
+        let digest: [u8; 32] = Sha256::digest(&bytes).into();
         Ok(Reloading {
             path,
             what,
@@ -358,20 +360,6 @@ impl<T> Reloading<T> {
             current: RwLock::new(Arc::new(value)),
             seen: Mutex::new(digest),
         })
-    }
-
-    fn read(
-        path: &Path,
-        what: &str,
-        parse: fn(&str) -> Result<T, String>,
-    ) -> Result<([u8; 32], T), String> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))?;
-        let digest: [u8; 32] = Sha256::digest(&bytes).into();
-        let text = std::str::from_utf8(&bytes)
-            .map_err(|_| format!("the {what} {} is not UTF-8", path.display()))?;
-        let value = parse(text).map_err(|e| format!("the {what} {}: {e}", path.display()))?;
-        Ok((digest, value))
     }
 
     fn get(&self) -> Arc<T> {
@@ -383,8 +371,7 @@ impl<T> Reloading<T> {
 
     /// `Ok(true)` when a changed, valid file replaced the previous version.
     fn reload(&self) -> Result<bool, String> {
-        let bytes = std::fs::read(&self.path)
-            .map_err(|e| format!("cannot read the {} {}: {e}", self.what, self.path.display()))?;
+        let bytes = read_file(&self.path, self.what)?;
         let digest: [u8; 32] = Sha256::digest(&bytes).into();
         {
             let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
@@ -393,10 +380,25 @@ impl<T> Reloading<T> {
             }
             *seen = digest;
         }
-        let (_, value) = Self::read(&self.path, self.what, self.parse)?;
+        let value = parse_file(&self.path, self.what, self.parse, &bytes)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(value);
         Ok(true)
     }
+}
+
+fn read_file(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
+}
+
+fn parse_file<T>(
+    path: &Path,
+    what: &str,
+    parse: fn(&str) -> Result<T, String>,
+    bytes: &[u8],
+) -> Result<T, String> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| format!("the {what} {} is not UTF-8", path.display()))?;
+    parse(text).map_err(|e| format!("the {what} {}: {e}", path.display()))
 }
 
 /// Where the identities and the policy come from.
@@ -654,26 +656,15 @@ impl Auth {
         group: &str,
         topic: &str,
     ) -> Result<(), LeaseError> {
-        let Some(policy) = &self.policy else {
-            return Ok(());
-        };
-        let identity = caller.identity.as_deref().unwrap_or_default();
-        if policy.get().allows(identity, action, group, topic) {
-            Ok(())
-        } else {
-            Err(LeaseError::ActionDenied(Box::new(Denied {
-                identity: identity.to_string(),
-                action: action.as_str(),
-                group: Some(group.to_string()),
-                topic: Some(topic.to_string()),
-                why: None,
-            })))
-        }
+        self.decide(caller, action, group, Some(topic))
     }
 
     /// Whether `caller` may take `action` on `group` and `topic` (for filtering listings).
     pub fn allows(&self, caller: &Caller, action: Action, group: &str, topic: &str) -> bool {
-        self.check(caller, action, group, topic).is_ok()
+        self.policy.as_ref().is_none_or(|policy| {
+            let identity = caller.identity.as_deref().unwrap_or_default();
+            policy.get().allows(identity, action, group, topic)
+        })
     }
 
     /// Checks that `caller` may take `action` on some topic of `group`.
@@ -683,21 +674,36 @@ impl Auth {
         action: Action,
         group: &str,
     ) -> Result<(), LeaseError> {
+        self.decide(caller, action, group, None)
+    }
+
+    /// The policy's verdict on `action` in `group`, on `topic` or (`None`) on some topic.
+    fn decide(
+        &self,
+        caller: &Caller,
+        action: Action,
+        group: &str,
+        topic: Option<&str>,
+    ) -> Result<(), LeaseError> {
         let Some(policy) = &self.policy else {
             return Ok(());
         };
         let identity = caller.identity.as_deref().unwrap_or_default();
-        if policy.get().allows_in_group(identity, action, group) {
-            Ok(())
-        } else {
-            Err(LeaseError::ActionDenied(Box::new(Denied {
-                identity: identity.to_string(),
-                action: action.as_str(),
-                group: Some(group.to_string()),
-                topic: None,
-                why: None,
-            })))
+        let policy = policy.get();
+        let allowed = match topic {
+            Some(topic) => policy.allows(identity, action, group, topic),
+            None => policy.allows_in_group(identity, action, group),
+        };
+        if allowed {
+            return Ok(());
         }
+        Err(LeaseError::ActionDenied(Box::new(Denied {
+            identity: identity.to_string(),
+            action: action.as_str(),
+            group: Some(group.to_string()),
+            topic: topic.map(str::to_string),
+            why: None,
+        })))
     }
 }
 

@@ -106,6 +106,9 @@ pub struct Lease {
     commit_gate: Arc<tokio::sync::RwLock<()>>,
     /// Counts commits accepted and the end: what a subscription's revoke waits for.
     commits: watch::Sender<u64>,
+    /// The delivery counters of its group and topic, looked up once: the Read path only
+    /// adds to them.
+    delivered: crate::metrics::Delivered,
 }
 
 impl std::fmt::Debug for Lease {
@@ -148,6 +151,7 @@ pub struct LeaseParts {
 impl Lease {
     pub fn new(parts: LeaseParts) -> Arc<Self> {
         let key = parts.grant.key().clone();
+        let delivered = crate::metrics::Delivered::of(&key.group, &key.topic);
         let token = parts.grant.token();
         let lease_ref = lease_ref(&parts.id).to_string();
         let span = tracing::info_span!(
@@ -187,6 +191,7 @@ impl Lease {
             locks: parts.locks,
             commit_gate: Arc::default(),
             commits: watch::channel(0).0,
+            delivered,
         })
     }
 
@@ -488,6 +493,8 @@ enum Fill {
         epoch: u64,
         from: i64,
         records: Vec<v1::KafkaRecord>,
+        /// Their size on the wire, as counted against `max_bytes`.
+        bytes: usize,
         high_watermark: Option<i64>,
     },
     /// The Read must end: `None` with OK, else with the error.
@@ -575,6 +582,7 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
         epoch,
         from,
         records,
+        bytes,
         high_watermark,
     }
 }
@@ -658,6 +666,7 @@ impl futures::Stream for ReadStream {
                     epoch,
                     from,
                     records,
+                    bytes,
                     high_watermark,
                 } => {
                     // The handoff: under the state lock, so a Seek either happened before
@@ -676,14 +685,8 @@ impl futures::Stream for ReadStream {
                     }
                     let Some(last) = records.last() else { continue };
                     state.position = last.offset + 1;
-                    let labels = [
-                        ("group", this.lease.key.group.clone()),
-                        ("topic", this.lease.key.topic.clone()),
-                    ];
-                    metrics::counter!(crate::metrics::RECORDS_DELIVERED, &labels)
-                        .increment(records.len() as u64);
-                    metrics::counter!(crate::metrics::BYTES_DELIVERED, &labels)
-                        .increment(records.iter().map(record_size).sum::<usize>() as u64);
+                    this.lease.delivered.records.increment(records.len() as u64);
+                    this.lease.delivered.bytes.increment(bytes as u64);
                     let high = high_watermark.unwrap_or(0).max(state.position);
                     state.high_watermark = state.high_watermark.max(high);
                     let response = v1::ReadResponse {

@@ -208,6 +208,30 @@ impl Sampler {
     }
 }
 
+/// The delivery counters of one group and topic, looked up once per lease so that a Read's
+/// batch only adds to them.
+#[derive(Clone)]
+pub struct Delivered {
+    pub records: metrics::Counter,
+    pub bytes: metrics::Counter,
+}
+
+impl Delivered {
+    pub fn of(group: &str, topic: &str) -> Delivered {
+        let labels = [("group", group.to_string()), ("topic", topic.to_string())];
+        Delivered {
+            records: metrics::counter!(RECORDS_DELIVERED, &labels),
+            bytes: metrics::counter!(BYTES_DELIVERED, &labels),
+        }
+    }
+}
+
+impl std::fmt::Debug for Delivered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivered").finish_non_exhaustive()
+    }
+}
+
 /// Records one answered gRPC call: its code, and for the lease calls its latency with the
 /// outcome (`ok`, or the error's reason).
 pub fn record_call(method: &'static str, elapsed: Duration, status: Option<&tonic::Status>) {

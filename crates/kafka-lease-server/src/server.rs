@@ -96,25 +96,19 @@ pub async fn serve(
 
     // google.rpc's error details are served too, so that reflection-driven tools (grpcurl,
     // grpcui) can decode the ErrorInfo and RetryInfo in every error status.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
+    };
     let reflection_v1 = options
         .reflection
-        .then(|| {
-            tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
-                .build_v1()
-        })
+        .then(|| reflection().build_v1())
         .transpose()?;
     let reflection_v1alpha = options
         .reflection
-        .then(|| {
-            tonic_reflection::server::Builder::configure()
-                .register_encoded_file_descriptor_set(kafka_lease_proto::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
-                .build_v1alpha()
-        })
+        .then(|| reflection().build_v1alpha())
         .transpose()?;
 
     // Calls on leases other instances serve go to them over pooled connections, each

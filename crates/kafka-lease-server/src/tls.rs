@@ -51,10 +51,6 @@ pub struct TlsFiles {
 }
 
 impl TlsFiles {
-    fn peer_ca(&self) -> Option<&Path> {
-        self.peer_ca.as_deref().or(self.client_ca.as_deref())
-    }
-
     fn all(&self) -> Vec<&Path> {
         let mut files = vec![self.cert.as_path(), self.key.as_path()];
         files.extend(self.client_ca.as_deref());
@@ -293,7 +289,6 @@ fn build(files: &TlsFiles, bytes: &[Vec<u8>]) -> Result<Material, TlsError> {
         (None, Some(_)) => Some(bytes[2].clone()),
         (None, None) => None,
     };
-    debug_assert!(files.peer_ca().is_some() == peer_ca_pem.is_some());
     Ok(Material {
         server: Arc::new(server),
         cert_pem: cert_pem.clone(),
