@@ -1,5 +1,8 @@
 //! The `kafka-lease` binary: parses the configuration, sets up logging, and runs the gateway
-//! (`serve`) or the self-contained demo (`dev`) until SIGTERM or SIGINT.
+//! (`serve`) or the self-contained demo (`dev`) until SIGTERM or SIGINT; or runs one of the
+//! command line tools for people that talk to a gateway (`leases`; in `tools/`).
+
+mod tools;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -46,6 +49,23 @@ enum Command {
     /// topic `demo` of 4 partitions holding sample records, and in-memory locks. Needs
     /// nothing installed; for trying the API, not for production.
     Dev(DevArgs),
+    /// Show who holds which partition leases, across every gateway instance.
+    Leases(tools::leases::LeasesArgs),
+}
+
+/// The subcommands that run a gateway.
+enum GatewayCommand {
+    Serve(Box<ServeArgs>),
+    Dev(DevArgs),
+}
+
+/// The subcommand named on the command line, if it is one of the tools: their usage errors
+/// are printed on one line.
+fn tool_named_in_args() -> Option<&'static str> {
+    let first = std::env::args_os().nth(1)?;
+    ["leases"]
+        .into_iter()
+        .find(|tool| first.to_str() == Some(tool))
 }
 
 fn main() -> ExitCode {
@@ -53,7 +73,11 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(err) => {
             let usage_error = err.use_stderr();
-            let _ = err.print();
+            if let (true, Some(tool)) = (usage_error, tool_named_in_args()) {
+                eprintln!("kafka-lease {tool}: {}", tools::usage_line(&err));
+            } else {
+                let _ = err.print();
+            }
             return if usage_error {
                 ExitCode::from(EXIT_USAGE)
             } else {
@@ -61,15 +85,20 @@ fn main() -> ExitCode {
             };
         }
     };
-    if let Command::Serve(args) = &cli.command {
+    let command = match cli.command {
+        Command::Serve(args) => GatewayCommand::Serve(args),
+        Command::Dev(args) => GatewayCommand::Dev(args),
+        Command::Leases(args) => return tools::run("leases", tools::leases::run(args)),
+    };
+    if let GatewayCommand::Serve(args) = &command {
         if let Err(err) = args.validate() {
             eprintln!("kafka-lease: {err}");
             return ExitCode::from(EXIT_USAGE);
         }
     }
-    let log = match &cli.command {
-        Command::Serve(args) => &args.log,
-        Command::Dev(args) => &args.log,
+    let log = match &command {
+        GatewayCommand::Serve(args) => &args.log,
+        GatewayCommand::Dev(args) => &args.log,
     };
     if let Err(err) = init_logging(log) {
         eprintln!("kafka-lease: {err:#}");
@@ -90,9 +119,9 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve(args) => serve(*args).await,
-            Command::Dev(args) => dev(args).await,
+        match command {
+            GatewayCommand::Serve(args) => serve(*args).await,
+            GatewayCommand::Dev(args) => dev(args).await,
         }
     });
     match result {
