@@ -1,6 +1,6 @@
 //! The `kafka-lease` binary: parses the configuration, sets up logging, and runs the gateway
 //! (`serve`) or the self-contained demo (`dev`) until SIGTERM or SIGINT; or runs one of the
-//! command line tools for people that talk to a gateway (`leases`; in `tools/`).
+//! command line tools for people that talk to a gateway (`leases`, `tail`; in `tools/`).
 
 mod tools;
 
@@ -51,6 +51,9 @@ enum Command {
     Dev(DevArgs),
     /// Show who holds which partition leases, across every gateway instance.
     Leases(tools::leases::LeasesArgs),
+    /// Lease a partition and print its records to stdout; on exit (SIGINT: status 130,
+    /// SIGTERM: 143, --max-records reached: 0) commit if asked and release the lease.
+    Tail(Box<tools::tail::TailArgs>),
 }
 
 /// The subcommands that run a gateway.
@@ -63,7 +66,7 @@ enum GatewayCommand {
 /// are printed on one line.
 fn tool_named_in_args() -> Option<&'static str> {
     let first = std::env::args_os().nth(1)?;
-    ["leases"]
+    ["leases", "tail"]
         .into_iter()
         .find(|tool| first.to_str() == Some(tool))
 }
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => GatewayCommand::Serve(args),
         Command::Dev(args) => GatewayCommand::Dev(args),
         Command::Leases(args) => return tools::run("leases", tools::leases::run(args)),
+        Command::Tail(args) => return tools::run("tail", tools::tail::run(*args)),
     };
     if let GatewayCommand::Serve(args) = &command {
         if let Err(err) = args.validate() {

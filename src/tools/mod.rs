@@ -1,9 +1,10 @@
-//! The command line tools for people, starting with `kafka-lease leases`: clients of a
-//! gateway over gRPC, through the Rust client crate. This module holds what they share: the
-//! connection flags, the exit statuses, and how a failure becomes one line on stderr.
+//! The command line tools for people, `kafka-lease leases` and `kafka-lease tail`: clients of
+//! a gateway over gRPC, through the Rust client crate. This module holds what both share:
+//! the connection flags, the exit statuses, and how a failure becomes one line on stderr.
 
 pub(crate) mod leases;
 mod render;
+pub(crate) mod tail;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -1,11 +1,16 @@
-//! How the tools show leases: the lease table (with its escaping of free text) and the
-//! JSON array.
+//! How the tools show records and leases: the text line of a record (with its escaping), its
+//! JSON object, and the lease table and JSON array.
 
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use kafka_lease_client::LeaseInfo;
+use base64::Engine as _;
+use kafka_lease_client::proto::TimestampType;
+use kafka_lease_client::{LeaseInfo, Record};
 use serde::Serialize;
+
+/// What a null (absent) key, value or header value prints as in text.
+pub(crate) const NULL: &str = "\\N";
 
 /// The first instant that RFC 3339 cannot show with four year digits (year 10000).
 const YEAR_10000: Duration = Duration::from_secs(253_402_300_800);
@@ -25,7 +30,8 @@ pub(crate) fn rfc3339(time: SystemTime) -> Option<String> {
 /// - so are the ASCII characters in `also` (a header's `,` and `=`);
 /// - everything else, valid UTF-8, is written as it is.
 ///
-/// The escaping is reversible.
+/// The escaping is reversible; a null field is written [`NULL`] (`\N`), which no escaped
+/// field can be.
 pub(crate) fn escape_into(out: &mut String, bytes: &[u8], also: &[u8]) {
     for chunk in bytes.utf8_chunks() {
         for c in chunk.valid().chars() {
@@ -46,6 +52,129 @@ pub(crate) fn escape_into(out: &mut String, bytes: &[u8], also: &[u8]) {
         for b in chunk.invalid() {
             let _ = write!(out, "\\x{b:02x}");
         }
+    }
+}
+
+/// `bytes` escaped as [`escape_into`] does, or [`NULL`].
+fn field(out: &mut String, bytes: Option<&[u8]>, also: &[u8]) {
+    match bytes {
+        None => out.push_str(NULL),
+        Some(bytes) => escape_into(out, bytes, also),
+    }
+}
+
+/// One record as a line of text, tab-separated, with its line feed:
+///
+/// `partition  offset  timestamp  key  value  headers`
+///
+/// The timestamp is RFC 3339 in UTC with milliseconds (`-` when the record has none); key
+/// and value are escaped as [`escape_into`] says, `\N` when null; headers are
+/// `name=value` pairs separated by `,` (`,` and `=` inside a name, and `,` inside a value,
+/// escaped as `\x2c` and `\x3d`), the field empty when there are none.
+pub(crate) fn record_text(out: &mut String, partition: i32, record: &Record) {
+    let _ = write!(out, "{partition}\t{}\t", record.offset);
+    match rfc3339(record.timestamp) {
+        Some(time) => out.push_str(&time),
+        None => out.push('-'),
+    }
+    out.push('\t');
+    field(out, record.key.as_deref(), b"");
+    out.push('\t');
+    field(out, record.value.as_deref(), b"");
+    out.push('\t');
+    for (i, (name, value)) in record.headers.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        escape_into(out, name.as_bytes(), b",=");
+        out.push('=');
+        field(out, value.as_deref(), b",");
+    }
+    out.push('\n');
+}
+
+/// Bytes in JSON: the UTF-8 text when they are valid UTF-8, else base64 (standard alphabet,
+/// padded) with the encoding named beside it.
+fn json_bytes(bytes: Option<&[u8]>) -> (Option<String>, Option<&'static str>) {
+    match bytes {
+        None => (None, None),
+        Some(bytes) => match std::str::from_utf8(bytes) {
+            Ok(text) => (Some(text.to_string()), None),
+            Err(_) => (
+                Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                Some("base64"),
+            ),
+        },
+    }
+}
+
+#[derive(Serialize)]
+struct JsonHeader {
+    key: String,
+    value: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value_encoding: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct JsonRecord<'a> {
+    topic: &'a str,
+    partition: i32,
+    offset: i64,
+    timestamp: Option<String>,
+    timestamp_type: Option<&'static str>,
+    key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_encoding: Option<&'static str>,
+    value: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    value_encoding: Option<&'static str>,
+    headers: Vec<JsonHeader>,
+}
+
+/// One record as one line of JSON, with its line feed:
+///
+/// `{"topic":…,"partition":…,"offset":…,"timestamp":"<RFC 3339>"|null,
+/// "timestamp_type":"create_time"|"log_append_time"|null,"key":…,"value":…,
+/// "headers":[{"key":…,"value":…}]}`
+///
+/// Key, value and header values are strings when they are valid UTF-8, `null` when null,
+/// and otherwise base64 with `"key_encoding"`, `"value_encoding"` or the header's
+/// `"value_encoding"` set to `"base64"` (the field is left out for UTF-8).
+pub(crate) fn record_json(out: &mut String, topic: &str, partition: i32, record: &Record) {
+    let (key, key_encoding) = json_bytes(record.key.as_deref());
+    let (value, value_encoding) = json_bytes(record.value.as_deref());
+    let json = JsonRecord {
+        topic,
+        partition,
+        offset: record.offset,
+        timestamp: rfc3339(record.timestamp),
+        timestamp_type: match record.timestamp_type {
+            TimestampType::CreateTime => Some("create_time"),
+            TimestampType::LogAppendTime => Some("log_append_time"),
+            TimestampType::Unspecified => None,
+        },
+        key,
+        key_encoding,
+        value,
+        value_encoding,
+        headers: record
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                let (value, value_encoding) = json_bytes(value.as_deref());
+                JsonHeader {
+                    key: name.clone(),
+                    value,
+                    value_encoding,
+                }
+            })
+            .collect(),
+    };
+    // Serializing plain strings and numbers cannot fail.
+    if let Ok(line) = serde_json::to_string(&json) {
+        out.push_str(&line);
+        out.push('\n');
     }
 }
 
@@ -236,8 +365,72 @@ mod tests {
         assert_eq!(escaped(b"\\N"), "\\\\N");
     }
 
+    fn record() -> Record {
+        Record::from(kafka_lease_client::proto::KafkaRecord {
+            offset: 42,
+            key: Some(b"k 1".to_vec()),
+            value: Some(vec![0x00, 0xff, b'x']),
+            headers: vec![
+                kafka_lease_client::proto::KafkaHeader {
+                    key: "trace,id=".into(),
+                    value: Some(b"a,b=c".to_vec()),
+                },
+                kafka_lease_client::proto::KafkaHeader {
+                    key: "empty".into(),
+                    value: Some(Vec::new()),
+                },
+                kafka_lease_client::proto::KafkaHeader {
+                    key: "null".into(),
+                    value: None,
+                },
+            ],
+            timestamp: Some(prost_types_timestamp(1_700_000_000, 123_000_000)),
+            timestamp_type: TimestampType::CreateTime as i32,
+        })
+    }
+
     fn prost_types_timestamp(seconds: i64, nanos: i32) -> prost_types::Timestamp {
         prost_types::Timestamp { seconds, nanos }
+    }
+
+    #[test]
+    fn a_record_as_text() {
+        let mut out = String::new();
+        record_text(&mut out, 3, &record());
+        assert_eq!(
+            out,
+            "3\t42\t2023-11-14T22:13:20.123Z\tk 1\t\\x00\\xffx\t\
+             trace\\x2cid\\x3d=a\\x2cb=c,empty=,null=\\N\n"
+        );
+        let mut bare = record();
+        bare.key = None;
+        bare.value = None;
+        bare.headers.clear();
+        bare.timestamp = UNIX_EPOCH - Duration::from_millis(1);
+        let mut out = String::new();
+        record_text(&mut out, 0, &bare);
+        assert_eq!(out, "0\t42\t-\t\\N\t\\N\t\n");
+    }
+
+    #[test]
+    fn a_record_as_json() {
+        let mut out = String::new();
+        record_json(&mut out, "t", 3, &record());
+        assert!(out.ends_with('\n') && out.lines().count() == 1, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+        assert_eq!(v["topic"], "t");
+        assert_eq!(v["partition"], 3);
+        assert_eq!(v["offset"], 42);
+        assert_eq!(v["timestamp"], "2023-11-14T22:13:20.123Z");
+        assert_eq!(v["timestamp_type"], "create_time");
+        assert_eq!(v["key"], "k 1");
+        assert!(v.get("key_encoding").is_none());
+        assert_eq!(v["value"], "AP94");
+        assert_eq!(v["value_encoding"], "base64");
+        assert_eq!(v["headers"][0]["key"], "trace,id=");
+        assert_eq!(v["headers"][0]["value"], "a,b=c");
+        assert_eq!(v["headers"][1]["value"], "");
+        assert_eq!(v["headers"][2]["value"], serde_json::Value::Null);
     }
 
     fn lease(member: &str, details: Option<&str>) -> LeaseInfo {
