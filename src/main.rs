@@ -1,5 +1,8 @@
 //! The `kafka-lease` binary: parses the configuration, sets up logging, and runs the gateway
-//! (`serve`) or the self-contained demo (`dev`) until SIGTERM or SIGINT.
+//! (`serve`) or the self-contained demo (`dev`) until SIGTERM or SIGINT; or runs one of the
+//! command line tools for people that talk to a gateway (`leases`, `tail`; in `tools/`).
+
+mod tools;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -47,14 +50,38 @@ enum Command {
     /// topic `demo` of 4 partitions holding sample records, and in-memory locks. Needs
     /// nothing installed; for trying the API, not for production.
     Dev(DevArgs),
+    /// Show who holds which partition leases, across every gateway instance.
+    Leases(tools::leases::LeasesArgs),
+    /// Lease a partition and print its records to stdout; on exit (SIGINT: status 130,
+    /// SIGTERM: 143, --max-records reached: 0) commit if asked and release the lease.
+    Tail(Box<tools::tail::TailArgs>),
+}
+
+/// The subcommands that run a gateway.
+enum GatewayCommand {
+    Serve(Box<ServeArgs>),
+    Dev(DevArgs),
+}
+
+/// The subcommand named on the command line, if it is one of the tools: their usage errors
+/// are printed on one line.
+fn tool_named_in_args() -> Option<&'static str> {
+    let first = std::env::args_os().nth(1)?;
+    ["leases", "tail"]
+        .into_iter()
+        .find(|tool| first.to_str() == Some(tool))
 }
 
 fn main() -> ExitCode {
-    let mut cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {
             let usage_error = err.use_stderr();
-            let _ = err.print();
+            if let (true, Some(tool)) = (usage_error, tool_named_in_args()) {
+                eprintln!("kafka-lease {tool}: {}", tools::usage_line(&err));
+            } else {
+                let _ = err.print();
+            }
             return if usage_error {
                 ExitCode::from(EXIT_USAGE)
             } else {
@@ -62,7 +89,13 @@ fn main() -> ExitCode {
             };
         }
     };
-    if let Command::Serve(args) = &cli.command {
+    let mut command = match cli.command {
+        Command::Serve(args) => GatewayCommand::Serve(args),
+        Command::Dev(args) => GatewayCommand::Dev(args),
+        Command::Leases(args) => return tools::run("leases", tools::leases::run(args)),
+        Command::Tail(args) => return tools::run("tail", tools::tail::run(*args)),
+    };
+    if let GatewayCommand::Serve(args) = &command {
         if let Err(err) = args.validate() {
             eprintln!("kafka-lease: {err}");
             return ExitCode::from(EXIT_USAGE);
@@ -84,15 +117,15 @@ fn main() -> ExitCode {
     };
     // The instance id is fixed here, so that the traces' resource names the instance the
     // logs and Consul name.
-    let (log, instance) = match &mut cli.command {
-        Command::Serve(args) => {
+    let (log, instance) = match &mut command {
+        GatewayCommand::Serve(args) => {
             let instance = args
                 .instance_id
                 .get_or_insert_with(default_instance_id)
                 .clone();
             (&args.log, instance)
         }
-        Command::Dev(args) => (&args.log, "dev".to_string()),
+        GatewayCommand::Dev(args) => (&args.log, "dev".to_string()),
     };
     // The OTLP exporter's gRPC channel lives on the runtime.
     let traces = {
@@ -106,9 +139,9 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
-            Command::Serve(args) => serve(*args).await,
-            Command::Dev(args) => dev(args).await,
+        match command {
+            GatewayCommand::Serve(args) => serve(*args).await,
+            GatewayCommand::Dev(args) => dev(args).await,
         }
     });
     if let Some(traces) = traces {
