@@ -185,6 +185,43 @@ pub(crate) fn proc_status(pid: u32) -> Result<(u64, u64)> {
     Ok((field("VmRSS:")? * 1024, field("Threads:")?))
 }
 
+/// CPU time (user + system, every thread) a process has used so far, from
+/// `/proc/<pid>/stat`, in seconds (clock-tick resolution, 10 ms on Linux).
+pub(crate) fn proc_cpu_seconds(pid: u32) -> Result<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name, field 2, is in parentheses and may hold spaces: count from after it.
+    let rest = text
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow!("/proc/{pid}/stat has no command name"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line; `rest` starts at field 3.
+    let ticks = |i: usize| -> Result<u64> {
+        fields
+            .get(i)
+            .ok_or_else(|| anyhow!("/proc/{pid}/stat is short"))?
+            .parse::<u64>()
+            .with_context(|| format!("parsing /proc/{pid}/stat field {}", i + 3))
+    };
+    Ok((ticks(11)? + ticks(12)?) as f64 / clock_ticks_per_second())
+}
+
+/// `sysconf(_SC_CLK_TCK)`, asked of `getconf` once; 100 (Linux's value) if it cannot say.
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|t| t.trim().parse::<f64>().ok())
+            .filter(|t| *t > 0.0)
+            .unwrap_or(100.0)
+    })
+}
+
 /// Creates `topic` with `partitions` partitions and waits until the broker's metadata lists
 /// every partition with a leader.
 pub(crate) async fn create_topic(env: &Env, topic: &str, partitions: i32) -> Result<()> {

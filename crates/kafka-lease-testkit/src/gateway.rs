@@ -39,12 +39,13 @@ impl GatewayProcess {
     ) -> Result<GatewayProcess, String> {
         let mut all: Vec<&str> = args.to_vec();
         all.extend(["--listen", "127.0.0.1:0", "--instance-id", instance]);
-        Self::spawn_with_env(bin, &all, &[], instance, log_path).await
+        Self::start(bin, &all, &[], false, instance, log_path).await
     }
 
-    /// Runs `bin serve <args>` with `env` added to its environment and nothing else added
-    /// (the listen address and instance id come from `args` or `env`, as a deployment gives
-    /// them), and waits until it prints `kafka-lease listening on <addr>`.
+    /// Runs `bin serve <args>` with exactly the `KAFKA_LEASE_*` variables of `env` (none
+    /// inherited from the test's own environment) and nothing else added (the listen address
+    /// and instance id come from `args` or `env`, as a deployment gives them), and waits
+    /// until it prints `kafka-lease listening on <addr>`.
     pub async fn spawn_with_env(
         bin: &Path,
         args: &[&str],
@@ -52,9 +53,28 @@ impl GatewayProcess {
         instance: &str,
         log_path: PathBuf,
     ) -> Result<GatewayProcess, String> {
+        Self::start(bin, args, env, true, instance, log_path).await
+    }
+
+    async fn start(
+        bin: &Path,
+        args: &[&str],
+        env: &[(String, String)],
+        only_given_settings: bool,
+        instance: &str,
+        log_path: PathBuf,
+    ) -> Result<GatewayProcess, String> {
         let log = std::fs::File::create(&log_path)
             .map_err(|e| format!("creating {}: {e}", log_path.display()))?;
-        let mut child = Command::new(bin)
+        let mut command = Command::new(bin);
+        if only_given_settings {
+            for (key, _) in std::env::vars_os() {
+                if key.to_string_lossy().starts_with("KAFKA_LEASE_") {
+                    command.env_remove(key);
+                }
+            }
+        }
+        let mut child = command
             .arg("serve")
             .args(args)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::{acquire, r3, ratio, Row};
 use crate::consul::{diff, is_write, CountingProxy, Counts, RawConsul};
-use crate::env::{create_topic, proc_status, produce_fill, Env, Gateway};
+use crate::env::{create_topic, proc_cpu_seconds, proc_status, produce_fill, Env, Gateway};
 use crate::report::{Chart, ScenarioResult};
 
 const RSS_LIMIT_MIB: f64 = 512.0;
@@ -30,6 +30,8 @@ struct Point {
     leases: usize,
     rss_mib: f64,
     threads: u64,
+    /// The gateway's CPU use over the window, in millicores (1000 = one core busy).
+    cpu_millicores: f64,
     http_writes_per_s: f64,
     raft_entries_per_s: f64,
     window_counts: Counts,
@@ -42,6 +44,7 @@ impl Point {
             "leases": self.leases,
             "rss_mib": r3(self.rss_mib),
             "threads": self.threads,
+            "cpu_millicores": r3(self.cpu_millicores),
             "consul_http_writes_per_s": r3(self.http_writes_per_s),
             "raft_entries_per_s": r3(self.raft_entries_per_s),
             "window_s": r3(self.window_s),
@@ -121,9 +124,11 @@ async fn measure(
         "  scale: counting Consul writes over {:.0} s at {leases} leases",
         env.plan.scale_window.as_secs_f64()
     ));
+    let cpu0 = proc_cpu_seconds(gateway.pid())?;
     let (s0, r0, t0) = (proxy.snapshot(), raft.raft_index().await?, Instant::now());
     tokio::time::sleep(env.plan.scale_window).await;
     let (rss, threads) = proc_status(gateway.pid())?;
+    let cpu1 = proc_cpu_seconds(gateway.pid())?;
     let (s1, r1) = (proxy.snapshot(), raft.raft_index().await?);
     let secs = t0.elapsed().as_secs_f64();
     let window_counts = diff(&s1, &s0);
@@ -136,14 +141,15 @@ async fn measure(
         leases,
         rss_mib: rss as f64 / (1024.0 * 1024.0),
         threads,
+        cpu_millicores: (cpu1 - cpu0) / secs * 1000.0,
         http_writes_per_s: writes as f64 / secs,
         raft_entries_per_s: (r1 - r0) as f64 / secs,
         window_counts,
         window_s: secs,
     };
     env.progress.say(format!(
-        "  scale: {leases} leases: RSS {:.1} MiB, {} threads, {:.3} Consul HTTP writes/s, {:.3} Raft entries/s",
-        point.rss_mib, point.threads, point.http_writes_per_s, point.raft_entries_per_s
+        "  scale: {leases} leases: RSS {:.1} MiB, {} threads, CPU {:.0} millicores, {:.3} Consul HTTP writes/s, {:.3} Raft entries/s",
+        point.rss_mib, point.threads, point.cpu_millicores, point.http_writes_per_s, point.raft_entries_per_s
     ));
     Ok(point)
 }
@@ -249,9 +255,11 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         goal: format!("<= 512 MiB at {high} leases"),
         met: hi.rss_mib <= RSS_LIMIT_MIB,
         summary: format!(
-            "{:.1} MiB at {low} leases, {:.1} MiB idle",
+            "{:.1} MiB at {low} leases, {:.1} MiB idle; CPU {:.0} / {:.0} millicores at {low} / {high} leases",
             lo.rss_mib,
-            idle_rss as f64 / 1048576.0
+            idle_rss as f64 / 1048576.0,
+            lo.cpu_millicores,
+            hi.cpu_millicores
         ),
         details: common.clone(),
         chart: Chart {
