@@ -38,6 +38,9 @@ async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
         let mut reads = reads;
         async move {
             wait_health(&health, "", ServingStatus::NotServing, DEADLINE).await;
+            // Not ready, but alive: a liveness probe must not restart a gateway that waits
+            // for Consul.
+            wait_health(&health, "liveness", ServingStatus::Serving, DEADLINE).await;
             // The held lease self-fences: its Read ends with "lease lost" once the gateway
             // can no longer confirm its session.
             let end = tokio::time::timeout(DEADLINE, async {

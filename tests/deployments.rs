@@ -200,6 +200,7 @@ async fn two_instances(
     stop_deadline: Duration,
 ) {
     let topic = create_topic(services, 2).await;
+    let started = Instant::now();
     let gateway_a = start(&a).await;
     let gateway_b = start(&b).await;
     let mut gateway_b = gateway_b;
@@ -223,17 +224,21 @@ async fn two_instances(
                 .unwrap_or_else(|e| panic!("A grants partition {partition}: {e}")),
         );
     }
-    // Each instance's own check, run by the agent against that instance: passing, and a
-    // TCP check dials the instance's own address.
+    // Each instance's own check, kept passing: a TTL check (the default) for longer than its
+    // TTL, so by the instance's passes; a TCP check run by the agent against the instance's
+    // own address.
     let agent = consul(services);
     for instance in [&a, &b] {
         let check_id = format!("kafka-lease-{}-alive", instance.name);
-        let what = format!("the agent to run {check_id} against {}", instance.ip);
+        let what = format!("{check_id} to be kept passing");
         let check = wait_for(&what, Duration::from_secs(15), || async {
             let checks = consulrs::check::list(&agent, None).await.ok()?.response;
             let check = checks.get(&check_id)?.clone();
-            let ran = !check.output.as_deref().unwrap_or("").is_empty();
-            ran.then_some(check)
+            let kept = match check.ty.as_deref() {
+                Some("ttl") => started.elapsed() > Duration::from_secs(3),
+                _ => !check.output.as_deref().unwrap_or("").is_empty(),
+            };
+            kept.then_some(check)
         })
         .await;
         assert_eq!(check.status.as_deref(), Some("passing"), "{check:#?}");
@@ -353,7 +358,8 @@ async fn the_kubernetes_manifest_runs_two_pods_that_fail_over() {
         // can see that).
         let check = env
             .get("KAFKA_LEASE_CONSUL_CHECK")
-            .map_or("tcp", String::as_str);
+            .cloned()
+            .unwrap_or_else(|| serve_default("consul-check"));
         if check == "tcp" {
             assert_eq!(
                 env.get("KAFKA_LEASE_CONSUL_CHECK_ADDR"),
@@ -424,14 +430,15 @@ async fn docker_compose_runs_two_gateways_that_fail_over() {
         }
         assert_eq!(env["KAFKA_LEASE_KAFKA"], "kafka:9092");
         assert_eq!(env["KAFKA_LEASE_CONSUL"], "http://consul:8500");
-        for var in [
-            "KAFKA_LEASE_ADVERTISE_ADDR",
-            "KAFKA_LEASE_CONSUL_CHECK_ADDR",
-        ] {
-            let value = env.get(var).cloned().unwrap_or_default();
-            assert_eq!(value, format!("{service}:50051"), "{var}");
-            env.insert(var.to_string(), format!("{ip}:50051"));
+        // The addresses that name the gateway's own host: compose's network resolves the
+        // service name; here it is the instance's 127.0.0.x.
+        for (var, value) in env.iter_mut() {
+            if value.contains(&format!("{service}:")) {
+                assert!(var.ends_with("_ADDR"), "{var}={value}");
+                *value = value.replace(service, ip);
+            }
         }
+        assert_eq!(env["KAFKA_LEASE_ADVERTISE_ADDR"], format!("{ip}:50051"));
         let args = match &spec["command"] {
             Yaml::BadValue => image_cmd.clone(),
             command => strings(command, "command"),

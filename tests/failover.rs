@@ -135,7 +135,15 @@ async fn a_paused_gateway_fences_itself_and_changes_nothing_when_resumed() {
         .expect("the waiter returns")
         .expect("join")
         .expect("the successor gets the partition");
-    println!("successor acquired {:?} after SIGSTOP", paused_at.elapsed());
+    let moved_after = paused_at.elapsed();
+    println!("successor acquired {moved_after:?} after SIGSTOP");
+    // The stopped gateway's session ended by its TTL check, which only its runtime passes
+    // (about 1 s after the last pass, then the lock-delay), not by the session TTL (up to
+    // 2 × 10 s: with the TCP check the partition sat idle here for 21.5 s).
+    assert!(
+        moved_after < Duration::from_secs(10),
+        "the partition moved {moved_after:?} after SIGSTOP, not within the session TTL"
+    );
     assert!(successor.fencing_token() > old.fencing_token());
     assert_eq!(
         successor.offset(),

@@ -1,7 +1,8 @@
-//! A Kafka broker restart under load: a Read stalls and resumes with no gap and no repeat,
-//! Acquire answers UNAVAILABLE while the broker is down and succeeds as soon as it is back
-//! (transient broker states are retried), and health follows. Its own test
-//! binary, because it restarts the shared broker (test binaries run one after another).
+//! A Kafka broker down for 20 s under load: a Read stalls and resumes with no gap and no
+//! repeat, Acquire answers UNAVAILABLE while the broker is down and succeeds as soon as it is
+//! back (transient broker states are retried), readiness follows while liveness stays
+//! SERVING, and the outage ends no Consul session and no lease. Its own test binary, because
+//! it restarts the shared broker (test binaries run one after another).
 
 mod support;
 
@@ -12,9 +13,15 @@ use kafka_lease_testkit::{unique_name, Services};
 use support::{
     create_topic, produce_n, producer, services_script, unique_prefix, wait_health, GatewayProcess,
 };
+/// The health service name of liveness (`kafka_lease_server::server::LIVENESS_SERVICE`).
+const LIVENESS: &str = "liveness";
 use tonic_health::pb::health_check_response::ServingStatus;
 
 const DEADLINE: Duration = Duration::from_secs(90);
+/// How long the broker stays down: longer than every liveness and session timing (the
+/// session's TTL check, 1 s; its TTL, 10 s) and than the lease's own TTL would allow, if
+/// any of them followed Kafka.
+const OUTAGE: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
@@ -44,6 +51,7 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
     }
 
     services_script(&services, "stop-kafka").await;
+    let stopped_at = tokio::time::Instant::now();
     let outage = async {
         wait_health(&health, "", ServingStatus::NotServing, DEADLINE).await;
         match client
@@ -55,10 +63,22 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
             }
             other => panic!("Acquire with Kafka down: {other:?}"),
         }
+        // The outage lasts its full length; liveness answers SERVING throughout.
+        while stopped_at.elapsed() < OUTAGE {
+            wait_health(
+                &health,
+                LIVENESS,
+                ServingStatus::Serving,
+                Duration::from_secs(5),
+            )
+            .await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
     };
     let outage_result = tokio::time::timeout(DEADLINE, outage).await;
     services_script(&services, "start-kafka").await;
     outage_result.expect("the outage checks finish");
+    println!("Kafka was down for {:?}", stopped_at.elapsed());
     // The broker listens again but is still loading its offsets topic (NOT_COORDINATOR,
     // COORDINATOR_LOAD_IN_PROGRESS): an Acquire in a group it has never seen, sent at once,
     // gets its lease; the gateway retries those states within the call's deadline.
@@ -91,5 +111,26 @@ async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
         "no gap, no repeat across the restart"
     );
     drop(stream);
+    // The lease held through the outage is the same lease: it commits and releases.
+    lease
+        .commit(200)
+        .await
+        .expect("a commit on the lease held through the outage");
     lease.release().await.expect("release");
+    let log = gateway.log();
+    assert_eq!(
+        log.matches("created consul lock session").count(),
+        1,
+        "a Kafka outage must end no session:\n{log}"
+    );
+    for sign in [
+        "session invalidated",
+        "self-fence",
+        "could not pass the liveness check",
+    ] {
+        assert!(
+            !log.contains(sign),
+            "{sign:?} during a Kafka outage:\n{log}"
+        );
+    }
 }

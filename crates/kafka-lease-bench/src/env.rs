@@ -154,6 +154,11 @@ impl Gateway {
         self.inner.signal("KILL").map_err(|e| anyhow!(e))
     }
 
+    /// Sends a signal by name (`STOP`, `CONT`, ...).
+    pub(crate) fn signal(&self, signal: &str) -> Result<()> {
+        self.inner.signal(signal).map_err(|e| anyhow!(e))
+    }
+
     /// SIGTERM (the gateway releases its locks and exits), SIGKILL after 20 s.
     pub(crate) async fn stop(self) {
         self.inner.stop(Duration::from_secs(20)).await;

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use consulrs::client::{ConsulClient, ConsulClientSettingsBuilder};
-use kafka_lease_coordination::consul::{ConsulLockConfig, ConsulLocks, SessionCheck, FENCE_MARGIN};
+use kafka_lease_coordination::consul::{
+    CheckKind, ConsulLockConfig, ConsulLocks, SessionCheck, DEFAULT_CHECK_TTL, FENCE_MARGIN,
+};
 use kafka_lease_coordination::memory::{MemoryLockStore, MemoryLocks};
 use kafka_lease_coordination::{
     Acquisition, CoordinationError, HolderInfo, LockBackend, LockGrant, LockKey, MemberRecord,
@@ -777,8 +779,10 @@ impl Relay {
 /// Cut off from Consul, an instance declares its session lost once its fence window has
 /// passed since its last confirmed renew, while Consul still holds its lock (nobody else can
 /// have it yet); reconnected, it gets a new session and its old one is gone. Run for a
-/// TTL-only session and a check-bound one (both: window = lock-delay - 250 ms).
-async fn self_fences_when_unreachable_and_recovers(test: &str, check_bound: bool) {
+/// TTL-only session and check-bound ones (all: window = lock-delay - 250 ms). With a TTL
+/// check the passes fail too, so Consul may end the session by the check at about the time
+/// of the fence; either way nobody else can take the key before the fence.
+async fn self_fences_when_unreachable_and_recovers(test: &str, check: Check) {
     let Some(services) = Services::require(test) else {
         return;
     };
@@ -794,10 +798,13 @@ async fn self_fences_when_unreachable_and_recovers(test: &str, check_bound: bool
     let relayed = format!("http://127.0.0.1:{}", relay.port);
     let lock_delay = Duration::from_secs(1);
     let gateway = FakeGateway::start().await;
-    let config = if check_bound {
-        check_config(&relayed, &prefix, &unique_name("gw-a"), gateway.addr)
-    } else {
-        consul_config(&relayed, &prefix, "gw-a", lock_delay)
+    let config = match check {
+        Check::Tcp => check_config(&relayed, &prefix, &unique_name("gw-a"), gateway.addr),
+        Check::Ttl => ConsulLockConfig {
+            check: Some(SessionCheck::ttl(DEFAULT_CHECK_TTL)),
+            ..consul_config(&relayed, &prefix, &unique_name("gw-a"), lock_delay)
+        },
+        Check::None => consul_config(&relayed, &prefix, "gw-a", lock_delay),
     };
     let a = ConsulLocks::connect(config).await.unwrap();
     let b = ConsulLocks::connect(consul_config(&consul, &prefix, "gw-b", lock_delay))
@@ -832,8 +839,22 @@ async fn self_fences_when_unreachable_and_recovers(test: &str, check_bound: bool
         silent >= window && silent < window + Duration::from_secs(2),
         "fenced after {silent:?} (window {window:?})"
     );
-    // Consul still holds the lock for the old session at this point: the fence came first.
-    assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-a")));
+    if check == Check::Ttl {
+        // The key is held still, or Consul ended the session by the check a moment ago and
+        // the lock-delay keeps it: either way the fence came first.
+        let taken = b
+            .try_acquire(&key, &holder("late", "gw-late"))
+            .await
+            .expect("try_acquire");
+        assert!(
+            matches!(taken, Acquisition::Held | Acquisition::Delayed),
+            "{taken:?}"
+        );
+    } else {
+        // Consul still holds the lock for the old session at this point: the fence came
+        // first.
+        assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-a")));
+    }
 
     relay.restore().await;
     let new = wait_for(
@@ -862,7 +883,7 @@ async fn self_fences_when_unreachable_and_recovers(test: &str, check_bound: bool
 async fn consul_self_fences_when_unreachable_and_recovers() {
     self_fences_when_unreachable_and_recovers(
         "consul_self_fences_when_unreachable_and_recovers",
-        false,
+        Check::None,
     )
     .await;
 }
@@ -871,9 +892,28 @@ async fn consul_self_fences_when_unreachable_and_recovers() {
 async fn consul_check_bound_self_fences_when_unreachable_and_recovers() {
     self_fences_when_unreachable_and_recovers(
         "consul_check_bound_self_fences_when_unreachable_and_recovers",
-        true,
+        Check::Tcp,
     )
     .await;
+}
+
+/// The TTL check's recovery: cut off, the passes fail and the check goes critical (Consul
+/// refuses sessions bound to it); reconnected, the next pass makes it pass again and a new
+/// session is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_ttl_check_bound_self_fences_when_unreachable_and_recovers() {
+    self_fences_when_unreachable_and_recovers(
+        "consul_ttl_check_bound_self_fences_when_unreachable_and_recovers",
+        Check::Ttl,
+    )
+    .await;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Check {
+    None,
+    Tcp,
+    Ttl,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1178,7 +1218,7 @@ fn the_config_refuses_settings_that_break_the_fence_invariant() {
         ..ConsulLockConfig::default()
     };
     let checked = ConsulLockConfig {
-        check: Some(SessionCheck::new("127.0.0.1:50051")),
+        check: Some(SessionCheck::tcp("127.0.0.1:50051")),
         ..base.clone()
     };
     base.validate().unwrap();
@@ -1223,8 +1263,12 @@ fn the_config_refuses_settings_that_break_the_fence_invariant() {
     // Consul runs no check more often than once a second.
     let e = refused(ConsulLockConfig {
         check: Some(SessionCheck {
-            interval: Duration::from_millis(200),
-            ..SessionCheck::new("127.0.0.1:50051")
+            kind: CheckKind::Tcp {
+                addr: "127.0.0.1:50051".into(),
+                interval: Duration::from_millis(200),
+                timeout: Duration::from_millis(200),
+            },
+            ..SessionCheck::tcp("127.0.0.1:50051")
         }),
         ..base
     });

@@ -20,13 +20,19 @@ pub enum LogFormat {
     Json,
 }
 
-/// How Consul learns that a gateway died.
+/// How Consul learns that a gateway died or stopped working.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ConsulCheck {
-    /// Bind the session to a TCP check that the local Consul agent runs against the gRPC
-    /// listener every second: a crashed gateway's partitions move after about one check
-    /// interval plus the lock-delay. Needs a Consul agent on the gateway's host (or
-    /// `--consul-check-addr`).
+    /// Bind the session to a TTL check that the gateway's runtime passes every
+    /// `--consul-check-ttl / 5`: a crashed, stopped or wedged gateway's partitions move
+    /// after about `--consul-check-ttl` plus the lock-delay. The agent needs no route to the
+    /// gateway.
+    Ttl,
+    /// Bind the session to a TCP check that the Consul agent runs against the gRPC listener
+    /// every second: a crashed gateway's partitions move after about one check interval
+    /// plus the lock-delay, but a hung one keeps passing it (its kernel still completes
+    /// handshakes) until the session TTL. Needs an agent that can dial the gateway
+    /// (`--consul-check-addr`).
     Tcp,
     /// The session TTL alone: a crashed gateway's partitions move after up to
     /// 2 × `--session-ttl` + `--lock-delay`. For deployments without a local agent.
@@ -122,14 +128,19 @@ pub struct ServeArgs {
     /// its last confirmed session renewal (the self-fence window).
     #[arg(long, env = "KAFKA_LEASE_LOCK_DELAY", value_parser = parse_duration, default_value = "1500ms")]
     pub lock_delay: Duration,
-    /// How Consul learns that this gateway died (see the README's failover section).
+    /// How Consul learns that this gateway died or stopped working (see the README's
+    /// failover section).
     #[arg(
         long,
         env = "KAFKA_LEASE_CONSUL_CHECK",
         value_enum,
-        default_value = "tcp"
+        default_value = "ttl"
     )]
     pub consul_check: ConsulCheck,
+    /// With `--consul-check ttl`: how long after the gateway's last pass the agent marks the
+    /// check critical, ending the session (500ms ..= 10s; passed five times per TTL).
+    #[arg(long, env = "KAFKA_LEASE_CONSUL_CHECK_TTL", value_parser = parse_duration, default_value = "1s")]
+    pub consul_check_ttl: Duration,
     /// The `host:port` the Consul agent dials for the TCP check. Default: the listen
     /// address, with the loopback address (127.0.0.1 or [::1]) for an unspecified host.
     #[arg(long, env = "KAFKA_LEASE_CONSUL_CHECK_ADDR")]
@@ -376,6 +387,18 @@ impl ServeArgs {
         }
         self.security.validate(self.listen)?;
         self.consul_token()?;
+        if let (Some(addr), false) = (
+            &self.consul_check_addr,
+            self.consul_check == ConsulCheck::Tcp,
+        ) {
+            return Err(ConfigError {
+                flag: "--consul-check-addr",
+                value: addr.clone(),
+                allowed: "only with --consul-check tcp (the default check, ttl, needs no \
+                          address: drop this setting, or add --consul-check tcp)"
+                    .into(),
+            });
+        }
         for (flag, value) in [
             ("--keepalive-interval", self.keepalive_interval),
             ("--keepalive-timeout", self.keepalive_timeout),
@@ -517,6 +540,7 @@ impl ServeArgs {
                     .map_or_else(|| format!("{value} (derived)"), given),
             ),
             "check.tcp_addr" => ("--consul-check-addr", value),
+            "check.ttl" => ("--consul-check-ttl", given(self.consul_check_ttl)),
             "advertise" => ("--advertise-addr", value),
             _ => ("--consul-check", format!("{setting} = {value}")),
         };
@@ -530,8 +554,9 @@ impl ServeArgs {
     /// The Consul lock settings for a gateway listening on `bound`.
     pub fn consul_config(&self, instance: &str, bound: SocketAddr) -> ConsulLockConfig {
         let check = match self.consul_check {
+            ConsulCheck::Ttl => Some(SessionCheck::ttl(self.consul_check_ttl)),
             ConsulCheck::Tcp => Some(match &self.consul_check_addr {
-                Some(addr) => SessionCheck::new(addr.clone()),
+                Some(addr) => SessionCheck::tcp(addr.clone()),
                 None => SessionCheck::for_listener(bound),
             }),
             ConsulCheck::None => None,
@@ -630,6 +655,52 @@ mod tests {
         assert_eq!(s.session_ttl, Duration::from_secs(10));
         assert_eq!(s.shutdown_grace, Duration::from_secs(10));
         assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn the_session_check_is_a_ttl_check_the_gateway_passes_unless_told_otherwise() {
+        let bound = "127.0.0.1:50051".parse().expect("addr");
+        let s = serve(&["--kafka", "k:1"]).expect("parse");
+        assert_eq!(s.consul_check, ConsulCheck::Ttl);
+        let check = s.consul_config("i", bound).check.expect("a check");
+        assert_eq!(check, SessionCheck::ttl(Duration::from_secs(1)));
+        assert_eq!(check.pass_interval(), Some(Duration::from_millis(200)));
+
+        let s = serve(&["--kafka", "k:1", "--consul-check-ttl", "2s"]).expect("parse");
+        s.validate().expect("valid");
+        let check = s.consul_config("i", bound).check.expect("a check");
+        assert_eq!(check.pass_interval(), Some(Duration::from_millis(400)));
+        let s = serve(&["--kafka", "k:1", "--consul-check-ttl", "100ms"]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--consul-check-ttl")
+                && err.contains("100ms")
+                && err.contains("500ms ..= 10s"),
+            "{err}"
+        );
+
+        // The address is the TCP check's alone: given with the TTL check it is refused,
+        // naming what to do, rather than silently ignored.
+        let s = serve(&["--kafka", "k:1", "--consul-check-addr", "10.0.0.7:50051"]).expect("parse");
+        let err = s.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("--consul-check-addr") && err.contains("--consul-check tcp"),
+            "{err}"
+        );
+        let s = serve(&[
+            "--kafka",
+            "k:1",
+            "--consul-check",
+            "tcp",
+            "--consul-check-addr",
+            "10.0.0.7:50051",
+        ])
+        .expect("parse");
+        s.validate().expect("valid");
+        let check = s.consul_config("i", bound).check.expect("a check");
+        assert_eq!(check.tcp_addr(), Some("10.0.0.7:50051"));
+        let s = serve(&["--kafka", "k:1", "--consul-check", "none"]).expect("parse");
+        assert_eq!(s.consul_config("i", bound).check, None);
     }
 
     #[test]

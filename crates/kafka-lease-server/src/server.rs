@@ -36,6 +36,11 @@ pub enum ServerError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// The health service name a liveness probe asks for (Kubernetes' `grpc.service`): SERVING
+/// for as long as the gateway runs, Kafka and Consul or not. The overall status (`""`) and
+/// the API's service name are readiness: they follow Kafka, Consul and the lock session.
+pub const LIVENESS_SERVICE: &str = "liveness";
+
 /// How often health is re-checked against Kafka and Consul.
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -92,6 +97,11 @@ pub async fn serve(
     let grace = options.grace;
     let (reporter, health_service) = tonic_health::server::health_reporter();
     set_health(&reporter, ServingStatus::NotServing).await;
+    // Liveness: SERVING from here to the end, whatever Kafka and Consul do. An answer at
+    // all is the signal: it comes from this runtime, which a wedged process cannot run.
+    reporter
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+        .await;
     let health_task = tokio::spawn(watch_health(gateway.clone(), reporter.clone()));
 
     // google.rpc's error details are served too, so that reflection-driven tools (grpcurl,

@@ -1,8 +1,10 @@
 //! `crash-failover`: gateway A holds a partition, a client of gateway B waits for it in
-//! Acquire; A is SIGKILLed; measured from just before the kill to B's client holding the
-//! partition. Each run has its own gateway A and its own group (so its own lock key); B is
-//! shared. Runs overlap, starting `failover_stagger` apart, so that a run whose failover
-//! takes tens of seconds (a TTL-only Consul session) does not make the mode overrun.
+//! Acquire; A is SIGKILLed (row `crash-failover`) or SIGSTOPped (row `hang-failover`: alive
+//! but not working, its socket still accepting handshakes); measured from just before the
+//! signal to B's client holding the partition. Each run has its own gateway A and its own
+//! group (so its own lock key); B is shared. Kills and stops alternate; runs overlap,
+//! starting `failover_stagger` apart, so that a run whose failover takes tens of seconds (a
+//! TTL-only Consul session, or a hang under the TCP check) does not make the mode overrun.
 
 use std::time::Duration;
 
@@ -31,7 +33,39 @@ fn options(group: &str, topic: &str, wait: Duration) -> AcquireOptions {
         .wait(wait)
 }
 
-async fn one_run(env: &Env, prefix: &str, topic: &str, b: &Client, run: usize) -> Result<f64> {
+/// How gateway A stops working.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    /// SIGKILL: the process is gone.
+    Crash,
+    /// SIGSTOP: the process is there, its listen socket too, but nothing runs.
+    Hang,
+}
+
+impl Failure {
+    fn row(self) -> &'static str {
+        match self {
+            Failure::Crash => "crash-failover",
+            Failure::Hang => "hang-failover",
+        }
+    }
+
+    fn signal(self) -> &'static str {
+        match self {
+            Failure::Crash => "SIGKILL",
+            Failure::Hang => "SIGSTOP",
+        }
+    }
+}
+
+async fn one_run(
+    env: &Env,
+    prefix: &str,
+    topic: &str,
+    b: &Client,
+    run: usize,
+    failure: Failure,
+) -> Result<f64> {
     let mut a =
         Gateway::start(env, prefix, &env.name(&format!("gw-failover-a{run}")), None).await?;
     let result = async {
@@ -53,7 +87,10 @@ async fn one_run(env: &Env, prefix: &str, topic: &str, b: &Client, run: usize) -
         });
         tokio::time::sleep(SETTLE).await;
         let t0 = Instant::now();
-        a.kill()?;
+        match failure {
+            Failure::Crash => a.kill()?,
+            Failure::Hang => a.signal("STOP")?,
+        }
         let (lease, t1) = tokio::time::timeout(GIVE_UP + Duration::from_secs(60), waiter)
             .await
             .map_err(|_| anyhow!("B's client did not get the partition within {GIVE_UP:?}"))?
@@ -67,7 +104,7 @@ async fn one_run(env: &Env, prefix: &str, topic: &str, b: &Client, run: usize) -
     a.reap().await;
     let secs = result?;
     env.progress
-        .say(format!("  crash-failover run {}: {secs:.3} s", run + 1));
+        .say(format!("  {} run {}: {secs:.3} s", failure.row(), run + 1));
     Ok(secs)
 }
 
@@ -82,30 +119,53 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     let result = async {
         let client_b = b.client().await?;
         env.progress.say(format!(
-            "  {name}: {runs} runs, started {:.0} s apart (each waits for its own failover)",
+            "  {name}: {runs} SIGKILLs and {runs} SIGSTOPs, alternating, started {:.0} s apart \
+             (each waits for its own failover)",
             stagger.as_secs_f64()
         ));
         let started = Instant::now();
-        let futures = (0..runs).map(|i| {
+        let futures = (0..runs * 2).map(|i| {
             let client_b = client_b.clone();
             let (prefix, topic) = (prefix.clone(), topic.clone());
+            let failure = if i % 2 == 0 {
+                Failure::Crash
+            } else {
+                Failure::Hang
+            };
             async move {
                 tokio::time::sleep_until(started + stagger * i as u32).await;
-                one_run(env, &prefix, &topic, &client_b, i).await
+                let secs = one_run(env, &prefix, &topic, &client_b, i / 2, failure).await?;
+                Ok::<_, anyhow::Error>((failure, secs))
             }
         });
         futures::future::join_all(futures)
             .await
             .into_iter()
-            .collect::<Result<Vec<f64>>>()
+            .collect::<Result<Vec<(Failure, f64)>>>()
     }
     .await;
     b.stop().await;
-    let secs = result?;
+    let samples = result?;
+    Ok([Failure::Crash, Failure::Hang]
+        .into_iter()
+        .map(|failure| {
+            let secs: Vec<f64> = samples
+                .iter()
+                .filter(|(f, _)| *f == failure)
+                .map(|(_, s)| *s)
+                .collect();
+            row(env, failure, &secs, stagger)
+        })
+        .collect())
+}
+
+fn row(env: &Env, failure: Failure, secs: &[f64], stagger: Duration) -> ScenarioResult {
+    let name = failure.row();
+    let signal = failure.signal();
     let (p50, p99, max) = (
-        percentile(&secs, 50.0),
-        percentile(&secs, 99.0),
-        percentile(&secs, 100.0),
+        percentile(secs, 50.0),
+        percentile(secs, 99.0),
+        percentile(secs, 100.0),
     );
     let mut details = Map::new();
     details.insert("p50_s".into(), r3(p50).into());
@@ -118,10 +178,10 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     );
     details.insert("gateway_args".into(), env.gateway_args.clone().into());
     details.insert("run_stagger_s".into(), stagger.as_secs_f64().into());
-    details.insert("timing".into(), "from just before SIGKILL of gateway A to the return of the Acquire (wait=60s, retried on Busy) of B's client; runs overlap, each with its own gateway A and lock key".into());
+    details.insert("timing".into(), format!("from just before {signal} of gateway A to the return of the Acquire (wait=60s, retried on Busy) of B's client; runs overlap, each with its own gateway A and lock key").into());
     details.insert("baseline_constant".into(), json!({"name": "Kafka consumer group session.timeout.ms default", "seconds": KAFKA_SESSION_TIMEOUT_S}));
     let chart = Chart {
-        title: "crash-failover: SIGKILL of the holder's gateway to the waiter holding it".into(),
+        title: format!("{name}: {signal} of the holder's gateway to the waiter holding it"),
         unit: "s".into(),
         groups: secs
             .iter()
@@ -130,7 +190,7 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
             .collect(),
         lines: vec![("goal 3 s".into(), GOAL_S)],
     };
-    Ok(vec![Row {
+    Row {
         name: name.into(),
         scenario: "crash-failover",
         unit: "s (p99)",
@@ -146,5 +206,5 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         details,
         chart,
     }
-    .build()])
+    .build()
 }

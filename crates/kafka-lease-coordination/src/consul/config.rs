@@ -22,6 +22,11 @@ pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_millis(1500);
 pub const DEFAULT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_DEREGISTER_AFTER: Duration = Duration::from_secs(60);
+pub const DEFAULT_CHECK_TTL: Duration = Duration::from_secs(1);
+/// The bounds of a TTL check's TTL: at least 100 ms between passes; at most Consul's
+/// shortest session TTL, beyond which the session's own expiry would end it first.
+pub(super) const CHECK_TTL_MIN: Duration = Duration::from_millis(500);
+pub(super) const CHECK_TTL_MAX: Duration = Duration::from_secs(10);
 /// Consul runs no check more often than this (it raises shorter intervals to it).
 pub(super) const CHECK_INTERVAL_MIN: Duration = Duration::from_secs(1);
 /// Consul's reaper ignores `DeregisterCriticalServiceAfter` values below this.
@@ -76,42 +81,102 @@ pub struct ConsulTls {
     pub client_key: Option<String>,
 }
 
-/// The health check a check-bound session hangs on: the local Consul agent dials `tcp_addr`
-/// every `interval`.
+/// The health check a check-bound session hangs on (see the module docs, "Sessions").
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionCheck {
-    /// `host:port` the local agent dials: the gateway's gRPC listener.
-    pub tcp_addr: String,
-    /// How often the agent dials (Consul's minimum, and the default: 1 s).
-    pub interval: Duration,
-    /// How long one dial may take (default 1 s). A refused connection fails at once.
-    pub timeout: Duration,
+    /// Who keeps the check passing: the gateway itself (TTL) or the agent dialing it (TCP).
+    pub kind: CheckKind,
     /// How long the check may stay critical before the agent drops the registration
     /// (default 60 s, Consul's minimum): cleans up after a crashed gateway.
     pub deregister_after: Duration,
 }
 
+/// The two kinds of [`SessionCheck`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckKind {
+    /// A TTL check the backend's own task passes every `ttl / PASSES_PER_TTL`, on the
+    /// gateway's runtime; the agent marks it critical `ttl` after the last pass. It follows
+    /// the process's ability to run at all: a crash, a SIGSTOP, a wedged runtime or a paused
+    /// VM stop the passes alike, while a Kafka outage does not touch them. The agent needs no
+    /// route to the gateway.
+    Ttl {
+        /// Default 1 s (500 ms ..= 60 s).
+        ttl: Duration,
+    },
+    /// A TCP check the agent runs against the gateway's gRPC listener: fails at once when
+    /// nothing listens (a crash), but passes while a hung process's kernel still completes
+    /// handshakes (SIGSTOP, a wedged runtime).
+    Tcp {
+        /// `host:port` the agent dials: the gateway's gRPC listener as the agent reaches it.
+        addr: String,
+        /// How often the agent dials (Consul's minimum, and the default: 1 s).
+        interval: Duration,
+        /// How long one dial may take (default 1 s). A refused connection fails at once.
+        timeout: Duration,
+    },
+}
+
+/// How many times per TTL the backend passes a TTL check: four passes can be lost or late
+/// before the check fails.
+pub const PASSES_PER_TTL: u32 = 5;
+
 impl SessionCheck {
-    /// A check dialing `tcp_addr`, with the default timings.
-    pub fn new(tcp_addr: impl Into<String>) -> Self {
+    /// A TTL check of `ttl` that the gateway passes itself.
+    pub fn ttl(ttl: Duration) -> Self {
         Self {
-            tcp_addr: tcp_addr.into(),
-            interval: DEFAULT_CHECK_INTERVAL,
-            timeout: DEFAULT_CHECK_TIMEOUT,
+            kind: CheckKind::Ttl { ttl },
             deregister_after: DEFAULT_DEREGISTER_AFTER,
         }
     }
 
-    /// A check for a gateway listening on `listen`: an unspecified address (`0.0.0.0`, `[::]`)
-    /// is dialed on the loopback of its family (`127.0.0.1`, `[::1]`), since the agent runs
-    /// on the same host.
+    /// A TCP check dialing `addr`, with the default timings.
+    pub fn tcp(addr: impl Into<String>) -> Self {
+        Self {
+            kind: CheckKind::Tcp {
+                addr: addr.into(),
+                interval: DEFAULT_CHECK_INTERVAL,
+                timeout: DEFAULT_CHECK_TIMEOUT,
+            },
+            deregister_after: DEFAULT_DEREGISTER_AFTER,
+        }
+    }
+
+    /// A TCP check for a gateway listening on `listen`: an unspecified address (`0.0.0.0`,
+    /// `[::]`) is dialed on the loopback of its family (`127.0.0.1`, `[::1]`), since the
+    /// agent runs on the same host.
     pub fn for_listener(listen: SocketAddr) -> Self {
         let ip = match listen.ip() {
             IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
             ip => ip,
         };
-        Self::new(SocketAddr::new(ip, listen.port()).to_string())
+        Self::tcp(SocketAddr::new(ip, listen.port()).to_string())
+    }
+
+    /// The address a TCP check dials.
+    pub fn tcp_addr(&self) -> Option<&str> {
+        match &self.kind {
+            CheckKind::Tcp { addr, .. } => Some(addr),
+            CheckKind::Ttl { .. } => None,
+        }
+    }
+
+    /// How often the backend passes a TTL check.
+    pub fn pass_interval(&self) -> Option<Duration> {
+        match &self.kind {
+            CheckKind::Ttl { ttl } => Some(*ttl / PASSES_PER_TTL),
+            CheckKind::Tcp { .. } => None,
+        }
+    }
+
+    /// For the log: `ttl 1s` or `tcp 127.0.0.1:50051`.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            CheckKind::Ttl { ttl } => {
+                format!("ttl {ttl:?}, passed every {:?}", *ttl / PASSES_PER_TTL)
+            }
+            CheckKind::Tcp { addr, .. } => format!("tcp {addr}"),
+        }
     }
 }
 
@@ -316,27 +381,46 @@ impl ConsulLockConfig {
                          service id",
             });
         }
-        if !is_host_port(&check.tcp_addr) {
-            return Err(ConsulConfigError::Invalid {
-                setting: "check.tcp_addr",
-                value: check.tcp_addr.clone(),
-                reason: "must be host:port (the gateway's listener as the local agent \
-                         reaches it, e.g. 127.0.0.1:50051)",
-            });
-        }
-        if check.interval < CHECK_INTERVAL_MIN {
-            return Err(out_of_range(
-                "check.interval",
-                check.interval,
-                "1s or more (Consul's minimum)".into(),
-            ));
-        }
-        if check.timeout < Duration::from_millis(1) || check.timeout > check.interval {
-            return Err(out_of_range(
-                "check.timeout",
-                check.timeout,
-                format!("1ms ..= check.interval = {:?}", check.interval),
-            ));
+        match &check.kind {
+            CheckKind::Ttl { ttl } => {
+                if !(CHECK_TTL_MIN..=CHECK_TTL_MAX).contains(ttl) {
+                    return Err(out_of_range(
+                        "check.ttl",
+                        *ttl,
+                        "500ms ..= 10s (passed every ttl / 5; a longer one gains little \
+                         over the session's own TTL)"
+                            .into(),
+                    ));
+                }
+            }
+            CheckKind::Tcp {
+                addr,
+                interval,
+                timeout,
+            } => {
+                if !is_host_port(addr) {
+                    return Err(ConsulConfigError::Invalid {
+                        setting: "check.tcp_addr",
+                        value: addr.clone(),
+                        reason: "must be host:port (the gateway's listener as the local agent \
+                                 reaches it, e.g. 127.0.0.1:50051)",
+                    });
+                }
+                if *interval < CHECK_INTERVAL_MIN {
+                    return Err(out_of_range(
+                        "check.interval",
+                        *interval,
+                        "1s or more (Consul's minimum)".into(),
+                    ));
+                }
+                if *timeout < Duration::from_millis(1) || timeout > interval {
+                    return Err(out_of_range(
+                        "check.timeout",
+                        *timeout,
+                        format!("1ms ..= check.interval = {interval:?}"),
+                    ));
+                }
+            }
         }
         if check.deregister_after < DEREGISTER_AFTER_MIN {
             return Err(out_of_range(
@@ -443,7 +527,14 @@ mod tests {
 
     fn checked() -> ConsulLockConfig {
         ConsulLockConfig {
-            check: Some(SessionCheck::new("127.0.0.1:50051")),
+            check: Some(SessionCheck::tcp("127.0.0.1:50051")),
+            ..valid()
+        }
+    }
+
+    fn ttl_checked() -> ConsulLockConfig {
+        ConsulLockConfig {
+            check: Some(SessionCheck::ttl(DEFAULT_CHECK_TTL)),
             ..valid()
         }
     }
@@ -465,9 +556,22 @@ mod tests {
         assert_eq!(c.fence_window(), Duration::from_millis(1250));
         assert_eq!(c.renew_interval(), Duration::from_micros(312_500));
         let check = c.check.unwrap();
-        assert_eq!(check.interval, Duration::from_secs(1));
-        assert_eq!(check.timeout, Duration::from_secs(1));
+        assert_eq!(
+            check.kind,
+            CheckKind::Tcp {
+                addr: "127.0.0.1:50051".into(),
+                interval: Duration::from_secs(1),
+                timeout: Duration::from_secs(1)
+            }
+        );
         assert_eq!(check.deregister_after, Duration::from_secs(60));
+        let t = ttl_checked();
+        t.validate().unwrap();
+        // The fence does not depend on the kind of check.
+        assert_eq!(t.fence_window(), Duration::from_millis(1250));
+        let check = t.check.unwrap();
+        assert_eq!(check.pass_interval(), Some(Duration::from_millis(200)));
+        assert_eq!(check.tcp_addr(), None);
     }
 
     #[test]
@@ -540,34 +644,76 @@ mod tests {
             f(config.check.as_mut().unwrap());
             config
         };
+        fn tcp(addr: &str, interval_ms: u64, timeout_ms: u64) -> CheckKind {
+            CheckKind::Tcp {
+                addr: addr.into(),
+                interval: Duration::from_millis(interval_ms),
+                timeout: Duration::from_millis(timeout_ms),
+            }
+        }
         for (config, needle) in [
-            (with(|c| c.tcp_addr = "50051".into()), "check.tcp_addr"),
-            (with(|c| c.tcp_addr = ":50051".into()), "check.tcp_addr"),
-            (with(|c| c.tcp_addr = "h:0".into()), "check.tcp_addr"),
-            (with(|c| c.tcp_addr = "h:port".into()), "check.tcp_addr"),
             (
-                with(|c| c.interval = Duration::from_millis(500)),
+                with(|c| c.kind = tcp("50051", 1000, 1000)),
+                "check.tcp_addr",
+            ),
+            (
+                with(|c| c.kind = tcp(":50051", 1000, 1000)),
+                "check.tcp_addr",
+            ),
+            (with(|c| c.kind = tcp("h:0", 1000, 1000)), "check.tcp_addr"),
+            (
+                with(|c| c.kind = tcp("h:port", 1000, 1000)),
+                "check.tcp_addr",
+            ),
+            (
+                with(|c| c.kind = tcp("h:1", 500, 500)),
                 "check.interval = 500ms",
             ),
-            (with(|c| c.timeout = Duration::ZERO), "check.timeout = 0ns"),
             (
-                with(|c| c.timeout = Duration::from_secs(2)),
+                with(|c| c.kind = tcp("h:1", 1000, 0)),
+                "check.timeout = 0ns",
+            ),
+            (
+                with(|c| c.kind = tcp("h:1", 1000, 2000)),
                 "check.timeout = 2s",
             ),
             (
                 with(|c| c.deregister_after = Duration::from_secs(30)),
                 "check.deregister_after",
             ),
+            (
+                with(|c| {
+                    c.kind = CheckKind::Ttl {
+                        ttl: Duration::from_millis(499),
+                    }
+                }),
+                "check.ttl = 499ms",
+            ),
+            (
+                with(|c| {
+                    c.kind = CheckKind::Ttl {
+                        ttl: Duration::from_secs(11),
+                    }
+                }),
+                "check.ttl = 11s",
+            ),
         ] {
             let e = rejected(config);
             assert!(e.contains(needle), "{needle}: {e}");
         }
-        with(|c| c.tcp_addr = "[::1]:50051".into())
+        with(|c| {
+            c.kind = CheckKind::Ttl {
+                ttl: Duration::from_millis(500),
+            }
+        })
+        .validate()
+        .unwrap();
+        with(|c| c.kind = tcp("[::1]:50051", 1000, 1000))
             .validate()
             .unwrap();
         let e = rejected(ConsulLockConfig {
             instance: "gw 1".into(),
-            ..checked()
+            ..ttl_checked()
         });
         assert!(e.contains("instance") && e.contains("service id"), "{e}");
     }
@@ -576,16 +722,16 @@ mod tests {
     fn a_check_dials_the_loopback_for_an_unspecified_listen_address() {
         let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert_eq!(
-            SessionCheck::for_listener(addr("0.0.0.0:50051")).tcp_addr,
-            "127.0.0.1:50051"
+            SessionCheck::for_listener(addr("0.0.0.0:50051")).tcp_addr(),
+            Some("127.0.0.1:50051")
         );
         assert_eq!(
-            SessionCheck::for_listener(addr("[::]:50051")).tcp_addr,
-            "[::1]:50051"
+            SessionCheck::for_listener(addr("[::]:50051")).tcp_addr(),
+            Some("[::1]:50051")
         );
         assert_eq!(
-            SessionCheck::for_listener(addr("10.1.2.3:7000")).tcp_addr,
-            "10.1.2.3:7000"
+            SessionCheck::for_listener(addr("10.1.2.3:7000")).tcp_addr(),
+            Some("10.1.2.3:7000")
         );
     }
 

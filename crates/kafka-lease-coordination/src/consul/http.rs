@@ -161,44 +161,87 @@ pub(super) struct RegisterService {
     pub(super) id: String,
     pub(super) name: &'static str,
     pub(super) meta: HashMap<&'static str, String>,
-    pub(super) check: TcpCheck,
+    pub(super) check: CheckDefinition,
 }
 
+/// The service's check: a TTL check (`TTL`) or a TCP check (`TCP`, `Interval`, `Timeout`).
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
-pub(super) struct TcpCheck {
+pub(super) struct CheckDefinition {
     #[serde(rename = "CheckID")]
     pub(super) check_id: String,
     pub(super) name: String,
-    #[serde(rename = "TCP")]
-    pub(super) tcp: String,
-    pub(super) interval: String,
-    pub(super) timeout: String,
+    #[serde(rename = "TTL", skip_serializing_if = "Option::is_none")]
+    pub(super) ttl: Option<String>,
+    #[serde(rename = "TCP", skip_serializing_if = "Option::is_none")]
+    pub(super) tcp: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) interval: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) timeout: Option<String>,
     pub(super) deregister_critical_service_after: String,
     /// `passing`, so that the session can be bound to the check at once instead of after its
-    /// first run (Consul refuses to bind a session to a critical check).
+    /// first run or pass (Consul refuses to bind a session to a critical check).
     pub(super) status: &'static str,
 }
 
 impl RegisterService {
     pub(super) fn new(config: &ConsulLockConfig, check: &SessionCheck) -> Self {
+        let mut meta = HashMap::from([(META_INSTANCE, config.instance.clone())]);
+        let mut definition = CheckDefinition {
+            check_id: config.check_id(),
+            name: format!("kafka-lease gateway {} is alive", config.instance),
+            ttl: None,
+            tcp: None,
+            interval: None,
+            timeout: None,
+            deregister_critical_service_after: go_duration(check.deregister_after),
+            status: "passing",
+        };
+        match &check.kind {
+            CheckKind::Ttl { ttl } => definition.ttl = Some(go_duration(*ttl)),
+            CheckKind::Tcp {
+                addr,
+                interval,
+                timeout,
+            } => {
+                meta.insert(META_CHECK_TCP, addr.clone());
+                definition.tcp = Some(addr.clone());
+                definition.interval = Some(go_duration(*interval));
+                definition.timeout = Some(go_duration(*timeout));
+            }
+        }
         Self {
             id: config.service_id(),
             name: SERVICE_NAME,
-            meta: HashMap::from([
-                (META_INSTANCE, config.instance.clone()),
-                (META_CHECK_TCP, check.tcp_addr.clone()),
-            ]),
-            check: TcpCheck {
-                check_id: config.check_id(),
-                name: format!("kafka-lease gateway {} is alive", config.instance),
-                tcp: check.tcp_addr.clone(),
-                interval: go_duration(check.interval),
-                timeout: go_duration(check.timeout),
-                deregister_critical_service_after: go_duration(check.deregister_after),
-                status: "passing",
-            },
+            meta,
+            check: definition,
         }
+    }
+}
+
+/// `PUT /v1/agent/check/pass/<id>`: resets a TTL check's timer, status passing.
+pub(super) struct PassCheck {
+    pub(super) check_id: String,
+}
+
+impl Endpoint for PassCheck {
+    type Response = ();
+    const REQUEST_BODY_TYPE: RequestType = RequestType::JSON;
+    const RESPONSE_BODY_TYPE: ResponseType = ResponseType::JSON;
+
+    fn path(&self) -> String {
+        format!("agent/check/pass/{}", self.check_id)
+    }
+
+    fn method(&self) -> RequestMethod {
+        RequestMethod::PUT
+    }
+}
+
+impl FeaturedEndpoint for PassCheck {
+    fn features(&self) -> Option<Features> {
+        None
     }
 }
 
@@ -546,7 +589,7 @@ mod tests {
     fn checked() -> ConsulLockConfig {
         ConsulLockConfig {
             instance: "gw-1".into(),
-            check: Some(SessionCheck::new("127.0.0.1:50051")),
+            check: Some(SessionCheck::tcp("127.0.0.1:50051")),
             ..ConsulLockConfig::default()
         }
     }
@@ -571,6 +614,30 @@ mod tests {
                     "TCP": "127.0.0.1:50051",
                     "Interval": "1s",
                     "Timeout": "1s",
+                    "DeregisterCriticalServiceAfter": "60s",
+                    "Status": "passing",
+                },
+            })
+        );
+        let config = ConsulLockConfig {
+            check: Some(SessionCheck::ttl(Duration::from_secs(1))),
+            ..config
+        };
+        let body = RegisterService::new(&config, config.check.as_ref().unwrap())
+            .body()
+            .unwrap()
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "ID": "kafka-lease-gw-1",
+                "Name": "kafka-lease",
+                "Meta": {"instance": "gw-1"},
+                "Check": {
+                    "CheckID": "kafka-lease-gw-1-alive",
+                    "Name": "kafka-lease gateway gw-1 is alive",
+                    "TTL": "1s",
                     "DeregisterCriticalServiceAfter": "60s",
                     "Status": "passing",
                 },

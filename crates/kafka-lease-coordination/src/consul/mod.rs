@@ -8,23 +8,28 @@
 //! `delete` behaviour recreates keys (whose `LockIndex` restarts at 1).
 //!
 //! # Sessions: check-bound or TTL-only
-//! - **Check-bound** ([`ConsulLockConfig::check`] set; needs a Consul agent on the gateway's
-//!   host): `connect` registers a service `kafka-lease-<instance>` with the *local* agent,
-//!   with a TCP check (`kafka-lease-<instance>-alive`) that the agent runs against the
-//!   gateway's gRPC listener every `check.interval`. The session is bound to that check and
-//!   to the node's `serfHealth` (`NodeChecks`, `ServiceChecks`). When the gateway process dies
-//!   the next check run fails at once (connection refused), Consul invalidates the session,
-//!   the keys vanish, and after `lock_delay` another gateway's waiter takes them: a crash
-//!   moves the partitions after at most `check.interval + lock_delay` (plus the waiter's
-//!   reaction). A process that hangs but keeps its socket open (SIGSTOP) still passes a TCP
-//!   check; its session then ends by TTL, like a TTL-only one. The registration is
+//! - **Check-bound** ([`ConsulLockConfig::check`] set): `connect` registers a service
+//!   `kafka-lease-<instance>` with the agent at `address`, with a check
+//!   (`kafka-lease-<instance>-alive`), and binds the session to that check and to the node's
+//!   `serfHealth` (`NodeChecks`, `ServiceChecks`). The check is either
+//!   - a TTL check ([`CheckKind::Ttl`], the gateway's default) that this backend's passer
+//!     task keeps passing every `ttl / PASSES_PER_TTL` on the gateway's runtime: a process
+//!     that dies or cannot run its tasks (SIGSTOP, a wedged runtime) stops passing, and the
+//!     agent marks the check critical `ttl` after the last pass; or
+//!   - a TCP check ([`CheckKind::Tcp`]) that the agent runs against the gateway's gRPC
+//!     listener every `interval`: a dead process refuses the connection at once, but a hung
+//!     one that keeps its socket open (SIGSTOP) still passes, and its session then ends by
+//!     TTL, like a TTL-only one.
+//!
+//!   When the check goes critical Consul invalidates the session, the keys vanish, and after
+//!   `lock_delay` another gateway's waiter takes them. The registration is
 //!   deregistered at `shutdown`, and `connect` deregisters any earlier registration of a dead
-//!   process with the same service id or the same check address (a gateway restarted on its
-//!   port faster than one check interval would otherwise keep the old check passing and the
-//!   old session, and its locks, alive until its TTL). After losing its session the backend
-//!   re-registers the check only if the agent no longer has it: a check that is registered
-//!   but critical (the agent cannot reach the listener) makes Consul refuse new sessions
-//!   until it passes again, rather than handing out sessions the next check run would end.
+//!   process with the same service id or the same TCP check address (a gateway restarted on
+//!   its port faster than one check interval would otherwise keep the old check passing and
+//!   the old session, and its locks, alive until its TTL). After losing its session the
+//!   backend re-registers the check only if the agent no longer has it: a check that is
+//!   registered but critical makes Consul refuse new sessions until it passes again (a TTL
+//!   check does at its next pass), rather than handing out sessions the check would end.
 //! - **TTL-only** (no `check`): the session is created with *no* checks at all
 //!   (`NodeChecks: []`), so no health check ends it; a crash then frees the keys after at
 //!   most `2 × session_ttl + lock_delay` (Consul arms the expiry timer at twice the TTL):
@@ -93,6 +98,9 @@ pub mod metrics {
     pub const SESSIONS_LOST: &str = "kafka_lease_consul_sessions_lost_total";
     /// Consul requests that failed or went unanswered, by `operation`.
     pub const ERRORS: &str = "kafka_lease_consul_errors_total";
+    /// Passes of the TTL check that failed or went unanswered (the agent marks the check
+    /// critical, and ends the session, `ttl` after the last one that succeeded).
+    pub const CHECK_PASS_FAILURES: &str = "kafka_lease_consul_check_pass_failures_total";
 }
 
 /// Describes the backend's metrics to the installed recorder.
@@ -110,6 +118,11 @@ pub fn describe_metrics() {
         "Consul lock sessions lost, by cause"
     );
     describe_counter!(metrics::ERRORS, "Consul requests that failed, by operation");
+    describe_counter!(
+        metrics::CHECK_PASS_FAILURES,
+        "passes of the session's TTL check that failed"
+    );
+    ::metrics::counter!(metrics::CHECK_PASS_FAILURES).increment(0);
     ::metrics::counter!(metrics::RENEW_FAILURES).increment(0);
     ::metrics::counter!(metrics::SESSIONS_CREATED).increment(0);
     for cause in ["invalidated", "self_fence"] {
@@ -118,9 +131,9 @@ pub fn describe_metrics() {
 }
 
 pub use config::{
-    ConsulConfigError, ConsulLockConfig, ConsulTls, SessionCheck, DEFAULT_CHECK_INTERVAL,
-    DEFAULT_CHECK_TIMEOUT, DEFAULT_DEREGISTER_AFTER, DEFAULT_LOCK_DELAY, DEFAULT_SESSION_TTL,
-    FENCE_MARGIN,
+    CheckKind, ConsulConfigError, ConsulLockConfig, ConsulTls, SessionCheck,
+    DEFAULT_CHECK_INTERVAL, DEFAULT_CHECK_TIMEOUT, DEFAULT_CHECK_TTL, DEFAULT_DEREGISTER_AFTER,
+    DEFAULT_LOCK_DELAY, DEFAULT_SESSION_TTL, FENCE_MARGIN, PASSES_PER_TTL,
 };
 
 use http::*;
@@ -152,6 +165,9 @@ pub struct ConsulLocks {
     shared: Arc<Shared>,
     /// The renew task; aborted by `shutdown` and on drop.
     renewer: Mutex<Option<JoinHandle<()>>>,
+    /// The task passing a TTL check (see [`CheckKind::Ttl`]); aborted by `shutdown` and on
+    /// drop.
+    passer: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// What the backend and its renew task share.
@@ -312,9 +328,20 @@ impl ConsulLocks {
         if let Some(check) = &shared.config.check {
             shared.remove_stale_registrations(check).await?;
         }
+        // Passing from before the registration, so that the check never waits a whole pass
+        // interval for its first pass (until it is registered, a pass fails quietly).
+        let passer = shared
+            .config
+            .check
+            .as_ref()
+            .and_then(SessionCheck::pass_interval)
+            .map(|every| tokio::spawn(run_check_passer(shared.clone(), every)));
         let (id, sent) = match shared.open_registered_session(Registration::Always).await {
             Ok(opened) => opened,
             Err(error) => {
+                if let Some(passer) = &passer {
+                    passer.abort();
+                }
                 if shared.config.check.is_some() {
                     let _ = shared.deregister_service().await;
                 }
@@ -329,7 +356,7 @@ impl ConsulLocks {
             lock_delay = ?shared.config.lock_delay,
             fence_window = ?shared.fence_window,
             renew_interval = ?shared.config.renew_interval(),
-            check = ?shared.config.check.as_ref().map(|c| &c.tcp_addr),
+            check = shared.config.check.as_ref().map_or("none".into(), SessionCheck::describe),
             "created consul lock session"
         );
         shared.set_state(SessionState::Live { id: id.clone() });
@@ -343,6 +370,7 @@ impl ConsulLocks {
         Ok(ConsulLocks {
             shared,
             renewer: Mutex::new(Some(renewer)),
+            passer: Mutex::new(passer),
         })
     }
 
@@ -399,6 +427,13 @@ impl Drop for ConsulLocks {
             .get_mut()
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(task) = renewer.take() {
+            task.abort();
+        }
+        let passer = self
+            .passer
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(task) = passer.take() {
             task.abort();
         }
     }
@@ -754,6 +789,9 @@ impl LockBackend for ConsulLocks {
         if let SessionState::Live { id } = previous {
             self.shared.end_session(&id).await;
         }
+        if let Some(passer) = lock(&self.passer).take() {
+            passer.abort();
+        }
         if self.shared.config.check.is_some() {
             match self.shared.deregister_service().await {
                 Ok(()) => tracing::info!(
@@ -767,6 +805,71 @@ impl LockBackend for ConsulLocks {
                     "could not deregister the service check; the agent drops it after \
                      check.deregister_after",
                 ),
+            }
+        }
+    }
+}
+
+/// Passes this instance's TTL check every `every`, for as long as the backend lives, whatever
+/// the state of the session: the check says that this process runs, nothing more (a Kafka
+/// outage, or a lost session being replaced, leaves it passing). It runs on the gateway's
+/// runtime, so a process that cannot run its tasks (SIGSTOP, a wedged runtime, a paused VM)
+/// stops passing, and the agent marks the check critical, ending the session, `ttl` after
+/// the last pass. Each pass is bounded by `every`, so one that hangs does not delay the next.
+async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
+    let check_id = shared.config.check_id();
+    let instance = shared.config.instance.clone();
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // `None` until the first pass succeeds (the check may not be registered yet); then the
+    // start of the current run of failures, if any.
+    let mut passed_once = false;
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        ticks.tick().await;
+        let outcome = match tokio::time::timeout(
+            every,
+            shared.send_raw(PassCheck {
+                check_id: check_id.clone(),
+            }),
+        )
+        .await
+        {
+            Err(_) => Err(format!("no answer within {every:?}")),
+            Ok(Err(error)) => Err(error),
+            Ok(Ok(answer)) if answer.status == 200 => Ok(()),
+            Ok(Ok(answer)) => Err(format!(
+                "HTTP {}: {}",
+                answer.status,
+                String::from_utf8_lossy(&answer.body).trim()
+            )),
+        };
+        match outcome {
+            Ok(()) => {
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(
+                        %instance,
+                        check = %check_id,
+                        failing_for = ?since.elapsed(),
+                        "passing the liveness check again",
+                    );
+                }
+                passed_once = true;
+            }
+            Err(error) => {
+                ::metrics::counter!(metrics::CHECK_PASS_FAILURES).increment(1);
+                if !passed_once {
+                    tracing::debug!(%instance, check = %check_id, %error, "liveness check not passed yet");
+                } else if failing_since.is_none() {
+                    failing_since = Some(Instant::now());
+                    tracing::warn!(
+                        %instance,
+                        check = %check_id,
+                        %error,
+                        "could not pass the liveness check; the agent ends this instance's \
+                         session if no pass succeeds within the check's TTL",
+                    );
+                }
             }
         }
     }

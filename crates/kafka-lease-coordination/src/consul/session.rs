@@ -107,7 +107,10 @@ impl Shared {
         for (id, service) in services {
             let meta = service.meta.unwrap_or_default();
             let stale = service.service.as_deref() == Some(SERVICE_NAME)
-                && (id == ours || meta.get(META_CHECK_TCP) == Some(&check.tcp_addr));
+                && (id == ours
+                    || meta
+                        .get(META_CHECK_TCP)
+                        .is_some_and(|addr| Some(addr.as_str()) == check.tcp_addr()));
             if !stale {
                 continue;
             }
@@ -115,9 +118,9 @@ impl Shared {
                 %instance,
                 service = %id,
                 previous_instance = meta.get(META_INSTANCE).map_or("?", String::as_str),
-                check_tcp = %check.tcp_addr,
-                "deregistering the registration of an earlier gateway process on this address; \
-                 its lock session ends now",
+                check_tcp = check.tcp_addr().unwrap_or("-"),
+                "deregistering the registration of an earlier gateway process with this \
+                 instance name or check address; its lock session ends now",
             );
             bounded(
                 "deregister stale service",
