@@ -25,6 +25,9 @@ use kafka_lease_client::{proto, AcquireOptions, Client};
 use kafka_lease_testkit::{repo_root, unique_name, wait_for, GatewayProcess, Services};
 use support::{consul, consul_keys, create_topic, unique_prefix};
 use tokio::time::Instant;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 use yaml_rust2::{Yaml, YamlLoader};
 
 /// An instance as the deployment starts it.
@@ -189,14 +192,30 @@ async fn start(instance: &Instance) -> GatewayProcess {
     .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Starts `a` then `b` and runs them through registration, forwarding, a kill of `a` and a
-/// SIGTERM of `b`, which must exit by itself within `stop_deadline` (what the platform
-/// allows before it kills).
+/// The gRPC health service names the pod's probes ask for (`""`: the whole server), with
+/// the probe's name; every probe of the container must be a gRPC one.
+fn grpc_probes(container: &Yaml) -> Vec<(String, String)> {
+    ["readinessProbe", "livenessProbe", "startupProbe"]
+        .into_iter()
+        .filter(|probe| !container[*probe].is_badvalue())
+        .map(|probe| {
+            let grpc = &container[probe]["grpc"];
+            assert!(!grpc.is_badvalue(), "{probe} is not a gRPC probe");
+            let service = grpc["service"].as_str().unwrap_or("").to_string();
+            (probe.to_string(), service)
+        })
+        .collect()
+}
+
+/// Starts `a` then `b` and runs them through their probes, registration, forwarding, a kill
+/// of `a` and a SIGTERM of `b`, which must exit by itself within `stop_deadline` (what the
+/// platform allows before it kills).
 async fn two_instances(
     services: &Services,
     prefix: &str,
     a: Instance,
     b: Instance,
+    probes: &[(String, String)],
     stop_deadline: Duration,
 ) {
     let topic = create_topic(services, 2).await;
@@ -224,6 +243,36 @@ async fn two_instances(
                 .unwrap_or_else(|e| panic!("A grants partition {partition}: {e}")),
         );
     }
+    // Each probe passes on each instance, as the kubelet would ask it.
+    for gateway in [&gateway_a, &gateway_b] {
+        let channel = tonic::transport::Endpoint::from_shared(gateway.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect for health");
+        let health = HealthClient::new(channel);
+        for (probe, service) in probes {
+            let what = format!(
+                "{probe} (health service {service:?}) on {}",
+                gateway.instance
+            );
+            wait_for(&what, Duration::from_secs(15), || {
+                let mut health = health.clone();
+                let service = service.clone();
+                async move {
+                    let status = health
+                        .check(HealthCheckRequest { service })
+                        .await
+                        .ok()?
+                        .into_inner()
+                        .status;
+                    (status == ServingStatus::Serving as i32).then_some(())
+                }
+            })
+            .await;
+        }
+    }
+
     // Each instance's own check, kept passing: a TTL check (the default) for longer than its
     // TTL, so by the instance's passes; a TCP check run by the agent against the instance's
     // own address.
@@ -388,7 +437,20 @@ async fn the_kubernetes_manifest_runs_two_pods_that_fail_over() {
     }
     let b = pods.pop().expect("pod B");
     let a = pods.pop().expect("pod A");
-    two_instances(&services, &prefix, a, b, Duration::from_secs(grace)).await;
+    let probes = grpc_probes(container);
+    assert!(
+        probes.iter().any(|(p, _)| p == "livenessProbe"),
+        "the manifest has a liveness probe"
+    );
+    two_instances(
+        &services,
+        &prefix,
+        a,
+        b,
+        &probes,
+        Duration::from_secs(grace),
+    )
+    .await;
 }
 
 fn container_grace(pod_spec: &Yaml) -> u64 {
@@ -478,5 +540,5 @@ async fn docker_compose_runs_two_gateways_that_fail_over() {
     }
     let b = gateways.pop().expect("gateway-b");
     let a = gateways.pop().expect("gateway-a");
-    two_instances(&services, &prefix, a, b, stop_deadline).await;
+    two_instances(&services, &prefix, a, b, &[], stop_deadline).await;
 }
