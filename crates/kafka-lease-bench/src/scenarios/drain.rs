@@ -15,7 +15,7 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use super::{acquire, r3, ratio, Row};
-use crate::env::{create_topic, produce_fill, Env, Gateway};
+use crate::env::{create_topic, proc_cpu_seconds, produce_fill, Env, Gateway};
 use crate::report::{Chart, ScenarioResult};
 use crate::stats::{median, min_max};
 
@@ -50,9 +50,18 @@ struct DrainRun {
     /// gateway): not counted in the steady-state rate, whose clock starts then.
     first_records: u64,
     first_bytes: u64,
+    /// CPU time (user + system) the arm's process used during the drain: the gateway's, or
+    /// the bench's own for the direct consumer (which runs in it). `None` when not measured.
+    cpu_secs: Option<f64>,
 }
 
 impl DrainRun {
+    /// Microseconds of CPU per record drained.
+    fn cpu_us_per_record(&self) -> Option<f64> {
+        self.cpu_secs
+            .filter(|_| self.records > 0)
+            .map(|cpu| cpu * 1e6 / self.records as f64)
+    }
     /// Steady-state drain rate: the records after the first arrival over the time from the
     /// first arrival to the last record.
     /// (With tiny counts everything can come in the first batch: then the end-to-end rate.)
@@ -184,6 +193,7 @@ async fn gateway_drain(
         first_record_secs: f64::INFINITY,
         first_records: 0,
         first_bytes: 0,
+        cpu_secs: None,
     };
     let mut finishes = Vec::new();
     for j in joined {
@@ -299,6 +309,7 @@ fn direct_drain_blocking(
         first_record_secs: first,
         first_records: 1,
         first_bytes,
+        cpu_secs: None,
         records: counts.values().sum(),
         bytes,
         secs,
@@ -313,10 +324,12 @@ fn direct_drain_blocking(
 }
 
 /// Runs both arms `rounds` times, gateway first in each round, after one unmeasured warm-up
-/// drain of each arm (a tenth of the records).
+/// drain of each arm (a tenth of the records). Each arm's CPU is that of its process: the
+/// gateway (`gateway_pid`) for the gateway arm, the bench itself for the direct one.
 async fn rounds(
     env: &Env,
     name: &str,
+    gateway_pid: u32,
     clients: &[Client],
     topic: &str,
     layout: &[Vec<i32>],
@@ -339,28 +352,37 @@ async fn rounds(
             let _t =
                 env.progress
                     .ticker(format!("{label} gateway"), done.clone(), total, "records");
-            gateway_drain(env, clients, None, topic, layout, per_partition, done).await?
+            let cpu0 = proc_cpu_seconds(gateway_pid)?;
+            let mut run =
+                gateway_drain(env, clients, None, topic, layout, per_partition, done).await?;
+            run.cpu_secs = Some(proc_cpu_seconds(gateway_pid)? - cpu0);
+            run
         };
         env.progress.say(format!(
-            "  {label} gateway: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s",
+            "  {label} gateway: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s; gateway CPU {:.2} us/record",
             g.secs,
             g.first_record_secs,
             g.rate(),
-            g.mb_s()
+            g.mb_s(),
+            g.cpu_us_per_record().unwrap_or(f64::NAN)
         ));
         let done = Arc::new(AtomicU64::new(0));
         let d = {
             let _t = env
                 .progress
                 .ticker(format!("{label} direct"), done.clone(), total, "records");
-            direct_drain(env, topic, &partitions, per_partition, done).await?
+            let cpu0 = proc_cpu_seconds(std::process::id())?;
+            let mut run = direct_drain(env, topic, &partitions, per_partition, done).await?;
+            run.cpu_secs = Some(proc_cpu_seconds(std::process::id())? - cpu0);
+            run
         };
         env.progress.say(format!(
-            "  {label} direct: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s",
+            "  {label} direct: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s; consumer CPU {:.2} us/record",
             d.secs,
             d.first_record_secs,
             d.rate(),
-            d.mb_s()
+            d.mb_s(),
+            d.cpu_us_per_record().unwrap_or(f64::NAN)
         ));
         out.push((g, d));
     }
@@ -390,6 +412,78 @@ fn round_details(runs: &[(DrainRun, DrainRun)]) -> Value {
             })
             .collect(),
     )
+}
+
+/// The goal of the `-cpu` rows: the gateway's CPU per record at most this many times the
+/// direct consumer's.
+const CPU_GOAL: f64 = 1.5;
+
+/// The `<name>-cpu` row: CPU time per record of the gateway process against that of the
+/// direct consumer, in the same rounds (medians). Independent of how busy the machine is,
+/// unlike the rates: a process that waits for the CPU uses none.
+fn cpu_row(name: &str, scenario: &'static str, runs: &[(DrainRun, DrainRun)]) -> ScenarioResult {
+    let per = |f: &dyn Fn(&(DrainRun, DrainRun)) -> Option<f64>| {
+        median(&runs.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    let g = per(&|(g, _)| g.cpu_us_per_record());
+    let d = per(&|(_, d)| d.cpu_us_per_record());
+    let ratio = ratio(g, d);
+    let mut details = Map::new();
+    details.insert(
+        "timing".into(),
+        "CPU time (user + system, all threads, from /proc/<pid>/stat at 10 ms resolution) of the gateway process over each gateway drain, and of the bench process (the direct consumer runs in it) over each direct drain, divided by the records drained; medians across rounds".into(),
+    );
+    details.insert(
+        "rounds".into(),
+        runs.iter()
+            .map(|(g, d)| {
+                json!({
+                    "gateway_cpu_s": g.cpu_secs.map(r3),
+                    "direct_cpu_s": d.cpu_secs.map(r3),
+                    "gateway_records": g.records,
+                    "direct_records": d.records,
+                })
+            })
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    Row {
+        name: format!("{name}-cpu"),
+        scenario,
+        unit: "CPU us/record",
+        gateway: r3(g),
+        baseline: r3(d),
+        baseline_kind: "measured: CPU per record of the direct rdkafka consumer, same rounds"
+            .into(),
+        ratio: ratio.map(r3),
+        ratio_definition: "gateway CPU per record / direct consumer CPU per record (medians)",
+        goal: format!("<= {CPU_GOAL}"),
+        met: ratio.is_some_and(|r| r <= CPU_GOAL),
+        summary: format!("{g:.2} vs {d:.2} us of CPU per record"),
+        details,
+        chart: Chart {
+            title: format!("{name}: CPU per record, per round"),
+            unit: "us/record".into(),
+            groups: runs
+                .iter()
+                .enumerate()
+                .map(|(i, (g, d))| {
+                    (
+                        format!("round {}", i + 1),
+                        vec![
+                            ("gateway".into(), g.cpu_us_per_record().unwrap_or(0.0)),
+                            (
+                                "direct rdkafka".into(),
+                                d.cpu_us_per_record().unwrap_or(0.0),
+                            ),
+                        ],
+                    )
+                })
+                .collect(),
+            lines: vec![(format!("{CPU_GOAL} x direct median"), CPU_GOAL * d)],
+        },
+    }
+    .build()
 }
 
 fn chart(title: String, runs: &[(DrainRun, DrainRun)], goal_line: Option<(String, f64)>) -> Chart {
@@ -469,7 +563,16 @@ pub(crate) async fn one_partition(
     produce_fill(env, name, &topic, 1, records, value_size).await?;
     let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-drain"), None).await?;
     let client = gateway.client().await?;
-    let runs = rounds(env, name, &[client], &topic, &[vec![0]], records as u64).await;
+    let runs = rounds(
+        env,
+        name,
+        gateway.pid(),
+        &[client],
+        &topic,
+        &[vec![0]],
+        records as u64,
+    )
+    .await;
     gateway.stop().await;
     let runs = runs?;
     let g = median(&runs.iter().map(|(g, _)| g.rate()).collect::<Vec<_>>());
@@ -483,45 +586,50 @@ pub(crate) async fn one_partition(
     details.insert("baseline_mb_per_s".into(), r3(d_mb).into());
     startup_details(&mut details, &runs);
     details.insert("rounds".into(), round_details(&runs));
-    Ok(vec![Row {
-        name: name.to_string(),
-        scenario: if value_size == 1024 {
-            "drain-1p-1KiB"
-        } else {
-            "drain-1p-100B"
-        },
-        unit: "records/s",
-        gateway: r3(g),
-        baseline: r3(d),
-        baseline_kind: "measured: direct rdkafka BaseConsumer of the same partition, same run"
-            .into(),
-        ratio: ratio.map(r3),
-        ratio_definition: "gateway records/s / direct records/s (medians across rounds)",
-        goal: format!(">= {goal}"),
-        met: ratio.is_some_and(|r| r >= goal),
-        summary: format!(
-            "{g_mb:.1} vs {d_mb:.1} MB/s steady; first record after {:.2} vs {:.2} s",
-            median(
-                &runs
-                    .iter()
-                    .map(|(g, _)| g.first_record_secs)
-                    .collect::<Vec<_>>()
+    let scenario = if value_size == 1024 {
+        "drain-1p-1KiB"
+    } else {
+        "drain-1p-100B"
+    };
+    let cpu = cpu_row(name, scenario, &runs);
+    Ok(vec![
+        Row {
+            name: name.to_string(),
+            scenario,
+            unit: "records/s",
+            gateway: r3(g),
+            baseline: r3(d),
+            baseline_kind: "measured: direct rdkafka BaseConsumer of the same partition, same run"
+                .into(),
+            ratio: ratio.map(r3),
+            ratio_definition: "gateway records/s / direct records/s (medians across rounds)",
+            goal: format!(">= {goal}"),
+            met: ratio.is_some_and(|r| r >= goal),
+            summary: format!(
+                "{g_mb:.1} vs {d_mb:.1} MB/s steady; first record after {:.2} vs {:.2} s",
+                median(
+                    &runs
+                        .iter()
+                        .map(|(g, _)| g.first_record_secs)
+                        .collect::<Vec<_>>()
+                ),
+                median(
+                    &runs
+                        .iter()
+                        .map(|(_, d)| d.first_record_secs)
+                        .collect::<Vec<_>>()
+                ),
             ),
-            median(
-                &runs
-                    .iter()
-                    .map(|(_, d)| d.first_record_secs)
-                    .collect::<Vec<_>>()
+            details,
+            chart: chart(
+                format!("{name}: drain one partition, records/s per round"),
+                &runs,
+                Some((format!("{goal} x direct median"), goal * d)),
             ),
-        ),
-        details,
-        chart: chart(
-            format!("{name}: drain one partition, records/s per round"),
-            &runs,
-            Some((format!("{goal} x direct median"), goal * d)),
-        ),
-    }
-    .build()])
+        }
+        .build(),
+        cpu,
+    ])
 }
 
 /// `drain-16p`: 16 leases over 4 client connections versus one consumer of all 16.
@@ -537,7 +645,16 @@ pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<Scen
         clients.push(gateway.client().await?);
     }
     let layout: Vec<Vec<i32>> = (0..4).map(|c| (c * 4..c * 4 + 4).collect()).collect();
-    let runs = rounds(env, name, &clients, &topic, &layout, per_partition as u64).await;
+    let runs = rounds(
+        env,
+        name,
+        gateway.pid(),
+        &clients,
+        &topic,
+        &layout,
+        per_partition as u64,
+    )
+    .await;
     gateway.stop().await;
     let runs = runs?;
     let g = median(&runs.iter().map(|(g, _)| g.rate()).collect::<Vec<_>>());
@@ -568,7 +685,9 @@ pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<Scen
     );
     startup_details(&mut details, &runs);
     details.insert("rounds".into(), round_details(&runs));
-    Ok(vec![Row {
+    let cpu = cpu_row(name, "drain-16p", &runs);
+    Ok(vec![
+        Row {
         name: name.to_string(),
         scenario: "drain-16p",
         unit: "records/s",
@@ -589,7 +708,9 @@ pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<Scen
             Some(("0.9 x direct median".into(), 0.9 * d)),
         ),
     }
-    .build()])
+    .build(),
+        cpu,
+    ])
 }
 
 /// `drain-forwarded`: one partition of 1 KiB records, leased on one gateway instance and
