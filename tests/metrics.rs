@@ -227,6 +227,15 @@ async fn metrics_follow_a_lease_through_its_life() {
         "the Consul session renews are timed"
     );
     assert!(value(&s, "kafka_lease_consul_sessions_created_total", &[]) >= 1.0);
+    // The session's TTL check has been passed all along: the counter is served, and zero.
+    assert!(
+        s.contains_key("kafka_lease_consul_check_pass_failures_total"),
+        "the TTL check's pass failures are counted"
+    );
+    assert_eq!(
+        value(&s, "kafka_lease_consul_check_pass_failures_total", &[]),
+        0.0
+    );
 
     // Release: no lease left for the group, one ended as released.
     let ended_before = value(

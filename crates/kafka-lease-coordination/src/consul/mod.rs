@@ -98,8 +98,9 @@ pub mod metrics {
     pub const SESSIONS_LOST: &str = "kafka_lease_consul_sessions_lost_total";
     /// Consul requests that failed or went unanswered, by `operation`.
     pub const ERRORS: &str = "kafka_lease_consul_errors_total";
-    /// Passes of the TTL check that failed or went unanswered (the agent marks the check
-    /// critical, and ends the session, `ttl` after the last one that succeeded).
+    /// Passes of the TTL check that failed or went unanswered, after the first that succeeded
+    /// (the agent marks the check critical, and ends the session, `ttl` after the last one
+    /// that succeeded).
     pub const CHECK_PASS_FAILURES: &str = "kafka_lease_consul_check_pass_failures_total";
 }
 
@@ -815,8 +816,11 @@ impl LockBackend for ConsulLocks {
 /// outage, or a lost session being replaced, leaves it passing). It runs on the gateway's
 /// runtime, so a process that cannot run its tasks (SIGSTOP, a wedged runtime, a paused VM)
 /// stops passing, and the agent marks the check critical, ending the session, `ttl` after
-/// the last pass. Each pass is bounded by `every`, so one that hangs does not delay the next.
+/// the last pass. Each pass may take up to half the TTL: a slow agent still gets its passes
+/// through (cancelling them sooner would fail the check while the agent works), and one that
+/// hangs leaves time for another try on a fresh request before the TTL runs out.
 async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
+    let patience = every * PASSES_PER_TTL / 2;
     let check_id = shared.config.check_id();
     let instance = shared.config.instance.clone();
     let mut ticks = tokio::time::interval(every);
@@ -828,14 +832,14 @@ async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
     loop {
         ticks.tick().await;
         let outcome = match tokio::time::timeout(
-            every,
+            patience,
             shared.send_raw(PassCheck {
                 check_id: check_id.clone(),
             }),
         )
         .await
         {
-            Err(_) => Err(format!("no answer within {every:?}")),
+            Err(_) => Err(format!("no answer within {patience:?}")),
             Ok(Err(error)) => Err(error),
             Ok(Ok(answer)) if answer.status == 200 => Ok(()),
             Ok(Ok(answer)) => Err(format!(
@@ -857,7 +861,9 @@ async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
                 passed_once = true;
             }
             Err(error) => {
-                ::metrics::counter!(metrics::CHECK_PASS_FAILURES).increment(1);
+                if passed_once {
+                    ::metrics::counter!(metrics::CHECK_PASS_FAILURES).increment(1);
+                }
                 if !passed_once {
                     tracing::debug!(%instance, check = %check_id, %error, "liveness check not passed yet");
                 } else if failing_since.is_none() {
