@@ -990,8 +990,9 @@ impl PartitionFeed {
         }
         loop {
             // Look again every REPOLL even without a wake-up: a split partition queue can
-            // miss the wake-up for records that arrive just as it is polled (seen as
-            // one-second first-record delays), and a missed one then costs at most this.
+            // miss the wake-up for records that arrive just as it is polled (rust-rdkafka
+            // issue #665), and a missed one then costs at most this. (The one-second
+            // first-record delays once blamed on it had another cause: see `learn_topic`.)
             match tokio::time::timeout(REPOLL, self.queue.recv()).await {
                 Ok(Ok(message)) => return pulled(&mut self.pulled_up_to, &message),
                 Ok(Err(err)) => self.log_fetch_error(&err),
