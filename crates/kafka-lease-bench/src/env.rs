@@ -75,6 +75,8 @@ impl Env {
             .set("bootstrap.servers", &self.services.kafka_bootstrap)
             .set("client.id", format!("kafka-lease-bench-direct-{group}"))
             .set("socket.keepalive.enable", "true")
+            .set("reconnect.backoff.max.ms", "1000")
+            .set("reconnect.backoff.ms", "20")
             .set("topic.metadata.refresh.interval.ms", "30000")
             .set("group.id", group)
             .set("enable.auto.commit", "false")
@@ -84,7 +86,7 @@ impl Env {
             .set("queued.max.messages.kbytes", fetch_queue_kbytes)
             .set("queued.min.messages", "10000")
             .set("fetch.queue.backoff.ms", "10")
-            .set("fetch.wait.max.ms", "100");
+            .set("fetch.wait.max.ms", "20");
         for (k, v) in options {
             config.set(k, v);
         }

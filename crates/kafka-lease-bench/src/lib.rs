@@ -29,6 +29,7 @@ pub const SCENARIOS: &[&str] = &[
     "drain-1p-100B",
     "drain-16p",
     "drain-forwarded",
+    "first-record",
     "latency",
     "acquire-release",
     "handoff",
@@ -74,6 +75,8 @@ pub struct Plan {
     pub drain_100b_records: usize,
     /// Records of 1 KiB per partition in the 16-partition drain.
     pub drain16_per_partition: usize,
+    /// Leases measured in each arm of `first-record` (new group, same group).
+    pub first_record_leases: usize,
     /// Records per arm and round in the latency scenario (at 2,000 records/s).
     pub latency_records: usize,
     /// First records of each latency arm not counted (connection warm-up).
@@ -118,6 +121,7 @@ impl Plan {
                 drain_1k_records: 2_000,
                 drain_100b_records: 5_000,
                 drain16_per_partition: 200,
+                first_record_leases: 5,
                 latency_records: 1_000,
                 latency_warmup: 100,
                 acquire_cycles: 10,
@@ -140,6 +144,7 @@ impl Plan {
                 drain_1k_records: 500_000,
                 drain_100b_records: 1_000_000,
                 drain16_per_partition: 25_000,
+                first_record_leases: 20,
                 latency_records: 10_000,
                 latency_warmup: 500,
                 acquire_cycles: 100,
@@ -162,6 +167,7 @@ impl Plan {
                 drain_1k_records: 1_000_000,
                 drain_100b_records: 3_000_000,
                 drain16_per_partition: 30_000,
+                first_record_leases: 50,
                 latency_records: 40_000,
                 latency_warmup: 1_000,
                 acquire_cycles: 300,

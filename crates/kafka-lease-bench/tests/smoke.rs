@@ -12,6 +12,7 @@ const SCENARIOS: &[&str] = &[
     "drain-1p-100B",
     "drain-16p",
     "drain-forwarded",
+    "first-record",
     "latency",
     "acquire-release",
     "handoff",
@@ -27,6 +28,10 @@ const ROWS: &[(&str, &[&str])] = &[
     ("drain-1p-100B", &["drain-1p-100B"]),
     ("drain-16p", &["drain-16p"]),
     ("drain-forwarded", &["drain-forwarded"]),
+    (
+        "first-record",
+        &["first-record-new-group", "first-record-same-group"],
+    ),
     ("latency", &["latency"]),
     ("acquire-release", &["acquire-release"]),
     ("handoff", &["handoff"]),

@@ -950,12 +950,22 @@ impl Gateway {
         let key = grant.key().clone();
         let prepared = async {
             let group_client = self.kafka.group(&key.group)?;
-            // Both after the lock, and independent: one round trip to the brokers, not two.
+            // All after the lock, and independent: one round trip to the brokers, not three.
             // (The committed offset must be read after the lock: the previous holder's
-            // commits have settled by then.)
-            let ((low, high), committed) = tokio::try_join!(
+            // commits have settled by then.) The topic's leaders, through the group's client:
+            // so the partition is fetched as soon as it is opened (see
+            // `GroupClient::learn_topic`); only a speed-up, librdkafka finds them by itself
+            // later.
+            let learned = async {
+                if let Err(err) = group_client.learn_topic(&key.topic).await {
+                    tracing::debug!(topic = %key.topic, error = %err, "topic lookup failed; the partition's first fetch may wait for librdkafka's own");
+                }
+                Ok::<(), LeaseError>(())
+            };
+            let ((low, high), committed, ()) = tokio::try_join!(
                 self.kafka.watermarks(&key.topic, key.partition),
                 group_client.committed(&key.topic, key.partition),
+                learned,
             )?;
             let committed = committed.map(|(offset, _)| offset);
             let start = match committed {

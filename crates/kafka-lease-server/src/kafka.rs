@@ -41,6 +41,23 @@ const IDLE_GROUP_CLIENT: Duration = Duration::from_secs(60);
 /// The default of [`KafkaSettings::max_groups`].
 pub const DEFAULT_MAX_GROUPS: usize = 100;
 
+/// librdkafka's `reconnect.backoff.ms` for the gateway's clients (see `base_config`); the
+/// backoff still doubles up to `reconnect.backoff.max.ms` while a broker stays unreachable.
+const RECONNECT_BACKOFF_MS: &str = "20";
+
+/// librdkafka's `fetch.wait.max.ms` for the group clients: how long the broker holds a fetch
+/// of partitions without new records. A client has one fetch in flight per broker, so a
+/// partition opened while the group's other partitions wait in such a fetch is first fetched
+/// when that one returns: this bounds the wait of a lease's first record when its group's
+/// client is already reading elsewhere. Lower costs more empty fetches of idle partitions
+/// (1000 / this per second per client and broker).
+const FETCH_WAIT_MAX_MS: &str = "20";
+
+/// How long a group client's lookup of a topic's leaders is trusted (librdkafka keeps
+/// topic metadata for 3 x `topic.metadata.refresh.interval.ms`, 90 s, and refreshes that of
+/// the partitions it fetches every 30 s).
+const TOPIC_LOOKUP_FRESH: Duration = Duration::from_secs(60);
+
 /// librdkafka's `socket.timeout.ms` for the gateway's clients.
 const SOCKET_TIMEOUT_MS: &str = "10000";
 
@@ -98,6 +115,12 @@ impl KafkaSettings {
             // the gateway could then stay cut off for longer than a request's deadline (5 s)
             // and answer UNAVAILABLE to calls a running broker could serve.
             .set("reconnect.backoff.max.ms", "1000")
+            // Also the pause between two picks of "any broker" to connect to (half of it,
+            // 50 ms by default). A new client connects to the bootstrap address, drops that
+            // connection as soon as it learns the broker's id, and its first request (the
+            // coordinator lookup of a new group's first Acquire) then waited out the pause
+            // before it could connect again: ~50 ms of that Acquire.
+            .set("reconnect.backoff.ms", RECONNECT_BACKOFF_MS)
             .set("topic.metadata.refresh.interval.ms", "30000");
         config
     }
@@ -646,6 +669,8 @@ pub struct GroupClient {
     group: String,
     consumer: Arc<LeaseConsumer>,
     request_timeout: Duration,
+    /// Topics this client looked up, and when (see [`GroupClient::learn_topic`]).
+    topics: Mutex<HashMap<String, tokio::time::Instant>>,
     /// Serves the client's main queue, where librdkafka delivers errors and events. Every
     /// partition is split off to its own queue, so no record arrives here.
     poller: JoinHandle<()>,
@@ -684,7 +709,7 @@ impl GroupClient {
             // Without this, a partition whose queue filled up waits a full second before it
             // fetches again once the client drains it.
             .set("fetch.queue.backoff.ms", "10")
-            .set("fetch.wait.max.ms", "100");
+            .set("fetch.wait.max.ms", FETCH_WAIT_MAX_MS);
         settings.apply_options(&mut config);
         let consumer: LeaseConsumer = settings.create(&config, "creating the group client")?;
         let consumer = Arc::new(consumer);
@@ -710,6 +735,7 @@ impl GroupClient {
             group: group.to_string(),
             consumer,
             request_timeout: settings.request_timeout,
+            topics: Mutex::default(),
             poller,
         })
     }
@@ -746,6 +772,41 @@ impl GroupClient {
             })
         })
         .await
+    }
+
+    /// Asks the brokers for `topic`'s metadata through this client, so that a partition of
+    /// it opened next is fetched from its leader at once. librdkafka does not look a topic
+    /// up when a partition of it is assigned: a topic new to the client stayed without a
+    /// leader until the client's once-a-second scan of unknown topics, and a lease's first
+    /// record came ~1 s after the Acquire.
+    ///
+    /// Skipped when this client looked the topic up less than [`TOPIC_LOOKUP_FRESH`] ago:
+    /// librdkafka still has it then, and the request would wait behind the client's fetch in
+    /// flight on the same connection (up to `fetch.wait.max.ms`).
+    pub async fn learn_topic(&self, topic: &str) -> Result<(), LeaseError> {
+        const OPERATION: &str = "looking up the topic's leaders";
+        let fresh = |at: &tokio::time::Instant| at.elapsed() < TOPIC_LOOKUP_FRESH;
+        if self.topics_lock().get(topic).is_some_and(fresh) {
+            return Ok(());
+        }
+        let consumer = self.consumer.clone();
+        let owned = topic.to_string();
+        let timeout = self.request_timeout;
+        retrying(OPERATION, timeout, move || {
+            consumer
+                .fetch_metadata(Some(&owned), timeout)
+                .map(drop)
+                .map_err(|e| Failure::kafka(OPERATION, e))
+        })
+        .await?;
+        let mut topics = self.topics_lock();
+        topics.retain(|_, at| fresh(at));
+        topics.insert(topic.to_string(), tokio::time::Instant::now());
+        Ok(())
+    }
+
+    fn topics_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::time::Instant>> {
+        self.topics.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stores `offset` with `metadata` as the group's committed offset, synchronously.
@@ -929,8 +990,9 @@ impl PartitionFeed {
         }
         loop {
             // Look again every REPOLL even without a wake-up: a split partition queue can
-            // miss the wake-up for records that arrive just as it is polled (seen as
-            // one-second first-record delays), and a missed one then costs at most this.
+            // miss the wake-up for records that arrive just as it is polled (rust-rdkafka
+            // issue #665), and a missed one then costs at most this. (The one-second
+            // first-record delays once blamed on it had another cause: see `learn_topic`.)
             match tokio::time::timeout(REPOLL, self.queue.recv()).await {
                 Ok(Ok(message)) => return pulled(&mut self.pulled_up_to, &message),
                 Ok(Err(err)) => self.log_fetch_error(&err),

@@ -30,8 +30,8 @@ pub(crate) const CONSUMER_STYLE: &str =
     "rdkafka BaseConsumer: assign() (no group join, like the gateway), \
      poll() of the consumer's queue in a loop on one dedicated thread, one message at a time; \
      librdkafka settings as the gateway's per-group consumer (GroupClient::new: \
-     queued.max.messages.kbytes=2048, queued.min.messages=10000, fetch.wait.max.ms=100, \
-     fetch.queue.backoff.ms=10, auto commit off)";
+     queued.max.messages.kbytes=2048, queued.min.messages=10000, fetch.wait.max.ms=20, \
+     fetch.queue.backoff.ms=10, reconnect.backoff.ms=20, auto commit off)";
 
 /// How long one drain may take before the scenario fails.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(600);

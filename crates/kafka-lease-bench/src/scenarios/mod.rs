@@ -9,6 +9,7 @@ use crate::report::{Chart, ScenarioResult};
 mod acquire;
 mod drain;
 mod failover;
+mod first_record;
 mod groups;
 mod handoff;
 mod latency;
@@ -24,6 +25,7 @@ pub(crate) async fn run(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
         "drain-1p-100B" => drain::one_partition(env, name, 100, plan.drain_100b_records, 0.7).await,
         "drain-16p" => drain::sixteen_partitions(env, name).await,
         "drain-forwarded" => drain::forwarded(env, name).await,
+        "first-record" => first_record::run(env).await,
         "latency" => latency::run(env).await,
         "acquire-release" => acquire::run(env).await,
         "handoff" => handoff::run(env).await,
