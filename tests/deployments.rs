@@ -23,11 +23,10 @@ use std::time::Duration;
 
 use kafka_lease_client::{proto, AcquireOptions, Client};
 use kafka_lease_testkit::{repo_root, unique_name, wait_for, GatewayProcess, Services};
-use support::{consul, consul_keys, create_topic, unique_prefix};
+use support::{consul, consul_keys, create_topic, unique_prefix, wait_health};
 use tokio::time::Instant;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
-use tonic_health::pb::HealthCheckRequest;
 use yaml_rust2::{Yaml, YamlLoader};
 
 /// An instance as the deployment starts it.
@@ -138,6 +137,16 @@ fn seconds(value: &str) -> u64 {
     humantime::parse_duration(value)
         .unwrap_or_else(|e| panic!("{value:?} is not a duration: {e}"))
         .as_secs()
+}
+
+/// The gateway's shutdown grace in whole seconds, as `env` sets it or by default.
+fn shutdown_grace(env: &BTreeMap<String, String>) -> u64 {
+    seconds(
+        env.get("KAFKA_LEASE_SHUTDOWN_GRACE")
+            .cloned()
+            .unwrap_or_else(|| serve_default("shutdown-grace"))
+            .as_str(),
+    )
 }
 
 /// What the test changes: see the file's comment.
@@ -252,23 +261,16 @@ async fn two_instances(
             .expect("connect for health");
         let health = HealthClient::new(channel);
         for (probe, service) in probes {
-            let what = format!(
+            println!(
                 "{probe} (health service {service:?}) on {}",
                 gateway.instance
             );
-            wait_for(&what, Duration::from_secs(15), || {
-                let mut health = health.clone();
-                let service = service.clone();
-                async move {
-                    let status = health
-                        .check(HealthCheckRequest { service })
-                        .await
-                        .ok()?
-                        .into_inner()
-                        .status;
-                    (status == ServingStatus::Serving as i32).then_some(())
-                }
-            })
+            wait_health(
+                &health,
+                service,
+                ServingStatus::Serving,
+                Duration::from_secs(15),
+            )
             .await;
         }
     }
@@ -416,12 +418,7 @@ async fn the_kubernetes_manifest_runs_two_pods_that_fail_over() {
                 "the node's agent must dial the pod"
             );
         }
-        let shutdown = seconds(
-            env.get("KAFKA_LEASE_SHUTDOWN_GRACE")
-                .cloned()
-                .unwrap_or_else(|| serve_default("shutdown-grace"))
-                .as_str(),
-        );
+        let shutdown = shutdown_grace(&env);
         assert!(
             shutdown < grace,
             "the shutdown grace ({shutdown}s) must end before Kubernetes kills the pod ({grace}s)"
@@ -508,12 +505,7 @@ async fn docker_compose_runs_two_gateways_that_fail_over() {
         // Docker stops a container with SIGTERM and kills it `stop_grace_period` later (10 s
         // unless the file says).
         let platform_grace = spec["stop_grace_period"].as_str().map_or(10, seconds);
-        let shutdown = seconds(
-            env.get("KAFKA_LEASE_SHUTDOWN_GRACE")
-                .cloned()
-                .unwrap_or_else(|| serve_default("shutdown-grace"))
-                .as_str(),
-        );
+        let shutdown = shutdown_grace(&env);
         assert!(
             shutdown < platform_grace,
             "{service}: the shutdown grace ({shutdown}s) must end before Docker kills the \
