@@ -462,25 +462,13 @@ fn cpu_row(name: &str, scenario: &'static str, runs: &[(DrainRun, DrainRun)]) ->
         summary: format!("{g:.2} vs {d:.2} us of CPU per record"),
         details,
         chart: Chart {
-            title: format!("{name}: CPU per record, per round"),
-            unit: "us/record".into(),
-            groups: runs
-                .iter()
-                .enumerate()
-                .map(|(i, (g, d))| {
-                    (
-                        format!("round {}", i + 1),
-                        vec![
-                            ("gateway".into(), g.cpu_us_per_record().unwrap_or(0.0)),
-                            (
-                                "direct rdkafka".into(),
-                                d.cpu_us_per_record().unwrap_or(0.0),
-                            ),
-                        ],
-                    )
-                })
-                .collect(),
             lines: vec![(format!("{CPU_GOAL} x direct median"), CPU_GOAL * d)],
+            ..per_round(
+                format!("{name}: CPU per record, per round"),
+                "us/record",
+                runs,
+                |run| run.cpu_us_per_record().unwrap_or(0.0),
+            )
         },
     }
     .build()
@@ -488,8 +476,21 @@ fn cpu_row(name: &str, scenario: &'static str, runs: &[(DrainRun, DrainRun)]) ->
 
 fn chart(title: String, runs: &[(DrainRun, DrainRun)], goal_line: Option<(String, f64)>) -> Chart {
     Chart {
+        lines: goal_line.into_iter().collect(),
+        ..per_round(title, "records/s", runs, DrainRun::rate)
+    }
+}
+
+/// A chart of `figure` for both arms, one group per round, no lines.
+fn per_round(
+    title: String,
+    unit: &str,
+    runs: &[(DrainRun, DrainRun)],
+    figure: impl Fn(&DrainRun) -> f64,
+) -> Chart {
+    Chart {
         title,
-        unit: "records/s".into(),
+        unit: unit.into(),
         groups: runs
             .iter()
             .enumerate()
@@ -497,13 +498,13 @@ fn chart(title: String, runs: &[(DrainRun, DrainRun)], goal_line: Option<(String
                 (
                     format!("round {}", i + 1),
                     vec![
-                        ("gateway".into(), g.rate()),
-                        ("direct rdkafka".into(), d.rate()),
+                        ("gateway".into(), figure(g)),
+                        ("direct rdkafka".into(), figure(d)),
                     ],
                 )
             })
             .collect(),
-        lines: goal_line.into_iter().collect(),
+        lines: Vec::new(),
     }
 }
 

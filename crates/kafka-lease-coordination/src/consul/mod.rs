@@ -825,8 +825,9 @@ async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
     let instance = shared.config.instance.clone();
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // `None` until the first pass succeeds (the check may not be registered yet); then the
-    // start of the current run of failures, if any.
+    // Failures before the first good pass are expected (the check may not be registered
+    // yet) and neither counted nor warned about; after it, `failing_since` is the start of
+    // the current run of failures, if any.
     let mut passed_once = false;
     let mut failing_since: Option<Instant> = None;
     loop {
@@ -861,12 +862,12 @@ async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
                 passed_once = true;
             }
             Err(error) => {
-                if passed_once {
-                    ::metrics::counter!(metrics::CHECK_PASS_FAILURES).increment(1);
-                }
                 if !passed_once {
                     tracing::debug!(%instance, check = %check_id, %error, "liveness check not passed yet");
-                } else if failing_since.is_none() {
+                    continue;
+                }
+                ::metrics::counter!(metrics::CHECK_PASS_FAILURES).increment(1);
+                if failing_since.is_none() {
                     failing_since = Some(Instant::now());
                     tracing::warn!(
                         %instance,
