@@ -98,6 +98,56 @@ async fn every_record_arrives_once_in_order_with_fields_intact() {
     lease.release().await.expect("release");
 }
 
+/// `max_wait` is how long the gateway *may* wait to fill a batch: once it has every record up
+/// to the high watermark, more would first have to be produced, and it sends what it has.
+#[tokio::test]
+async fn a_caught_up_partition_sends_its_records_without_waiting_out_max_wait() {
+    let Some(services) =
+        Services::require("a_caught_up_partition_sends_its_records_without_waiting_out_max_wait")
+    else {
+        return;
+    };
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let producer = producer(&services);
+    produce_n(&producer, &topic, 0, 5).await;
+
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic))
+        .await
+        .expect("acquire");
+    // The longest wait the contract allows; the test gives up at half of it.
+    let max_wait = Duration::from_secs(10);
+    let patience = max_wait / 2;
+    let mut stream = lease
+        .records(ReadOptions::new().max_records(500).max_wait(max_wait))
+        .await
+        .expect("read");
+    let mut offsets = Vec::new();
+    while offsets.len() < 5 {
+        let batch = tokio::time::timeout(patience, stream.next_batch())
+            .await
+            .expect("the records before max_wait ran out")
+            .expect("stream open")
+            .expect("batch");
+        offsets.extend(batch.records.iter().map(|r| r.offset));
+    }
+    assert_eq!(offsets, (0..5).collect::<Vec<i64>>());
+    // Following the partition's end: a new record comes on its own, as soon as it is there.
+    produce_n(&producer, &topic, 0, 1).await;
+    let batch = tokio::time::timeout(patience, stream.next_batch())
+        .await
+        .expect("the new record before max_wait ran out")
+        .expect("stream open")
+        .expect("batch");
+    assert_eq!(
+        batch.records.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        vec![5]
+    );
+    lease.release().await.expect("release");
+}
+
 #[tokio::test]
 async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
     let Some(services) =

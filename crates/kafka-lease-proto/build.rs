@@ -2,6 +2,12 @@
 //! instances) with protox (a Rust protobuf
 //! compiler), so a fresh machine needs no `protoc`, and writes the encoded file descriptor
 //! set that server reflection serves.
+//!
+//! A second pass generates `PartitionLeaseService`'s server and client again, with the
+//! message types of the first pass, except the two whose records the gateway encodes itself
+//! (`ReadResponse`, `SubscribeResponse`): those are `wire::Encoded` (see `src/wire.rs`). The
+//! gateway serves with that server, and forwards with that client, passing a peer's bytes
+//! through. The wire format is the same; only who writes the bytes differs.
 
 use std::path::PathBuf;
 
@@ -25,11 +31,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         prost::Message::encode_to_vec(&file_descriptors),
     )?;
 
+    let mut service_only = file_descriptors.clone();
+    service_only
+        .file
+        .retain(|file| file.name() == "kafka_lease/v1/partition_lease.proto");
+    for file in &mut service_only.file {
+        // No messages or enums: every type is the first pass's, through the extern paths.
+        file.message_type.clear();
+        file.enum_type.clear();
+    }
+
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
         .skip_protoc_run()
         .file_descriptor_set_path(&descriptor_path)
         .compile_fds(file_descriptors)?;
+
+    let encoded_dir = out_dir.join("encoded");
+    std::fs::create_dir_all(&encoded_dir)?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .skip_protoc_run()
+        .out_dir(&encoded_dir)
+        .extern_path(".kafka_lease.v1", "crate::v1")
+        .extern_path(
+            ".kafka_lease.v1.ReadResponse",
+            "crate::wire::EncodedReadResponse",
+        )
+        .extern_path(
+            ".kafka_lease.v1.SubscribeResponse",
+            "crate::wire::EncodedSubscribeResponse",
+        )
+        .compile_fds(service_only)?;
     Ok(())
 }

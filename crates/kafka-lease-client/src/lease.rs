@@ -313,7 +313,7 @@ impl ReadOptions {
     }
 
     /// How long the gateway may wait to fill a batch once it has a record (gateway default
-    /// 100 ms; allowed 0 ..= 10 s).
+    /// 100 ms; allowed 0 ..= 10 s). A batch that reaches the partition's end goes at once.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.max_wait = Some(max_wait);
         self

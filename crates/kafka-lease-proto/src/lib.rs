@@ -1,5 +1,6 @@
-//! Generated code for the `kafka_lease.v1` gRPC API. Nothing here is written by hand: the
-//! `.proto` file under `proto/` is the source of truth and its comments are the API docs.
+//! Generated code for the `kafka_lease.v1` gRPC API. The `.proto` files under `proto/` are
+//! the source of truth and their comments are the API docs. Written by hand: only [`wire`],
+//! the ahead-encoded responses the gateway's server sends.
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 #![allow(clippy::all)]
@@ -9,6 +10,16 @@
 pub mod v1 {
     tonic::include_proto!("kafka_lease.v1");
 }
+
+/// `PartitionLeaseService`'s server and client again, with [`wire::EncodedReadResponse`] and
+/// [`wire::EncodedSubscribeResponse`] for the two responses that carry records: the gateway
+/// writes the records' encoding itself, and passes a peer's through when it forwards. The
+/// calls, their paths and the bytes on the wire are those of [`v1`].
+pub mod encoded {
+    include!(concat!(env!("OUT_DIR"), "/encoded/kafka_lease.v1.rs"));
+}
+
+pub mod wire;
 
 /// The encoded `FileDescriptorSet` of `kafka_lease.v1`, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =

@@ -27,9 +27,10 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 use tonic::{Code, Request, Status};
 use tonic_types::StatusExt;
 
+use kafka_lease_proto::encoded::partition_lease_service_client::PartitionLeaseServiceClient;
 use kafka_lease_proto::v1;
 use kafka_lease_proto::v1::gateway_peer_service_client::GatewayPeerServiceClient;
-use kafka_lease_proto::v1::partition_lease_service_client::PartitionLeaseServiceClient;
+use kafka_lease_proto::wire::EncodedReadResponse;
 
 use crate::auth::Caller;
 use crate::coordination::LockBackend;
@@ -312,13 +313,7 @@ impl Peers {
                 return exactly(&status);
             }
         }
-        // What tonic makes up when a connection fails (refused, reset, a broken HTTP/2
-        // stream) is UNAVAILABLE, UNKNOWN or INTERNAL without details; anything else (a
-        // deadline, a cancellation, a method the peer does not have) is passed on as it is.
-        if !matches!(
-            status.code(),
-            Code::Unavailable | Code::Unknown | Code::Internal
-        ) {
+        if !connection_failed(&status) {
             return exactly(&status);
         }
         self.forget(instance);
@@ -372,12 +367,7 @@ impl Peers {
         let ours = status
             .get_details_error_info()
             .is_some_and(|info| info.domain == ERROR_DOMAIN);
-        if ours
-            || !matches!(
-                status.code(),
-                Code::Unavailable | Code::Unknown | Code::Internal
-            )
-        {
+        if ours || !connection_failed(&status) {
             return exactly(&status);
         }
         self.forget(&route.instance);
@@ -465,7 +455,7 @@ impl Peers {
 pub type Proxied<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 /// A Read's responses.
-pub type ReadResponses = Proxied<v1::ReadResponse>;
+pub type ReadResponses = Proxied<EncodedReadResponse>;
 
 /// How a proxied stream tells a failure of the other instance.
 #[derive(Debug)]
@@ -504,6 +494,23 @@ pub fn until_deadline(
             }
         },
     ))
+}
+
+/// Whether `status` is what tonic makes up when the connection to another instance fails
+/// (refused, reset, a broken HTTP/2 stream): UNAVAILABLE, UNKNOWN or INTERNAL without
+/// details, or CANCELLED without details, which hyper reports for a call sent on a pooled
+/// connection that closed under it (the other instance was killed a moment before). A
+/// status with this gateway's details is the other instance's answer; anything else (a
+/// deadline, a method the peer does not have) is passed on as it is. (A caller that
+/// cancels drops the forwarding call: no status comes back to map.)
+fn connection_failed(status: &Status) -> bool {
+    if status.get_details_error_info().is_some() {
+        return false;
+    }
+    matches!(
+        status.code(),
+        Code::Unavailable | Code::Unknown | Code::Internal | Code::Cancelled
+    )
 }
 
 /// `status` as the serving instance sent it: code, message and details (its ErrorInfo and
@@ -583,6 +590,24 @@ fn grpc_timeout(value: &str) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_closed_connection_is_told_from_the_other_instances_answer() {
+        // hyper's word for a call on a pooled connection that closed under it.
+        assert!(connection_failed(&Status::cancelled(
+            "operation was canceled"
+        )));
+        assert!(connection_failed(&Status::unavailable(
+            "connection refused"
+        )));
+        assert!(connection_failed(&Status::unknown("h2 protocol error")));
+        assert!(!connection_failed(&Status::deadline_exceeded("deadline")));
+        assert!(!connection_failed(&Status::unimplemented("no such method")));
+        // The other instance's own answer carries this gateway's details.
+        let answer = status_of(LeaseError::ShuttingDown);
+        assert!(answer.get_details_error_info().is_some());
+        assert!(!connection_failed(&answer));
+    }
 
     #[test]
     fn grpc_timeouts_parse_as_the_spec_writes_them() {

@@ -9,9 +9,10 @@ use futures::StreamExt;
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetail, ErrorInfo, RetryInfo, StatusExt};
 
+use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseService;
 use kafka_lease_proto::v1;
 use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerService;
-use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseService;
+use kafka_lease_proto::wire::EncodedSubscribeResponse;
 
 use crate::auth::{self, Action, Auth, Caller};
 use crate::coordination::CoordinationError;
@@ -22,7 +23,7 @@ use crate::forward::{
 };
 use crate::gateway::{lease_info, AcquireSpec, Gateway, ListedLease, Reset, SeekTarget};
 use crate::lease::lease_ref;
-use crate::lease::ReadLimits;
+use crate::lease::{ReadBatch, ReadLimits};
 use crate::subscribe::{Ended, SubscribeSpec, SubscriptionEvent};
 use crate::validate;
 
@@ -372,7 +373,7 @@ impl LeaseService {
     ) -> Result<Response<Resp>, Status>
     where
         F: FnOnce(
-            kafka_lease_proto::v1::partition_lease_service_client::PartitionLeaseServiceClient<
+            kafka_lease_proto::encoded::partition_lease_service_client::PartitionLeaseServiceClient<
                 tonic::transport::Channel,
             >,
             Request<Req>,
@@ -751,8 +752,9 @@ fn subscribe_spec(req: &v1::SubscribeRequest) -> Result<SubscribeSpec, LeaseErro
     })
 }
 
-/// A subscription event as the wire carries it.
-fn subscribe_response(event: SubscriptionEvent) -> v1::SubscribeResponse {
+/// A subscription event as the wire carries it. A records event's records are sent as the
+/// Read path encoded them.
+fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeResponse {
     use v1::subscribe_response::Event;
     let event = match event {
         SubscriptionEvent::Joined { member_id, gateway } => {
@@ -770,15 +772,16 @@ fn subscribe_response(event: SubscriptionEvent) -> v1::SubscribeResponse {
             lease_id,
             topic,
             partition,
-            response,
-        } => Event::Records(v1::SubscribedRecords {
-            lease_id,
-            topic,
-            partition,
-            seek_epoch: response.seek_epoch,
-            high_watermark: response.high_watermark,
-            records: response.records,
-        }),
+            batch,
+        } => {
+            return batch.records.into_subscribed(
+                &lease_id,
+                &topic,
+                partition,
+                batch.seek_epoch,
+                batch.high_watermark,
+            )
+        }
         SubscriptionEvent::Revoking {
             lease_id,
             topic,
@@ -822,7 +825,7 @@ fn subscribe_response(event: SubscriptionEvent) -> v1::SubscribeResponse {
             })
         }
     };
-    v1::SubscribeResponse { event: Some(event) }
+    EncodedSubscribeResponse::from_message(&v1::SubscribeResponse { event: Some(event) })
 }
 
 fn seek_target(req: &v1::SeekRequest) -> Result<SeekTarget, LeaseError> {
@@ -919,7 +922,7 @@ impl PartitionLeaseService for LeaseService {
             .await
             .map_err(status_of)?;
         Ok(Response::new(until_deadline(
-            Box::pin(stream.map(|item| item.map_err(status_of))),
+            Box::pin(stream.map(|item| item.map(ReadBatch::into_response).map_err(status_of))),
             deadline,
         )))
         })
@@ -927,7 +930,7 @@ impl PartitionLeaseService for LeaseService {
     }
 
     type SubscribeStream = std::pin::Pin<
-        Box<dyn futures::Stream<Item = Result<v1::SubscribeResponse, Status>> + Send>,
+        Box<dyn futures::Stream<Item = Result<EncodedSubscribeResponse, Status>> + Send>,
     >;
 
     async fn subscribe(

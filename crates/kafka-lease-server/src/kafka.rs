@@ -12,24 +12,23 @@
 //! pool so they never stall the reactor.
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use futures::FutureExt;
+use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, DefaultConsumerContext, StreamConsumer,
 };
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::task::JoinHandle;
 
-use kafka_lease_proto::v1;
-
 use crate::error::LeaseError;
 use crate::kafka_config::KafkaProperties;
+use crate::records::{EncodedRecords, Prepared};
 
 /// How long a partition queue waits for a wake-up before it looks again by itself.
 const REPOLL: Duration = Duration::from_millis(20);
@@ -873,17 +872,24 @@ impl GroupClient {
         Ok(PartitionFeed {
             client: self.clone(),
             topic: topic.to_string(),
+            topic_c: CString::new(topic).ok(),
             partition,
             queue,
             pulled_up_to: offset,
             pending: None,
+            batch_hint: 0,
         })
     }
 
     /// The high watermark librdkafka last saw in a fetch response, without a request.
-    #[allow(unsafe_code)]
     pub fn cached_high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
-        let topic = CString::new(topic).ok()?;
+        self.cached_high_watermark_of(&CString::new(topic).ok()?, partition)
+    }
+
+    /// [`Self::cached_high_watermark`] for a topic name already made a C string (the Read
+    /// path asks once per batch, without allocating).
+    #[allow(unsafe_code)]
+    fn cached_high_watermark_of(&self, topic: &CStr, partition: i32) -> Option<i64> {
         let (mut low, mut high) = (-1_i64, -1_i64);
         // SAFETY: the client handle is valid while `self.consumer` lives; the topic pointer
         // is a NUL-terminated string that outlives the call; librdkafka only writes the two
@@ -907,13 +913,18 @@ impl GroupClient {
 pub struct PartitionFeed {
     client: Arc<GroupClient>,
     topic: String,
+    /// `topic` for librdkafka's C API (never absent: topic names are validated).
+    topic_c: Option<CString>,
     partition: i32,
     queue: StreamPartitionQueue<DefaultConsumerContext>,
     /// The offset after the last record taken from the queue: where the queue stands.
     pulled_up_to: i64,
     /// A record taken from the queue but not delivered (it did not fit in a batch), with the
     /// lease position it follows.
-    pending: Option<(v1::KafkaRecord, i64)>,
+    pending: Option<(OwnedMessage, i64)>,
+    /// The size of the last batch filled from this partition: the next batch's buffer
+    /// starts this large, so that a drain's batches are written once, not grown by copying.
+    batch_hint: usize,
 }
 
 impl std::fmt::Debug for PartitionFeed {
@@ -969,24 +980,52 @@ impl PartitionFeed {
         Ok(())
     }
 
-    /// The next record if one is already queued, without waiting or arming a timer: the
-    /// per-record fast path of a batch.
-    pub fn try_next_record(&mut self) -> Option<v1::KafkaRecord> {
-        if let Some((record, _)) = self.pending.take() {
-            return Some(record);
+    /// Adds to `batch` what librdkafka already holds for the partition, without waiting or
+    /// arming a timer (the per-record fast path: one look at the queue per record). False
+    /// once the batch is full.
+    pub fn take_queued(
+        &mut self,
+        batch: &mut EncodedRecords,
+        from: i64,
+        limits: BatchLimits,
+    ) -> bool {
+        if let Some((message, _)) = self.pending.take() {
+            if !add(&mut self.pending, batch, &message, from, limits) {
+                return false;
+            }
         }
+        // One message stream for the whole look: each stream registers a waker slot with
+        // rdkafka (under its lock) when made and frees it when dropped, which per record
+        // would cost more than the record.
+        let mut stream = self.queue.stream();
         loop {
-            match self.queue.recv().now_or_never()? {
-                Ok(message) => return Some(pulled(&mut self.pulled_up_to, &message)),
-                Err(err) => self.log_fetch_error(&err),
+            let message = match stream.next().now_or_never() {
+                None => return true,
+                Some(None) => unreachable!("a partition queue's stream never ends"),
+                Some(Some(Ok(message))) => message,
+                Some(Some(Err(err))) => {
+                    log_fetch_error(&self.topic, self.partition, &err);
+                    continue;
+                }
+            };
+            self.pulled_up_to = message.offset() + 1;
+            if !add(&mut self.pending, batch, &message, from, limits) {
+                return false;
             }
         }
     }
 
-    /// The next record (cancel-safe). Transient fetch errors are logged and waited out.
-    pub async fn next_record(&mut self) -> v1::KafkaRecord {
-        if let Some((record, _)) = self.pending.take() {
-            return record;
+    /// Waits for the next record and adds it to `batch`; false once the batch is full.
+    /// Cancel-safe: a record leaves the queue only in the poll that adds it. Transient fetch
+    /// errors are logged and waited out.
+    pub async fn take_next(
+        &mut self,
+        batch: &mut EncodedRecords,
+        from: i64,
+        limits: BatchLimits,
+    ) -> bool {
+        if self.pending.is_some() {
+            return self.take_queued(batch, from, limits);
         }
         loop {
             // Look again every REPOLL even without a wake-up: a split partition queue can
@@ -994,74 +1033,97 @@ impl PartitionFeed {
             // issue #665), and a missed one then costs at most this. (The one-second
             // first-record delays once blamed on it had another cause: see `learn_topic`.)
             match tokio::time::timeout(REPOLL, self.queue.recv()).await {
-                Ok(Ok(message)) => return pulled(&mut self.pulled_up_to, &message),
+                Ok(Ok(message)) => {
+                    self.pulled_up_to = message.offset() + 1;
+                    return add(&mut self.pending, batch, &message, from, limits);
+                }
                 Ok(Err(err)) => self.log_fetch_error(&err),
                 Err(_) => {}
             }
         }
     }
 
-    /// Puts back a record that did not fit in a batch, to be the next one returned while the
-    /// lease stays at `position` (the offset after the last delivered record).
-    pub fn put_back(&mut self, record: v1::KafkaRecord, position: i64) {
-        self.pending = Some((record, position));
+    /// A buffer for the next batch, sized as the last one was (within `limits`).
+    pub fn new_batch(&self, limits: BatchLimits) -> EncodedRecords {
+        EncodedRecords::with_capacity(self.batch_hint.min(limits.max_bytes))
+    }
+
+    /// Notes the size of a filled batch, for [`Self::new_batch`].
+    pub fn filled(&mut self, batch: &EncodedRecords) {
+        self.batch_hint = batch.wire_len();
+    }
+
+    /// Whether every record up to the high watermark librdkafka last saw has been taken:
+    /// a batch need not wait for more.
+    pub fn caught_up(&self) -> bool {
+        self.pending.is_none()
+            && self
+                .cached_high_watermark()
+                .is_some_and(|high| self.pulled_up_to >= high)
     }
 
     fn log_fetch_error(&self, err: &KafkaError) {
-        tracing::warn!(topic = %self.topic, partition = self.partition, error = %err, "fetch error; librdkafka retries");
+        log_fetch_error(&self.topic, self.partition, err);
     }
 
     /// The high watermark as librdkafka last saw it, if it has seen one.
     pub fn cached_high_watermark(&self) -> Option<i64> {
         self.client
-            .cached_high_watermark(&self.topic, self.partition)
+            .cached_high_watermark_of(self.topic_c.as_deref()?, self.partition)
     }
 }
 
-/// The bytes a record adds to a ReadResponse on the wire, for `max_bytes`: its encoded size
-/// plus the field tag and length prefix, so a response of `max_bytes` stays within a client's
-/// default 4 MiB message limit.
-pub fn record_size(record: &v1::KafkaRecord) -> usize {
-    let len = prost::Message::encoded_len(record);
-    len + 1 + prost::length_delimiter_len(len)
+fn log_fetch_error(topic: &str, partition: i32, err: &KafkaError) {
+    tracing::warn!(%topic, partition, error = %err, "fetch error; librdkafka retries");
 }
 
-/// Converts a record taken from the queue, noting where the queue now stands.
-fn pulled(pulled_up_to: &mut i64, message: &BorrowedMessage<'_>) -> v1::KafkaRecord {
-    let record = record_of(message);
-    *pulled_up_to = record.offset + 1;
-    record
+/// How much a batch may hold.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchLimits {
+    pub max_records: usize,
+    /// Bytes for the records on the wire (see [`EncodedRecords::wire_len`]).
+    pub max_bytes: usize,
 }
 
-fn record_of(message: &BorrowedMessage<'_>) -> v1::KafkaRecord {
-    let (timestamp, timestamp_type) = match message.timestamp() {
-        rdkafka::Timestamp::NotAvailable => (None, v1::TimestampType::Unspecified),
-        rdkafka::Timestamp::CreateTime(ms) => (Some(ms), v1::TimestampType::CreateTime),
-        rdkafka::Timestamp::LogAppendTime(ms) => (Some(ms), v1::TimestampType::LogAppendTime),
-    };
-    let headers = message
-        .headers()
-        .map(|headers| {
-            headers
-                .iter()
-                .map(|h| v1::KafkaHeader {
-                    key: h.key.to_string(),
-                    value: h.value.map(<[u8]>::to_vec),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    v1::KafkaRecord {
-        offset: message.offset(),
-        key: message.key().map(<[u8]>::to_vec),
-        value: message.payload().map(<[u8]>::to_vec),
-        headers,
-        timestamp: timestamp.map(|ms| prost_types::Timestamp {
-            seconds: ms.div_euclid(1000),
-            nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
-        }),
-        timestamp_type: timestamp_type as i32,
+/// A message that can be kept past the queue's borrow.
+trait Keep: Message {
+    fn keep(&self) -> OwnedMessage;
+}
+
+impl Keep for BorrowedMessage<'_> {
+    fn keep(&self) -> OwnedMessage {
+        self.detach()
     }
+}
+
+impl Keep for OwnedMessage {
+    fn keep(&self) -> OwnedMessage {
+        self.clone()
+    }
+}
+
+/// Adds `message` to `batch`, which starts at `from`; false once the batch is full. A
+/// record that does not fit is kept in `pending`, to start the next batch; a record before
+/// the batch's next offset (pre-fetched before a reposition) is dropped, never delivered
+/// twice. The first record always fits, so a record larger than `max_bytes` goes alone.
+fn add<M: Keep>(
+    pending: &mut Option<(OwnedMessage, i64)>,
+    batch: &mut EncodedRecords,
+    message: &M,
+    from: i64,
+    limits: BatchLimits,
+) -> bool {
+    let expected = batch.last_offset().map_or(from, |last| last + 1);
+    if message.offset() < expected {
+        return true;
+    }
+    let prepared = Prepared::of(message);
+    if !batch.is_empty() && batch.wire_len() + prepared.wire_len() > limits.max_bytes {
+        *pending = Some((message.keep(), expected));
+        return false;
+    }
+    batch.push(message, &prepared);
+    batch.wire_len() < limits.max_bytes && batch.len() < limits.max_records
 }
 
 #[cfg(test)]

@@ -22,7 +22,9 @@ use kafka_lease_proto::v1;
 
 use crate::coordination::{FencingToken, LockBackend, LockGrant, LockKey, SessionState};
 use crate::error::{EndReason, LeaseError};
-use crate::kafka::{record_size, GroupClient, PartitionFeed};
+use crate::kafka::{BatchLimits, GroupClient, PartitionFeed};
+use crate::records::EncodedRecords;
+use kafka_lease_proto::wire::EncodedReadResponse;
 
 /// A new lease id for a lease served by `instance`: `<reference>.<secret>~<instance>`. The
 /// reference (64 random bits) is public: it is stored in Consul and names the lease in logs
@@ -492,9 +494,7 @@ enum Fill {
     Batch {
         epoch: u64,
         from: i64,
-        records: Vec<v1::KafkaRecord>,
-        /// Their size on the wire, as counted against `max_bytes`.
-        bytes: usize,
+        records: EncodedRecords,
         high_watermark: Option<i64>,
     },
     /// The Read must end: `None` with OK, else with the error.
@@ -541,75 +541,83 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
         return Fill::Again;
     }
 
-    let mut records: Vec<v1::KafkaRecord> = Vec::new();
-    let mut bytes = 0_usize;
-    // Room for the response's own fields (high watermark, epoch) beside the records.
-    let budget = limits.max_bytes.saturating_sub(32);
+    let batch_limits = BatchLimits {
+        max_records: limits.max_records,
+        // Room for the response's own fields (high watermark, epoch) beside the records.
+        max_bytes: limits.max_bytes.saturating_sub(32),
+    };
+    let mut records = feed.new_batch(batch_limits);
+    // Armed once the batch has a record: one clock read per batch, not per record.
     let mut deadline: Option<Instant> = None;
-    while records.len() < limits.max_records {
-        // Fast path: a record librdkafka already has is taken without arming timers (this
-        // loop runs once per record, so its overhead is the gateway's per-record cost).
-        if let Some(record) = feed.try_next_record() {
-            if !take(&mut records, &mut bytes, record, from, budget, feed) {
+    loop {
+        // Everything librdkafka already holds, without waiting or arming a timer.
+        if !feed.take_queued(&mut records, from, batch_limits) {
+            break;
+        }
+        if !records.is_empty() {
+            // Caught up with the partition: more records would have to be produced first,
+            // and max_wait is how long the gateway *may* wait. A partition still behind its
+            // high watermark waits for librdkafka's next fetch instead, to fill the batch.
+            if feed.caught_up() {
                 break;
             }
-            if deadline.is_none() {
-                deadline = Some(Instant::now() + limits.max_wait);
-            }
-            continue;
+            deadline.get_or_insert_with(|| Instant::now() + limits.max_wait);
         }
         let next = async {
             match deadline {
-                Some(at) => tokio::time::timeout_at(at, feed.next_record()).await.ok(),
-                None => Some(feed.next_record().await),
+                Some(at) => {
+                    tokio::time::timeout_at(at, feed.take_next(&mut records, from, batch_limits))
+                        .await
+                        .ok()
+                }
+                None => Some(feed.take_next(&mut records, from, batch_limits).await),
             }
         };
-        let record = tokio::select! {
+        let room = tokio::select! {
             biased;
             _ = interrupts.changed() => return Fill::Again,
-            record = next => record,
+            room = next => room,
         };
-        let Some(record) = record else { break };
-        if !take(&mut records, &mut bytes, record, from, budget, feed) {
-            break;
-        }
-        if deadline.is_none() {
-            deadline = Some(Instant::now() + limits.max_wait);
+        match room {
+            // The wait for more ran out.
+            None => break,
+            Some(false) => break,
+            Some(true) => {}
         }
     }
+    feed.filled(&records);
     let high_watermark = feed.cached_high_watermark();
     Fill::Batch {
         epoch,
         from,
         records,
-        bytes,
         high_watermark,
     }
 }
 
-/// Adds `record` to the batch being filled; false when the batch is full (the record is then
-/// put back for the next batch, or was the last that fits).
-fn take(
-    records: &mut Vec<v1::KafkaRecord>,
-    bytes: &mut usize,
-    record: v1::KafkaRecord,
-    from: i64,
-    budget: usize,
-    feed: &mut PartitionFeed,
-) -> bool {
-    let expected = records.last().map_or(from, |r| r.offset + 1);
-    if record.offset < expected {
-        // Pre-fetched before a reposition; never deliver a record twice.
-        return true;
+/// One batch of a Read: records encoded for the wire, with the response's other fields.
+#[derive(Debug)]
+pub struct ReadBatch {
+    pub records: EncodedRecords,
+    pub high_watermark: i64,
+    pub seek_epoch: u64,
+}
+
+impl ReadBatch {
+    /// The batch as the Read call sends it.
+    pub fn into_response(self) -> EncodedReadResponse {
+        self.records
+            .into_read_response(self.high_watermark, self.seek_epoch)
     }
-    let size = record_size(&record);
-    if !records.is_empty() && *bytes + size > budget {
-        feed.put_back(record, expected);
-        return false;
+
+    /// The batch decoded, as a client sees it (for tests; the Read path never decodes).
+    pub fn decode(&self) -> v1::ReadResponse {
+        v1::ReadResponse {
+            records: self.records.decode(),
+            high_watermark: self.high_watermark,
+            seek_epoch: self.seek_epoch,
+        }
     }
-    *bytes += size;
-    records.push(record);
-    *bytes < budget
 }
 
 /// The stream behind one Read call. Ends with `None` after Release; yields one error and
@@ -639,7 +647,7 @@ impl Drop for ReadStream {
 }
 
 impl futures::Stream for ReadStream {
-    type Item = Result<v1::ReadResponse, LeaseError>;
+    type Item = Result<ReadBatch, LeaseError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
@@ -666,7 +674,6 @@ impl futures::Stream for ReadStream {
                     epoch,
                     from,
                     records,
-                    bytes,
                     high_watermark,
                 } => {
                     // The handoff: under the state lock, so a Seek either happened before
@@ -683,13 +690,18 @@ impl futures::Stream for ReadStream {
                     if state.seek_epoch != epoch || state.position != from {
                         continue;
                     }
-                    let Some(last) = records.last() else { continue };
-                    state.position = last.offset + 1;
+                    let Some(last) = records.last_offset() else {
+                        continue;
+                    };
+                    state.position = last + 1;
                     this.lease.delivered.records.increment(records.len() as u64);
-                    this.lease.delivered.bytes.increment(bytes as u64);
+                    this.lease
+                        .delivered
+                        .bytes
+                        .increment(records.wire_len() as u64);
                     let high = high_watermark.unwrap_or(0).max(state.position);
                     state.high_watermark = state.high_watermark.max(high);
-                    let response = v1::ReadResponse {
+                    let response = ReadBatch {
                         records,
                         high_watermark: state.high_watermark,
                         seek_epoch: epoch,

@@ -2,7 +2,8 @@
 //! service.
 //!
 //! Layers, bottom up: [`coordination`] (locks; knows nothing of Kafka or gRPC), [`kafka`]
-//! (reading and offsets; knows nothing of locks or gRPC), [`lease`] and [`gateway`] (the
+//! (reading and offsets; knows nothing of locks or gRPC), [`records`] (records encoded
+//! straight from librdkafka's buffers into a response's bytes), [`lease`] and [`gateway`] (the
 //! lease rules, on both), [`grpc`] (validation and the one error-to-status mapping),
 //! [`forward`] (calls on leases other instances serve, sent on to them), [`tls`] and
 //! [`auth`] (transport security, identities and the policy), and [`server`] (running it all,
@@ -23,6 +24,7 @@ pub mod kafka;
 pub mod kafka_config;
 pub mod lease;
 pub mod metrics;
+pub mod records;
 pub mod server;
 pub mod subscribe;
 pub mod tls;

@@ -16,8 +16,8 @@ use tonic::transport::Server;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
+use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseServiceServer;
 use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerServiceServer;
-use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseServiceServer;
 
 use crate::auth::Auth;
 use crate::coordination::SessionState;

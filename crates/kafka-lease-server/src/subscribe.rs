@@ -26,13 +26,11 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
-use kafka_lease_proto::v1;
-
 use crate::balance;
 use crate::coordination::{MemberRecord, TopicView};
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, Gateway, Granted, Reset};
-use crate::lease::{Lease, ReadLimits};
+use crate::lease::{Lease, ReadBatch, ReadLimits};
 
 /// A validated Subscribe.
 #[derive(Clone, Debug)]
@@ -90,7 +88,7 @@ pub enum SubscriptionEvent {
         lease_id: String,
         topic: String,
         partition: i32,
-        response: v1::ReadResponse,
+        batch: ReadBatch,
     },
     Revoking {
         lease_id: String,
@@ -378,11 +376,7 @@ enum Done {
 /// One lease's Read in the merged stream: `((topic, partition), lease, Some(batch))`, then
 /// `(.., None)` when it ends by itself.
 type LeaseRead = Pin<Box<dyn Stream<Item = ReadItem> + Send>>;
-type ReadItem = (
-    (String, i32),
-    String,
-    Option<Result<v1::ReadResponse, LeaseError>>,
-);
+type ReadItem = ((String, i32), String, Option<Result<ReadBatch, LeaseError>>);
 
 /// A member id claimed on this instance, freed when the subscription's task is done.
 struct MemberClaim {
@@ -482,7 +476,7 @@ impl Member {
         &mut self,
         (topic, partition): (String, i32),
         lease_id: String,
-        item: Option<Result<v1::ReadResponse, LeaseError>>,
+        item: Option<Result<ReadBatch, LeaseError>>,
         permit: &mut Option<mpsc::OwnedPermit<SubscriptionEvent>>,
     ) {
         // Nothing of a lease that has moved on, or is being revoked (its Read was stopped,
@@ -495,13 +489,13 @@ impl Member {
             return;
         }
         match item {
-            Some(Ok(response)) => {
+            Some(Ok(batch)) => {
                 if let Some(permit) = permit.take() {
                     permit.send(SubscriptionEvent::Records {
                         lease_id,
                         topic,
                         partition,
-                        response,
+                        batch,
                     });
                 }
             }

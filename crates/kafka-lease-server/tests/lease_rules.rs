@@ -79,7 +79,8 @@ async fn next(stream: &mut ReadStream) -> (u64, Vec<i64>) {
         .await
         .expect("a response in time")
         .expect("the stream is open")
-        .expect("a batch");
+        .expect("a batch")
+        .decode();
     (
         response.seek_epoch,
         response.records.iter().map(|r| r.offset).collect(),

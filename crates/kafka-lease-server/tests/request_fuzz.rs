@@ -9,8 +9,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseService as _;
 use kafka_lease_proto::v1;
-use kafka_lease_proto::v1::partition_lease_service_server::PartitionLeaseService as _;
 use kafka_lease_server::coordination::memory::{MemoryLockStore, MemoryLocks};
 use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::{DevKafka, DEMO_TOPIC};

@@ -1,0 +1,430 @@
+//! Kafka records encoded straight into a response's bytes.
+//!
+//! A batch is one buffer holding the records' protobuf encoding as `ReadResponse.records`
+//! carries them (each one a field-1 key, a length and a `KafkaRecord`), written from
+//! librdkafka's message buffers with no per-record allocation. The encoding is byte for byte
+//! what prost writes for the same `v1::KafkaRecord` (the tests check it), so a client sees no
+//! difference.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_lease_proto::v1;
+use kafka_lease_proto::wire::{EncodedReadResponse, EncodedSubscribeResponse};
+use prost::encoding::{encode_varint, encoded_len_varint};
+use rdkafka::message::{Headers, Message};
+
+/// `ReadResponse.records`, `.high_watermark`, `.seek_epoch`.
+const READ_RECORDS: u8 = 1;
+const READ_HIGH_WATERMARK: u8 = 2;
+const READ_SEEK_EPOCH: u8 = 3;
+/// `SubscribeResponse.records` (the oneof's `SubscribedRecords`) and its fields.
+const SUBSCRIBE_RECORDS: u8 = 3;
+const SUBSCRIBED_LEASE_ID: u8 = 1;
+const SUBSCRIBED_TOPIC: u8 = 2;
+const SUBSCRIBED_PARTITION: u8 = 3;
+const SUBSCRIBED_SEEK_EPOCH: u8 = 4;
+const SUBSCRIBED_HIGH_WATERMARK: u8 = 5;
+const SUBSCRIBED_RECORDS: u8 = 6;
+
+const VARINT: u8 = 0;
+const LENGTH_DELIMITED: u8 = 2;
+
+/// The key byte of field `field` (below 16) with `wire_type`.
+const fn key(field: u8, wire_type: u8) -> u8 {
+    (field << 3) | wire_type
+}
+
+/// A message's fields as the encoding needs them, read from librdkafka once.
+#[derive(Debug)]
+pub struct Prepared<'a> {
+    offset: i64,
+    key: Option<&'a [u8]>,
+    value: Option<&'a [u8]>,
+    /// The timestamp as `google.protobuf.Timestamp` (seconds, nanos), when there is one.
+    timestamp: Option<(i64, i32)>,
+    timestamp_type: v1::TimestampType,
+    /// The encoded length of the whole `KafkaRecord`.
+    body_len: usize,
+    /// The encoded length of the `Timestamp` message.
+    timestamp_len: usize,
+}
+
+impl<'a> Prepared<'a> {
+    /// Reads `message`'s fields and sizes its encoding.
+    pub fn of<M: Message>(message: &'a M) -> Self {
+        let (timestamp_ms, timestamp_type) = match message.timestamp() {
+            rdkafka::Timestamp::NotAvailable => (None, v1::TimestampType::Unspecified),
+            rdkafka::Timestamp::CreateTime(ms) => (Some(ms), v1::TimestampType::CreateTime),
+            rdkafka::Timestamp::LogAppendTime(ms) => (Some(ms), v1::TimestampType::LogAppendTime),
+        };
+        let timestamp = timestamp_ms.map(|ms| {
+            (
+                ms.div_euclid(1000),
+                (ms.rem_euclid(1000) * 1_000_000) as i32,
+            )
+        });
+        let timestamp_len = timestamp.map_or(0, |(seconds, nanos)| {
+            int_field_len(seconds) + int_field_len(i64::from(nanos))
+        });
+        let mut prepared = Prepared {
+            offset: message.offset(),
+            key: message.key(),
+            value: message.payload(),
+            timestamp,
+            timestamp_type,
+            body_len: 0,
+            timestamp_len,
+        };
+        let mut len = int_field_len(prepared.offset)
+            + prepared.key.map_or(0, bytes_field_len)
+            + prepared.value.map_or(0, bytes_field_len)
+            + int_field_len(timestamp_type as i64);
+        if timestamp.is_some() {
+            len += delimited_len(timestamp_len);
+        }
+        if let Some(headers) = message.headers() {
+            for header in headers.iter() {
+                len += delimited_len(header_len(header.key, header.value));
+            }
+        }
+        prepared.body_len = len;
+        prepared
+    }
+
+    /// The record's offset.
+    pub fn offset(&self) -> i64 {
+        self.offset
+    }
+
+    /// The bytes this record adds to a response: its encoding, key and length prefix.
+    pub fn wire_len(&self) -> usize {
+        delimited_len(self.body_len)
+    }
+}
+
+/// The size of a one-byte key, a length prefix and `len` bytes.
+fn delimited_len(len: usize) -> usize {
+    1 + encoded_len_varint(len as u64) + len
+}
+
+/// An optional bytes field, present (even empty).
+fn bytes_field_len(bytes: &[u8]) -> usize {
+    delimited_len(bytes.len())
+}
+
+/// An int64/int32/enum field under proto3 rules: absent when zero.
+fn int_field_len(value: i64) -> usize {
+    if value == 0 {
+        0
+    } else {
+        1 + encoded_len_varint(value as u64)
+    }
+}
+
+fn header_len(key: &str, value: Option<&[u8]>) -> usize {
+    let key_len = if key.is_empty() {
+        0
+    } else {
+        delimited_len(key.len())
+    };
+    key_len + value.map_or(0, bytes_field_len)
+}
+
+fn put_delimited(buf: &mut BytesMut, field: u8, bytes: &[u8]) {
+    buf.put_u8(key(field, LENGTH_DELIMITED));
+    encode_varint(bytes.len() as u64, buf);
+    buf.put_slice(bytes);
+}
+
+fn put_int(buf: &mut BytesMut, field: u8, value: i64) {
+    if value != 0 {
+        buf.put_u8(key(field, VARINT));
+        encode_varint(value as u64, buf);
+    }
+}
+
+/// Consecutive records of one partition, encoded as `ReadResponse.records`.
+#[derive(Debug, Default)]
+pub struct EncodedRecords {
+    buf: BytesMut,
+    count: usize,
+    last_offset: Option<i64>,
+}
+
+impl EncodedRecords {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty batch with room for `bytes` of records (and the response's own fields).
+    pub fn with_capacity(bytes: usize) -> Self {
+        EncodedRecords {
+            buf: BytesMut::with_capacity(bytes + 32),
+            ..Self::default()
+        }
+    }
+
+    /// How many records the batch holds.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The bytes the records take in a response, as counted against `max_bytes`.
+    pub fn wire_len(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The offset of the last record, if any.
+    pub fn last_offset(&self) -> Option<i64> {
+        self.last_offset
+    }
+
+    /// Appends `message`, prepared as `prepared`.
+    pub fn push<M: Message>(&mut self, message: &M, prepared: &Prepared<'_>) {
+        let buf = &mut self.buf;
+        buf.reserve(prepared.wire_len());
+        buf.put_u8(key(READ_RECORDS, LENGTH_DELIMITED));
+        encode_varint(prepared.body_len as u64, buf);
+        put_int(buf, 1, prepared.offset);
+        if let Some(key) = prepared.key {
+            put_delimited(buf, 2, key);
+        }
+        if let Some(value) = prepared.value {
+            put_delimited(buf, 3, value);
+        }
+        if let Some(headers) = message.headers() {
+            for header in headers.iter() {
+                buf.put_u8(key(4, LENGTH_DELIMITED));
+                encode_varint(header_len(header.key, header.value) as u64, buf);
+                if !header.key.is_empty() {
+                    put_delimited(buf, 1, header.key.as_bytes());
+                }
+                if let Some(value) = header.value {
+                    put_delimited(buf, 2, value);
+                }
+            }
+        }
+        if let Some((seconds, nanos)) = prepared.timestamp {
+            buf.put_u8(key(5, LENGTH_DELIMITED));
+            encode_varint(prepared.timestamp_len as u64, buf);
+            put_int(buf, 1, seconds);
+            put_int(buf, 2, i64::from(nanos));
+        }
+        put_int(buf, 6, prepared.timestamp_type as i64);
+        self.count += 1;
+        self.last_offset = Some(prepared.offset);
+    }
+
+    /// The records as a `ReadResponse`.
+    pub fn into_read_response(self, high_watermark: i64, seek_epoch: u64) -> EncodedReadResponse {
+        let mut buf = self.buf;
+        buf.reserve(2 + 2 * 10);
+        put_int(&mut buf, READ_HIGH_WATERMARK, high_watermark);
+        put_int(&mut buf, READ_SEEK_EPOCH, seek_epoch as i64);
+        EncodedReadResponse::from_parts(vec![buf.freeze()])
+    }
+
+    /// The records as a `SubscribeResponse` with a `records` event.
+    pub fn into_subscribed(
+        self,
+        lease_id: &str,
+        topic: &str,
+        partition: i32,
+        seek_epoch: u64,
+        high_watermark: i64,
+    ) -> EncodedSubscribeResponse {
+        let mut records = self.buf;
+        // The same records under SubscribedRecords' field number: only each record's key byte
+        // differs.
+        let mut at = 0;
+        while at < records.len() {
+            debug_assert_eq!(records[at], key(READ_RECORDS, LENGTH_DELIMITED));
+            records[at] = key(SUBSCRIBED_RECORDS, LENGTH_DELIMITED);
+            let mut rest = &records[at + 1..];
+            let before = rest.len();
+            let len = prost::encoding::decode_varint(&mut rest)
+                .expect("a record's length prefix, written by push") as usize;
+            at += 1 + (before - rest.len()) + len;
+        }
+        let mut fields = BytesMut::with_capacity(32 + lease_id.len() + topic.len());
+        if !lease_id.is_empty() {
+            put_delimited(&mut fields, SUBSCRIBED_LEASE_ID, lease_id.as_bytes());
+        }
+        if !topic.is_empty() {
+            put_delimited(&mut fields, SUBSCRIBED_TOPIC, topic.as_bytes());
+        }
+        put_int(&mut fields, SUBSCRIBED_PARTITION, i64::from(partition));
+        put_int(&mut fields, SUBSCRIBED_SEEK_EPOCH, seek_epoch as i64);
+        put_int(&mut fields, SUBSCRIBED_HIGH_WATERMARK, high_watermark);
+        let event_len = fields.len() + records.len();
+        let mut head = BytesMut::with_capacity(1 + 10 + fields.len());
+        head.put_u8(key(SUBSCRIBE_RECORDS, LENGTH_DELIMITED));
+        encode_varint(event_len as u64, &mut head);
+        head.put_slice(&fields);
+        EncodedSubscribeResponse::from_parts(vec![head.freeze(), records.freeze()])
+    }
+
+    /// The records, decoded (for tests and tools; the Read path never decodes).
+    pub fn decode(&self) -> Vec<v1::KafkaRecord> {
+        let response: v1::ReadResponse = prost::Message::decode(Bytes::copy_from_slice(&self.buf))
+            .expect("records encoded by push decode");
+        response.records
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use prost::Message as _;
+    use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+
+    /// `message` as the previous Read path built it with prost.
+    fn as_prost(message: &OwnedMessage) -> v1::KafkaRecord {
+        let prepared = Prepared::of(message);
+        v1::KafkaRecord {
+            offset: message.offset(),
+            key: message.key().map(<[u8]>::to_vec),
+            value: message.payload().map(<[u8]>::to_vec),
+            headers: message
+                .headers()
+                .map(|headers| {
+                    headers
+                        .iter()
+                        .map(|h| v1::KafkaHeader {
+                            key: h.key.to_string(),
+                            value: h.value.map(<[u8]>::to_vec),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            timestamp: prepared
+                .timestamp
+                .map(|(seconds, nanos)| prost_types::Timestamp { seconds, nanos }),
+            timestamp_type: prepared.timestamp_type as i32,
+        }
+    }
+
+    fn message(
+        offset: i64,
+        key: Option<Vec<u8>>,
+        value: Option<Vec<u8>>,
+        headers: Vec<(String, Option<Vec<u8>>)>,
+        timestamp: rdkafka::Timestamp,
+    ) -> OwnedMessage {
+        let headers = (!headers.is_empty()).then(|| {
+            headers
+                .iter()
+                .fold(OwnedHeaders::new(), |all, (key, value)| {
+                    all.insert(Header {
+                        key: key.as_str(),
+                        value: value.as_deref(),
+                    })
+                })
+        });
+        OwnedMessage::new(value, key, "t".into(), timestamp, 0, offset, headers)
+    }
+
+    fn timestamps() -> impl Strategy<Value = rdkafka::Timestamp> {
+        prop_oneof![
+            Just(rdkafka::Timestamp::NotAvailable),
+            any::<i64>().prop_map(|ms| rdkafka::Timestamp::CreateTime(ms / 2)),
+            (-2000_i64..2000).prop_map(rdkafka::Timestamp::LogAppendTime),
+        ]
+    }
+
+    fn messages() -> impl Strategy<Value = OwnedMessage> {
+        (
+            prop_oneof![Just(0_i64), 0_i64..300, any::<i64>().prop_map(i64::abs)],
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..40)),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..300)),
+            proptest::collection::vec(
+                (
+                    "[a-z]{0,5}",
+                    proptest::option::of(proptest::collection::vec(any::<u8>(), 0..9)),
+                ),
+                0..4,
+            ),
+            timestamps(),
+        )
+            .prop_map(|(offset, key, value, headers, timestamp)| {
+                message(offset, key, value, headers, timestamp)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn records_encode_byte_for_byte_as_prost_does(
+            batch in proptest::collection::vec(messages(), 0..6),
+            high_watermark in any::<i64>(),
+            seek_epoch in any::<u64>(),
+        ) {
+            let mut records = EncodedRecords::new();
+            let mut expected = v1::ReadResponse { high_watermark, seek_epoch, ..Default::default() };
+            let mut wire = 0;
+            for message in &batch {
+                let prepared = Prepared::of(message);
+                let record = as_prost(message);
+                let len = record.encoded_len();
+                prop_assert_eq!(prepared.wire_len(), 1 + prost::length_delimiter_len(len) + len);
+                wire += prepared.wire_len();
+                records.push(message, &prepared);
+                expected.records.push(record);
+            }
+            prop_assert_eq!(records.wire_len(), wire);
+            prop_assert_eq!(records.len(), batch.len());
+            prop_assert_eq!(records.decode(), expected.records.clone());
+
+            let subscribed = v1::SubscribeResponse {
+                event: Some(v1::subscribe_response::Event::Records(v1::SubscribedRecords {
+                    lease_id: "l-1.gw".into(),
+                    topic: "orders".into(),
+                    partition: 3,
+                    seek_epoch,
+                    high_watermark,
+                    records: expected.records.clone(),
+                })),
+            };
+            let mut again = EncodedRecords::new();
+            for message in &batch {
+                again.push(message, &Prepared::of(message));
+            }
+            let read = records.into_read_response(high_watermark, seek_epoch);
+            prop_assert_eq!(read.encode_to_vec(), expected.encode_to_vec());
+            let sub = again.into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
+            prop_assert_eq!(sub.encode_to_vec(), subscribed.encode_to_vec());
+        }
+    }
+
+    #[test]
+    fn absent_and_empty_stay_different() {
+        let empty = message(
+            0,
+            Some(Vec::new()),
+            Some(Vec::new()),
+            vec![(String::new(), Some(Vec::new())), ("k".into(), None)],
+            rdkafka::Timestamp::CreateTime(0),
+        );
+        let absent = message(7, None, None, Vec::new(), rdkafka::Timestamp::NotAvailable);
+        let mut records = EncodedRecords::new();
+        records.push(&empty, &Prepared::of(&empty));
+        records.push(&absent, &Prepared::of(&absent));
+        assert_eq!(records.last_offset(), Some(7));
+        let decoded = records.decode();
+        assert_eq!(decoded[0].key, Some(Vec::new()));
+        assert_eq!(decoded[0].value, Some(Vec::new()));
+        assert_eq!(decoded[0].headers[0].value, Some(Vec::new()));
+        assert_eq!(decoded[0].headers[1].value, None);
+        assert_eq!(
+            decoded[0].timestamp,
+            Some(prost_types::Timestamp::default())
+        );
+        assert_eq!(decoded[1].key, None);
+        assert_eq!(decoded[1].value, None);
+        assert_eq!(decoded[1].timestamp, None);
+        assert_eq!(decoded[1].offset, 7);
+    }
+}
