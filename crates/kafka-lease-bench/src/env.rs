@@ -195,21 +195,30 @@ pub(crate) fn proc_status(pid: u32) -> Result<(u64, u64)> {
 /// CPU time (user + system, every thread) a process has used so far, from
 /// `/proc/<pid>/stat`, in seconds (clock-tick resolution, 10 ms on Linux).
 pub(crate) fn proc_cpu_seconds(pid: u32) -> Result<f64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU time (user + system) the calling thread has used so far, from
+/// `/proc/thread-self/stat`, in seconds.
+pub(crate) fn thread_cpu_seconds() -> Result<f64> {
+    stat_cpu_seconds("/proc/thread-self/stat")
+}
+
+fn stat_cpu_seconds(path: &str) -> Result<f64> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     // The command name, field 2, is in parentheses and may hold spaces: count from after it.
     let rest = text
         .rsplit_once(')')
         .map(|(_, rest)| rest)
-        .ok_or_else(|| anyhow!("/proc/{pid}/stat has no command name"))?;
+        .ok_or_else(|| anyhow!("{path} has no command name"))?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the line; `rest` starts at field 3.
     let ticks = |i: usize| -> Result<u64> {
         fields
             .get(i)
-            .ok_or_else(|| anyhow!("/proc/{pid}/stat is short"))?
+            .ok_or_else(|| anyhow!("{path} is short"))?
             .parse::<u64>()
-            .with_context(|| format!("parsing /proc/{pid}/stat field {}", i + 3))
+            .with_context(|| format!("parsing {path} field {}", i + 3))
     };
     Ok((ticks(11)? + ticks(12)?) as f64 / clock_ticks_per_second())
 }

@@ -351,7 +351,13 @@ pub async fn run(config: Config) -> Result<Vec<ScenarioResult>> {
                         r.unit,
                         r.ratio.map_or("n/a".into(), |x| format!("{x:.3}")),
                         r.goal,
-                        if r.met { "met" } else { "MISSED" }
+                        if r.goal == report::NO_GOAL {
+                            "reference"
+                        } else if r.met {
+                            "met"
+                        } else {
+                            "MISSED"
+                        }
                     ));
                 }
                 results.extend(rows);

@@ -8,6 +8,9 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+/// The goal of a reference row (a limit or a cost to compare against, not a target).
+pub(crate) const NO_GOAL: &str = "none (reference)";
+
 /// One row of the results: the gateway's figure, the baseline's, their ratio, the goal and
 /// whether it was met, plus any detail fields (percentiles, counts, settings).
 #[derive(Debug, Clone, Serialize)]
@@ -30,7 +33,7 @@ pub struct ScenarioResult {
     pub ratio_definition: String,
     /// The goal, as text (e.g. `">= 0.9"`).
     pub goal: String,
-    /// Whether the goal was met.
+    /// Whether the goal was met (true for a row with [`NO_GOAL`]).
     pub met: bool,
     /// A one-line summary for the Markdown table.
     pub summary: String,
@@ -247,7 +250,13 @@ pub(crate) fn markdown(results: &[ScenarioResult], chart_prefix: &str) -> String
             fmt_num(r.baseline),
             r.ratio.map_or("n/a".to_string(), |x| format!("{x:.3}")),
             r.goal.replace('|', "\\|"),
-            if r.met { "yes" } else { "**no**" },
+            if r.goal == NO_GOAL {
+                "-"
+            } else if r.met {
+                "yes"
+            } else {
+                "**no**"
+            },
             r.summary.replace('|', "\\|"),
         );
     }
