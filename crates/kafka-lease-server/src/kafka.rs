@@ -52,6 +52,16 @@ const RECONNECT_BACKOFF_MS: &str = "20";
 /// (1000 / this per second per client and broker).
 const FETCH_WAIT_MAX_MS: &str = "20";
 
+/// librdkafka's `fetch.queue.backoff.ms` for the group clients: how long a partition whose
+/// pre-fetch queue is full (`queued.max.messages.kbytes`) waits before librdkafka looks at it
+/// again. A Read that drains its partition slower than the broker serves it finds the queue
+/// full after every fetch, and nothing is fetched for this long: at 10 ms a 1 KiB drain ran
+/// at 0.68 of its rate at 2 ms (docs/BENCHMARKS.md, "The prefetch queue's back-off").
+/// librdkafka's default, 1 s, would stall such a Read for a second at a time. A full queue
+/// whose client does not read costs no measurable CPU at 2 ms (100 stalled leases: 8
+/// millicores, as at 10 ms).
+const FETCH_QUEUE_BACKOFF_MS: &str = "2";
+
 /// How long a group client's lookup of a topic's leaders is trusted (librdkafka keeps
 /// topic metadata for 3 x `topic.metadata.refresh.interval.ms`, 90 s, and refreshes that of
 /// the partitions it fetches every 30 s).
@@ -705,9 +715,7 @@ impl GroupClient {
                 settings.queue_kbytes_per_partition.to_string(),
             )
             .set("queued.min.messages", "10000")
-            // Without this, a partition whose queue filled up waits a full second before it
-            // fetches again once the client drains it.
-            .set("fetch.queue.backoff.ms", "10")
+            .set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
             .set("fetch.wait.max.ms", FETCH_WAIT_MAX_MS);
         settings.apply_options(&mut config);
         let consumer: LeaseConsumer = settings.create(&config, "creating the group client")?;
