@@ -1,12 +1,12 @@
 //! The benchmark's surroundings: the real services, the real gateway binary as child
 //! processes, topics and records on the real broker, and `/proc` figures of a process.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use futures::StreamExt;
 use kafka_lease_client::Client;
 use kafka_lease_testkit::{GatewayProcess, Services};
@@ -29,12 +29,86 @@ pub(crate) struct Env {
     pub(crate) progress: Progress,
     /// Unique per run: Consul prefixes, topics and groups carry it.
     pub(crate) run_id: String,
+    /// The Go client's drain program, built on first use (see [`Env::go_drain`]).
+    pub(crate) go_drain: tokio::sync::OnceCell<Option<PathBuf>>,
 }
 
 impl Env {
     /// A name unique to this run and `what`, valid as a topic, group and key segment.
     pub(crate) fn name(&self, what: &str) -> String {
         kafka_lease_testkit::unique_name(&format!("bench-{what}"))
+    }
+
+    /// The Go client's drain program (`clients/go/examples/drain`), built once per run into
+    /// the output folder with the Go client tests' caches (`.cache/clients/go`). `None`, said
+    /// once, when `go` is not on PATH; under `CI=true` that is an error.
+    pub(crate) async fn go_drain(&self) -> Result<Option<PathBuf>> {
+        self.go_drain
+            .get_or_try_init(|| self.build_go_drain())
+            .await
+            .cloned()
+    }
+
+    async fn build_go_drain(&self) -> Result<Option<PathBuf>> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let source = root.join("clients/go");
+        let has_go = std::process::Command::new("go")
+            .arg("version")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !has_go || !source.join("examples/drain").is_dir() {
+            let why = if has_go {
+                format!("{} is missing", source.join("examples/drain").display())
+            } else {
+                "go is not on PATH".to_string()
+            };
+            if kafka_lease_testkit::is_ci() {
+                bail!("the Go client arm of the drain scenarios cannot run: {why}");
+            }
+            self.progress.say(format!(
+                "the Go client arm of the drain scenarios is skipped: {why} (install Go 1.23 or newer to measure it)"
+            ));
+            return Ok(None);
+        }
+        let out_dir = self.log_dir.parent().unwrap_or(&self.log_dir);
+        let binary =
+            std::path::absolute(out_dir.join("go-drain")).context("the Go drain program's path")?;
+        let cache = std::path::absolute(root.join(".cache/clients/go"))
+            .context("the Go client's cache path")?;
+        let building = Arc::new(AtomicU64::new(0));
+        let _ticker = self.progress.ticker(
+            "building the Go client's drain program (clients/go/examples/drain)",
+            building.clone(),
+            1,
+            "builds",
+        );
+        let started = Instant::now();
+        let output = tokio::process::Command::new("go")
+            .current_dir(&source)
+            .args(["build", "-o"])
+            .arg(&binary)
+            .arg("./examples/drain")
+            .env("GOTOOLCHAIN", "local")
+            .env("GOFLAGS", "-modcacherw")
+            .env("GOPATH", cache.join("gopath"))
+            .env("GOMODCACHE", cache.join("gopath/pkg/mod"))
+            .env("GOCACHE", cache.join("gocache"))
+            .output()
+            .await
+            .context("running go build")?;
+        if !output.status.success() {
+            bail!(
+                "go build of clients/go/examples/drain failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        building.store(1, Ordering::Relaxed);
+        self.progress.say(format!(
+            "built the Go client's drain program in {:.1}s",
+            started.elapsed().as_secs_f64()
+        ));
+        Ok(Some(binary))
     }
 
     /// A fresh Consul key prefix for one scenario.
@@ -85,7 +159,7 @@ impl Env {
             .set("auto.offset.reset", "earliest")
             .set("queued.max.messages.kbytes", fetch_queue_kbytes)
             .set("queued.min.messages", "10000")
-            .set("fetch.queue.backoff.ms", "10")
+            .set("fetch.queue.backoff.ms", "2")
             .set("fetch.wait.max.ms", "20");
         for (k, v) in options {
             config.set(k, v);

@@ -294,6 +294,7 @@ pub async fn run(config: Config) -> Result<Vec<ScenarioResult>> {
         plan,
         progress: progress.clone(),
         run_id: run_id.clone(),
+        go_drain: tokio::sync::OnceCell::new(),
     };
     let started_at = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -125,6 +125,26 @@ fn every_scenario_runs_in_smoke_mode_and_writes_well_formed_results() {
             );
         }
     }
+    // The Go client arm runs wherever Go is (CI has it: the client tests need it).
+    let has_go = Command::new("go")
+        .arg("version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if has_go || kafka_lease_testkit::is_ci() {
+        for name in ["drain-1p-1KiB-go", "drain-1p-100B-go"] {
+            let row = rows
+                .iter()
+                .find(|r| r["name"] == name)
+                .unwrap_or_else(|| panic!("results.json has no row {name}"));
+            assert!(number(row, "gateway") > 0.0, "{name}: the Go client's rate");
+            assert!(number(row, "go_client_cpu_us_per_record") >= 0.0);
+            assert!(number(row, "rust_client_records_per_s") > 0.0);
+            assert!(
+                out.join(format!("{name}.svg")).is_file(),
+                "{name}.svg missing"
+            );
+        }
+    }
     for name in ["drain-1p-1KiB", "drain-1p-100B", "drain-16p"] {
         let row = rows.iter().find(|r| r["name"] == name).expect("drain row");
         assert!(number(row, "gateway_mb_per_s") > 0.0);

@@ -2,6 +2,7 @@
 //! (the Rust client crate over loopback) versus a direct rdkafka consumer.
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +32,7 @@ pub(crate) const CONSUMER_STYLE: &str =
      poll() of the consumer's queue in a loop on one dedicated thread, one message at a time; \
      librdkafka settings as the gateway's per-group consumer (GroupClient::new: \
      queued.max.messages.kbytes=2048, queued.min.messages=10000, fetch.wait.max.ms=20, \
-     fetch.queue.backoff.ms=10, reconnect.backoff.ms=20, auto commit off)";
+     fetch.queue.backoff.ms=2, reconnect.backoff.ms=20, auto commit off)";
 
 /// How long one drain may take before the scenario fails.
 const DRAIN_DEADLINE: Duration = Duration::from_secs(600);
@@ -471,12 +472,17 @@ fn direct_drain_blocking(
 async fn rounds(
     env: &Env,
     name: &str,
-    gateway_pid: u32,
-    clients: &[Client],
+    side: GatewaySide<'_>,
     topic: &str,
     layout: &[Vec<i32>],
     per_partition: u64,
-) -> Result<(Vec<(DrainRun, DrainRun)>, Vec<DrainRun>)> {
+) -> Result<Arms> {
+    let GatewaySide {
+        gateway,
+        clients,
+        go_client,
+    } = side;
+    let gateway_pid = gateway.pid();
     let partitions: Vec<i32> = layout.iter().flatten().copied().collect();
     let total = per_partition * partitions.len() as u64;
     let warm = (per_partition / 10).max(1);
@@ -487,8 +493,12 @@ async fn rounds(
     gateway_drain(env, clients, None, topic, layout, warm, Arc::default()).await?;
     direct_drain(env, topic, &partitions, warm, Arc::default()).await?;
     relay_drain(env, topic, &partitions, warm, Arc::default()).await?;
+    if let Some(binary) = go_client {
+        go_drain(env, binary, gateway, topic, layout, warm, Arc::default()).await?;
+    }
     let mut out = Vec::new();
     let mut relays = Vec::new();
+    let mut gos = Vec::new();
     for round in 1..=env.plan.rounds {
         let label = format!("{name} round {round}/{}", env.plan.rounds);
         let done = Arc::new(AtomicU64::new(0));
@@ -545,10 +555,246 @@ async fn rounds(
             r.mb_s(),
             r.cpu_us_per_record().unwrap_or(f64::NAN)
         ));
+        if let Some(binary) = go_client {
+            let done = Arc::new(AtomicU64::new(0));
+            let _t =
+                env.progress
+                    .ticker(format!("{label} Go client"), done.clone(), total, "records");
+            let cpu0 = proc_cpu_seconds(gateway_pid)?;
+            let mut run =
+                go_drain(env, binary, gateway, topic, layout, per_partition, done).await?;
+            run.cpu_secs = Some(proc_cpu_seconds(gateway_pid)? - cpu0);
+            env.progress.say(format!(
+                "  {label} Go client: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s; gateway CPU {:.2} us/record, Go client CPU {:.2} us/record",
+                run.secs,
+                run.first_record_secs,
+                run.rate(),
+                run.mb_s(),
+                run.cpu_us_per_record().unwrap_or(f64::NAN),
+                run.client_cpu_us_per_record().unwrap_or(f64::NAN)
+            ));
+            gos.push(run);
+        }
         out.push((g, d));
         relays.push(r);
     }
-    Ok((out, relays))
+    Ok(Arms {
+        runs: out,
+        relays,
+        gos,
+    })
+}
+
+/// The gateway's side of a drain scenario: the gateway, the Rust clients connected to it,
+/// and the Go client's drain program when the Go arm runs.
+#[derive(Clone, Copy)]
+struct GatewaySide<'a> {
+    gateway: &'a Gateway,
+    clients: &'a [Client],
+    go_client: Option<&'a Path>,
+}
+
+/// Every arm's drains of one scenario, round by round.
+struct Arms {
+    /// (gateway with the Rust client, direct consumer) per round.
+    runs: Vec<(DrainRun, DrainRun)>,
+    /// The relay arm per round.
+    relays: Vec<DrainRun>,
+    /// The Go client arm per round; empty when it did not run.
+    gos: Vec<DrainRun>,
+}
+
+/// How the Go client arm reads.
+const GO_CLIENT_STYLE: &str =
+    "clients/go/examples/drain in a process of its own: the Go client (grpc-go, protobuf-go) \
+     acquires the partition in a new group and reads it with Lease.Batches and the gateway \
+     arm's Read options, every response decoded into records with their keys, values and \
+     headers; its CPU (user + system) from getrusage over the drain, the gateway's from /proc \
+     around it";
+
+/// Go client arm: the Go client's drain program leases the one partition of `layout`
+/// through `gateway` in a new group and reads `per_partition` records; the program reports
+/// its own CPU (`client_cpu_secs`), the caller measures the gateway's.
+async fn go_drain(
+    env: &Env,
+    binary: &Path,
+    gateway: &Gateway,
+    topic: &str,
+    layout: &[Vec<i32>],
+    per_partition: u64,
+    done: Arc<AtomicU64>,
+) -> Result<DrainRun> {
+    use tokio::io::AsyncBufReadExt;
+    let [partitions] = layout else {
+        bail!("the Go client arm reads one partition through one connection, not {layout:?}");
+    };
+    let [partition] = partitions[..] else {
+        bail!("the Go client arm reads one partition, not {partitions:?}");
+    };
+    let mut child = tokio::process::Command::new(binary)
+        .arg("-addr")
+        .arg(&gateway.addr)
+        .arg("-group")
+        .arg(env.name("drain-go"))
+        .arg("-topic")
+        .arg(topic)
+        .arg("-partition")
+        .arg(partition.to_string())
+        .arg("-records")
+        .arg(per_partition.to_string())
+        .arg("-max-records")
+        .arg(READ_MAX_RECORDS.to_string())
+        .arg("-max-bytes")
+        .arg(READ_MAX_BYTES.to_string())
+        .arg("-max-wait")
+        .arg(format!("{}ms", READ_MAX_WAIT.as_millis()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let stdout = child.stdout.take().context("the Go drain's stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let mut result = None;
+    let read = async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(n) = line.strip_prefix("progress ") {
+                done.store(n.trim().parse().unwrap_or(0), Ordering::Relaxed);
+            } else if let Some(json) = line.strip_prefix("result ") {
+                result =
+                    Some(serde_json::from_str::<Value>(json).with_context(|| {
+                        format!("the Go drain's result line is not JSON: {json}")
+                    })?);
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    tokio::time::timeout(DRAIN_DEADLINE, read)
+        .await
+        .map_err(|_| anyhow!("Go client drain took longer than {DRAIN_DEADLINE:?}"))??;
+    let output = child.wait_with_output().await?;
+    if !output.status.success() {
+        bail!(
+            "the Go client's drain failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let result = result.context("the Go drain printed no result line")?;
+    let number = |field: &str| {
+        result[field]
+            .as_f64()
+            .with_context(|| format!("the Go drain's result has no number {field}: {result}"))
+    };
+    let records = number("records")? as u64;
+    let secs = number("finish_secs")?;
+    let first_record_secs = number("first_record_secs")?;
+    let span = secs - first_record_secs;
+    Ok(DrainRun {
+        records,
+        bytes: number("bytes")? as u64,
+        secs,
+        partition_rates: vec![records as f64 / if span > 1e-3 { span } else { secs }],
+        first_record_secs,
+        first_records: number("first_batch_records")? as u64,
+        first_bytes: number("first_batch_bytes")? as u64,
+        cpu_secs: None,
+        client_cpu_secs: Some(number("cpu_secs")?),
+    })
+}
+
+/// The `<name>-go` row: the Go client's drain through the gateway against the direct
+/// consumer, with the Rust client's figures from the same rounds beside it.
+fn go_row(
+    name: &str,
+    scenario: &'static str,
+    runs: &[(DrainRun, DrainRun)],
+    gos: &[DrainRun],
+) -> ScenarioResult {
+    let med = |xs: Vec<f64>| median(&xs);
+    let go = med(gos.iter().map(DrainRun::rate).collect());
+    let rust = med(runs.iter().map(|(g, _)| g.rate()).collect());
+    let direct = med(runs.iter().map(|(_, d)| d.rate()).collect());
+    let go_client = med(gos
+        .iter()
+        .filter_map(DrainRun::client_cpu_us_per_record)
+        .collect());
+    let rust_client = med(runs
+        .iter()
+        .filter_map(|(g, _)| g.client_cpu_us_per_record())
+        .collect());
+    let go_gateway = med(gos.iter().filter_map(DrainRun::cpu_us_per_record).collect());
+    let rust_gateway = med(runs
+        .iter()
+        .filter_map(|(g, _)| g.cpu_us_per_record())
+        .collect());
+    let rate_ratio = ratio(go, direct);
+    let mut details = Map::new();
+    details.insert("go_client_style".into(), GO_CLIENT_STYLE.into());
+    details.insert("rust_client_records_per_s".into(), r3(rust).into());
+    details.insert(
+        "go_over_rust_client_rate".into(),
+        ratio(go, rust).map(r3).into(),
+    );
+    details.insert("go_client_cpu_us_per_record".into(), r3(go_client).into());
+    details.insert(
+        "rust_client_cpu_us_per_record".into(),
+        r3(rust_client).into(),
+    );
+    details.insert(
+        "gateway_cpu_us_per_record_go_arm".into(),
+        r3(go_gateway).into(),
+    );
+    details.insert(
+        "gateway_cpu_us_per_record_rust_arm".into(),
+        r3(rust_gateway).into(),
+    );
+    details.insert(
+        "go_first_record_secs".into(),
+        r3(med(gos.iter().map(|g| g.first_record_secs).collect())).into(),
+    );
+    details.insert(
+        "go_records_per_s".into(),
+        gos.iter().map(|g| r3(g.rate())).collect::<Vec<_>>().into(),
+    );
+    Row {
+        name: format!("{name}-go"),
+        scenario,
+        unit: "records/s",
+        gateway: r3(go),
+        baseline: r3(direct),
+        baseline_kind: "measured: direct rdkafka BaseConsumer of the same partition, same rounds"
+            .into(),
+        ratio: rate_ratio.map(r3),
+        ratio_definition: "Go client records/s through the gateway / direct records/s (medians across rounds)",
+        goal: NO_GOAL.into(),
+        met: true,
+        summary: format!(
+            "Go client {go:.0} vs Rust client {rust:.0} records/s; client CPU {go_client:.2} vs {rust_client:.2} us/record; gateway CPU {go_gateway:.2} vs {rust_gateway:.2} us/record"
+        ),
+        details,
+        chart: Chart {
+            title: format!("{name}: the Go client and the Rust client through the gateway, records/s per round"),
+            unit: "records/s".into(),
+            groups: runs
+                .iter()
+                .zip(gos)
+                .enumerate()
+                .map(|(i, ((g, d), go))| {
+                    (
+                        format!("round {}", i + 1),
+                        vec![
+                            ("gateway, Rust client".into(), g.rate()),
+                            ("gateway, Go client".into(), go.rate()),
+                            ("direct rdkafka".into(), d.rate()),
+                        ],
+                    )
+                })
+                .collect(),
+            lines: Vec::new(),
+        },
+    }
+    .build()
 }
 
 /// The `<name>-limit` row: the gateway against the relay arm, this machine's physical limit
@@ -826,18 +1072,22 @@ pub(crate) async fn one_partition(
     produce_fill(env, name, &topic, 1, records, value_size).await?;
     let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-drain"), None).await?;
     let client = gateway.client().await?;
-    let runs = rounds(
+    let go_client = env.go_drain().await?;
+    let arms = rounds(
         env,
         name,
-        gateway.pid(),
-        &[client],
+        GatewaySide {
+            gateway: &gateway,
+            clients: &[client],
+            go_client: go_client.as_deref(),
+        },
         &topic,
         &[vec![0]],
         records as u64,
     )
     .await;
     gateway.stop().await;
-    let (runs, relays) = runs?;
+    let Arms { runs, relays, gos } = arms?;
     let g = median(&runs.iter().map(|(g, _)| g.rate()).collect::<Vec<_>>());
     let d = median(&runs.iter().map(|(_, d)| d.rate()).collect::<Vec<_>>());
     let g_mb = median(&runs.iter().map(|(g, _)| g.mb_s()).collect::<Vec<_>>());
@@ -856,7 +1106,8 @@ pub(crate) async fn one_partition(
     };
     let cpu = cpu_row(name, scenario, &runs);
     let limit = limit_row(name, scenario, &runs, &relays);
-    Ok(vec![
+    let go = (!gos.is_empty()).then(|| go_row(name, scenario, &runs, &gos));
+    let mut rows = vec![
         Row {
             name: name.to_string(),
             scenario,
@@ -894,7 +1145,9 @@ pub(crate) async fn one_partition(
         .build(),
         cpu,
         limit,
-    ])
+    ];
+    rows.extend(go);
+    Ok(rows)
 }
 
 /// `drain-16p`'s goals: the rate against the direct consumer's, and the slowest partition's
@@ -915,18 +1168,21 @@ pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<Scen
         clients.push(gateway.client().await?);
     }
     let layout: Vec<Vec<i32>> = (0..4).map(|c| (c * 4..c * 4 + 4).collect()).collect();
-    let runs = rounds(
+    let arms = rounds(
         env,
         name,
-        gateway.pid(),
-        &clients,
+        GatewaySide {
+            gateway: &gateway,
+            clients: &clients,
+            go_client: None,
+        },
         &topic,
         &layout,
         per_partition as u64,
     )
     .await;
     gateway.stop().await;
-    let (runs, relays) = runs?;
+    let Arms { runs, relays, .. } = arms?;
     let g = median(&runs.iter().map(|(g, _)| g.rate()).collect::<Vec<_>>());
     let d = median(&runs.iter().map(|(_, d)| d.rate()).collect::<Vec<_>>());
     let g_mb = median(&runs.iter().map(|(g, _)| g.mb_s()).collect::<Vec<_>>());
