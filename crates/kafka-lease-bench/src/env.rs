@@ -29,6 +29,10 @@ pub(crate) struct Env {
     pub(crate) progress: Progress,
     /// Unique per run: Consul prefixes, topics and groups carry it.
     pub(crate) run_id: String,
+    /// Topics created by the scenario running now, deleted when it ends
+    /// ([`Env::delete_topics`]): a run's topics would otherwise pile up on the broker (a
+    /// quick run creates over 2,000 partitions) until its heap runs out.
+    pub(crate) topics: std::sync::Mutex<Vec<String>>,
     /// The Go client's drain program, built on first use (see [`Env::go_drain`]).
     pub(crate) go_drain: tokio::sync::OnceCell<Option<PathBuf>>,
 }
@@ -109,6 +113,19 @@ impl Env {
             started.elapsed().as_secs_f64()
         ));
         Ok(Some(binary))
+    }
+
+    /// Deletes the topics the scenario created. A failure is said, not fatal: the scenario's
+    /// figures stand.
+    pub(crate) async fn delete_topics(&self) {
+        let topics = std::mem::take(&mut *self.topics.lock().unwrap_or_else(|e| e.into_inner()));
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        if let Err(e) =
+            kafka_lease_testkit::delete_topics(&self.services.kafka_bootstrap, &names).await
+        {
+            self.progress
+                .say(format!("  could not delete the scenario's topics: {e}"));
+        }
     }
 
     /// A fresh Consul key prefix for one scenario.
@@ -314,7 +331,12 @@ fn clock_ticks_per_second() -> f64 {
 
 /// Creates `topic` with `partitions` partitions and waits until the broker's metadata lists
 /// every partition with a leader.
+/// Creates `topic`, to be deleted when the scenario ends.
 pub(crate) async fn create_topic(env: &Env, topic: &str, partitions: i32) -> Result<()> {
+    env.topics
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(topic.to_string());
     kafka_lease_testkit::create_topic(&env.services.kafka_bootstrap, topic, partitions)
         .await
         .map_err(|e| anyhow!(e))

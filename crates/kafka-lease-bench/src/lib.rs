@@ -294,6 +294,7 @@ pub async fn run(config: Config) -> Result<Vec<ScenarioResult>> {
         plan,
         progress: progress.clone(),
         run_id: run_id.clone(),
+        topics: std::sync::Mutex::default(),
         go_drain: tokio::sync::OnceCell::new(),
     };
     let started_at = SystemTime::now()
@@ -341,7 +342,9 @@ pub async fn run(config: Config) -> Result<Vec<ScenarioResult>> {
         }
         let scenario_started = progress.elapsed();
         progress.say(format!("== {name}"));
-        match scenarios::run(&env, name).await {
+        let outcome = scenarios::run(&env, name).await;
+        env.delete_topics().await;
+        match outcome {
             Ok(rows) => {
                 for r in &rows {
                     progress.say(format!(

@@ -17,7 +17,7 @@ pub use consul_agent::ConsulClientAgent;
 pub use consul_secure::SecureConsul;
 pub use gateway::GatewayProcess;
 pub use relay::{Fault, Relay};
-pub use topics::create_topic;
+pub use topics::{create_topic, delete_topics};
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -19,6 +19,29 @@ const TOPIC_DEADLINE: Duration = Duration::from_secs(60);
 /// POLICY_VIOLATION. Larger topics are created in steps.
 const PARTITIONS_PER_REQUEST: i32 = 5_000;
 
+/// Deletes `topics` from the broker at `bootstrap` (a topic already gone is not an error).
+pub async fn delete_topics(bootstrap: &str, topics: &[&str]) -> Result<(), String> {
+    if topics.is_empty() {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .map_err(|e| format!("admin client: {e}"))?;
+    let options = AdminOptions::new().operation_timeout(Some(TOPIC_DEADLINE));
+    let results = admin
+        .delete_topics(topics, &options)
+        .await
+        .map_err(|e| format!("deleting topics {topics:?}: {e}"))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((t, e)) => return Err(format!("deleting topic {t}: {e}")),
+        }
+    }
+    Ok(())
+}
+
 /// Creates `topic` with `partitions` partitions (replication factor 1) on the broker at
 /// `bootstrap`, and waits until its metadata lists every partition with a leader.
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32) -> Result<(), String> {
