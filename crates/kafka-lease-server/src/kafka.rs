@@ -56,7 +56,7 @@ const FETCH_WAIT_MAX_MS: &str = "20";
 /// pre-fetch queue is full (`queued.max.messages.kbytes`) waits before librdkafka looks at it
 /// again. A Read that drains its partition slower than the broker serves it finds the queue
 /// full after every fetch, and nothing is fetched for this long: at 10 ms a 1 KiB drain ran
-/// at 0.68 of its rate at 2 ms (docs/BENCHMARKS.md, "The prefetch queue's back-off").
+/// at two thirds of its rate at 2 ms (docs/BENCHMARKS.md, "The prefetch queue's back-off").
 /// librdkafka's default, 1 s, would stall such a Read for a second at a time. A full queue
 /// whose client does not read costs no measurable CPU at 2 ms (100 stalled leases: 8
 /// millicores, as at 10 ms).
