@@ -886,6 +886,7 @@ impl GroupClient {
             pulled_up_to: offset,
             pending: None,
             batch_hint: 0,
+            spare: bytes::BytesMut::new(),
         })
     }
 
@@ -933,6 +934,10 @@ pub struct PartitionFeed {
     /// The size of the last batch filled from this partition: the next batch's buffer
     /// starts this large, so that a drain's batches are written once, not grown by copying.
     batch_hint: usize,
+    /// The last batch's allocation (empty, sharing it with the response being sent): the
+    /// next batch takes it back once that response is dropped, so a lease holds at most one
+    /// batch buffer between batches (within the per-lease bound, `max_bytes`).
+    spare: bytes::BytesMut,
 }
 
 impl std::fmt::Debug for PartitionFeed {
@@ -1051,14 +1056,20 @@ impl PartitionFeed {
         }
     }
 
-    /// A buffer for the next batch, sized as the last one was (within `limits`).
-    pub fn new_batch(&self, limits: BatchLimits) -> EncodedRecords {
-        EncodedRecords::with_capacity(self.batch_hint.min(limits.max_bytes))
+    /// A buffer for the next batch, sized as the last one was (within `limits`), in the last
+    /// batch's allocation when its response is gone.
+    pub fn new_batch(&mut self, limits: BatchLimits) -> EncodedRecords {
+        EncodedRecords::reusing(
+            std::mem::take(&mut self.spare),
+            self.batch_hint.min(limits.max_bytes),
+        )
     }
 
-    /// Notes the size of a filled batch, for [`Self::new_batch`].
-    pub fn filled(&mut self, batch: &EncodedRecords) {
+    /// Notes the size of a filled batch and keeps a handle on its allocation, for
+    /// [`Self::new_batch`].
+    pub fn filled(&mut self, batch: &mut EncodedRecords) {
         self.batch_hint = batch.wire_len();
+        self.spare = batch.split_spare();
     }
 
     /// Whether every record up to the high watermark librdkafka last saw has been taken:

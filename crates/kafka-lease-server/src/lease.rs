@@ -585,7 +585,7 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
             Some(true) => {}
         }
     }
-    feed.filled(&records);
+    feed.filled(&mut records);
     let high_watermark = feed.cached_high_watermark();
     Fill::Batch {
         epoch,

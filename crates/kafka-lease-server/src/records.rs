@@ -142,6 +142,10 @@ fn put_int(buf: &mut BytesMut, field: u8, value: i64) {
     }
 }
 
+/// The most bytes `ReadResponse`'s own fields take after the records: two keys and two
+/// varints.
+const RESPONSE_FIELDS: usize = 2 + 2 * 10;
+
 /// Consecutive records of one partition, encoded as `ReadResponse.records`.
 #[derive(Debug, Default)]
 pub struct EncodedRecords {
@@ -157,10 +161,29 @@ impl EncodedRecords {
 
     /// An empty batch with room for `bytes` of records (and the response's own fields).
     pub fn with_capacity(bytes: usize) -> Self {
+        Self::reusing(BytesMut::new(), bytes)
+    }
+
+    /// An empty batch written into `buf`, with room for `bytes` of records. `buf` may be the
+    /// spare of an earlier batch ([`Self::split_spare`]): once that batch's response has
+    /// been sent and dropped, `reserve` takes the whole allocation back instead of
+    /// allocating, so a drain writes every batch into memory it has already touched (fresh
+    /// pages cost the kernel a fault and a zeroed page each).
+    pub fn reusing(mut buf: BytesMut, bytes: usize) -> Self {
+        buf.clear();
+        buf.reserve(bytes + 32);
         EncodedRecords {
-            buf: BytesMut::with_capacity(bytes + 32),
+            buf,
             ..Self::default()
         }
+    }
+
+    /// Splits off the buffer's room beyond the records and the response's own fields,
+    /// sharing its allocation, for the next batch ([`Self::reusing`]).
+    pub fn split_spare(&mut self) -> BytesMut {
+        self.buf.reserve(RESPONSE_FIELDS);
+        let keep = self.buf.len() + RESPONSE_FIELDS;
+        self.buf.split_off(keep)
     }
 
     /// How many records the batch holds.
@@ -221,7 +244,7 @@ impl EncodedRecords {
     /// The records as a `ReadResponse`.
     pub fn into_read_response(self, high_watermark: i64, seek_epoch: u64) -> EncodedReadResponse {
         let mut buf = self.buf;
-        buf.reserve(2 + 2 * 10);
+        buf.reserve(RESPONSE_FIELDS);
         put_int(&mut buf, READ_HIGH_WATERMARK, high_watermark);
         put_int(&mut buf, READ_SEEK_EPOCH, seek_epoch as i64);
         EncodedReadResponse::from_parts(vec![buf.freeze()])
@@ -397,6 +420,70 @@ mod tests {
             let sub = again.into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
             prop_assert_eq!(sub.encode_to_vec(), subscribed.encode_to_vec());
         }
+    }
+
+    #[test]
+    fn a_batch_reuses_the_allocation_of_the_last_once_its_response_is_dropped() {
+        let messages: Vec<OwnedMessage> = (0..50)
+            .map(|i| {
+                message(
+                    i,
+                    Some(vec![i as u8; 8]),
+                    Some(vec![i as u8; 1000]),
+                    Vec::new(),
+                    rdkafka::Timestamp::CreateTime(i),
+                )
+            })
+            .collect();
+        let fill = |records: &mut EncodedRecords, from: usize| {
+            for m in &messages[from..from + 25] {
+                records.push(m, &Prepared::of(m));
+            }
+        };
+        let mut first = EncodedRecords::reusing(BytesMut::new(), 30_000);
+        fill(&mut first, 0);
+        let allocation = first.buf.as_ptr();
+        let spare = first.split_spare();
+        let sent = first.into_read_response(50, 1);
+        let expected = v1::ReadResponse {
+            records: messages[..25].iter().map(as_prost).collect(),
+            high_watermark: 50,
+            seek_epoch: 1,
+        };
+        assert_eq!(sent.encode_to_vec(), expected.encode_to_vec());
+
+        // While the response is alive, the spare must not write over it.
+        let mut held = EncodedRecords::reusing(spare, 30_000);
+        assert_ne!(held.buf.as_ptr(), allocation);
+        assert_eq!(sent.encode_to_vec(), expected.encode_to_vec());
+        let spare = held.split_spare();
+        drop(held);
+
+        // Once it is dropped (and the batch that held the spare), the next batch writes into
+        // the first allocation again, and encodes correctly.
+        drop(sent);
+        let mut first = EncodedRecords::reusing(BytesMut::new(), 30_000);
+        fill(&mut first, 0);
+        let allocation = first.buf.as_ptr();
+        let spare_of_first = first.split_spare();
+        drop(first.into_read_response(50, 1));
+        drop(spare);
+        let mut second = EncodedRecords::reusing(spare_of_first, 30_000);
+        assert_eq!(
+            second.buf.as_ptr(),
+            allocation,
+            "the allocation was not reused"
+        );
+        fill(&mut second, 25);
+        let expected = v1::ReadResponse {
+            records: messages[25..].iter().map(as_prost).collect(),
+            high_watermark: 51,
+            seek_epoch: 2,
+        };
+        assert_eq!(
+            second.into_read_response(51, 2).encode_to_vec(),
+            expected.encode_to_vec()
+        );
     }
 
     #[test]
