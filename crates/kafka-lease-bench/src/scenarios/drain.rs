@@ -773,26 +773,12 @@ fn go_row(
             "Go client {go:.0} vs Rust client {rust:.0} records/s; client CPU {go_client:.2} vs {rust_client:.2} us/record; gateway CPU {go_gateway:.2} vs {rust_gateway:.2} us/record"
         ),
         details,
-        chart: Chart {
-            title: format!("{name}: the Go client and the Rust client through the gateway, records/s per round"),
-            unit: "records/s".into(),
-            groups: runs
-                .iter()
-                .zip(gos)
-                .enumerate()
-                .map(|(i, ((g, d), go))| {
-                    (
-                        format!("round {}", i + 1),
-                        vec![
-                            ("gateway, Rust client".into(), g.rate()),
-                            ("gateway, Go client".into(), go.rate()),
-                            ("direct rdkafka".into(), d.rate()),
-                        ],
-                    )
-                })
-                .collect(),
-            lines: Vec::new(),
-        },
+        chart: three_arm_chart(
+            format!("{name}: the Go client and the Rust client through the gateway, records/s per round"),
+            runs,
+            ("gateway, Rust client", "gateway, Go client"),
+            gos,
+        ),
     }
     .build()
 }
@@ -864,28 +850,44 @@ fn limit_row(
             cpu_ratio.map_or_else(|| "-".to_string(), |c| format!("{c:.2}"))
         ),
         details,
-        chart: Chart {
-            title: format!("{name}: gateway against the relay limit, records/s per round"),
-            unit: "records/s".into(),
-            groups: runs
-                .iter()
-                .zip(relays)
-                .enumerate()
-                .map(|(i, ((g, d), r))| {
-                    (
-                        format!("round {}", i + 1),
-                        vec![
-                            ("gateway".into(), g.rate()),
-                            ("relay (limit)".into(), r.rate()),
-                            ("direct rdkafka".into(), d.rate()),
-                        ],
-                    )
-                })
-                .collect(),
-            lines: Vec::new(),
-        },
+        chart: three_arm_chart(
+            format!("{name}: gateway against the relay limit, records/s per round"),
+            runs,
+            ("gateway", "relay (limit)"),
+            relays,
+        ),
     }
     .build()
+}
+
+/// Records/s per round of the gateway arm, a third arm of the same rounds (`third`), and the
+/// direct consumer, labelled `(gateway, third)` and "direct rdkafka".
+fn three_arm_chart(
+    title: String,
+    runs: &[(DrainRun, DrainRun)],
+    labels: (&str, &str),
+    third: &[DrainRun],
+) -> Chart {
+    Chart {
+        title,
+        unit: "records/s".into(),
+        groups: runs
+            .iter()
+            .zip(third)
+            .enumerate()
+            .map(|(i, ((g, d), t))| {
+                (
+                    format!("round {}", i + 1),
+                    vec![
+                        (labels.0.into(), g.rate()),
+                        (labels.1.into(), t.rate()),
+                        ("direct rdkafka".into(), d.rate()),
+                    ],
+                )
+            })
+            .collect(),
+        lines: Vec::new(),
+    }
 }
 
 fn round_details(runs: &[(DrainRun, DrainRun)]) -> Value {
