@@ -1141,7 +1141,7 @@ fn add<M: Keep>(
         *pending = Some((message.keep(), expected));
         return false;
     }
-    batch.push(message, &prepared);
+    batch.push(&prepared);
     batch.wire_len() < limits.max_bytes && batch.len() < limits.max_records
 }
 

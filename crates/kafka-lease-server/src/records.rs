@@ -33,12 +33,15 @@ const fn key(field: u8, wire_type: u8) -> u8 {
     (field << 3) | wire_type
 }
 
-/// A message's fields as the encoding needs them, read from librdkafka once.
+/// A message's fields as the encoding needs them, read from librdkafka once (its headers
+/// too: librdkafka parses them again at each ask when the record has none, allocating a
+/// parse buffer each time).
 #[derive(Debug)]
-pub struct Prepared<'a> {
+pub struct Prepared<'a, H> {
     offset: i64,
     key: Option<&'a [u8]>,
     value: Option<&'a [u8]>,
+    headers: Option<&'a H>,
     /// The timestamp as `google.protobuf.Timestamp` (seconds, nanos), when there is one.
     timestamp: Option<(i64, i32)>,
     timestamp_type: v1::TimestampType,
@@ -48,9 +51,9 @@ pub struct Prepared<'a> {
     timestamp_len: usize,
 }
 
-impl<'a> Prepared<'a> {
+impl<'a, H: Headers> Prepared<'a, H> {
     /// Reads `message`'s fields and sizes its encoding.
-    pub fn of<M: Message>(message: &'a M) -> Self {
+    pub fn of<M: Message<Headers = H>>(message: &'a M) -> Self {
         let (timestamp_ms, timestamp_type) = match message.timestamp() {
             rdkafka::Timestamp::NotAvailable => (None, v1::TimestampType::Unspecified),
             rdkafka::Timestamp::CreateTime(ms) => (Some(ms), v1::TimestampType::CreateTime),
@@ -69,6 +72,7 @@ impl<'a> Prepared<'a> {
             offset: message.offset(),
             key: message.key(),
             value: message.payload(),
+            headers: message.headers(),
             timestamp,
             timestamp_type,
             body_len: 0,
@@ -81,7 +85,7 @@ impl<'a> Prepared<'a> {
         if timestamp.is_some() {
             len += delimited_len(timestamp_len);
         }
-        if let Some(headers) = message.headers() {
+        if let Some(headers) = prepared.headers {
             for header in headers.iter() {
                 len += delimited_len(header_len(header.key, header.value));
             }
@@ -159,11 +163,6 @@ impl EncodedRecords {
         Self::default()
     }
 
-    /// An empty batch with room for `bytes` of records (and the response's own fields).
-    pub fn with_capacity(bytes: usize) -> Self {
-        Self::reusing(BytesMut::new(), bytes)
-    }
-
     /// An empty batch written into `buf`, with room for `bytes` of records. `buf` may be the
     /// spare of an earlier batch ([`Self::split_spare`]): once that batch's response has
     /// been sent and dropped, `reserve` takes the whole allocation back instead of
@@ -205,8 +204,8 @@ impl EncodedRecords {
         self.last_offset
     }
 
-    /// Appends `message`, prepared as `prepared`.
-    pub fn push<M: Message>(&mut self, message: &M, prepared: &Prepared<'_>) {
+    /// Appends the record `prepared` was read from.
+    pub fn push<H: Headers>(&mut self, prepared: &Prepared<'_, H>) {
         let buf = &mut self.buf;
         buf.reserve(prepared.wire_len());
         buf.put_u8(key(READ_RECORDS, LENGTH_DELIMITED));
@@ -218,7 +217,7 @@ impl EncodedRecords {
         if let Some(value) = prepared.value {
             put_delimited(buf, 3, value);
         }
-        if let Some(headers) = message.headers() {
+        if let Some(headers) = prepared.headers {
             for header in headers.iter() {
                 buf.put_u8(key(4, LENGTH_DELIMITED));
                 encode_varint(header_len(header.key, header.value) as u64, buf);
@@ -394,7 +393,7 @@ mod tests {
                 let len = record.encoded_len();
                 prop_assert_eq!(prepared.wire_len(), 1 + prost::length_delimiter_len(len) + len);
                 wire += prepared.wire_len();
-                records.push(message, &prepared);
+                records.push(&prepared);
                 expected.records.push(record);
             }
             prop_assert_eq!(records.wire_len(), wire);
@@ -413,7 +412,7 @@ mod tests {
             };
             let mut again = EncodedRecords::new();
             for message in &batch {
-                again.push(message, &Prepared::of(message));
+                again.push(&Prepared::of(message));
             }
             let read = records.into_read_response(high_watermark, seek_epoch);
             prop_assert_eq!(read.encode_to_vec(), expected.encode_to_vec());
@@ -437,7 +436,7 @@ mod tests {
             .collect();
         let fill = |records: &mut EncodedRecords, from: usize| {
             for m in &messages[from..from + 25] {
-                records.push(m, &Prepared::of(m));
+                records.push(&Prepared::of(m));
             }
         };
         let mut first = EncodedRecords::reusing(BytesMut::new(), 30_000);
@@ -497,8 +496,8 @@ mod tests {
         );
         let absent = message(7, None, None, Vec::new(), rdkafka::Timestamp::NotAvailable);
         let mut records = EncodedRecords::new();
-        records.push(&empty, &Prepared::of(&empty));
-        records.push(&absent, &Prepared::of(&absent));
+        records.push(&Prepared::of(&empty));
+        records.push(&Prepared::of(&absent));
         assert_eq!(records.last_offset(), Some(7));
         let decoded = records.decode();
         assert_eq!(decoded[0].key, Some(Vec::new()));
