@@ -8,7 +8,7 @@
 // with the gateway's machine-readable reason, and Subscribe as a stream of typed events.
 //
 //	client, err := kafkalease.NewClient("127.0.0.1:50051")
-//	lease, err := client.Acquire(ctx, "billing", "payments", kafkalease.AcquireOptions{})
+//	lease, err := client.Acquire(ctx, "demo-group", "demo", kafkalease.AcquireOptions{})
 //	for rec, err := range lease.Records(ctx, kafkalease.ReadOptions{}) {
 //		if err != nil { ... }
 //		process(rec)

@@ -3,7 +3,7 @@
 // each batch and when a partition is revoked, and on SIGTERM or SIGINT commits what it
 // processed, leaves the group (releasing its partitions) and exits 0.
 //
-//	KAFKA_LEASE_ADDR=127.0.0.1:50051 KAFKA_LEASE_GROUP=billing KAFKA_LEASE_TOPIC=payments consume
+//	KAFKA_LEASE_ADDR=127.0.0.1:50051 KAFKA_LEASE_GROUP=demo-group KAFKA_LEASE_TOPIC=demo consume
 package main
 
 import (
