@@ -1,8 +1,10 @@
-# Sourced by test.sh and example.sh: sets $venv to .cache/clients/python/venv at the
-# repository root, (re)creating it when requirements-dev.txt or pyproject.toml changed.
+# Sourced by test.sh and example.sh: sets $venv to $KAFKA_LEASE_CLIENTS_CACHE/python/venv
+# (default: .cache/clients/python/venv at the repository root, which git ignores), (re)creating
+# it (deleting the old one) when requirements-dev.txt or pyproject.toml changed.
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(cd "$here/../.." && pwd)"
-venv="$root/.cache/clients/python/venv"
+cache="${KAFKA_LEASE_CLIENTS_CACHE:-$here/../../.cache/clients}/python"
+mkdir -p "$cache" && cache="$(cd "$cache" && pwd)"
+venv="$cache/venv"
 python="${PYTHON:-python3}"
 
 want="$(cat "$here/requirements-dev.txt" "$here/pyproject.toml" | sha256sum | cut -d' ' -f1)"

@@ -2,13 +2,16 @@
 # Regenerates the Python stubs of kafka_lease/v1/partition_lease.proto and errors.proto into
 # src/kafka_lease/v1/ (messages, .pyi type stubs, and the gRPC client of the service), with
 # grpcio-tools (its bundled protoc and well-known types), pinned in requirements-generate.txt
-# and installed into .cache/clients/python/tools at the repository root when missing.
+# and installed into $KAFKA_LEASE_CLIENTS_CACHE/python/tools (default: .cache/clients/python/tools
+# at the repository root, which git ignores) when missing.
 # Deterministic: running it twice leaves no diff.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-tools="$root/.cache/clients/python/tools"
+cache="${KAFKA_LEASE_CLIENTS_CACHE:-$root/.cache/clients}/python"
+mkdir -p "$cache" && cache="$(cd "$cache" && pwd)"
+tools="$cache/tools"
 requirements="$here/requirements-generate.txt"
 python="${PYTHON:-python3}"
 

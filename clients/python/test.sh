@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the Python client's tests against the gateway at KAFKA_LEASE_ADDR with the records of
 # KAFKA_LEASE_FIXTURE (without them the live tests skip, saying so). Installs the exact pins
-# of requirements-dev.txt and this package (editable) into .cache/clients/python/venv at the
-# repository root, reused while the pins and pyproject.toml are unchanged.
+# of requirements-dev.txt and this package (editable) into $KAFKA_LEASE_CLIENTS_CACHE/python/venv
+# (default: .cache/clients/python/venv at the repository root), reused while the pins and
+# pyproject.toml are unchanged.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
