@@ -7,7 +7,7 @@ A thin wrapper over the generated stubs in :mod:`kafka_lease.v1` (usable on thei
     from kafka_lease import Client
 
     with Client("127.0.0.1:50051") as client:
-        with client.acquire("billing", "payments", partition=0, ttl=30) as lease:
+        with client.acquire("demo-group", "demo", partition=0, ttl=30) as lease:
             with lease.records() as stream:
                 for batch in stream.batches():
                     for record in batch.records:
