@@ -2,11 +2,14 @@
 # Builds the client and runs example/Consume.java: a group member that prints
 # `processed <topic> <partition> <offset>` per record. Needs KAFKA_LEASE_ADDR,
 # KAFKA_LEASE_GROUP and KAFKA_LEASE_TOPIC. SIGTERM/SIGINT: commit, leave the group, exit 0.
+# Maven's local repository is $KAFKA_LEASE_CLIENTS_CACHE/java/m2 (default: .cache/clients/java/m2
+# of the repository, which git ignores); the build output is Maven's target/ (ignored too).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-m2="$repo/.cache/clients/java/m2"
+cache="${KAFKA_LEASE_CLIENTS_CACHE:-$here/../../.cache/clients}/java"
+mkdir -p "$cache" && cache="$(cd "$cache" && pwd)"
+m2="$cache/m2"
 cd "$here"
 
 # Build output goes to stderr: stdout carries only the example's lines.

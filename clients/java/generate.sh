@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Generates the Java stubs (messages + gRPC client) of partition_lease.proto and errors.proto
 # into src/generated/java. protoc and protoc-gen-grpc-java come from the Maven registry (the
-# versions pinned in pom.xml) and are cached under .cache/clients/java of the repository.
+# versions pinned in pom.xml) and are cached under $KAFKA_LEASE_CLIENTS_CACHE/java (default:
+# .cache/clients/java of the repository, which git ignores).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
-cache="$repo/.cache/clients/java"
+cache="${KAFKA_LEASE_CLIENTS_CACHE:-$repo/.cache/clients}/java"
+mkdir -p "$cache" && cache="$(cd "$cache" && pwd)"
 m2="$cache/m2"
 proto_root="$repo/proto"
 out="$here/src/generated/java"

@@ -2,12 +2,14 @@
 # Builds the Java client and runs its tests: FakeGatewayTest (a scripted gateway on loopback)
 # always, GatewayTest against the gateway at KAFKA_LEASE_ADDR with the records described by
 # KAFKA_LEASE_FIXTURE (skipped, with a message, when they are not set). Maven's local
-# repository is .cache/clients/java/m2 of the repository (downloads on the first run).
+# repository is $KAFKA_LEASE_CLIENTS_CACHE/java/m2 (default: .cache/clients/java/m2 of the
+# repository, which git ignores; downloads on the first run).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-repo="$(cd "$here/../.." && pwd)"
-m2="$repo/.cache/clients/java/m2"
+cache="${KAFKA_LEASE_CLIENTS_CACHE:-$here/../../.cache/clients}/java"
+mkdir -p "$cache" && cache="$(cd "$cache" && pwd)"
+m2="$cache/m2"
 cd "$here"
 
 for tool in java javac mvn; do
@@ -20,7 +22,7 @@ else
   echo "[java] gateway $KAFKA_LEASE_ADDR, fixture $KAFKA_LEASE_FIXTURE"
 fi
 
-echo "[java] mvn test (resolving dependencies into .cache/clients/java/m2, compiling, testing)"
+echo "[java] mvn test (resolving dependencies into $m2, compiling, testing)"
 rm -rf target/surefire-reports
 status=0
 # (sed: this Maven build prints stray colour-reset codes even in batch mode)
