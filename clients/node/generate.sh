@@ -7,7 +7,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-export npm_config_cache="$repo/.cache/clients/node/npm"
+cache="${KAFKA_LEASE_CLIENTS_CACHE:-$repo/.cache/clients}/node"
+mkdir -p "$cache" && cache=$(cd "$cache" && pwd)
+export npm_config_cache="$cache/npm"
 
 version() { sed -n "s/^$1=//p" "$repo/scripts/services"; }
 buf="$repo/.cache/services/prototools-$(version BUF_VERSION)-$(version PROTOC_GEN_GO_VERSION)-$(version PROTOC_GEN_GO_GRPC_VERSION)/bin/buf"
@@ -18,7 +20,8 @@ fi
 
 cd "$here"
 if [[ ! -x node_modules/.bin/protoc-gen-ts_proto ]]; then
-  npm ci --no-audit --no-fund >&2
+  # --ignore-scripts: no `prepare` build of the stubs about to be replaced.
+  npm ci --no-audit --no-fund --ignore-scripts >&2
 fi
 # buf resolves the template's paths (input, plugin, out) against the working directory: here.
 rm -rf src/gen

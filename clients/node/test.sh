@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Installs the dependencies (npm ci, cached under the repo's .cache/clients/node), builds,
-# typechecks, and runs the tests (node's built-in runner) against the gateway at
-# KAFKA_LEASE_ADDR with the records described by KAFKA_LEASE_FIXTURE.
+# Installs the dependencies (npm ci, npm's cache in $KAFKA_LEASE_CLIENTS_CACHE/node/npm, default
+# the repo's .cache/clients/node/npm), builds, typechecks, and runs the tests (node's built-in
+# runner) against the gateway at KAFKA_LEASE_ADDR with the records described by
+# KAFKA_LEASE_FIXTURE.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-repo=$(cd "$here/../.." && pwd)
-export npm_config_cache="$repo/.cache/clients/node/npm"
+cache="${KAFKA_LEASE_CLIENTS_CACHE:-$here/../../.cache/clients}/node"
+mkdir -p "$cache" && cache=$(cd "$cache" && pwd)
+export npm_config_cache="$cache/npm"
 cd "$here"
 say() { printf '[node] %s\n' "$*"; }
 
@@ -14,7 +16,7 @@ say() { printf '[node] %s\n' "$*"; }
 : "${KAFKA_LEASE_FIXTURE:?set KAFKA_LEASE_FIXTURE to the fixture JSON file}"
 
 say "node $(node --version), npm $(npm --version)"
-say "npm ci (cache: .cache/clients/node/npm)"
+say "npm ci (cache: $npm_config_cache)"
 npm ci --no-audit --no-fund --prefer-offline
 say "typecheck (tsc --noEmit)"
 node_modules/.bin/tsc -p tsconfig.json --noEmit

@@ -1,6 +1,6 @@
 // Consumes a topic as a member of a consumer group through kafka-lease's Subscribe.
 //
-//   KAFKA_LEASE_ADDR=127.0.0.1:50051 KAFKA_LEASE_GROUP=billing KAFKA_LEASE_TOPIC=payments \
+//   KAFKA_LEASE_ADDR=127.0.0.1:50051 KAFKA_LEASE_GROUP=demo-group KAFKA_LEASE_TOPIC=demo \
 //     node dist/examples/consume.js
 //
 // Prints `processed <topic> <partition> <offset>` per record, commits after each batch and on
