@@ -169,23 +169,45 @@ pub fn partition(value: Option<i32>) -> Result<Option<i32>, LeaseError> {
     }
 }
 
-/// A protobuf Duration as a std Duration, refusing negative and malformed values.
-pub fn duration(
-    field: &'static str,
-    value: Option<&prost_types::Duration>,
-) -> Result<Option<Duration>, LeaseError> {
-    let Some(d) = value else { return Ok(None) };
-    let shown = format!("{}s{}ns", d.seconds, d.nanos);
-    if d.seconds < 0 || d.nanos < 0 || d.nanos >= 1_000_000_000 {
-        return Err(invalid(
-            field,
-            format!("{field} {shown} is negative or malformed"),
-        ));
+/// A protobuf Duration as a request names it in JSON (grpcurl, any JSON client): `"-5s"`,
+/// `"1.500s"`. One whose fields disagree in sign, or whose nanos reach a second, has no such
+/// form and is shown as its two fields.
+pub fn shown_duration(value: &prost_types::Duration) -> String {
+    let (seconds, nanos) = (value.seconds, value.nanos);
+    if malformed(value) {
+        return format!("{{seconds: {seconds}, nanos: {nanos}}}");
     }
-    Ok(Some(Duration::new(d.seconds as u64, d.nanos as u32)))
+    let sign = if seconds < 0 || nanos < 0 { "-" } else { "" };
+    let (seconds, nanos) = (seconds.unsigned_abs(), nanos.unsigned_abs());
+    seconds_text(sign, seconds, nanos)
 }
 
-/// A duration field with its default and inclusive range.
+/// Whether a protobuf Duration breaks its own rules: seconds and nanos of different signs,
+/// or nanos of a second or more.
+fn malformed(value: &prost_types::Duration) -> bool {
+    value.nanos.unsigned_abs() >= 1_000_000_000
+        || (value.seconds > 0 && value.nanos < 0)
+        || (value.seconds < 0 && value.nanos > 0)
+}
+
+/// A std Duration in the same form as [`shown_duration`].
+fn shown_std(value: Duration) -> String {
+    seconds_text("", value.as_secs(), value.subsec_nanos())
+}
+
+/// `<sign><seconds>[.<fraction>]s`, the fraction in 3, 6 or 9 digits as protobuf's JSON
+/// mapping writes it.
+fn seconds_text(sign: &str, seconds: u64, nanos: u32) -> String {
+    match nanos {
+        0 => format!("{sign}{seconds}s"),
+        n if n.is_multiple_of(1_000_000) => format!("{sign}{seconds}.{:03}s", n / 1_000_000),
+        n if n.is_multiple_of(1_000) => format!("{sign}{seconds}.{:06}s", n / 1_000),
+        n => format!("{sign}{seconds}.{n:09}s"),
+    }
+}
+
+/// A duration field with its default (when unset) and inclusive range. A refusal names the
+/// value as the request gave it, the range and the default.
 pub fn duration_in(
     field: &'static str,
     value: Option<&prost_types::Duration>,
@@ -193,19 +215,47 @@ pub fn duration_in(
     min: Duration,
     max: Duration,
 ) -> Result<Duration, LeaseError> {
-    let d = duration(field, value)?.unwrap_or(default);
-    if d < min || d > max {
+    let Some(d) = value else { return Ok(default) };
+    let allowed = format!(
+        "allowed {} ..= {}{}, {} when unset",
+        shown_std(min),
+        shown_std(max),
+        in_minutes(max),
+        shown_std(default)
+    );
+    let shown = shown_duration(d);
+    if malformed(d) {
         return Err(invalid(
             field,
             format!(
-                "{field} {} is out of range; allowed {} ..= {}",
-                humantime::format_duration(d),
-                humantime::format_duration(min),
-                humantime::format_duration(max)
+                "{field} {shown} is malformed (seconds and nanos must have the same sign, \
+                 nanos below a second); {allowed}"
             ),
         ));
     }
-    Ok(d)
+    if d.seconds < 0 || d.nanos < 0 {
+        return Err(invalid(
+            field,
+            format!("{field} {shown} is negative; {allowed}"),
+        ));
+    }
+    let d_std = Duration::new(d.seconds.unsigned_abs(), d.nanos.unsigned_abs());
+    if d_std < min || d_std > max {
+        return Err(invalid(
+            field,
+            format!("{field} {shown} is out of range; {allowed}"),
+        ));
+    }
+    Ok(d_std)
+}
+
+/// ` (5 min)` for a whole number of minutes, so a limit in seconds reads at a glance.
+fn in_minutes(d: Duration) -> String {
+    if d.as_secs() >= 120 && d.as_secs().is_multiple_of(60) && d.subsec_nanos() == 0 {
+        format!(" ({} min)", d.as_secs() / 60)
+    } else {
+        String::new()
+    }
 }
 
 /// A count field where 0 means "the default", with an inclusive maximum.
@@ -377,6 +427,95 @@ mod tests {
             duration_in("ttl", Some(&d(300, 0)), DEFAULT_TTL, MIN_TTL, MAX_TTL).ok(),
             Some(MAX_TTL)
         );
+    }
+
+    fn duration_message(
+        field: &'static str,
+        seconds: i64,
+        nanos: i32,
+        (default, min, max): (Duration, Duration, Duration),
+    ) -> String {
+        let value = prost_types::Duration { seconds, nanos };
+        match duration_in(field, Some(&value), default, min, max) {
+            Err(LeaseError::InvalidArgument { field: f, message }) => {
+                assert_eq!(f, field);
+                message
+            }
+            other => panic!("{field} {seconds}s {nanos}ns: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn duration_errors_name_the_value_as_sent_and_the_range() {
+        // Every duration field of the API, with its default and range from the proto.
+        let ttl = (DEFAULT_TTL, MIN_TTL, MAX_TTL);
+        let wait = (Duration::ZERO, Duration::ZERO, MAX_WAIT);
+        let max_wait = (DEFAULT_MAX_WAIT, Duration::ZERO, MAX_MAX_WAIT);
+        let revoke_grace = (
+            Duration::from_secs(5),
+            Duration::ZERO,
+            Duration::from_secs(60),
+        );
+        let session_grace = (Duration::ZERO, Duration::ZERO, Duration::from_secs(300));
+        let cases = [
+            (
+                duration_message("ttl", -5, 0, ttl),
+                "ttl -5s is negative; allowed 1s ..= 300s (5 min), 10s when unset",
+            ),
+            (
+                duration_message("ttl", 0, 999_000_000, ttl),
+                "ttl 0.999s is out of range; allowed 1s ..= 300s (5 min), 10s when unset",
+            ),
+            (
+                duration_message("ttl", 301, 0, ttl),
+                "ttl 301s is out of range; allowed 1s ..= 300s (5 min), 10s when unset",
+            ),
+            (
+                duration_message("ttl", 1, -5, ttl),
+                "ttl {seconds: 1, nanos: -5} is malformed (seconds and nanos must have the \
+                 same sign, nanos below a second); allowed 1s ..= 300s (5 min), 10s when unset",
+            ),
+            (
+                duration_message("wait", 0, -500_000_000, wait),
+                "wait -0.500s is negative; allowed 0s ..= 300s (5 min), 0s when unset",
+            ),
+            (
+                duration_message("wait", 300, 1, wait),
+                "wait 300.000000001s is out of range; allowed 0s ..= 300s (5 min), 0s when unset",
+            ),
+            (
+                duration_message("max_wait", -1, -250_000, max_wait),
+                "max_wait -1.000250s is negative; allowed 0s ..= 10s, 0.100s when unset",
+            ),
+            (
+                duration_message("max_wait", 0, 1_000_000_000, max_wait),
+                "max_wait {seconds: 0, nanos: 1000000000} is malformed (seconds and nanos must \
+                 have the same sign, nanos below a second); allowed 0s ..= 10s, 0.100s when unset",
+            ),
+            (
+                duration_message("revoke_grace", 61, 0, revoke_grace),
+                "revoke_grace 61s is out of range; allowed 0s ..= 60s, 5s when unset",
+            ),
+            (
+                duration_message("session_grace", -300, 0, session_grace),
+                "session_grace -300s is negative; allowed 0s ..= 300s (5 min), 0s when unset",
+            ),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn durations_are_shown_as_json_writes_them() {
+        let d = |seconds, nanos| shown_duration(&prost_types::Duration { seconds, nanos });
+        assert_eq!(d(0, 0), "0s");
+        assert_eq!(d(-5, 0), "-5s");
+        assert_eq!(d(1, 500_000_000), "1.500s");
+        assert_eq!(d(0, -1_000), "-0.000001s");
+        assert_eq!(d(0, 7), "0.000000007s");
+        assert_eq!(d(i64::MIN, 0), "-9223372036854775808s");
+        assert_eq!(d(-1, 5), "{seconds: -1, nanos: 5}");
     }
 
     #[test]
