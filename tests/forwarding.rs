@@ -43,12 +43,25 @@ struct Transcript {
     out_of_range: (Code, String, Option<String>, BTreeMap<String, String>),
     released_with: Option<i64>,
     after_release: (Code, Option<String>),
+    /// A second Release: code, message (lease reference written as `R`), reason.
+    second_release: (Code, String, Option<String>),
     kafka_committed: Option<(i64, String)>,
     next_holder_start: i64,
 }
 
 fn without_token(text: &str, token: u64) -> String {
     text.replace(&token.to_string(), "T")
+}
+
+/// `text` with the (first) quoted lease reference after `lease ` written as `R`.
+fn without_lease_ref(text: &str) -> String {
+    let Some((head, rest)) = text.split_once("lease \"") else {
+        return text.to_string();
+    };
+    match rest.split_once('"') {
+        Some((_, tail)) => format!("{head}lease \"R\"{tail}"),
+        None => text.to_string(),
+    }
 }
 
 fn reason_and_metadata(status: &tonic::Status) -> (Option<String>, BTreeMap<String, String>) {
@@ -153,6 +166,13 @@ async fn one_lease_life(
         })
         .await
         .expect_err("a seek on a released lease");
+    let second_release = raw
+        .release(proto::ReleaseRequest {
+            lease_id: lease_id.clone(),
+            commit_offset: None,
+        })
+        .await
+        .expect_err("a second release");
     let next = acquirer
         .acquire(AcquireOptions::new(group, topic).partition(0))
         .await
@@ -173,6 +193,11 @@ async fn one_lease_life(
         ),
         released_with: released.committed_offset,
         after_release: (after_release.code(), reason_and_metadata(&after_release).0),
+        second_release: (
+            second_release.code(),
+            without_lease_ref(second_release.message()),
+            reason_and_metadata(&second_release).0,
+        ),
         kafka_committed: kafka_committed(services, group, topic, 0)
             .map(|(offset, metadata)| (offset, without_token(&metadata, token))),
         next_holder_start,
@@ -206,6 +231,15 @@ async fn every_call_through_the_other_gateway_gives_what_the_serving_one_gives()
     assert_eq!(direct.after_seek.first(), Some(&(12, 1)));
     assert_eq!(direct.out_of_range.0, Code::OutOfRange);
     assert_eq!(direct.after_release.0, Code::FailedPrecondition);
+    // Release of a released lease: NOT_FOUND (the contract), saying what Commit and Seek say.
+    assert_eq!(
+        direct.second_release,
+        (
+            Code::NotFound,
+            "lease \"R\" has ended: lease released".to_string(),
+            Some("LEASE_NOT_FOUND".to_string())
+        )
+    );
     assert_eq!(direct.kafka_committed.as_ref().map(|c| c.0), Some(15));
     assert_eq!(direct.next_holder_start, 15);
     assert!(

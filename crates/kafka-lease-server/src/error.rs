@@ -106,6 +106,14 @@ pub enum LeaseError {
         reason: EndReason,
     },
 
+    /// Release of a lease that has ended: NOT_FOUND (LEASE_NOT_FOUND), as the contract has
+    /// it, with the message Commit and Seek give for the same lease.
+    #[error("lease {lease_ref:?} has ended: {reason}")]
+    ReleaseOfEnded {
+        lease_ref: String,
+        reason: EndReason,
+    },
+
     #[error("offset {offset} is out of range for {topic}/{partition}; valid offsets are {low} ..= {high} (log start ..= high watermark)")]
     OffsetOutOfRange {
         topic: String,

@@ -1256,9 +1256,9 @@ impl Gateway {
     ) -> Result<Option<i64>, LeaseError> {
         let lease = match self.lookup(lease_id) {
             Ok(lease) => lease,
-            // Release of an ended lease is NOT_FOUND, per the contract.
-            Err(LeaseError::LeaseEnded { lease_ref, .. }) => {
-                return Err(LeaseError::LeaseNotFound { lease_ref })
+            // Release of an ended lease is NOT_FOUND, per the contract, saying how it ended.
+            Err(LeaseError::LeaseEnded { lease_ref, reason }) => {
+                return Err(LeaseError::ReleaseOfEnded { lease_ref, reason })
             }
             Err(err) => return Err(err),
         };

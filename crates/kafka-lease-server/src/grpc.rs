@@ -96,7 +96,7 @@ fn status_at(err: LeaseError, now: SystemTime) -> Status {
             put("partition_count", partition_count.to_string());
             (Code::NotFound, R::PartitionNotFound)
         }
-        LeaseError::LeaseNotFound { lease_ref } => {
+        LeaseError::LeaseNotFound { lease_ref } | LeaseError::ReleaseOfEnded { lease_ref, .. } => {
             put("lease_ref", lease_ref.clone());
             (Code::NotFound, R::LeaseNotFound)
         }

@@ -256,17 +256,41 @@ async fn release_ends_the_read_with_ok_and_later_calls_say_so() {
             .is_none(),
         "a released lease's Read ends with OK"
     );
-    match rig.gateway.commit(&lease.lease_id, 30, None).await {
-        Err(LeaseError::LeaseEnded {
-            reason: EndReason::Released,
-            ..
-        }) => {}
+    let commit_refused = match rig.gateway.commit(&lease.lease_id, 30, None).await {
+        Err(
+            err @ LeaseError::LeaseEnded {
+                reason: EndReason::Released,
+                ..
+            },
+        ) => err.to_string(),
         other => panic!("a commit after Release is refused: {other:?}"),
-    }
-    match rig.gateway.release(&lease.lease_id, None).await {
-        Err(LeaseError::LeaseNotFound { .. }) => {}
-        other => panic!("a second Release is NOT_FOUND: {other:?}"),
-    }
+    };
+    // A second Release is NOT_FOUND (the contract), and says what Commit says: that the
+    // lease has ended, and how; not that no instance knows it.
+    let again = rig
+        .gateway
+        .release(&lease.lease_id, None)
+        .await
+        .expect_err("a second Release is refused");
+    assert!(
+        matches!(
+            again,
+            LeaseError::ReleaseOfEnded {
+                reason: EndReason::Released,
+                ..
+            }
+        ),
+        "{again:?}"
+    );
+    let status = kafka_lease_server::grpc::status_of(again);
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    let reason = tonic_types::StatusExt::get_details_error_info(&status).map(|info| info.reason);
+    assert_eq!(reason.as_deref(), Some("LEASE_NOT_FOUND"));
+    assert_eq!(status.message(), commit_refused);
+    assert!(
+        commit_refused.ends_with("has ended: lease released"),
+        "{commit_refused}"
+    );
     // The partition is free at once, and the next holder starts at the commit.
     let next_holder = acquire(&rig, &group, 2).await;
     assert_eq!(next_holder.offset, 25);
