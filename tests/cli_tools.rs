@@ -203,7 +203,8 @@ async fn leases_shows_the_leases_the_test_holds_as_a_table_and_as_json() {
         .expect("acquire in another group");
     let endpoint = gateway.endpoint();
 
-    let out = run(&["leases", "--gateway", &endpoint, "--group", &group]).await;
+    // `host:port`, as grpcurl takes it.
+    let out = run(&["leases", "--gateway", &gateway.addr, "--group", &group]).await;
     assert_status(&out, 0, "leases");
     let table = text(&out.stdout);
     println!("{table}");
@@ -748,8 +749,24 @@ async fn bad_flags_exit_64_with_one_line_naming_the_value() {
             vec!["'yaml'", "table, json"],
         ),
         (
-            vec!["leases", "--gateway", "127.0.0.1:50051"],
-            vec!["\"127.0.0.1:50051\"", "http://host:port"],
+            vec!["leases", "--gateway", "127.0.0.1"],
+            vec!["\"127.0.0.1\"", "no port", "host:port", "http://host:port"],
+        ),
+        (
+            vec!["leases", "--gateway", "grpc://127.0.0.1:50051"],
+            vec!["\"grpc://127.0.0.1:50051\"", "host:port"],
+        ),
+        (
+            vec![
+                "leases",
+                "--gateway",
+                "127.0.0.1:50051",
+                "--cert",
+                "c.pem",
+                "--key",
+                "k.pem",
+            ],
+            vec!["--cert means TLS", "--ca-cert"],
         ),
         (
             vec!["leases", "--gateway", "https://127.0.0.1:50051"],
@@ -819,20 +836,32 @@ async fn bad_flags_exit_64_with_one_line_naming_the_value() {
     // Help is not an error.
     let out = run(&["tail", "--help"]).await;
     assert_status(&out, 0, "tail --help");
-    assert!(text(&out.stdout).contains("--commit-on-exit"));
+    let help = text(&out.stdout);
+    for needle in ["--commit-on-exit", "host:port"] {
+        assert!(help.contains(needle), "{needle:?} in {help}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_errors_are_one_line_with_the_code_and_exit_non_zero() {
-    // Nothing listens on port 1: UNAVAILABLE, 69.
-    let out = run(&["leases", "--gateway", "http://127.0.0.1:1"]).await;
-    assert_status(&out, 69, "no gateway");
-    let stderr = text(&out.stderr);
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.starts_with("kafka-lease leases: UNAVAILABLE: cannot reach the gateway: "),
-        "{stderr}"
-    );
+    // Nothing listens on port 1: UNAVAILABLE, 69, naming the address tried, however it was
+    // written.
+    for (gateway, tried) in [
+        ("http://127.0.0.1:1", "http://127.0.0.1:1"),
+        ("127.0.0.1:1", "http://127.0.0.1:1"),
+        ("[::1]:1", "http://[::1]:1"),
+    ] {
+        let out = run(&["leases", "--gateway", gateway]).await;
+        assert_status(&out, 69, gateway);
+        let stderr = text(&out.stderr);
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(&format!(
+                "kafka-lease leases: UNAVAILABLE: cannot reach the gateway at {tried}: "
+            )),
+            "{gateway}: {stderr}"
+        );
+    }
 
     let Some(services) =
         Services::require("gateway_errors_are_one_line_with_the_code_and_exit_non_zero")
@@ -1017,6 +1046,27 @@ actions = ["list"]
             "the token is never printed"
         );
     }
+    // `host:port` with TLS flags is TLS too.
+    let out = run(&[
+        "leases",
+        "--gateway",
+        &gateway.addr,
+        "--ca-cert",
+        &ca_path,
+        "--cert",
+        &cert_path,
+        "--key",
+        &key_path,
+        "--token-file",
+        &lister_file,
+    ])
+    .await;
+    assert_status(&out, 0, "leases over TLS to host:port");
+    assert!(
+        text(&out.stdout).contains("tls-holder"),
+        "{}",
+        text(&out.stdout)
+    );
     holder.signal("INT");
     let (status, stderr) = holder.exit().await;
     assert_eq!(status, Some(130), "{stderr}");

@@ -35,16 +35,19 @@ pub(crate) const DEFAULT_GATEWAY: &str = "http://127.0.0.1:50051";
 /// Where the gateway is and how to talk to it: the flags every tool takes.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ConnectArgs {
-    /// The gateway: `http://host:port`, or `https://host:port` with `--ca-cert`.
+    /// The gateway: `host:port` (as grpcurl takes it; `[::1]:port` for an IPv6 address),
+    /// plaintext unless a TLS flag is given; or a URL, `http://host:port` (plaintext) or
+    /// `https://host:port` (TLS, with `--ca-cert`).
     #[arg(
         long,
         env = "KAFKA_LEASE_GATEWAY",
         default_value = DEFAULT_GATEWAY,
-        value_name = "URL",
+        value_name = "ADDRESS",
         value_parser = parse_gateway
     )]
-    pub(crate) gateway: String,
-    /// CA certificate (PEM) the gateway's certificate must chain to; needed for `https://`.
+    pub(crate) gateway: Gateway,
+    /// CA certificate (PEM) the gateway's certificate must chain to: TLS. Needed for
+    /// `https://` and for TLS to a `host:port`.
     #[arg(long, value_name = "PATH")]
     pub(crate) ca_cert: Option<PathBuf>,
     /// Client certificate (PEM) for a gateway that requires mutual TLS; with `--key`.
@@ -59,21 +62,66 @@ pub(crate) struct ConnectArgs {
     pub(crate) token_file: Option<PathBuf>,
 }
 
-/// `--gateway`: an `http://` or `https://` URL with a host (and usually a port).
-fn parse_gateway(value: &str) -> Result<String, String> {
-    let allowed = "allowed: http://host:port or https://host:port";
-    let rest = value
-        .strip_prefix("http://")
-        .or_else(|| value.strip_prefix("https://"))
-        .ok_or_else(|| format!("{value:?} has no http:// or https:// scheme; {allowed}"))?;
-    let authority = rest.strip_suffix('/').unwrap_or(rest);
-    if authority.is_empty() || authority.contains('/') {
-        return Err(format!("{value:?} is not a gateway address; {allowed}"));
+/// How `--gateway` was written: its scheme, if it had one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GatewayForm {
+    /// `http://host:port`: plaintext, and TLS flags are a mistake.
+    Http,
+    /// `https://host:port`: TLS.
+    Https,
+    /// `host:port`: TLS when a TLS flag is given, else plaintext.
+    HostPort,
+}
+
+/// `--gateway`, checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Gateway {
+    /// As given, for messages.
+    pub(crate) given: String,
+    /// `host:port` (or `host` for a URL without a port).
+    pub(crate) authority: String,
+    pub(crate) form: GatewayForm,
+}
+
+impl std::fmt::Display for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.given)
     }
-    match value.parse::<tonic::transport::Uri>() {
-        Ok(uri) if uri.host().is_some() => Ok(value.to_string()),
-        _ => Err(format!("{value:?} is not a gateway address; {allowed}")),
+}
+
+/// `--gateway`: `host:port`, `[v6]:port`, or an `http://` or `https://` URL with a host (and
+/// usually a port) and no path.
+fn parse_gateway(value: &str) -> Result<Gateway, String> {
+    let allowed = "allowed: host:port, [IPv6 address]:port, http://host:port or https://host:port";
+    let (form, authority) = if let Some(rest) = value.strip_prefix("http://") {
+        (GatewayForm::Http, rest.strip_suffix('/').unwrap_or(rest))
+    } else if let Some(rest) = value.strip_prefix("https://") {
+        (GatewayForm::Https, rest.strip_suffix('/').unwrap_or(rest))
+    } else if value.contains("://") {
+        return Err(format!(
+            "{value:?} has a scheme other than http:// or https://; {allowed}"
+        ));
+    } else {
+        (GatewayForm::HostPort, value)
+    };
+    let not_an_address = || format!("{value:?} is not a gateway address; {allowed}");
+    if authority.is_empty() || authority.contains(['/', '@', '?', '#']) {
+        return Err(not_an_address());
     }
+    let uri = format!("http://{authority}")
+        .parse::<tonic::transport::Uri>()
+        .map_err(|_| not_an_address())?;
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(not_an_address());
+    }
+    if form == GatewayForm::HostPort && uri.port().is_none() {
+        return Err(format!("{value:?} has no port; {allowed}"));
+    }
+    Ok(Gateway {
+        given: value.to_string(),
+        authority: authority.to_string(),
+        form,
+    })
 }
 
 /// Why a tool stops with a non-zero status: the status and the line for stderr.
@@ -200,38 +248,44 @@ fn read_flag_file(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
 /// Checks the connection flags against each other and reads the files they name, before
 /// anything is connected.
 pub(crate) fn connection(args: &ConnectArgs) -> Result<Connection, Failure> {
-    let https = args.gateway.starts_with("https://");
-    let tls = if https {
-        let Some(ca) = &args.ca_cert else {
-            return Err(Failure::usage(format!(
-                "--gateway {} needs --ca-cert: the CA certificate (PEM) the gateway's \
-                 certificate chains to",
-                args.gateway
-            )));
-        };
-        let mut tls = ClientTls::new(read_flag_file("--ca-cert", ca)?);
-        if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
-            tls = tls.client_certificate(
-                read_flag_file("--cert", cert)?,
-                read_flag_file("--key", key)?,
-            );
+    let gateway = &args.gateway;
+    let tls_flag = [
+        ("--ca-cert", args.ca_cert.is_some()),
+        ("--cert", args.cert.is_some()),
+        ("--key", args.key.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag));
+    let tls = match (gateway.form, tls_flag) {
+        (GatewayForm::Https, _) | (GatewayForm::HostPort, Some(_)) => {
+            let Some(ca) = &args.ca_cert else {
+                let why = match tls_flag {
+                    Some(flag) if gateway.form == GatewayForm::HostPort => {
+                        format!("{flag} means TLS, and TLS")
+                    }
+                    _ => format!("--gateway {gateway}"),
+                };
+                return Err(Failure::usage(format!(
+                    "{why} needs --ca-cert: the CA certificate (PEM) the gateway's \
+                     certificate chains to"
+                )));
+            };
+            let mut tls = ClientTls::new(read_flag_file("--ca-cert", ca)?);
+            if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
+                tls = tls.client_certificate(
+                    read_flag_file("--cert", cert)?,
+                    read_flag_file("--key", key)?,
+                );
+            }
+            Some(tls)
         }
-        Some(tls)
-    } else {
-        let tls_flag = [
-            ("--ca-cert", args.ca_cert.is_some()),
-            ("--cert", args.cert.is_some()),
-            ("--key", args.key.is_some()),
-        ]
-        .into_iter()
-        .find_map(|(flag, given)| given.then_some(flag));
-        if let Some(flag) = tls_flag {
+        (GatewayForm::Http, Some(flag)) => {
             return Err(Failure::usage(format!(
-                "{flag} is for TLS, but --gateway {} is plaintext; use an https:// gateway",
-                args.gateway
+                "{flag} is for TLS, but --gateway {gateway} is plaintext; use an https:// \
+                 gateway or host:port"
             )));
         }
-        None
+        (GatewayForm::Http | GatewayForm::HostPort, None) => None,
     };
     let token = match &args.token_file {
         None => None,
@@ -251,8 +305,9 @@ pub(crate) fn connection(args: &ConnectArgs) -> Result<Connection, Failure> {
             Some(token)
         }
     };
+    let scheme = if tls.is_some() { "https" } else { "http" };
     Ok(Connection {
-        endpoint: args.gateway.clone(),
+        endpoint: format!("{scheme}://{}", gateway.authority),
         tls,
         token,
     })
@@ -260,6 +315,7 @@ pub(crate) fn connection(args: &ConnectArgs) -> Result<Connection, Failure> {
 
 /// Everything needed to connect, checked and read. Its `Debug` never shows the token.
 pub(crate) struct Connection {
+    /// The URL connected to: `http://` or `https://` and the gateway's `host:port`.
     endpoint: String,
     tls: Option<ClientTls>,
     token: Option<String>,
@@ -276,7 +332,7 @@ impl std::fmt::Debug for Connection {
 }
 
 impl Connection {
-    /// Connects, within [`CONNECT_TIMEOUT`].
+    /// Connects, within [`CONNECT_TIMEOUT`]. A failure to connect names the address tried.
     pub(crate) async fn connect(&self) -> Result<Client, Failure> {
         let connecting = async {
             match &self.tls {
@@ -284,18 +340,25 @@ impl Connection {
                 None => Client::connect(self.endpoint.clone()).await,
             }
         };
+        let unreachable = |why: String| Failure {
+            status: EXIT_UNAVAILABLE,
+            line: format!(
+                "UNAVAILABLE: cannot reach the gateway at {}: {}",
+                self.endpoint,
+                one_line(&why)
+            ),
+        };
         let client = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(client)) => client,
+            Ok(Err(kafka_lease_client::Error::Transport(source))) => {
+                return Err(unreachable(error_chain(&source)))
+            }
             Ok(Err(err)) => return Err(Failure::gateway(&err)),
             Err(_) => {
-                return Err(Failure {
-                    status: EXIT_UNAVAILABLE,
-                    line: format!(
-                        "UNAVAILABLE: cannot reach the gateway: no connection to {} within {}s",
-                        self.endpoint,
-                        CONNECT_TIMEOUT.as_secs()
-                    ),
-                })
+                return Err(unreachable(format!(
+                    "no connection within {}s",
+                    CONNECT_TIMEOUT.as_secs()
+                )))
             }
         };
         match &self.token {
@@ -342,25 +405,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gateway_urls_need_a_scheme_and_a_host() {
-        for ok in [
-            "http://127.0.0.1:50051",
-            "https://gw.example:443",
-            "http://[::1]:50051/",
-            "http://localhost",
+    fn gateways_are_host_port_or_urls() {
+        for (ok, authority, form) in [
+            ("127.0.0.1:50051", "127.0.0.1:50051", GatewayForm::HostPort),
+            ("[::1]:50051", "[::1]:50051", GatewayForm::HostPort),
+            ("gw.example:443", "gw.example:443", GatewayForm::HostPort),
+            (
+                "http://127.0.0.1:50051",
+                "127.0.0.1:50051",
+                GatewayForm::Http,
+            ),
+            (
+                "https://gw.example:443",
+                "gw.example:443",
+                GatewayForm::Https,
+            ),
+            ("http://[::1]:50051/", "[::1]:50051", GatewayForm::Http),
+            ("http://localhost", "localhost", GatewayForm::Http),
         ] {
-            assert_eq!(parse_gateway(ok).as_deref(), Ok(ok), "{ok}");
+            let gateway = parse_gateway(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert_eq!(gateway.authority, authority, "{ok}");
+            assert_eq!(gateway.form, form, "{ok}");
+            assert_eq!(gateway.to_string(), ok);
         }
         for bad in [
-            "127.0.0.1:50051",
+            "127.0.0.1",
+            "[::1]",
+            "::1:50051",
+            ":50051",
             "grpc://x:1",
             "http://",
             "http:///x",
             "http://a:1/path",
+            "a:1/path",
+            "user@a:1",
+            "",
         ] {
             let err = parse_gateway(bad).expect_err(bad);
             assert!(err.contains(&format!("{bad:?}")), "{err}");
-            assert!(err.contains("allowed: http://host:port"), "{err}");
+            assert!(
+                err.contains("allowed: host:port, [IPv6 address]:port, http://host:port"),
+                "{err}"
+            );
         }
     }
 
@@ -383,7 +469,7 @@ mod tests {
 
     fn connect_args(gateway: &str) -> ConnectArgs {
         ConnectArgs {
-            gateway: gateway.into(),
+            gateway: parse_gateway(gateway).expect("a gateway"),
             ca_cert: None,
             cert: None,
             key: None,
@@ -400,6 +486,36 @@ mod tests {
         args.ca_cert = Some("ca.pem".into());
         let err = connection(&args).expect_err("CA on plaintext");
         assert!(err.line.starts_with("--ca-cert is for TLS"), "{}", err.line);
+        // host:port: plaintext, or TLS with a TLS flag (which then needs the CA).
+        let conn = connection(&connect_args("gw:1")).expect("plaintext");
+        assert_eq!(conn.endpoint, "http://gw:1");
+        assert!(conn.tls.is_none());
+        let conn = connection(&connect_args("[::1]:1")).expect("plaintext");
+        assert_eq!(conn.endpoint, "http://[::1]:1");
+        let mut args = connect_args("gw:1");
+        args.cert = Some("c.pem".into());
+        args.key = Some("k.pem".into());
+        let err = connection(&args).expect_err("a client certificate without a CA");
+        assert_eq!(err.status, EXIT_USAGE);
+        assert!(
+            err.line
+                .starts_with("--cert means TLS, and TLS needs --ca-cert"),
+            "{}",
+            err.line
+        );
+        let dir = std::env::temp_dir().join(format!("kafka-lease-tools-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let ca = dir.join("ca.pem");
+        std::fs::write(&ca, "not checked before connecting").expect("write");
+        let mut args = connect_args("gw:1");
+        args.ca_cert = Some(ca.clone());
+        let conn = connection(&args).expect("TLS");
+        assert_eq!(conn.endpoint, "https://gw:1");
+        assert!(conn.tls.is_some());
+        let mut args = connect_args("https://gw:1/");
+        args.ca_cert = Some(ca);
+        assert_eq!(connection(&args).expect("TLS").endpoint, "https://gw:1");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
