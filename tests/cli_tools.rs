@@ -609,6 +609,19 @@ async fn tail_starts_where_from_says() {
         "{stderr}"
     );
     assert!(error_lines[0].contains("999"), "{stderr}");
+    // The error first, as it happened, then the summary of the cleanup after it.
+    let lines: Vec<&str> = stderr.lines().collect();
+    let error_at = lines.iter().position(|l| l.contains("OUT_OF_RANGE"));
+    let summary_at = lines.iter().position(|l| l.contains("records printed"));
+    assert!(
+        error_at.is_some() && summary_at.is_some() && error_at < summary_at,
+        "the error, then the summary: {stderr}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("kafka-lease tail: 0 records printed; lease released"),
+        "{stderr}"
+    );
     assert!(out.stdout.is_empty());
     assert_nothing_held(&services, &client, &prefix, &group, "after --from 999").await;
 }
@@ -731,6 +744,49 @@ async fn a_closed_stdout_ends_tail_cleanly_and_releases_the_lease() {
     );
     assert_eq!(kafka_committed(&services, &group, &topic, 0), None);
     assert_nothing_held(&services, &client, &prefix, &group, "after the pipe closed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_pipe_leaves_a_summary_counting_the_lines_the_reader_got() {
+    let Some(services) =
+        Services::require("a_closed_pipe_leaves_a_summary_counting_the_lines_the_reader_got")
+    else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    produce_n(&producer(&services), &topic, 0, 3).await;
+    let client = gateway.client().await;
+    let endpoint = gateway.endpoint();
+    // `| head -n 3` with three records: the reader gets all three lines, then goes. The
+    // summary says 3 every time; it once said 0 when the pipe's closing was seen before the
+    // end of the write that had put the lines in it. Several runs, for the race.
+    for run in 0..8 {
+        let group = unique_name("pipe");
+        let mut tail = Tail::spawn(&[
+            "--gateway",
+            &endpoint,
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--from",
+            "earliest",
+        ]);
+        for i in 0..3 {
+            let line = tail.stdout_line().await;
+            assert!(line.starts_with(&format!("0\t{i}\t")), "run {run}: {line}");
+        }
+        tail.close_stdout();
+        let (status, stderr) = tail.exit().await;
+        assert_eq!(status, Some(0), "run {run}: {stderr}");
+        assert!(
+            stderr.contains("kafka-lease tail: 3 records printed; lease released"),
+            "run {run}: {stderr}"
+        );
+        assert_nothing_held(&services, &client, &prefix, &group, "after the pipe closed").await;
+    }
 }
 
 #[tokio::test]

@@ -1,12 +1,19 @@
 //! `kafka-lease tail`: lease a partition, print its records to stdout like kcat, and give
 //! the lease back (committing what was printed, if asked) however it ends.
+//!
+//! A record counts as printed once stdout has taken all of its line: the records go to
+//! stdout from a blocking thread that counts the bytes each write took, so a reader that
+//! goes away (`| head`) or a signal during a write leaves an exact count, never one decided
+//! by which of two events the runtime saw first. Errors go to stderr as they happen; the
+//! summary comes last.
 
 use std::io::{IsTerminal as _, Write as _};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use clap::{Args, ValueEnum};
 use kafka_lease_client::{AcquireOptions, Client, Lease, ReadOptions, SeekTo};
-use tokio::io::AsyncWriteExt as _;
 use tokio::time::Instant;
 
 use super::leases::{parse_group, parse_topic};
@@ -433,12 +440,14 @@ async fn read(
         },
         stop = signals.recv() => return Ending::Signal(stop),
     };
-    let mut stdout = tokio::io::stdout();
+    let mut stdout = RecordsOut::new();
     let mut tick = tokio::time::interval_at(
         Instant::now() + Duration::from_secs(1),
         Duration::from_secs(1),
     );
     let mut text = String::new();
+    // Where each record's line ends in `text`.
+    let mut ends: Vec<usize> = Vec::new();
     let mut closed = std::pin::pin!(stdout_closed());
     loop {
         let batch = tokio::select! {
@@ -468,10 +477,11 @@ async fn read(
             .max_records
             .map_or(usize::MAX, |max| (max - printed.records) as usize);
         let records = &batch.records[..batch.records.len().min(remaining)];
-        let Some(last) = records.last() else {
+        if records.is_empty() {
             continue;
-        };
+        }
         text.clear();
+        ends.clear();
         for record in records {
             match args.format {
                 TailFormat::Text => render::record_text(&mut text, lease.partition(), record),
@@ -479,38 +489,124 @@ async fn read(
                     render::record_json(&mut text, lease.topic(), lease.partition(), record)
                 }
             }
+            ends.push(text.len());
         }
-        // A batch counts as printed once stdout took all of it.
-        let written = async {
-            stdout.write_all(text.as_bytes()).await?;
-            stdout.flush().await
-        };
-        tokio::select! {
+        // Not raced against `closed`: the write itself fails once the reader has gone, and
+        // what it took before counts.
+        let written = tokio::select! {
             biased;
-            stop = signals.recv() => return Ending::Signal(stop),
-            written = written => match written {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                    return Ending::StdoutClosed
-                }
-                Err(e) => {
-                    return Ending::Failed {
+            stop = signals.recv() => Err(Ending::Signal(stop)),
+            (back, written) = stdout.write(std::mem::take(&mut text)) => {
+                text = back;
+                match written {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+                        Err(Ending::StdoutClosed)
+                    }
+                    Err(e) => Err(Ending::Failed {
                         failure: Failure {
                             status: EXIT_FAILURE,
                             line: format!("cannot write to stdout: {e}"),
                         },
                         lease_gone: false,
-                    }
+                    }),
                 }
-            },
-            () = &mut closed => return Ending::StdoutClosed,
+            }
+        };
+        // The records whose whole line stdout took.
+        let taken = match written {
+            Ok(()) => records.len(),
+            Err(_) => ends.partition_point(|&end| end <= stdout.taken()),
+        };
+        if let Some(last) = records[..taken].last() {
+            printed.records += taken as u64;
+            printed.next_offset = Some(last.offset + 1);
+            printed.high_watermark = Some(batch.high_watermark);
         }
-        printed.records += records.len() as u64;
-        printed.next_offset = Some(last.offset + 1);
-        printed.high_watermark = Some(batch.high_watermark);
+        if let Err(ending) = written {
+            return ending;
+        }
         if args.max_records.is_some_and(|max| printed.records >= max) {
             return Ending::MaxRecords;
         }
+    }
+}
+
+/// Stdout for the records, written from a blocking thread so that a reader that stops
+/// reading never blocks the runtime, with the count of the bytes each write took.
+struct RecordsOut {
+    /// `None` once a write was abandoned midway (by a signal; nothing is written after).
+    sink: Option<Box<dyn std::io::Write + Send>>,
+    /// The bytes of the current write stdout has taken so far.
+    taken: Arc<AtomicUsize>,
+}
+
+impl RecordsOut {
+    fn new() -> RecordsOut {
+        let taken = Arc::new(AtomicUsize::new(0));
+        // Unbuffered: a duplicate of the descriptor, so each write is one write(2) and what
+        // it took is known. Else (not Unix, or no descriptor to spare) std's stdout.
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsFd as _;
+            if let Ok(fd) = std::io::stdout().as_fd().try_clone_to_owned() {
+                return RecordsOut {
+                    sink: Some(Box::new(std::fs::File::from(fd))),
+                    taken,
+                };
+            }
+        }
+        RecordsOut {
+            sink: Some(Box::new(std::io::stdout())),
+            taken,
+        }
+    }
+
+    /// Writes all of `text`; gives it back with `Ok` once stdout took all of it. Dropped
+    /// before that, the write goes on on its thread; [`RecordsOut::taken`] says how much of
+    /// it got through so far.
+    async fn write(&mut self, text: String) -> (String, std::io::Result<()>) {
+        self.taken.store(0, Ordering::Release);
+        let Some(mut sink) = self.sink.take() else {
+            return (
+                text,
+                Err(std::io::Error::other(
+                    "an earlier write to stdout was cut short",
+                )),
+            );
+        };
+        let taken = Arc::clone(&self.taken);
+        let job = tokio::task::spawn_blocking(move || {
+            let bytes = text.as_bytes();
+            let mut done = 0;
+            let result = loop {
+                if done == bytes.len() {
+                    break sink.flush();
+                }
+                match sink.write(&bytes[done..]) {
+                    Ok(0) => break Err(std::io::ErrorKind::WriteZero.into()),
+                    Ok(n) => {
+                        done += n;
+                        taken.store(done, Ordering::Release);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => break Err(e),
+                }
+            };
+            (sink, text, result)
+        });
+        match job.await {
+            Ok((sink, text, result)) => {
+                self.sink = Some(sink);
+                (text, result)
+            }
+            Err(e) => (String::new(), Err(std::io::Error::other(e))),
+        }
+    }
+
+    /// The bytes of the last write stdout took.
+    fn taken(&self) -> usize {
+        self.taken.load(Ordering::Acquire)
     }
 }
 
@@ -568,6 +664,9 @@ async fn bounded<T>(
 }
 
 /// Commits (with `--commit-on-exit`) and releases, then says how it ended; the exit status.
+/// An error goes to stderr when it happens, before the summary: the one that ended the
+/// Read at once, one of the commit or the release when it fails. The first error decides
+/// the exit status.
 async fn finish(
     lease: Lease,
     ending: Ending,
@@ -580,20 +679,32 @@ async fn finish(
             eprintln!("kafka-lease tail: {text}");
         }
     };
+    // Errors are printed even with --quiet.
+    let mut failed: Option<u8> = None;
+    let mut fail = |failure: Failure| {
+        if failed.is_none() {
+            eprintln!("kafka-lease tail: {}", failure.line);
+            failed = Some(failure.status);
+        }
+    };
     let stdout_closed = matches!(ending, Ending::StdoutClosed);
-    let (status, mut failure, lease_gone) = match ending {
-        Ending::MaxRecords => (0, None, false),
-        Ending::StdoutClosed => (0, None, false),
+    let mut summary = vec![format!("{} records printed", printed.records)];
+    let (status, lease_gone) = match ending {
+        Ending::MaxRecords => (0, false),
+        Ending::StdoutClosed => (0, false),
         Ending::Signal(stop) => {
             say(&format!("{} received; stopping", stop.name()));
-            (stop.status(), None, false)
+            (stop.status(), false)
         }
         Ending::Failed {
             failure,
             lease_gone,
-        } => (failure.status, Some(failure), lease_gone),
+        } => {
+            let status = failure.status;
+            fail(failure);
+            (status, lease_gone)
+        }
     };
-    let mut summary = vec![format!("{} records printed", printed.records)];
     if args.commit_on_exit && stdout_closed {
         summary
             .push("stdout was closed, so nothing committed (printed records may be unread)".into());
@@ -606,11 +717,11 @@ async fn finish(
                 Cleanup::Done(Ok(())) => summary.push(format!("committed offset {next}")),
                 Cleanup::Done(Err(e)) => {
                     summary.push("commit failed".into());
-                    failure.get_or_insert(Failure::gateway(&e));
+                    fail(Failure::gateway(&e));
                 }
                 Cleanup::TimedOut => {
                     summary.push("commit failed".into());
-                    failure.get_or_insert(timed_out("Commit"));
+                    fail(timed_out("Commit"));
                 }
                 Cleanup::Interrupted(stop) => return Ok(abandon(stop, args)),
             },
@@ -623,20 +734,17 @@ async fn finish(
             Cleanup::Done(Ok(())) => summary.push("lease released".into()),
             Cleanup::Done(Err(e)) => {
                 summary.push("release failed".into());
-                failure.get_or_insert(Failure::gateway(&e));
+                fail(Failure::gateway(&e));
             }
             Cleanup::TimedOut => {
                 summary.push("release failed".into());
-                failure.get_or_insert(timed_out("Release"));
+                fail(timed_out("Release"));
             }
             Cleanup::Interrupted(stop) => return Ok(abandon(stop, args)),
         }
     }
     say(&summary.join("; "));
-    match failure {
-        Some(failure) => Err(failure),
-        None => Ok(status),
-    }
+    Ok(failed.unwrap_or(status))
 }
 
 fn timed_out(call: &str) -> Failure {
