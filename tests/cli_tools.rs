@@ -1,10 +1,12 @@
 //! The command line tools, `kafka-lease leases` and `kafka-lease tail`, as a person runs them:
 //! the real binary against a real gateway, real Kafka and real Consul. Leases the test holds
 //! show with their member and token; tail prints what the test produced, in text and JSON,
-//! from where `--from` says; every way tail ends (`--max-records`, SIGINT, SIGTERM, a closed
-//! stdout, a gateway error) gives the lease back, and `--commit-on-exit` commits the offset
-//! after the last record printed; bad flags exit 64 with one line; TLS, mutual TLS and a
-//! bearer token from a file.
+//! from where `--from` says; every way tail ends (`--max-records`, `--exit-at-end`, SIGINT,
+//! SIGTERM, a closed stdout, a gateway error) gives the lease back, and `--commit-on-exit`
+//! commits the offset after the last record printed; the summary counts what the reader of a
+//! closed pipe got and comes after any error; bad flags exit 64 with one line; `--gateway` as
+//! `host:port` or a URL, and an unreachable one named; TLS, mutual TLS and a bearer token from
+//! a file.
 
 mod support;
 
@@ -789,6 +791,134 @@ async fn a_closed_pipe_leaves_a_summary_counting_the_lines_the_reader_got() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_at_end_stops_at_the_end_of_the_partition() {
+    let Some(services) = Services::require("exit_at_end_stops_at_the_end_of_the_partition") else {
+        return;
+    };
+    let prefix = unique_prefix();
+    let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 2).await;
+    // More than one Read batch (500 records each).
+    produce_n(&producer(&services), &topic, 0, 1200).await;
+    let client = gateway.client().await;
+    let endpoint = gateway.endpoint();
+    let group = unique_name("end");
+    let tail = |extra: &[&str]| {
+        let mut args = vec![
+            "tail".to_string(),
+            "--gateway".into(),
+            endpoint.clone(),
+            "--group".into(),
+            group.clone(),
+            "--topic".into(),
+            topic.clone(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let run_tail = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let started = tokio::time::Instant::now();
+        let out = run(&args).await;
+        (out, started.elapsed())
+    };
+    let summary = |out: &Output| {
+        text(&out.stderr)
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_string()
+    };
+
+    // Every record, across batches, then the end: exit 0, released, nothing committed.
+    let (out, _) = run_tail(tail(&[
+        "--partition",
+        "0",
+        "--from",
+        "earliest",
+        "--exit-at-end",
+    ]))
+    .await;
+    assert_status(&out, 0, "--exit-at-end from the earliest");
+    assert_eq!(offsets(&out), (0..1200).collect::<Vec<i64>>());
+    assert_eq!(
+        summary(&out),
+        "kafka-lease tail: 1200 records printed; reached the end of the partition \
+         (offset 1200); lease released"
+    );
+    assert_eq!(kafka_committed(&services, &group, &topic, 0), None);
+    assert_nothing_held(&services, &client, &prefix, &group, "after -e").await;
+
+    // From an offset, committing on exit.
+    let (out, _) = run_tail(tail(&[
+        "--partition",
+        "0",
+        "--from",
+        "1190",
+        "-e",
+        "--commit-on-exit",
+    ]))
+    .await;
+    assert_status(&out, 0, "-e --from 1190 --commit-on-exit");
+    assert_eq!(offsets(&out), (1190..1200).collect::<Vec<i64>>());
+    assert_eq!(
+        summary(&out),
+        "kafka-lease tail: 10 records printed; reached the end of the partition \
+         (offset 1200); committed offset 1200; lease released"
+    );
+    assert_eq!(
+        kafka_committed(&services, &group, &topic, 0).map(|(o, _)| o),
+        Some(1200)
+    );
+
+    // Starting at the end (the committed offset, an empty partition, latest): nothing to
+    // wait for, so it ends at once.
+    for (what, extra) in [
+        ("committed at the end", vec!["--partition", "0"]),
+        (
+            "an empty partition",
+            vec!["--partition", "1", "--from", "earliest"],
+        ),
+        ("latest", vec!["--partition", "0", "--from", "latest"]),
+    ] {
+        let mut args = extra.clone();
+        args.extend(["-e", "--commit-on-exit"]);
+        let (out, took) = run_tail(tail(&args)).await;
+        assert_status(&out, 0, what);
+        assert!(out.stdout.is_empty(), "{what}");
+        let end = if extra[1] == "1" { 0 } else { 1200 };
+        assert_eq!(
+            summary(&out),
+            format!(
+                "kafka-lease tail: 0 records printed; reached the end of the partition \
+                 (offset {end}); nothing to commit; lease released"
+            ),
+            "{what}"
+        );
+        assert!(took < Duration::from_secs(10), "{what}: took {took:?}");
+    }
+
+    // --max-records first: it stops there.
+    let (out, _) = run_tail(tail(&[
+        "--partition",
+        "0",
+        "--from",
+        "earliest",
+        "-e",
+        "--max-records",
+        "3",
+    ]))
+    .await;
+    assert_status(&out, 0, "-e --max-records 3");
+    assert_eq!(offsets(&out), [0, 1, 2]);
+    assert_eq!(
+        summary(&out),
+        "kafka-lease tail: 3 records printed; lease released"
+    );
+    assert_nothing_held(&services, &client, &prefix, &group, "after the -e runs").await;
+}
+
 #[tokio::test]
 async fn bad_flags_exit_64_with_one_line_naming_the_value() {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
@@ -893,7 +1023,7 @@ async fn bad_flags_exit_64_with_one_line_naming_the_value() {
     let out = run(&["tail", "--help"]).await;
     assert_status(&out, 0, "tail --help");
     let help = text(&out.stdout);
-    for needle in ["--commit-on-exit", "host:port"] {
+    for needle in ["--commit-on-exit", "-e, --exit-at-end", "host:port"] {
         assert!(help.contains(needle), "{needle:?} in {help}");
     }
 }

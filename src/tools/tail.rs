@@ -168,11 +168,17 @@ pub(crate) struct TailArgs {
     /// the earliest), an offset, or an RFC 3339 time (the first record at or after it).
     #[arg(long, value_name = "POSITION", default_value = "committed", value_parser = parse_from)]
     pub(crate) from: StartAt,
-    /// Stop after printing this many records (exit status 0).
+    /// Stop after printing this many records in all (exit status 0).
     #[arg(long, value_name = "N", value_parser = parse_max_records)]
     pub(crate) max_records: Option<u64>,
-    /// On exit (--max-records, SIGINT, SIGTERM, an error), commit the offset after the last
-    /// record printed, before releasing the lease.
+    /// Stop at the end of the partition, like kcat -e (exit status 0): once the records
+    /// printed reach the high watermark the gateway sent with their batch; at once if the
+    /// start is at or past the high watermark Acquire reported. Records produced meanwhile
+    /// are printed while the Read has not caught up with them.
+    #[arg(long, short = 'e')]
+    pub(crate) exit_at_end: bool,
+    /// On exit (--max-records, --exit-at-end, SIGINT, SIGTERM, an error), commit the offset
+    /// after the last record printed, before releasing the lease.
     #[arg(long)]
     pub(crate) commit_on_exit: bool,
     /// How to print records.
@@ -285,6 +291,8 @@ struct Printed {
 enum Ending {
     /// `--max-records` were printed.
     MaxRecords,
+    /// `--exit-at-end`: the Read reached this high watermark.
+    End { high_watermark: i64 },
     /// SIGINT or SIGTERM.
     Signal(Stop),
     /// Whoever read stdout went away (`| head`).
@@ -431,6 +439,13 @@ async fn read(
             lease.gateway(),
         );
     }
+    // `--exit-at-end` from a start at or past the end: no batch would ever come (a batch is
+    // never empty), so the end is the high watermark Acquire reported.
+    if args.exit_at_end && start >= lease.high_watermark() {
+        return Ending::End {
+            high_watermark: start,
+        };
+    }
     let per_batch = args.max_records.unwrap_or(BATCH_RECORDS).min(BATCH_RECORDS) as u32;
     let options = ReadOptions::new().max_records(per_batch);
     let mut stream = tokio::select! {
@@ -528,6 +543,17 @@ async fn read(
         }
         if args.max_records.is_some_and(|max| printed.records >= max) {
             return Ending::MaxRecords;
+        }
+        // The gateway's high watermark is never below the offset after the batch's last
+        // record: the Read has caught up when it printed up to it.
+        if args.exit_at_end
+            && printed
+                .next_offset
+                .is_some_and(|next| next >= batch.high_watermark)
+        {
+            return Ending::End {
+                high_watermark: batch.high_watermark,
+            };
         }
     }
 }
@@ -691,6 +717,12 @@ async fn finish(
     let mut summary = vec![format!("{} records printed", printed.records)];
     let (status, lease_gone) = match ending {
         Ending::MaxRecords => (0, false),
+        Ending::End { high_watermark } => {
+            summary.push(format!(
+                "reached the end of the partition (offset {high_watermark})"
+            ));
+            (0, false)
+        }
         Ending::StdoutClosed => (0, false),
         Ending::Signal(stop) => {
             say(&format!("{} received; stopping", stop.name()));
