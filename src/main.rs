@@ -163,8 +163,12 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            tracing::error!("{err:#}");
-            eprintln!("kafka-lease: {err:#}");
+            // Said once: in the log where the log shows errors, else on its own line.
+            if tracing::enabled!(tracing::Level::ERROR) {
+                tracing::error!("{err:#}");
+            } else {
+                eprintln!("kafka-lease: {err:#}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -178,11 +182,12 @@ fn init_logging(log: &LogArgs, instance: &str) -> anyhow::Result<Option<SdkTrace
     use tracing_subscriber::Layer as _;
     let mut filter = tracing_subscriber::EnvFilter::try_new(&log.log)
         .with_context(|| format!("invalid --log filter {:?}", log.log))?;
-    // The Consul client logs every request at info and expected 404s at error; keep it to
-    // warnings unless the filter names it.
+    // The Consul client logs every request at info, and every failed one (expected 404s
+    // too) at error with no context, before the gateway says what failed and why: silent
+    // unless the filter names it.
     for noisy in ["consulrs", "rustify"] {
         if !log.log.contains(noisy) {
-            if let Ok(directive) = format!("{noisy}=warn").parse() {
+            if let Ok(directive) = format!("{noisy}=off").parse() {
                 filter = filter.add_directive(directive);
             }
         }
@@ -313,9 +318,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let bound = listener.local_addr()?;
     let advertise = args.advertise(bound)?;
-    let locks = ConsulLocks::connect(args.consul_config(&instance, bound))
-        .await
-        .with_context(|| format!("cannot open a Consul session at {}", args.consul))?;
+    let locks = match ConsulLocks::connect(args.consul_config(&instance, bound)).await {
+        Ok(locks) => locks,
+        Err(err) => return Err(consul_failed(&args.consul, err).await),
+    };
     let mut settings = KafkaSettings::new(&args.kafka, &instance);
     settings.options = kafka_properties;
     settings.queue_kbytes_per_partition = args.fetch_queue_kbytes;
@@ -346,9 +352,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, %advertise, "serving");
     // One machine-readable line on stdout, for scripts and tests started with port 0.
     println!("kafka-lease listening on {addr}");
+    let connection_limits = args.connection_limits()?;
     let options = ServeOptions {
         grace: args.shutdown_grace,
-        max_streams_per_connection: args.max_streams_per_connection,
+        connection_limits,
         keepalive_interval: args.keepalive_interval,
         keepalive_timeout: args.keepalive_timeout,
         tls,
@@ -357,6 +364,49 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), options).await?;
     Ok(())
+}
+
+/// Why the gateway cannot start with Consul, in one line: where nothing answers at the
+/// Consul address (the usual reason: Consul is not running), that, the one cause, and what to
+/// do; otherwise what Consul answered.
+async fn consul_failed(consul: &str, err: impl std::fmt::Display) -> anyhow::Error {
+    match unreachable(consul).await {
+        Some(cause) => anyhow::anyhow!(
+            "cannot reach Consul at {consul}: {cause}. Start Consul there, or point --consul \
+             at a running agent; or run `kafka-lease dev` to try kafka-lease with nothing \
+             installed"
+        ),
+        None => anyhow::anyhow!("cannot open a Consul session at {consul}: {err}"),
+    }
+}
+
+/// Why nothing answers at `url`'s host and port (a `http://` or `https://` URL): the error of
+/// one TCP connection attempt; `None` when something accepts it.
+async fn unreachable(url: &str) -> Option<std::io::Error> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let authority = authority.rsplit('@').next().unwrap_or(authority);
+    let has_port = authority
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+    let address = match (has_port, scheme) {
+        (true, _) => authority.to_string(),
+        (false, "https") => format!("{authority}:443"),
+        (false, _) => format!("{authority}:80"),
+    };
+    match tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect(&address),
+    )
+    .await
+    {
+        Ok(Ok(_)) => None,
+        Ok(Err(err)) => Some(err),
+        Err(_) => Some(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer within 2 s",
+        )),
+    }
 }
 
 async fn dev(args: DevArgs) -> anyhow::Result<()> {
@@ -370,6 +420,7 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let mut settings = KafkaSettings::new(kafka_cluster.bootstrap_servers(), "dev");
     settings.scan_for_timestamps = true;
     let kafka = Kafka::new(settings)?;
+    let clients = kafka.clone();
     let gateway = Gateway::new("dev".to_string(), locks, kafka);
     print_dev_banner(&addr.to_string(), args.sample_records);
     println!("kafka-lease listening on {addr}");
@@ -378,6 +429,9 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
         ..ServeOptions::default()
     };
     kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), options).await?;
+    // The clients go before the in-process cluster they talk to, quietly.
+    clients.close().await;
+    drop(clients);
     drop(kafka_cluster);
     Ok(())
 }

@@ -1,7 +1,7 @@
-//! The per-connection limits of a real gateway, through gRPC: leases per connection
-//! (RESOURCE_EXHAUSTED naming the flag and its value) and calls open at once per connection
-//! (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a client queues calls past it), and the size
-//! of a request message.
+//! The per-connection limits of a real gateway, through gRPC: leases per connection and long
+//! calls per connection (each RESOURCE_EXHAUSTED naming the flag and its value; short calls
+//! on a connection full of long ones are still answered at once), and the size of a request
+//! message.
 
 mod support;
 
@@ -11,8 +11,8 @@ use kafka_lease_client::{AcquireOptions, Client, Error, LeaseFilter, Reason};
 use kafka_lease_testkit::{unique_name, Services};
 use support::{create_topic, unique_prefix, GatewayProcess};
 
-/// How long a call queued behind the stream limit is given to show it does not start.
-const QUEUED: Duration = Duration::from_millis(500);
+/// How long a short call on a connection full of long calls may take: it is answered at once.
+const QUEUED: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_cannot_take_more_than_its_limits() {
@@ -27,7 +27,7 @@ async fn one_connection_cannot_take_more_than_its_limits() {
         &[
             "--max-leases-per-connection",
             "1",
-            "--max-streams-per-connection",
+            "--max-long-calls-per-connection",
             "2",
         ],
     )
@@ -63,18 +63,34 @@ async fn one_connection_cannot_take_more_than_its_limits() {
     lease.release().await.expect("release");
     let again = first.acquire(options(0)).await.expect("a lease again");
 
-    // Calls open at once per connection: two Acquires waiting for held partitions fill a
-    // connection; a third call on it does not start until one of them ends, while the same
-    // call on another connection is answered.
+    // Long calls per connection: two Acquires waiting for held partitions fill a connection
+    // that may have two; a third long call on it is refused at once, naming the flag and
+    // the connection, while short calls on the same connection are answered; once a
+    // waiting Acquire ends, a long call is admitted again.
     let list = |client: Client, group: String| async move {
         client.list_leases(LeaseFilter::new().group(group)).await
     };
+    // A Read of a lease that has ended: admitted, it answers at once that the lease ended;
+    // refused, it says why.
+    let ended = connect().await.acquire(options(2)).await.expect("a lease");
+    let ended_id = ended.lease_id().to_string();
+    ended.release().await.expect("release");
+    let read = |client: Client| {
+        let lease_id = ended_id.clone();
+        async move {
+            client
+                .raw()
+                .read(kafka_lease_client::proto::ReadRequest {
+                    lease_id,
+                    ..Default::default()
+                })
+                .await
+                .map(|_| ())
+                .map_err(Error::from)
+        }
+    };
     let busy = connect().await;
-    // One call first: its answer comes after the server's SETTINGS, so the client knows the
-    // limit before it opens more streams (until then HTTP/2 lets it assume none, and a
-    // stream past the limit would be refused).
-    list(busy.clone(), group.clone()).await.expect("list");
-    let mut waiting: Vec<_> = [0, 1]
+    let waiting: Vec<_> = [0, 1]
         .into_iter()
         .map(|partition| {
             let (client, options) = (
@@ -84,40 +100,53 @@ async fn one_connection_cannot_take_more_than_its_limits() {
             tokio::spawn(async move { client.acquire(options).await })
         })
         .collect();
-    // Both waiting Acquires are open once a third call on the connection stops starting.
-    let filled = kafka_lease_testkit::wait_for(
-        "the two waiting Acquires to fill the connection",
+    let refused = kafka_lease_testkit::wait_for(
+        "the two waiting Acquires to fill the connection's long calls",
         Duration::from_secs(20),
         || async {
-            if waiting.iter().any(|w| w.is_finished()) {
-                return Some(false);
+            assert!(
+                waiting.iter().all(|w| !w.is_finished()),
+                "a waiting Acquire ended while its partition was held"
+            );
+            match read(busy.clone()).await {
+                Err(e @ Error::Busy { .. }) => Some(e),
+                _ => None,
             }
-            tokio::time::timeout(QUEUED, list(busy.clone(), group.clone()))
-                .await
-                .is_err()
-                .then_some(true)
         },
     )
     .await;
-    if !filled {
-        if let Some(w) = waiting.iter_mut().find(|w| w.is_finished()) {
-            panic!(
-                "a waiting Acquire ended while its partition was held: {:?}",
-                w.await
-            );
-        }
+    let details = refused.details().expect("details");
+    assert_eq!(details.reason(), Some(&Reason::LimitReached), "{refused}");
+    assert_eq!(
+        details.metadata("limit"),
+        Some("--max-long-calls-per-connection")
+    );
+    let text = refused.to_string();
+    assert!(
+        text.contains("--max-long-calls-per-connection")
+            && text.contains("limit is 2")
+            && text.contains("long calls open"),
+        "names the flag, its value and what is at the limit: {text}"
+    );
+    let listed = tokio::time::timeout(QUEUED, list(busy.clone(), group.clone()))
+        .await
+        .expect("a short call on the full connection is answered at once")
+        .expect("list");
+    assert_eq!(listed.len(), 2);
+    match tokio::time::timeout(QUEUED, read(other.clone())).await {
+        Ok(Err(e)) => assert!(
+            !matches!(e, Error::Busy { .. }),
+            "another connection has its own long calls: {e}"
+        ),
+        other => panic!("a Read of an ended lease on another connection: {other:?}"),
     }
-    let listed = tokio::time::timeout(Duration::from_secs(10), list(other.clone(), group.clone()))
-        .await
-        .expect("another connection is answered")
-        .expect("list");
-    assert_eq!(listed.len(), 2);
     waiting[0].abort();
-    let listed = tokio::time::timeout(Duration::from_secs(10), list(busy.clone(), group.clone()))
-        .await
-        .expect("the queued call starts once a stream ends")
-        .expect("list");
-    assert_eq!(listed.len(), 2);
+    kafka_lease_testkit::wait_for(
+        "a long call to be admitted once a waiting Acquire ended",
+        Duration::from_secs(20),
+        || async { (!matches!(read(busy.clone()).await, Err(Error::Busy { .. }))).then_some(()) },
+    )
+    .await;
     waiting[1].abort();
     second.release().await.expect("release");
     again.release().await.expect("release");

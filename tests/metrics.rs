@@ -173,14 +173,17 @@ async fn metrics_follow_a_lease_through_its_life() {
         ),
         bytes as f64
     );
-    assert_eq!(value(&s, "kafka_lease_lease_lag", &lease_labels), 0.0);
+    assert_eq!(value(&s, "kafka_lease_lease_read_lag", &lease_labels), 0.0);
 
-    // More records: the lag grows while nobody reads them.
+    // The Read ends and more records come: with nothing committed, the next Read starts at
+    // the Acquire offset again, so the position shows 0 and the read lag all 25 records.
     drop(stream);
     produce_n(&producer(&services), &topic, 0, 5).await;
-    wait_for("the lag to show 5 unread records", DEADLINE, || async {
+    wait_for("the read lag to show 25 records", DEADLINE, || async {
         let s = scrape(&endpoint).await;
-        (value(&s, "kafka_lease_lease_lag", &lease_labels) == 5.0).then_some(())
+        (value(&s, "kafka_lease_lease_read_lag", &lease_labels) == 25.0
+            && value(&s, "kafka_lease_lease_position", &lease_labels) == 0.0)
+            .then_some(())
     })
     .await;
 
@@ -312,4 +315,158 @@ async fn metrics_follow_a_lease_through_its_life() {
         !gateway.log().contains('\u{1b}'),
         "no colour codes in a log file"
     );
+}
+
+/// The lag an operator alerts on is Kafka's (high watermark less the group's committed
+/// offset), not the gateway's read position: a client that took one batch of 25 out of 60
+/// records and committed 25 has 35 to go, whatever the gateway has written into the stream's
+/// transport buffers; and once its Read ends, the position shown is where the next Read
+/// starts. The scrape and ListLeases agree with Kafka's own group offsets at each step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lag_is_kafkas_and_the_position_is_where_the_next_read_starts() {
+    let Some(services) =
+        Services::require("the_lag_is_kafkas_and_the_position_is_where_the_next_read_starts")
+    else {
+        return;
+    };
+    let topic = create_topic(&services, 1).await;
+    let group = unique_name("lag");
+    let gateway = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("gw"),
+        &["--metrics-listen", "127.0.0.1:0"],
+    )
+    .await;
+    let log = gateway.log();
+    let endpoint = log
+        .split_whitespace()
+        .find_map(|w| {
+            let w = w.trim_start_matches("endpoint=");
+            (w.starts_with("http://") && w.ends_with("/metrics")).then(|| w.to_string())
+        })
+        .unwrap_or_else(|| panic!("no metrics endpoint in the log:\n{log}"));
+    let (g, t) = (group.as_str(), topic.as_str());
+    let labels = [("group", g), ("topic", t), ("partition", "0")];
+    let has = |s: &BTreeMap<String, f64>, name: &str| {
+        s.keys().any(|series| {
+            series.starts_with(&format!("{name}{{"))
+                && labels
+                    .iter()
+                    .all(|(k, v)| series.contains(&format!("{k}=\"{v}\"")))
+        })
+    };
+    // Kafka's own view: the group's committed offset and the partition's high watermark.
+    let kafka_lag = || {
+        let committed = support::kafka_committed(&services, g, t, 0).map(|(o, _)| o);
+        let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &services.kafka_bootstrap)
+            .create()
+            .expect("consumer");
+        let (_, high) =
+            rdkafka::consumer::Consumer::fetch_watermarks(&consumer, t, 0, Duration::from_secs(10))
+                .expect("watermarks");
+        committed.map(|c| high - c)
+    };
+    let listed = |client: kafka_lease_client::Client| async move {
+        let leases = client
+            .list_leases(kafka_lease_client::LeaseFilter::new().group(g))
+            .await
+            .expect("list");
+        assert_eq!(leases.len(), 1, "{leases:?}");
+        let l = leases.into_iter().next().expect("one");
+        (l.position, l.lag, l.read_lag)
+    };
+
+    produce_n(&producer(&services), &topic, 0, 60).await;
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(g, t).partition(0))
+        .await
+        .expect("acquire");
+    let mut stream = client
+        .raw()
+        .read(proto::ReadRequest {
+            lease_id: lease.lease_id().to_string(),
+            max_records: 25,
+            ..Default::default()
+        })
+        .await
+        .expect("read")
+        .into_inner();
+    let first = tokio::time::timeout(DEADLINE, stream.next())
+        .await
+        .expect("a batch in time")
+        .expect("open")
+        .expect("batch");
+    assert_eq!(
+        first.records.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        (0..25).collect::<Vec<_>>()
+    );
+
+    // After the first batch, before any commit: the gateway has handed every record to the
+    // stream (read position 60, read lag 0); the group has no committed offset, so no lag
+    // (Kafka's tools show "-").
+    let s = wait_for("the read position to reach 60", DEADLINE, || async {
+        let s = scrape(&endpoint).await;
+        (value(&s, "kafka_lease_lease_position", &labels) == 60.0).then_some(s)
+    })
+    .await;
+    assert_eq!(value(&s, "kafka_lease_lease_read_lag", &labels), 0.0);
+    assert!(!has(&s, "kafka_lease_lease_lag"), "no lag before a commit");
+    assert_eq!(kafka_lag(), None);
+    assert_eq!(listed(client.clone()).await, (Some(60), None, Some(0)));
+    assert_eq!(
+        value(
+            &s,
+            "kafka_lease_records_delivered_total",
+            &[("group", g), ("topic", t)]
+        ),
+        60.0,
+        "delivered counts what was handed to the stream, not what the client took"
+    );
+
+    // After the commit of 25: the lag is Kafka's, 35, while the read lag stays 0.
+    lease.commit(25).await.expect("commit");
+    let s = scrape(&endpoint).await;
+    assert_eq!(value(&s, "kafka_lease_lease_lag", &labels), 35.0);
+    assert_eq!(
+        value(&s, "kafka_lease_lease_committed_offset", &labels),
+        25.0
+    );
+    assert_eq!(value(&s, "kafka_lease_lease_read_lag", &labels), 0.0);
+    assert_eq!(kafka_lag(), Some(35));
+    assert_eq!(listed(client.clone()).await, (Some(60), Some(35), Some(0)));
+
+    // After the Read ends: the position is where the next Read starts, the resume point 25.
+    drop(stream);
+    let s = wait_for(
+        "the position to show the resume point",
+        DEADLINE,
+        || async {
+            let s = scrape(&endpoint).await;
+            (value(&s, "kafka_lease_lease_position", &labels) == 25.0).then_some(s)
+        },
+    )
+    .await;
+    assert_eq!(value(&s, "kafka_lease_lease_lag", &labels), 35.0);
+    assert_eq!(value(&s, "kafka_lease_lease_read_lag", &labels), 35.0);
+    assert_eq!(kafka_lag(), Some(35));
+    assert_eq!(listed(client.clone()).await, (Some(25), Some(35), Some(35)));
+    let next = client
+        .raw()
+        .read(proto::ReadRequest {
+            lease_id: lease.lease_id().to_string(),
+            max_records: 25,
+            ..Default::default()
+        })
+        .await
+        .expect("read")
+        .into_inner()
+        .next()
+        .await
+        .expect("open")
+        .expect("batch");
+    assert_eq!(next.records[0].offset, 25, "the next Read starts there");
+    lease.release().await.expect("release");
 }

@@ -204,6 +204,7 @@ struct JsonLease<'a> {
     committed_offset: Option<i64>,
     high_watermark: Option<i64>,
     lag: Option<i64>,
+    read_lag: Option<i64>,
     details_unavailable: Option<&'a str>,
 }
 
@@ -231,6 +232,7 @@ pub(crate) fn leases_json(leases: &[LeaseInfo], now: SystemTime) -> String {
             committed_offset: l.committed_offset,
             high_watermark: l.high_watermark,
             lag: l.lag,
+            read_lag: l.read_lag,
             details_unavailable: l.details_unavailable.as_deref(),
         })
         .collect();
@@ -254,7 +256,7 @@ fn number_cell(value: Option<i64>) -> String {
 }
 
 /// The table's header names; the numeric columns are right-aligned.
-const COLUMNS: [(&str, bool); 11] = [
+const COLUMNS: [(&str, bool); 12] = [
     ("GROUP", false),
     ("TOPIC", false),
     ("PARTITION", true),
@@ -264,6 +266,7 @@ const COLUMNS: [(&str, bool); 11] = [
     ("POSITION", true),
     ("COMMITTED", true),
     ("LAG", true),
+    ("READ LAG", true),
     ("EXPIRES IN", true),
     ("NOTE", false),
 ];
@@ -273,7 +276,7 @@ const COLUMNS: [(&str, bool); 11] = [
 /// the member's label (else its subscription member id), and in NOTE why the live details
 /// are missing, when they are.
 pub(crate) fn leases_table(leases: &[LeaseInfo], now: SystemTime) -> String {
-    let rows: Vec<[String; 11]> = leases
+    let rows: Vec<[String; 12]> = leases
         .iter()
         .map(|l| {
             let member = if l.member.is_empty() {
@@ -298,6 +301,7 @@ pub(crate) fn leases_table(leases: &[LeaseInfo], now: SystemTime) -> String {
                 number_cell(l.position),
                 number_cell(l.committed_offset),
                 number_cell(l.lag),
+                number_cell(l.read_lag),
                 expires,
                 l.details_unavailable
                     .as_deref()
@@ -444,9 +448,10 @@ mod tests {
             expires_at: Some(prost_types_timestamp(1_700_000_030, 0)),
             gateway: "gw-a".into(),
             position: details.is_none().then_some(5),
-            committed_offset: None,
+            committed_offset: details.is_none().then_some(3),
             high_watermark: details.is_none().then_some(9),
-            lag: details.is_none().then_some(4),
+            lag: details.is_none().then_some(6),
+            read_lag: details.is_none().then_some(4),
             details_unavailable: details.unwrap_or_default().into(),
             gateway_address: "10.0.0.7:50051".into(),
             member_id: String::new(),
@@ -468,17 +473,17 @@ mod tests {
         assert_eq!(
             lines[0],
             "GROUP  TOPIC   PARTITION  MEMBER     GATEWAY  TOKEN  POSITION  COMMITTED  LAG  \
-             EXPIRES IN  NOTE"
+             READ LAG  EXPIRES IN  NOTE"
         );
         assert_eq!(
             lines[1],
             concat!(
-                "g      orders         11  worker\\n1  gw-a      1234         5          -",
-                "    4         20s"
+                "g      orders         11  worker\\n1  gw-a      1234         5          3",
+                "    6         4         20s"
             )
         );
         assert!(
-            lines[2].ends_with("-          -    -         20s  gw-b did not answer"),
+            lines[2].ends_with("-          -    -         -         20s  gw-b did not answer"),
             "{table}"
         );
         let expired = leases_table(&[lease("m", None)], now + Duration::from_secs(60));
@@ -504,8 +509,9 @@ mod tests {
         assert_eq!(row["expires_at"], "2023-11-14T22:13:50.000Z");
         assert_eq!(row["expires_in_seconds"], 20.5);
         assert_eq!(row["position"], 5);
-        assert_eq!(row["committed_offset"], serde_json::Value::Null);
-        assert_eq!(row["lag"], 4);
+        assert_eq!(row["committed_offset"], 3);
+        assert_eq!(row["lag"], 6);
+        assert_eq!(row["read_lag"], 4);
         assert_eq!(row["details_unavailable"], serde_json::Value::Null);
         assert_eq!(leases_json(&[], now), "[]\n");
     }

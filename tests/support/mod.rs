@@ -337,3 +337,28 @@ pub async fn consul_keys(
         Err(_) => Vec::new(),
     }
 }
+
+/// The sum of the samples of the metric `name` (any labels) in one scrape of a gateway's
+/// Prometheus endpoint `endpoint` (`http://host:port/metrics`).
+pub async fn scrape_metric(endpoint: &str, name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = endpoint
+        .strip_prefix("http://")
+        .and_then(|rest| rest.split('/').next())
+        .expect("http endpoint");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .expect("request");
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.expect("response");
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let n = series.split('{').next()?;
+            (n == name).then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}

@@ -2177,14 +2177,22 @@ type LeaseInfo struct {
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// The gateway instance serving the lease.
 	Gateway string `protobuf:"bytes,8,opt,name=gateway,proto3" json:"gateway,omitempty"`
-	// Live: where the lease's Read will continue.
+	// Live: the read position. With a Read open, the offset of the next record the gateway
+	// hands to it (records handed over may still be in transport buffers, not yet received by
+	// the client); with no Read open, where the next Read without `from_offset` starts (the
+	// resume point: the most recent of the Acquire offset, the last commit and the last seek).
 	Position *int64 `protobuf:"varint,9,opt,name=position,proto3,oneof" json:"position,omitempty"`
 	// Live: the group's committed offset for the partition, where the group has one.
 	CommittedOffset *int64 `protobuf:"varint,10,opt,name=committed_offset,json=committedOffset,proto3,oneof" json:"committed_offset,omitempty"`
 	// Live: the partition's high watermark as the serving instance last saw it.
 	HighWatermark *int64 `protobuf:"varint,11,opt,name=high_watermark,json=highWatermark,proto3,oneof" json:"high_watermark,omitempty"`
-	// Live: high_watermark - position.
+	// Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+	// high_watermark - committed_offset, the records the group has not committed yet. Unset
+	// while the group has no committed offset for the partition. The figure to alert on.
 	Lag *int64 `protobuf:"varint,12,opt,name=lag,proto3,oneof" json:"lag,omitempty"`
+	// Live: high_watermark - position, the records the Read has still to hand over (0 once the
+	// Read has caught up, whatever the client has processed).
+	ReadLag *int64 `protobuf:"varint,16,opt,name=read_lag,json=readLag,proto3,oneof" json:"read_lag,omitempty"`
 	// Empty when the live fields are set. Otherwise why they are not: the serving instance
 	// did not answer in time or could not be reached, or no longer serves the lease (it
 	// ended between the read of Consul and the question).
@@ -2309,6 +2317,13 @@ func (x *LeaseInfo) GetHighWatermark() int64 {
 func (x *LeaseInfo) GetLag() int64 {
 	if x != nil && x.Lag != nil {
 		return *x.Lag
+	}
+	return 0
+}
+
+func (x *LeaseInfo) GetReadLag() int64 {
+	if x != nil && x.ReadLag != nil {
+		return *x.ReadLag
 	}
 	return 0
 }
@@ -2498,7 +2513,7 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\x06_topic\"o\n" +
 	"\x12ListLeasesResponse\x121\n" +
 	"\x06leases\x18\x01 \x03(\v2\x19.kafka_lease.v1.LeaseInfoR\x06leases\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xec\x04\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x99\x05\n" +
 	"\tLeaseInfo\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1c\n" +
@@ -2514,14 +2529,16 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\x10committed_offset\x18\n" +
 	" \x01(\x03H\x01R\x0fcommittedOffset\x88\x01\x01\x12*\n" +
 	"\x0ehigh_watermark\x18\v \x01(\x03H\x02R\rhighWatermark\x88\x01\x01\x12\x15\n" +
-	"\x03lag\x18\f \x01(\x03H\x03R\x03lag\x88\x01\x01\x12/\n" +
+	"\x03lag\x18\f \x01(\x03H\x03R\x03lag\x88\x01\x01\x12\x1e\n" +
+	"\bread_lag\x18\x10 \x01(\x03H\x04R\areadLag\x88\x01\x01\x12/\n" +
 	"\x13details_unavailable\x18\r \x01(\tR\x12detailsUnavailable\x12'\n" +
 	"\x0fgateway_address\x18\x0e \x01(\tR\x0egatewayAddress\x12\x1b\n" +
 	"\tmember_id\x18\x0f \x01(\tR\bmemberIdB\v\n" +
 	"\t_positionB\x13\n" +
 	"\x11_committed_offsetB\x11\n" +
 	"\x0f_high_watermarkB\x06\n" +
-	"\x04_lag*_\n" +
+	"\x04_lagB\v\n" +
+	"\t_read_lag*_\n" +
 	"\vOffsetReset\x12\x1c\n" +
 	"\x18OFFSET_RESET_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15OFFSET_RESET_EARLIEST\x10\x01\x12\x17\n" +

@@ -493,7 +493,8 @@ impl LeaseFilter {
 
 /// One held lease as [`Client::list_leases`] shows it (never its lease id).
 ///
-/// The live fields (`expires_at`, `position`, `committed_offset`, `high_watermark`, `lag`)
+/// The live fields (`expires_at`, `position`, `committed_offset`, `high_watermark`, `lag`,
+/// `read_lag`)
 /// come from the gateway instance serving the lease, whichever instance answered; where it
 /// could not be asked, they are `None` and `details_unavailable` says why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -515,14 +516,18 @@ pub struct LeaseInfo {
     pub expires_at: Option<SystemTime>,
     /// The gateway instance serving the lease.
     pub gateway: String,
-    /// Where the lease's Read continues.
+    /// The read position: with a Read open, the next offset the gateway hands to it; with
+    /// none, where the next Read starts (the resume point).
     pub position: Option<i64>,
     /// The group's committed offset for the partition, if it has one.
     pub committed_offset: Option<i64>,
     /// The partition's high watermark.
     pub high_watermark: Option<i64>,
-    /// `high_watermark - position`.
+    /// The consumer lag as Kafka's tools give it: `high_watermark - committed_offset`;
+    /// `None` while the group has no committed offset. The figure to alert on.
     pub lag: Option<i64>,
+    /// `high_watermark - position`: what the Read has still to hand over.
+    pub read_lag: Option<i64>,
     /// Why the live fields are missing, when they are.
     pub details_unavailable: Option<String>,
     /// The serving instance's advertised address (`host:port`), where it recorded one.
@@ -546,6 +551,7 @@ impl From<proto::LeaseInfo> for LeaseInfo {
             committed_offset: info.committed_offset,
             high_watermark: info.high_watermark,
             lag: info.lag,
+            read_lag: info.read_lag,
             details_unavailable: Some(info.details_unavailable).filter(|s| !s.is_empty()),
             gateway_address: Some(info.gateway_address).filter(|s| !s.is_empty()),
             member_id: Some(info.member_id).filter(|s| !s.is_empty()),
@@ -632,6 +638,7 @@ mod tests {
             committed_offset: None,
             high_watermark: Some(9),
             lag: Some(4),
+            read_lag: Some(4),
             details_unavailable: String::new(),
             gateway_address: "10.0.0.7:50051".into(),
             member_id: String::new(),

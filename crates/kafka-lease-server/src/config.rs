@@ -167,11 +167,20 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_LEASE_MAX_LEASES_PER_CONNECTION", default_value_t = 1_000,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_leases_per_connection: u32,
+    /// Most long calls (Reads, Subscribes, Acquires that may wait) open at once on one client
+    /// connection; one past it is RESOURCE_EXHAUSTED. Default: --max-leases-per-connection +
+    /// --max-waiting-acquires + 100 (2,100), so that one connection can read every lease it
+    /// holds and wait for as many partitions as the gateway lets wait.
+    #[arg(long, env = "KAFKA_LEASE_MAX_LONG_CALLS_PER_CONNECTION",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_long_calls_per_connection: Option<u32>,
     /// Most calls open at once on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS:
-    /// a client queues calls past it until one ends).
-    #[arg(long, env = "KAFKA_LEASE_MAX_STREAMS_PER_CONNECTION", default_value_t = 200,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub max_streams_per_connection: u32,
+    /// a client queues calls past it until one ends). Must be larger than
+    /// --max-long-calls-per-connection: the difference is the room short calls (Commit, Seek,
+    /// Release, ListLeases) always have. Default: --max-long-calls-per-connection + 100.
+    #[arg(long, env = "KAFKA_LEASE_MAX_STREAMS_PER_CONNECTION",
+          value_parser = clap::value_parser!(u32).range(2..=1_000_100))]
+    pub max_streams_per_connection: Option<u32>,
     /// Most consumer groups with leases on this instance at once (each costs a Kafka client
     /// with its own threads and broker connections).
     #[arg(long, env = "KAFKA_LEASE_MAX_GROUPS", default_value_t = 100,
@@ -374,7 +383,26 @@ fn check_name(flag: &'static str, value: &str) -> Result<(), ConfigError> {
 
 impl ServeArgs {
     /// Checks every value against its allowed range. Runs before any port is bound.
+    /// The per-connection call limits, each derived from the others unless set; refused
+    /// when the stream bound leaves short calls no room.
+    pub fn connection_limits(&self) -> Result<crate::calls::ConnectionLimits, ConfigError> {
+        crate::calls::ConnectionLimits::derive(
+            self.max_leases_per_connection,
+            self.max_waiting_acquires,
+            self.max_long_calls_per_connection,
+            self.max_streams_per_connection,
+        )
+        .map_err(|allowed| ConfigError {
+            flag: "--max-streams-per-connection",
+            value: self
+                .max_streams_per_connection
+                .map_or_else(String::new, |v| v.to_string()),
+            allowed,
+        })
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.connection_limits()?;
         if self.kafka.trim().is_empty() || self.kafka.split(',').any(|s| !s.contains(':')) {
             return Err(ConfigError {
                 flag: "--kafka",

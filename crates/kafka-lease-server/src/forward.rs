@@ -33,6 +33,7 @@ use kafka_lease_proto::v1::gateway_peer_service_client::GatewayPeerServiceClient
 use kafka_lease_proto::wire::EncodedReadResponse;
 
 use crate::auth::Caller;
+use crate::calls::ConnectionLimits;
 use crate::coordination::LockBackend;
 use crate::error::{EndReason, LeaseError, MemberUnreachable};
 use crate::grpc::{status_of, ERROR_DOMAIN};
@@ -61,9 +62,11 @@ pub struct Peers {
     /// This instance.
     me: String,
     locks: Arc<dyn LockBackend>,
-    /// The most calls one pooled connection carries at once: past it another connection is
-    /// opened, so forwarded Reads never queue behind a peer's HTTP/2 stream limit.
-    streams_per_connection: usize,
+    /// What one pooled connection carries at once: past `streams` calls, or `long_calls`
+    /// long ones (Reads, Subscribes), another connection is opened, so a forwarded call never
+    /// queues behind the peer's HTTP/2 stream limit nor is refused by its long-call limit
+    /// (instances of one deployment share their settings).
+    limits: ConnectionLimits,
     peers: Mutex<HashMap<String, Peer>>,
     /// This instance's TLS: set, peers are dialed over TLS, presenting this instance's
     /// certificate and checking theirs against the peer CA.
@@ -82,6 +85,8 @@ struct Connection {
     channel: Channel,
     /// Calls open on it.
     open: Arc<AtomicUsize>,
+    /// Long calls (Reads, Subscribes) open on it.
+    long: Arc<AtomicUsize>,
 }
 
 /// A call's hold on one pooled connection to the serving instance, given back on drop.
@@ -95,11 +100,16 @@ pub struct Route {
     pub lease_ref: String,
     channel: Channel,
     open: Arc<AtomicUsize>,
+    /// Set for a long call: its count on the connection.
+    long: Option<Arc<AtomicUsize>>,
 }
 
 impl Drop for Route {
     fn drop(&mut self) {
         self.open.fetch_sub(1, Ordering::SeqCst);
+        if let Some(long) = &self.long {
+            long.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -126,11 +136,11 @@ fn lock(peers: &Mutex<HashMap<String, Peer>>) -> MutexGuard<'_, HashMap<String, 
 }
 
 impl Peers {
-    pub fn new(me: String, locks: Arc<dyn LockBackend>, streams_per_connection: usize) -> Self {
+    pub fn new(me: String, locks: Arc<dyn LockBackend>, limits: ConnectionLimits) -> Self {
         Peers {
             me,
             locks,
-            streams_per_connection: streams_per_connection.max(1),
+            limits,
             peers: Mutex::new(HashMap::new()),
             tls: None,
         }
@@ -161,9 +171,15 @@ impl Peers {
         Ok(endpoint)
     }
 
-    /// A connection to `instance` for one call on lease `lease_ref`: the cached address, else
-    /// the one its Consul record gives; LEASE_LOST when it has none (the instance is gone).
-    pub async fn route(&self, lease_ref: &str, instance: &str) -> Result<Route, LeaseError> {
+    /// A connection to `instance` for one call on lease `lease_ref` (`long`: a Read or a
+    /// Subscribe): the cached address, else the one its Consul record gives; LEASE_LOST when
+    /// it has none (the instance is gone).
+    pub async fn route(
+        &self,
+        lease_ref: &str,
+        instance: &str,
+        long: bool,
+    ) -> Result<Route, LeaseError> {
         let cached = lock(&self.peers).get(instance).map(|p| p.address.clone());
         let address = match cached {
             Some(address) => address,
@@ -178,15 +194,17 @@ impl Peers {
                 }
             },
         };
-        self.route_to(lease_ref, instance, &address)
+        self.route_to(lease_ref, instance, &address, long)
     }
 
-    /// A connection to `instance` at `address` (replacing a pool to another address).
+    /// A connection to `instance` at `address` (replacing a pool to another address) for a
+    /// call, `long` or short: the first pooled connection with room for it, else a new one.
     pub fn route_to(
         &self,
         lease_ref: &str,
         instance: &str,
         address: &str,
+        long: bool,
     ) -> Result<Route, LeaseError> {
         let mut peers = lock(&self.peers);
         let peer = peers.entry(instance.to_string()).or_insert_with(|| Peer {
@@ -199,12 +217,14 @@ impl Peers {
                 connections: Vec::new(),
             };
         }
-        let limit = self.streams_per_connection;
-        let connection = match peer
-            .connections
-            .iter()
-            .find(|c| c.open.load(Ordering::SeqCst) < limit)
-        {
+        let (streams, long_calls) = (
+            self.limits.streams as usize,
+            self.limits.long_calls as usize,
+        );
+        let connection = match peer.connections.iter().find(|c| {
+            c.open.load(Ordering::SeqCst) < streams
+                && (!long || c.long.load(Ordering::SeqCst) < long_calls)
+        }) {
             Some(connection) => connection.clone(),
             None => {
                 let endpoint = self
@@ -223,13 +243,15 @@ impl Peers {
                 let connection = Connection {
                     channel: endpoint.connect_lazy(),
                     open: Arc::new(AtomicUsize::new(0)),
+                    long: Arc::new(AtomicUsize::new(0)),
                 };
                 if !peer.connections.is_empty() {
                     tracing::debug!(
                         peer = %instance,
                         %address,
                         connections = peer.connections.len() + 1,
-                        "another connection to a peer (the others carry {limit} calls each)",
+                        "another connection to a peer (the others carry {streams} calls, or \
+                         {long_calls} long ones, each)",
                     );
                 }
                 peer.connections.push(connection.clone());
@@ -237,12 +259,16 @@ impl Peers {
             }
         };
         connection.open.fetch_add(1, Ordering::SeqCst);
+        if long {
+            connection.long.fetch_add(1, Ordering::SeqCst);
+        }
         Ok(Route {
             instance: instance.to_string(),
             address: address.to_string(),
             lease_ref: lease_ref.to_string(),
             channel: connection.channel,
             open: connection.open,
+            long: long.then_some(connection.long),
         })
     }
 
@@ -252,7 +278,7 @@ impl Peers {
         instance: &str,
         address: &str,
     ) -> Result<(GatewayPeerServiceClient<Channel>, Route), LeaseError> {
-        let route = self.route_to("", instance, address)?;
+        let route = self.route_to("", instance, address, false)?;
         let client = GatewayPeerServiceClient::new(route.channel.clone())
             .max_decoding_message_size(usize::MAX);
         Ok((client, route))

@@ -15,6 +15,7 @@ use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerService;
 use kafka_lease_proto::wire::EncodedSubscribeResponse;
 
 use crate::auth::{self, Action, Auth, Caller};
+use crate::calls::{holding, ConnectionLimits, LongCalls};
 use crate::coordination::CoordinationError;
 use crate::coordination::LockKey;
 use crate::error::{EndReason, LeaseError};
@@ -275,6 +276,8 @@ pub struct LeaseService {
     gateway: Arc<Gateway>,
     peers: Arc<Peers>,
     auth: Arc<Auth>,
+    /// The long calls open on each client connection (`crate::calls`).
+    long_calls: Arc<LongCalls>,
 }
 
 impl LeaseService {
@@ -284,12 +287,20 @@ impl LeaseService {
             gateway,
             peers,
             auth: Auth::open(),
+            long_calls: LongCalls::new(ConnectionLimits::default().long_calls),
         }
     }
 
     /// Identities and the policy come from `auth`.
     pub fn with_auth(mut self, auth: Arc<Auth>) -> Self {
         self.auth = auth;
+        self
+    }
+
+    /// At most `limit` long calls (Read, Subscribe, an Acquire that may wait) open at once on
+    /// one client connection.
+    pub fn with_long_calls_per_connection(mut self, limit: u32) -> Self {
+        self.long_calls = LongCalls::new(limit);
         self
     }
 
@@ -383,7 +394,7 @@ impl LeaseService {
         let lease_ref = lease_ref(lease_id);
         let route = self
             .peers
-            .route(lease_ref, instance)
+            .route(lease_ref, instance, false)
             .await
             .map_err(status_of)?;
         tracing::debug!(%method, peer = %instance, address = %route.address, %lease_ref, "forwarding a call to the serving instance");
@@ -482,6 +493,7 @@ impl LeaseService {
                                 row.committed_offset = live.committed_offset;
                                 row.high_watermark = live.high_watermark;
                                 row.lag = live.lag;
+                                row.read_lag = live.read_lag;
                             }
                             None => {
                                 row.details_unavailable = format!(
@@ -602,7 +614,8 @@ impl GatewayPeerService for PeerService {
                     position: Some(live.position),
                     committed_offset: live.committed,
                     high_watermark: Some(live.high_watermark),
-                    lag: Some((live.high_watermark - live.position).max(0)),
+                    lag: live.lag(),
+                    read_lag: Some(live.read_lag()),
                     ..v1::LeaseInfo::default()
                 });
             }
@@ -864,6 +877,14 @@ impl PartitionLeaseService for LeaseService {
                 .check(&caller, Action::Acquire, &spec.group, &spec.topic)
                 .map_err(status_of)?;
             spec.owner = caller.identity;
+            // An Acquire that may wait is a long call; one that does not is short.
+            let _long = if spec.wait.is_zero() {
+                None
+            } else {
+                self.long_calls
+                    .admit(spec.via, "waiting Acquire")
+                    .map_err(status_of)?
+            };
             let granted = self.gateway.acquire(spec).await.map_err(status_of)?;
             Ok(Response::new(v1::AcquireResponse {
                 lease_id: granted.lease_id,
@@ -891,20 +912,27 @@ impl PartitionLeaseService for LeaseService {
         observed("Read", async move {
         let caller = self.caller(&request)?;
         let limits = read_limits(request.get_ref()).map_err(status_of)?;
+        let long = self
+            .long_calls
+            .admit(request.remote_addr(), "Read")
+            .map_err(status_of)?;
         if let Some(instance) = self.forward_to(&request, &request.get_ref().lease_id) {
             let lease_ref = lease_ref(&request.get_ref().lease_id).to_string();
             let route = self
                 .peers
-                .route(&lease_ref, &instance)
+                .route(&lease_ref, &instance, true)
                 .await
                 .map_err(status_of)?;
             tracing::info!(peer = %instance, address = %route.address, %lease_ref, "proxying a Read from the serving instance");
             let deadline = deadline_of(request.metadata());
             let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
             return match route.client().read(outgoing).await {
-                Ok(answer) => Ok(Response::new(until_deadline(
-                    self.peers.proxy(route, answer.into_inner(), Failure::Lease),
-                    deadline,
+                Ok(answer) => Ok(Response::new(holding(
+                    until_deadline(
+                        self.peers.proxy(route, answer.into_inner(), Failure::Lease),
+                        deadline,
+                    ),
+                    long,
                 ))),
                 Err(status) => Err(self.peers.failed(&route, status).await),
             };
@@ -921,9 +949,12 @@ impl PartitionLeaseService for LeaseService {
             )
             .await
             .map_err(status_of)?;
-        Ok(Response::new(until_deadline(
-            Box::pin(stream.map(|item| item.map(ReadBatch::into_response).map_err(status_of))),
-            deadline,
+        Ok(Response::new(holding(
+            until_deadline(
+                Box::pin(stream.map(|item| item.map(ReadBatch::into_response).map_err(status_of))),
+                deadline,
+            ),
+            long,
         )))
         })
         .await
@@ -946,6 +977,10 @@ impl PartitionLeaseService for LeaseService {
                 .map_err(status_of)?;
         }
         spec.owner = caller.identity.clone();
+        let long = self
+            .long_calls
+            .admit(request.remote_addr(), "Subscribe")
+            .map_err(status_of)?;
         let deadline = deadline_of(request.metadata());
         let (group, member_id) = (spec.group.clone(), spec.member_id.clone());
         let events: Self::SubscribeStream = match self.gateway.subscribe(spec).await {
@@ -961,7 +996,7 @@ impl PartitionLeaseService for LeaseService {
                     return Err(status_of(err));
                 };
                 let member_ref = format!("member {member_id}");
-                let route = match self.peers.route(&member_ref, &instance).await {
+                let route = match self.peers.route(&member_ref, &instance, true).await {
                     Ok(route) => route,
                     // Gone from Consul since the record was read: its members go with it.
                     Err(_) => return Err(status_of(err)),
@@ -993,7 +1028,7 @@ impl PartitionLeaseService for LeaseService {
             }
             None => Box::pin(events),
         };
-        Ok(Response::new(events))
+        Ok(Response::new(holding(events, long)))
         })
         .await
     }

@@ -123,14 +123,32 @@ impl std::fmt::Debug for Lease {
     }
 }
 
-/// What ListLeases shows of a lease this gateway serves.
+/// What ListLeases and the metrics show of a lease this gateway serves.
 #[derive(Clone, Debug)]
 pub struct LeaseSnapshot {
+    /// The read position: with a Read open, the offset of the next record it hands to gRPC
+    /// (records handed over may still sit in transport buffers, not yet received); with none
+    /// open, where the next Read without `from_offset` starts (the resume point).
     pub position: i64,
     pub committed: Option<i64>,
     pub high_watermark: i64,
     pub expires_at: SystemTime,
     pub seek_epoch: u64,
+}
+
+impl LeaseSnapshot {
+    /// The consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`): the
+    /// high watermark less the group's committed offset; `None` while the group has no
+    /// committed offset for the partition (Kafka's tools show `-`).
+    pub fn lag(&self) -> Option<i64> {
+        self.committed.map(|c| (self.high_watermark - c).max(0))
+    }
+
+    /// The records between the read position and the high watermark: what the Read has
+    /// still to hand over (0 once it is caught up, whatever the client has processed).
+    pub fn read_lag(&self) -> i64 {
+        (self.high_watermark - self.position).max(0)
+    }
 }
 
 /// The parts a lease is built from; see [`Lease::new`].
@@ -388,7 +406,14 @@ impl Lease {
             state.expires_at.saturating_duration_since(Instant::now())
         };
         LeaseSnapshot {
-            position: state.position,
+            // Between Reads the position the last one reached says nothing: what it handed
+            // over may never have reached the client, and the next Read starts at the
+            // resume point.
+            position: if state.read_open {
+                state.position
+            } else {
+                state.resume_point
+            },
             committed: state.committed,
             high_watermark: state.high_watermark,
             expires_at: SystemTime::now() + remaining,

@@ -11,6 +11,7 @@
 
 pub mod auth;
 mod balance;
+pub mod calls;
 pub mod config;
 /// The partition locks: a crate of its own, so that "knows nothing of Kafka or gRPC" is a
 /// rule the compiler enforces.

@@ -28,12 +28,15 @@ pub const GRPC_REQUESTS: &str = "kafka_lease_grpc_requests_total";
 pub const REQUEST_SECONDS: &str = "kafka_lease_request_duration_seconds";
 /// Leases this instance serves, by `group` and `topic`.
 pub const LEASES: &str = "kafka_lease_leases";
-/// Per lease served here, by `group`, `topic`, `partition`: the next offset its Read
-/// delivers, the group's committed offset, and the records between the position and the
-/// high watermark.
+/// Per lease served here, by `group`, `topic`, `partition`: the read position (with a Read
+/// open, the next offset it hands to gRPC; with none, where the next Read starts), the
+/// group's committed offset, the consumer lag as Kafka's tools give it (high watermark less
+/// the committed offset; unset while the group has none), and the read lag (high watermark
+/// less the read position).
 pub const LEASE_POSITION: &str = "kafka_lease_lease_position";
 pub const LEASE_COMMITTED: &str = "kafka_lease_lease_committed_offset";
 pub const LEASE_LAG: &str = "kafka_lease_lease_lag";
+pub const LEASE_READ_LAG: &str = "kafka_lease_lease_read_lag";
 /// Acquires waiting for a partition on this instance.
 pub const ACQUIRES_WAITING: &str = "kafka_lease_acquires_waiting";
 /// Leases granted, and leases ended by `reason` (released, expired, lost, abandoned,
@@ -41,7 +44,9 @@ pub const ACQUIRES_WAITING: &str = "kafka_lease_acquires_waiting";
 pub const LEASES_GRANTED: &str = "kafka_lease_leases_granted_total";
 pub const LEASES_ENDED: &str = "kafka_lease_leases_ended_total";
 /// Records handed to Reads, and their size as encoded on the wire (each record's protobuf
-/// field, with its key, value, headers and offsets), by `group` and `topic`.
+/// field, with its key, value, headers and offsets), by `group` and `topic`. Handed to gRPC,
+/// not received: a batch counts when the gateway writes it to the stream, and records of a
+/// stream that breaks are counted again when a later Read sends them again.
 pub const RECORDS_DELIVERED: &str = "kafka_lease_records_delivered_total";
 pub const BYTES_DELIVERED: &str = "kafka_lease_bytes_delivered_total";
 /// Kafka operations that failed, by `operation`.
@@ -85,14 +90,21 @@ fn describe() {
         "time to answer Acquire, Commit, Seek and Release, by method and outcome"
     );
     describe_gauge!(LEASES, "leases this instance serves, by group and topic");
-    describe_gauge!(LEASE_POSITION, "the next offset a lease's Read delivers");
+    describe_gauge!(
+        LEASE_POSITION,
+        "a lease's read position: the next offset its open Read hands over, or where the next Read starts"
+    );
     describe_gauge!(
         LEASE_COMMITTED,
         "the group's committed offset for a leased partition"
     );
     describe_gauge!(
         LEASE_LAG,
-        "records between a lease's position and the partition's high watermark"
+        "consumer lag as Kafka's tools give it: high watermark minus the group's committed offset"
+    );
+    describe_gauge!(
+        LEASE_READ_LAG,
+        "records between a lease's read position and the partition's high watermark"
     );
     describe_gauge!(ACQUIRES_WAITING, "Acquires waiting for a partition here");
     describe_counter!(LEASES_GRANTED, "leases granted by this instance");
@@ -153,8 +165,9 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
 }
 
 /// The label sets the previous sample set: a group and topic with no lease left shows 0
-/// leases, and an ended lease's lag shows 0 (its position and committed offset keep their
-/// last values, which is what they were when it ended).
+/// leases, and an ended lease's lags show 0 (the instance that serves the partition next
+/// reports them; its position and committed offset keep their last values, which is what
+/// they were when it ended).
 #[derive(Default)]
 struct Sampler {
     seen_groups: Mutex<HashSet<(String, String)>>,
@@ -180,8 +193,10 @@ impl Sampler {
             if let Some(committed) = snapshot.committed {
                 metrics::gauge!(LEASE_COMMITTED, &labels).set(committed as f64);
             }
-            metrics::gauge!(LEASE_LAG, &labels)
-                .set((snapshot.high_watermark - snapshot.position).max(0) as f64);
+            if let Some(lag) = snapshot.lag() {
+                metrics::gauge!(LEASE_LAG, &labels).set(lag as f64);
+            }
+            metrics::gauge!(LEASE_READ_LAG, &labels).set(snapshot.read_lag() as f64);
             keys.insert((key.group.clone(), key.topic.clone(), key.partition));
         }
         for ((group, topic), n) in &counts {
@@ -202,6 +217,7 @@ impl Sampler {
                 ("partition", partition.to_string()),
             ];
             metrics::gauge!(LEASE_LAG, &labels).set(0.0);
+            metrics::gauge!(LEASE_READ_LAG, &labels).set(0.0);
         }
         *seen = keys;
         metrics::gauge!(ACQUIRES_WAITING).set(gateway.waiting_acquires() as f64);

@@ -20,6 +20,7 @@ use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseSe
 use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerServiceServer;
 
 use crate::auth::Auth;
+use crate::calls::ConnectionLimits;
 use crate::coordination::SessionState;
 use crate::forward::Peers;
 use crate::gateway::Gateway;
@@ -49,10 +50,11 @@ const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 pub struct ServeOptions {
     /// How long a graceful shutdown may take.
     pub grace: Duration,
-    /// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: calls open at once on one connection. A
-    /// client queues calls past it until one ends; a stream opened past it anyway is refused
-    /// (REFUSED_STREAM).
-    pub max_streams_per_connection: u32,
+    /// Calls open at once on one connection: long ones (Read, Subscribe, an Acquire that may
+    /// wait; past the bound RESOURCE_EXHAUSTED), and all (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS, which leaves short calls room above the long ones: a
+    /// client queues calls past it until one ends). See [`crate::calls`].
+    pub connection_limits: ConnectionLimits,
     /// How often the server pings a client connection over HTTP/2; a connection that does
     /// not answer within `keepalive_timeout` is closed, and its calls end (a Read's lease
     /// then lives out its TTL).
@@ -70,7 +72,7 @@ impl Default for ServeOptions {
     fn default() -> Self {
         ServeOptions {
             grace: Duration::from_secs(10),
-            max_streams_per_connection: 200,
+            connection_limits: ConnectionLimits::default(),
             keepalive_interval: Duration::from_secs(20),
             keepalive_timeout: Duration::from_secs(20),
             tls: None,
@@ -124,11 +126,12 @@ pub async fn serve(
     // Calls on leases other instances serve go to them over pooled connections, each
     // carrying as many calls as this instance lets a connection carry (instances of one
     // deployment share their settings).
+    let limits = options.connection_limits;
     let peers = Arc::new(
         Peers::new(
             gateway.instance().to_string(),
             gateway.locks().clone(),
-            options.max_streams_per_connection as usize,
+            limits,
         )
         .with_tls(options.tls.clone()),
     );
@@ -145,13 +148,15 @@ pub async fn serve(
         .trace_fn(grpc_span)
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
-        .max_concurrent_streams(Some(options.max_streams_per_connection))
+        .max_concurrent_streams(Some(limits.streams))
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
         .add_service(
             PartitionLeaseServiceServer::new(
-                LeaseService::new(gateway.clone(), peers).with_auth(options.auth.clone()),
+                LeaseService::new(gateway.clone(), peers)
+                    .with_auth(options.auth.clone())
+                    .with_long_calls_per_connection(limits.long_calls),
             )
             .max_decoding_message_size(MAX_REQUEST_BYTES),
         )

@@ -53,7 +53,11 @@ impl Rig {
         let client =
             Kafka::new(KafkaSettings::new(kafka.bootstrap_servers(), "fuzz")).expect("kafka");
         let gateway = Gateway::new("fuzz".into(), backend.clone(), client);
-        let peers = Arc::new(Peers::new("fuzz".into(), backend, 100));
+        let peers = Arc::new(Peers::new(
+            "fuzz".into(),
+            backend,
+            kafka_lease_server::calls::ConnectionLimits::default(),
+        ));
         let service = LeaseService::new(gateway.clone(), peers);
         let lease_id = service
             .acquire(Request::new(v1::AcquireRequest {

@@ -341,7 +341,7 @@ class ListLeasesResponse(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[LeaseInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class LeaseInfo(_message.Message):
-    __slots__ = ("group", "topic", "partition", "member", "fencing_token", "acquired_at", "expires_at", "gateway", "position", "committed_offset", "high_watermark", "lag", "details_unavailable", "gateway_address", "member_id")
+    __slots__ = ("group", "topic", "partition", "member", "fencing_token", "acquired_at", "expires_at", "gateway", "position", "committed_offset", "high_watermark", "lag", "read_lag", "details_unavailable", "gateway_address", "member_id")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -354,6 +354,7 @@ class LeaseInfo(_message.Message):
     COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
+    READ_LAG_FIELD_NUMBER: _ClassVar[int]
     DETAILS_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -369,7 +370,8 @@ class LeaseInfo(_message.Message):
     committed_offset: int
     high_watermark: int
     lag: int
+    read_lag: int
     details_unavailable: str
     gateway_address: str
     member_id: str
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., member: _Optional[str] = ..., fencing_token: _Optional[int] = ..., acquired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gateway: _Optional[str] = ..., position: _Optional[int] = ..., committed_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., details_unavailable: _Optional[str] = ..., gateway_address: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., member: _Optional[str] = ..., fencing_token: _Optional[int] = ..., acquired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gateway: _Optional[str] = ..., position: _Optional[int] = ..., committed_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., read_lag: _Optional[int] = ..., details_unavailable: _Optional[str] = ..., gateway_address: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...

@@ -607,7 +607,12 @@ export interface LeaseInfo {
     | undefined;
   /** The gateway instance serving the lease. */
   gateway: string;
-  /** Live: where the lease's Read will continue. */
+  /**
+   * Live: the read position. With a Read open, the offset of the next record the gateway
+   * hands to it (records handed over may still be in transport buffers, not yet received by
+   * the client); with no Read open, where the next Read without `from_offset` starts (the
+   * resume point: the most recent of the Acquire offset, the last commit and the last seek).
+   */
   position?:
     | bigint
     | undefined;
@@ -619,8 +624,19 @@ export interface LeaseInfo {
   highWatermark?:
     | bigint
     | undefined;
-  /** Live: high_watermark - position. */
+  /**
+   * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+   * high_watermark - committed_offset, the records the group has not committed yet. Unset
+   * while the group has no committed offset for the partition. The figure to alert on.
+   */
   lag?:
+    | bigint
+    | undefined;
+  /**
+   * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+   * Read has caught up, whatever the client has processed).
+   */
+  readLag?:
     | bigint
     | undefined;
   /**
@@ -4024,6 +4040,7 @@ function createBaseLeaseInfo(): LeaseInfo {
     committedOffset: undefined,
     highWatermark: undefined,
     lag: undefined,
+    readLag: undefined,
     detailsUnavailable: "",
     gatewayAddress: "",
     memberId: "",
@@ -4082,6 +4099,12 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
         throw new globalThis.Error("value provided for field message.lag of type int64 too large");
       }
       writer.uint32(96).int64(message.lag);
+    }
+    if (message.readLag !== undefined) {
+      if (BigInt.asIntN(64, message.readLag) !== message.readLag) {
+        throw new globalThis.Error("value provided for field message.readLag of type int64 too large");
+      }
+      writer.uint32(128).int64(message.readLag);
     }
     if (message.detailsUnavailable !== "") {
       writer.uint32(106).string(message.detailsUnavailable);
@@ -4204,6 +4227,14 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
             message.lag = reader.int64() as bigint;
             continue;
           }
+          case 16: {
+            if (tag !== 128) {
+              break;
+            }
+
+            message.readLag = reader.int64() as bigint;
+            continue;
+          }
           case 13: {
             if (tag !== 106) {
               break;
@@ -4274,6 +4305,11 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
         ? BigInt(object.high_watermark)
         : undefined,
       lag: isSet(object.lag) ? BigInt(object.lag) : undefined,
+      readLag: isSet(object.readLag)
+        ? BigInt(object.readLag)
+        : isSet(object.read_lag)
+        ? BigInt(object.read_lag)
+        : undefined,
       detailsUnavailable: isSet(object.detailsUnavailable)
         ? globalThis.String(object.detailsUnavailable)
         : isSet(object.details_unavailable)
@@ -4330,6 +4366,9 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
     if (message.lag !== undefined) {
       obj.lag = message.lag.toString();
     }
+    if (message.readLag !== undefined) {
+      obj.readLag = message.readLag.toString();
+    }
     if (message.detailsUnavailable !== "") {
       obj.detailsUnavailable = message.detailsUnavailable;
     }
@@ -4371,6 +4410,7 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
       ? BigInt(object.highWatermark)
       : undefined;
     message.lag = (object.lag !== undefined && object.lag !== null) ? BigInt(object.lag) : undefined;
+    message.readLag = (object.readLag !== undefined && object.readLag !== null) ? BigInt(object.readLag) : undefined;
     message.detailsUnavailable = object.detailsUnavailable ?? "";
     message.gatewayAddress = object.gatewayAddress ?? "";
     message.memberId = object.memberId ?? "";

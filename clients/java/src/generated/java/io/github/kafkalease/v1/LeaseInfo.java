@@ -367,7 +367,10 @@ private static final long serialVersionUID = 0L;
   private long position_ = 0L;
   /**
    * <pre>
-   * Live: where the lease's Read will continue.
+   * Live: the read position. With a Read open, the offset of the next record the gateway
+   * hands to it (records handed over may still be in transport buffers, not yet received by
+   * the client); with no Read open, where the next Read without `from_offset` starts (the
+   * resume point: the most recent of the Acquire offset, the last commit and the last seek).
    * </pre>
    *
    * <code>optional int64 position = 9;</code>
@@ -379,7 +382,10 @@ private static final long serialVersionUID = 0L;
   }
   /**
    * <pre>
-   * Live: where the lease's Read will continue.
+   * Live: the read position. With a Read open, the offset of the next record the gateway
+   * hands to it (records handed over may still be in transport buffers, not yet received by
+   * the client); with no Read open, where the next Read without `from_offset` starts (the
+   * resume point: the most recent of the Acquire offset, the last commit and the last seek).
    * </pre>
    *
    * <code>optional int64 position = 9;</code>
@@ -448,7 +454,9 @@ private static final long serialVersionUID = 0L;
   private long lag_ = 0L;
   /**
    * <pre>
-   * Live: high_watermark - position.
+   * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+   * high_watermark - committed_offset, the records the group has not committed yet. Unset
+   * while the group has no committed offset for the partition. The figure to alert on.
    * </pre>
    *
    * <code>optional int64 lag = 12;</code>
@@ -460,7 +468,9 @@ private static final long serialVersionUID = 0L;
   }
   /**
    * <pre>
-   * Live: high_watermark - position.
+   * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+   * high_watermark - committed_offset, the records the group has not committed yet. Unset
+   * while the group has no committed offset for the partition. The figure to alert on.
    * </pre>
    *
    * <code>optional int64 lag = 12;</code>
@@ -469,6 +479,35 @@ private static final long serialVersionUID = 0L;
   @java.lang.Override
   public long getLag() {
     return lag_;
+  }
+
+  public static final int READ_LAG_FIELD_NUMBER = 16;
+  private long readLag_ = 0L;
+  /**
+   * <pre>
+   * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+   * Read has caught up, whatever the client has processed).
+   * </pre>
+   *
+   * <code>optional int64 read_lag = 16;</code>
+   * @return Whether the readLag field is set.
+   */
+  @java.lang.Override
+  public boolean hasReadLag() {
+    return ((bitField0_ & 0x00000040) != 0);
+  }
+  /**
+   * <pre>
+   * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+   * Read has caught up, whatever the client has processed).
+   * </pre>
+   *
+   * <code>optional int64 read_lag = 16;</code>
+   * @return The readLag.
+   */
+  @java.lang.Override
+  public long getReadLag() {
+    return readLag_;
   }
 
   public static final int DETAILS_UNAVAILABLE_FIELD_NUMBER = 13;
@@ -679,6 +718,9 @@ private static final long serialVersionUID = 0L;
     if (!com.google.protobuf.GeneratedMessage.isStringEmpty(memberId_)) {
       com.google.protobuf.GeneratedMessage.writeString(output, 15, memberId_);
     }
+    if (((bitField0_ & 0x00000040) != 0)) {
+      output.writeInt64(16, readLag_);
+    }
     getUnknownFields().writeTo(output);
   }
   private int computeSerializedSize_0() {
@@ -735,6 +777,10 @@ private static final long serialVersionUID = 0L;
     }
     if (!com.google.protobuf.GeneratedMessage.isStringEmpty(memberId_)) {
       size += com.google.protobuf.GeneratedMessage.computeStringSize(15, memberId_);
+    }
+    if (((bitField0_ & 0x00000040) != 0)) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeInt64Size(16, readLag_);
     }
     return size;
   }
@@ -802,6 +848,11 @@ private static final long serialVersionUID = 0L;
       if (getLag()
           != other.getLag()) return false;
     }
+    if (hasReadLag() != other.hasReadLag()) return false;
+    if (hasReadLag()) {
+      if (getReadLag()
+          != other.getReadLag()) return false;
+    }
     if (!getDetailsUnavailable()
         .equals(other.getDetailsUnavailable())) return false;
     if (!getGatewayAddress()
@@ -859,6 +910,11 @@ private static final long serialVersionUID = 0L;
       hash = (37 * hash) + LAG_FIELD_NUMBER;
       hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
           getLag());
+    }
+    if (hasReadLag()) {
+      hash = (37 * hash) + READ_LAG_FIELD_NUMBER;
+      hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
+          getReadLag());
     }
     hash = (37 * hash) + DETAILS_UNAVAILABLE_FIELD_NUMBER;
     hash = (53 * hash) + getDetailsUnavailable().hashCode();
@@ -1028,6 +1084,7 @@ private static final long serialVersionUID = 0L;
       committedOffset_ = 0L;
       highWatermark_ = 0L;
       lag_ = 0L;
+      readLag_ = 0L;
       detailsUnavailable_ = "";
       gatewayAddress_ = "";
       memberId_ = "";
@@ -1112,12 +1169,16 @@ private static final long serialVersionUID = 0L;
         to_bitField0_ |= 0x00000020;
       }
       if (((from_bitField0_ & 0x00001000) != 0)) {
-        result.detailsUnavailable_ = detailsUnavailable_;
+        result.readLag_ = readLag_;
+        to_bitField0_ |= 0x00000040;
       }
       if (((from_bitField0_ & 0x00002000) != 0)) {
-        result.gatewayAddress_ = gatewayAddress_;
+        result.detailsUnavailable_ = detailsUnavailable_;
       }
       if (((from_bitField0_ & 0x00004000) != 0)) {
+        result.gatewayAddress_ = gatewayAddress_;
+      }
+      if (((from_bitField0_ & 0x00008000) != 0)) {
         result.memberId_ = memberId_;
       }
       result.bitField0_ |= to_bitField0_;
@@ -1179,19 +1240,22 @@ private static final long serialVersionUID = 0L;
       if (other.hasLag()) {
         setLag(other.getLag());
       }
+      if (other.hasReadLag()) {
+        setReadLag(other.getReadLag());
+      }
       if (!other.getDetailsUnavailable().isEmpty()) {
         detailsUnavailable_ = other.detailsUnavailable_;
-        bitField0_ |= 0x00001000;
+        bitField0_ |= 0x00002000;
         onChanged();
       }
       if (!other.getGatewayAddress().isEmpty()) {
         gatewayAddress_ = other.gatewayAddress_;
-        bitField0_ |= 0x00002000;
+        bitField0_ |= 0x00004000;
         onChanged();
       }
       if (!other.getMemberId().isEmpty()) {
         memberId_ = other.memberId_;
-        bitField0_ |= 0x00004000;
+        bitField0_ |= 0x00008000;
         onChanged();
       }
       this.mergeUnknownFields(other.getUnknownFields());
@@ -1284,19 +1348,24 @@ private static final long serialVersionUID = 0L;
             } // case 96
             case 106: {
               detailsUnavailable_ = input.readStringRequireUtf8();
-              bitField0_ |= 0x00001000;
+              bitField0_ |= 0x00002000;
               break;
             } // case 106
             case 114: {
               gatewayAddress_ = input.readStringRequireUtf8();
-              bitField0_ |= 0x00002000;
+              bitField0_ |= 0x00004000;
               break;
             } // case 114
             case 122: {
               memberId_ = input.readStringRequireUtf8();
-              bitField0_ |= 0x00004000;
+              bitField0_ |= 0x00008000;
               break;
             } // case 122
+            case 128: {
+              readLag_ = input.readInt64();
+              bitField0_ |= 0x00001000;
+              break;
+            } // case 128
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -2110,7 +2179,10 @@ private static final long serialVersionUID = 0L;
     private long position_ ;
     /**
      * <pre>
-     * Live: where the lease's Read will continue.
+     * Live: the read position. With a Read open, the offset of the next record the gateway
+     * hands to it (records handed over may still be in transport buffers, not yet received by
+     * the client); with no Read open, where the next Read without `from_offset` starts (the
+     * resume point: the most recent of the Acquire offset, the last commit and the last seek).
      * </pre>
      *
      * <code>optional int64 position = 9;</code>
@@ -2122,7 +2194,10 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Live: where the lease's Read will continue.
+     * Live: the read position. With a Read open, the offset of the next record the gateway
+     * hands to it (records handed over may still be in transport buffers, not yet received by
+     * the client); with no Read open, where the next Read without `from_offset` starts (the
+     * resume point: the most recent of the Acquire offset, the last commit and the last seek).
      * </pre>
      *
      * <code>optional int64 position = 9;</code>
@@ -2134,7 +2209,10 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Live: where the lease's Read will continue.
+     * Live: the read position. With a Read open, the offset of the next record the gateway
+     * hands to it (records handed over may still be in transport buffers, not yet received by
+     * the client); with no Read open, where the next Read without `from_offset` starts (the
+     * resume point: the most recent of the Acquire offset, the last commit and the last seek).
      * </pre>
      *
      * <code>optional int64 position = 9;</code>
@@ -2150,7 +2228,10 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Live: where the lease's Read will continue.
+     * Live: the read position. With a Read open, the offset of the next record the gateway
+     * hands to it (records handed over may still be in transport buffers, not yet received by
+     * the client); with no Read open, where the next Read without `from_offset` starts (the
+     * resume point: the most recent of the Acquire offset, the last commit and the last seek).
      * </pre>
      *
      * <code>optional int64 position = 9;</code>
@@ -2278,7 +2359,9 @@ private static final long serialVersionUID = 0L;
     private long lag_ ;
     /**
      * <pre>
-     * Live: high_watermark - position.
+     * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+     * high_watermark - committed_offset, the records the group has not committed yet. Unset
+     * while the group has no committed offset for the partition. The figure to alert on.
      * </pre>
      *
      * <code>optional int64 lag = 12;</code>
@@ -2290,7 +2373,9 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Live: high_watermark - position.
+     * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+     * high_watermark - committed_offset, the records the group has not committed yet. Unset
+     * while the group has no committed offset for the partition. The figure to alert on.
      * </pre>
      *
      * <code>optional int64 lag = 12;</code>
@@ -2302,7 +2387,9 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Live: high_watermark - position.
+     * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+     * high_watermark - committed_offset, the records the group has not committed yet. Unset
+     * while the group has no committed offset for the partition. The figure to alert on.
      * </pre>
      *
      * <code>optional int64 lag = 12;</code>
@@ -2318,7 +2405,9 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * Live: high_watermark - position.
+     * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+     * high_watermark - committed_offset, the records the group has not committed yet. Unset
+     * while the group has no committed offset for the partition. The figure to alert on.
      * </pre>
      *
      * <code>optional int64 lag = 12;</code>
@@ -2327,6 +2416,66 @@ private static final long serialVersionUID = 0L;
     public Builder clearLag() {
       bitField0_ = (bitField0_ & ~0x00000800);
       lag_ = 0L;
+      onChanged();
+      return this;
+    }
+
+    private long readLag_ ;
+    /**
+     * <pre>
+     * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+     * Read has caught up, whatever the client has processed).
+     * </pre>
+     *
+     * <code>optional int64 read_lag = 16;</code>
+     * @return Whether the readLag field is set.
+     */
+    @java.lang.Override
+    public boolean hasReadLag() {
+      return ((bitField0_ & 0x00001000) != 0);
+    }
+    /**
+     * <pre>
+     * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+     * Read has caught up, whatever the client has processed).
+     * </pre>
+     *
+     * <code>optional int64 read_lag = 16;</code>
+     * @return The readLag.
+     */
+    @java.lang.Override
+    public long getReadLag() {
+      return readLag_;
+    }
+    /**
+     * <pre>
+     * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+     * Read has caught up, whatever the client has processed).
+     * </pre>
+     *
+     * <code>optional int64 read_lag = 16;</code>
+     * @param value The readLag to set.
+     * @return This builder for chaining.
+     */
+    public Builder setReadLag(long value) {
+
+      readLag_ = value;
+      bitField0_ |= 0x00001000;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+     * Read has caught up, whatever the client has processed).
+     * </pre>
+     *
+     * <code>optional int64 read_lag = 16;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearReadLag() {
+      bitField0_ = (bitField0_ & ~0x00001000);
+      readLag_ = 0L;
       onChanged();
       return this;
     }
@@ -2392,7 +2541,7 @@ private static final long serialVersionUID = 0L;
         java.lang.String value) {
       java.util.Objects.requireNonNull(value);
       detailsUnavailable_ = value;
-      bitField0_ |= 0x00001000;
+      bitField0_ |= 0x00002000;
       onChanged();
       return this;
     }
@@ -2408,7 +2557,7 @@ private static final long serialVersionUID = 0L;
      */
     public Builder clearDetailsUnavailable() {
       detailsUnavailable_ = getDefaultInstance().getDetailsUnavailable();
-      bitField0_ = (bitField0_ & ~0x00001000);
+      bitField0_ = (bitField0_ & ~0x00002000);
       onChanged();
       return this;
     }
@@ -2428,7 +2577,7 @@ private static final long serialVersionUID = 0L;
       java.util.Objects.requireNonNull(value);
       checkByteStringIsUtf8(value);
       detailsUnavailable_ = value;
-      bitField0_ |= 0x00001000;
+      bitField0_ |= 0x00002000;
       onChanged();
       return this;
     }
@@ -2491,7 +2640,7 @@ private static final long serialVersionUID = 0L;
         java.lang.String value) {
       java.util.Objects.requireNonNull(value);
       gatewayAddress_ = value;
-      bitField0_ |= 0x00002000;
+      bitField0_ |= 0x00004000;
       onChanged();
       return this;
     }
@@ -2506,7 +2655,7 @@ private static final long serialVersionUID = 0L;
      */
     public Builder clearGatewayAddress() {
       gatewayAddress_ = getDefaultInstance().getGatewayAddress();
-      bitField0_ = (bitField0_ & ~0x00002000);
+      bitField0_ = (bitField0_ & ~0x00004000);
       onChanged();
       return this;
     }
@@ -2525,7 +2674,7 @@ private static final long serialVersionUID = 0L;
       java.util.Objects.requireNonNull(value);
       checkByteStringIsUtf8(value);
       gatewayAddress_ = value;
-      bitField0_ |= 0x00002000;
+      bitField0_ |= 0x00004000;
       onChanged();
       return this;
     }
@@ -2588,7 +2737,7 @@ private static final long serialVersionUID = 0L;
         java.lang.String value) {
       java.util.Objects.requireNonNull(value);
       memberId_ = value;
-      bitField0_ |= 0x00004000;
+      bitField0_ |= 0x00008000;
       onChanged();
       return this;
     }
@@ -2603,7 +2752,7 @@ private static final long serialVersionUID = 0L;
      */
     public Builder clearMemberId() {
       memberId_ = getDefaultInstance().getMemberId();
-      bitField0_ = (bitField0_ & ~0x00004000);
+      bitField0_ = (bitField0_ & ~0x00008000);
       onChanged();
       return this;
     }
@@ -2622,7 +2771,7 @@ private static final long serialVersionUID = 0L;
       java.util.Objects.requireNonNull(value);
       checkByteStringIsUtf8(value);
       memberId_ = value;
-      bitField0_ |= 0x00004000;
+      bitField0_ |= 0x00008000;
       onChanged();
       return this;
     }

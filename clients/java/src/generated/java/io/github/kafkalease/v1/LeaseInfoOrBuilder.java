@@ -175,7 +175,10 @@ public interface LeaseInfoOrBuilder extends
 
   /**
    * <pre>
-   * Live: where the lease's Read will continue.
+   * Live: the read position. With a Read open, the offset of the next record the gateway
+   * hands to it (records handed over may still be in transport buffers, not yet received by
+   * the client); with no Read open, where the next Read without `from_offset` starts (the
+   * resume point: the most recent of the Acquire offset, the last commit and the last seek).
    * </pre>
    *
    * <code>optional int64 position = 9;</code>
@@ -184,7 +187,10 @@ public interface LeaseInfoOrBuilder extends
   boolean hasPosition();
   /**
    * <pre>
-   * Live: where the lease's Read will continue.
+   * Live: the read position. With a Read open, the offset of the next record the gateway
+   * hands to it (records handed over may still be in transport buffers, not yet received by
+   * the client); with no Read open, where the next Read without `from_offset` starts (the
+   * resume point: the most recent of the Acquire offset, the last commit and the last seek).
    * </pre>
    *
    * <code>optional int64 position = 9;</code>
@@ -232,7 +238,9 @@ public interface LeaseInfoOrBuilder extends
 
   /**
    * <pre>
-   * Live: high_watermark - position.
+   * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+   * high_watermark - committed_offset, the records the group has not committed yet. Unset
+   * while the group has no committed offset for the partition. The figure to alert on.
    * </pre>
    *
    * <code>optional int64 lag = 12;</code>
@@ -241,13 +249,36 @@ public interface LeaseInfoOrBuilder extends
   boolean hasLag();
   /**
    * <pre>
-   * Live: high_watermark - position.
+   * Live: the consumer lag as Kafka's tools give it (`kafka-consumer-groups --describe`):
+   * high_watermark - committed_offset, the records the group has not committed yet. Unset
+   * while the group has no committed offset for the partition. The figure to alert on.
    * </pre>
    *
    * <code>optional int64 lag = 12;</code>
    * @return The lag.
    */
   long getLag();
+
+  /**
+   * <pre>
+   * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+   * Read has caught up, whatever the client has processed).
+   * </pre>
+   *
+   * <code>optional int64 read_lag = 16;</code>
+   * @return Whether the readLag field is set.
+   */
+  boolean hasReadLag();
+  /**
+   * <pre>
+   * Live: high_watermark - position, the records the Read has still to hand over (0 once the
+   * Read has caught up, whatever the client has processed).
+   * </pre>
+   *
+   * <code>optional int64 read_lag = 16;</code>
+   * @return The readLag.
+   */
+  long getReadLag();
 
   /**
    * <pre>

@@ -249,7 +249,7 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "\n\tpage_size\030\003 \001(\r\022\022\n\npage_token\030\004 \001(\tB\010\n" +
       "\006_groupB\010\n\006_topic\"X\n\022ListLeasesResponse\022" +
       ")\n\006leases\030\001 \003(\0132\031.kafka_lease.v1.LeaseIn" +
-      "fo\022\027\n\017next_page_token\030\002 \001(\t\"\300\003\n\tLeaseInf" +
+      "fo\022\027\n\017next_page_token\030\002 \001(\t\"\344\003\n\tLeaseInf" +
       "o\022\r\n\005group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tparti" +
       "tion\030\003 \001(\005\022\016\n\006member\030\004 \001(\t\022\025\n\rfencing_to" +
       "ken\030\005 \001(\004\022/\n\013acquired_at\030\006 \001(\0132\032.google." +
@@ -257,37 +257,37 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       ".google.protobuf.Timestamp\022\017\n\007gateway\030\010 " +
       "\001(\t\022\025\n\010position\030\t \001(\003H\000\210\001\001\022\035\n\020committed_" +
       "offset\030\n \001(\003H\001\210\001\001\022\033\n\016high_watermark\030\013 \001(" +
-      "\003H\002\210\001\001\022\020\n\003lag\030\014 \001(\003H\003\210\001\001\022\033\n\023details_unav" +
-      "ailable\030\r \001(\t\022\027\n\017gateway_address\030\016 \001(\t\022\021" +
-      "\n\tmember_id\030\017 \001(\tB\013\n\t_positionB\023\n\021_commi" +
-      "tted_offsetB\021\n\017_high_watermarkB\006\n\004_lag*_" +
-      "\n\013OffsetReset\022\034\n\030OFFSET_RESET_UNSPECIFIE" +
-      "D\020\000\022\031\n\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSET" +
-      "_RESET_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIME" +
-      "STAMP_TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_TY" +
-      "PE_CREATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_A" +
-      "PPEND_TIME\020\0022\201\005\n\025PartitionLeaseService\022J" +
-      "\n\007Acquire\022\036.kafka_lease.v1.AcquireReques" +
-      "t\032\037.kafka_lease.v1.AcquireResponse\022C\n\004Re" +
-      "ad\022\033.kafka_lease.v1.ReadRequest\032\034.kafka_" +
-      "lease.v1.ReadResponse0\001\022A\n\004Seek\022\033.kafka_" +
-      "lease.v1.SeekRequest\032\034.kafka_lease.v1.Se" +
-      "ekResponse\022G\n\006Commit\022\035.kafka_lease.v1.Co" +
-      "mmitRequest\032\036.kafka_lease.v1.CommitRespo" +
-      "nse\022J\n\007Release\022\036.kafka_lease.v1.ReleaseR" +
-      "equest\032\037.kafka_lease.v1.ReleaseResponse\022" +
-      "R\n\tSubscribe\022 .kafka_lease.v1.SubscribeR" +
-      "equest\032!.kafka_lease.v1.SubscribeRespons" +
-      "e0\001\022V\n\013ListMembers\022\".kafka_lease.v1.List" +
-      "MembersRequest\032#.kafka_lease.v1.ListMemb" +
-      "ersResponse\022S\n\nListLeases\022!.kafka_lease." +
-      "v1.ListLeasesRequest\032\".kafka_lease.v1.Li" +
-      "stLeasesResponseB\260\001\n\027io.github.kafkaleas" +
-      "e.v1B\023PartitionLeaseProtoP\001ZGgithub.com/" +
-      "kafka-lease/kafka-lease/clients/go/kafka" +
-      "leasev1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease." +
-      "V1\312\002\rKafkaLease\\V1\352\002\016KafkaLease::V1b\006pro" +
-      "to3"
+      "\003H\002\210\001\001\022\020\n\003lag\030\014 \001(\003H\003\210\001\001\022\025\n\010read_lag\030\020 \001" +
+      "(\003H\004\210\001\001\022\033\n\023details_unavailable\030\r \001(\t\022\027\n\017" +
+      "gateway_address\030\016 \001(\t\022\021\n\tmember_id\030\017 \001(\t" +
+      "B\013\n\t_positionB\023\n\021_committed_offsetB\021\n\017_h" +
+      "igh_watermarkB\006\n\004_lagB\013\n\t_read_lag*_\n\013Of" +
+      "fsetReset\022\034\n\030OFFSET_RESET_UNSPECIFIED\020\000\022" +
+      "\031\n\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSET_RES" +
+      "ET_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIMESTAM" +
+      "P_TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_TYPE_C" +
+      "REATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_APPEN" +
+      "D_TIME\020\0022\201\005\n\025PartitionLeaseService\022J\n\007Ac" +
+      "quire\022\036.kafka_lease.v1.AcquireRequest\032\037." +
+      "kafka_lease.v1.AcquireResponse\022C\n\004Read\022\033" +
+      ".kafka_lease.v1.ReadRequest\032\034.kafka_leas" +
+      "e.v1.ReadResponse0\001\022A\n\004Seek\022\033.kafka_leas" +
+      "e.v1.SeekRequest\032\034.kafka_lease.v1.SeekRe" +
+      "sponse\022G\n\006Commit\022\035.kafka_lease.v1.Commit" +
+      "Request\032\036.kafka_lease.v1.CommitResponse\022" +
+      "J\n\007Release\022\036.kafka_lease.v1.ReleaseReque" +
+      "st\032\037.kafka_lease.v1.ReleaseResponse\022R\n\tS" +
+      "ubscribe\022 .kafka_lease.v1.SubscribeReque" +
+      "st\032!.kafka_lease.v1.SubscribeResponse0\001\022" +
+      "V\n\013ListMembers\022\".kafka_lease.v1.ListMemb" +
+      "ersRequest\032#.kafka_lease.v1.ListMembersR" +
+      "esponse\022S\n\nListLeases\022!.kafka_lease.v1.L" +
+      "istLeasesRequest\032\".kafka_lease.v1.ListLe" +
+      "asesResponseB\260\001\n\027io.github.kafkalease.v1" +
+      "B\023PartitionLeaseProtoP\001ZGgithub.com/kafk" +
+      "a-lease/kafka-lease/clients/go/kafkaleas" +
+      "ev1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002" +
+      "\rKafkaLease\\V1\352\002\016KafkaLease::V1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -445,7 +445,7 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
     internal_static_kafka_lease_v1_LeaseInfo_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_LeaseInfo_descriptor,
-        new java.lang.String[] { "Group", "Topic", "Partition", "Member", "FencingToken", "AcquiredAt", "ExpiresAt", "Gateway", "Position", "CommittedOffset", "HighWatermark", "Lag", "DetailsUnavailable", "GatewayAddress", "MemberId", });
+        new java.lang.String[] { "Group", "Topic", "Partition", "Member", "FencingToken", "AcquiredAt", "ExpiresAt", "Gateway", "Position", "CommittedOffset", "HighWatermark", "Lag", "ReadLag", "DetailsUnavailable", "GatewayAddress", "MemberId", });
     descriptor.resolveAllFeaturesImmutable();
     com.google.protobuf.DurationProto.getDescriptor();
     com.google.protobuf.EmptyProto.getDescriptor();
