@@ -302,3 +302,154 @@ async fn json_logs_carry_the_lease_span_fields() {
     assert_eq!(span["token"], token);
     child.kill().await.expect("stop dev");
 }
+
+/// The lines of `text` at ERROR level, in the pretty format (`<time> ERROR <target>: ...`).
+fn error_lines(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|line| line.split_whitespace().nth(1) == Some("ERROR"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_dev_quietly_after_a_session_of_many_groups() {
+    let log_path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dev-ctrl-c.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut child = Command::new(BIN)
+        .args(["dev", "--listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .env_remove("KAFKA_LEASE_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn dev");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.expect("stdout") {
+            if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
+                return addr.to_string();
+            }
+        }
+        panic!("dev exited early");
+    })
+    .await
+    .expect("dev listens");
+    let client = Client::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    // A session of 20 groups: some leases released, some still held (one with its Read
+    // open) when Ctrl-C comes.
+    let mut held = Vec::new();
+    let mut reads = Vec::new();
+    for i in 0..20 {
+        let lease = client
+            .acquire(AcquireOptions::new(format!("ctrl-c-{i}"), "demo").member("test"))
+            .await
+            .expect("acquire");
+        let mut stream = lease.records(ReadOptions::new()).await.expect("read");
+        let batch = tokio::time::timeout(Duration::from_secs(10), stream.next_batch())
+            .await
+            .expect("a batch")
+            .expect("open")
+            .expect("batch");
+        assert!(!batch.records.is_empty());
+        if i % 2 == 0 {
+            lease.release().await.expect("release");
+        } else {
+            held.push(lease);
+            reads.push(stream);
+        }
+    }
+    let pid = child.id().expect("dev runs").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("kill -INT");
+    assert!(status.success());
+    let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("dev exits within 30 s of SIGINT")
+        .expect("wait");
+    drop((held, reads));
+    let text = std::fs::read_to_string(&log_path).expect("log");
+    assert!(exit.success(), "{exit:?}: {text}");
+    let shutdown = text
+        .find("SIGINT received")
+        .expect("the log says SIGINT came");
+    assert!(text.contains("shutdown complete"), "{text}");
+    let after = error_lines(&text[shutdown..]);
+    assert!(
+        after.is_empty(),
+        "{} ERROR lines after SIGINT:\n{}",
+        after.len(),
+        after.join("\n")
+    );
+    assert!(error_lines(&text).is_empty(), "{text}");
+}
+
+#[tokio::test]
+async fn serve_with_kafka_down_says_so_without_repeating_itself() {
+    let Some(services) = kafka_lease_testkit::Services::require(
+        "serve_with_kafka_down_says_so_without_repeating_itself",
+    ) else {
+        return;
+    };
+    // A loopback port where nothing listens.
+    let kafka = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr").to_string()
+    };
+    let instance = kafka_lease_testkit::unique_name("gw-no-kafka");
+    let prefix = format!("kafka-lease-test/{}", kafka_lease_testkit::unique_name("p"));
+    let gateway = kafka_lease_testkit::GatewayProcess::spawn(
+        std::path::Path::new(BIN),
+        &[
+            "--kafka",
+            &kafka,
+            "--consul",
+            &services.consul_http_addr,
+            "--consul-prefix",
+            &prefix,
+            "--log",
+            "info",
+        ],
+        &instance,
+        std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{instance}.log")),
+    )
+    .await
+    .expect("serve starts with Kafka down");
+    // The gateway stays up, NOT_SERVING, while Kafka cannot be reached; a few seconds of that.
+    kafka_lease_testkit::wait_for(
+        "health to say Kafka is unreachable",
+        Duration::from_secs(20),
+        || {
+            let seen = gateway
+                .log()
+                .contains("health: NOT_SERVING, Kafka unreachable")
+                .then_some(());
+            async move { seen }
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = gateway.log();
+    gateway.stop(Duration::from_secs(10)).await;
+    let errors = error_lines(&log);
+    assert!(
+        !errors.is_empty(),
+        "librdkafka's report of the failure: {log}"
+    );
+    assert!(
+        errors
+            .iter()
+            .any(|l| l.contains(&kafka) && l.contains("Connection refused")),
+        "{log}"
+    );
+    // Each said once, not at each poll of each client (twenty a second before).
+    assert!(
+        errors.len() <= 4,
+        "{} ERROR lines:\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
+}

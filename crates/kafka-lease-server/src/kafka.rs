@@ -13,14 +13,15 @@
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
+use rdkafka::client::ClientContext;
+use rdkafka::config::{FromClientConfigAndContext, RDKafkaLogLevel};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
-use rdkafka::consumer::{
-    BaseConsumer, CommitMode, Consumer, DefaultConsumerContext, StreamConsumer,
-};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -94,6 +95,8 @@ pub struct KafkaSettings {
     /// `kafka-lease dev`, whose in-process Kafka (librdkafka's mock cluster) does not
     /// implement the lookup (it answers "no such offset" for every time).
     pub scan_for_timestamps: bool,
+    /// The context of every client made with these settings.
+    log: ClientLog,
 }
 
 impl KafkaSettings {
@@ -107,6 +110,7 @@ impl KafkaSettings {
             instance: instance.into(),
             max_groups: DEFAULT_MAX_GROUPS,
             scan_for_timestamps: false,
+            log: ClientLog::default(),
         }
     }
 
@@ -145,13 +149,13 @@ impl KafkaSettings {
     /// may quote it), and it may be a secret, possibly under a misspelt key that
     /// [`crate::kafka_config::is_secret`] cannot recognise. So a refused property is named
     /// by its key only, and every secret value of the options is masked in what remains.
-    fn create<T: rdkafka::config::FromClientConfig>(
+    fn create<T: FromClientConfigAndContext<ClientLog>>(
         &self,
         config: &ClientConfig,
         operation: &'static str,
     ) -> Result<T, LeaseError> {
         config
-            .create()
+            .create_with_context(self.log.clone())
             .map_err(|e| unavailable(operation, self.creation_error(&e)))
     }
 
@@ -166,6 +170,92 @@ impl KafkaSettings {
         self.options.redact(&text)
     }
 }
+
+/// How long a librdkafka log line or client error, once logged, is logged again at debug
+/// level only (see [`ClientLog`]).
+const LOG_REPEATS_QUIET: Duration = Duration::from_secs(60);
+
+/// The context of the gateway's librdkafka clients: forwards librdkafka's log lines and
+/// client errors to `tracing` at their level, as rdkafka's default context does (same
+/// targets: `librdkafka`, `rdkafka::client`), with two differences:
+///
+/// - A line said in the last [`LOG_REPEATS_QUIET`] by any client of the same [`Kafka`] is a
+///   debug line. While the brokers cannot be reached every client reports the same failure,
+///   and the metadata client's queue yields it at each poll: without this a gateway started
+///   with Kafka down wrote some twenty identical ERROR lines a second.
+/// - Once [`Kafka::close`] is called, every line is a debug line: what clients being torn
+///   down at shutdown report (their connections closing, the in-process cluster of
+///   `kafka-lease dev` gone first) is not news, and read as a crash.
+#[derive(Clone, Debug, Default)]
+pub struct ClientLog {
+    shared: Arc<ClientLogShared>,
+}
+
+#[derive(Debug, Default)]
+struct ClientLogShared {
+    closing: AtomicBool,
+    /// Line (without its varying tail) → when it was last logged at its level.
+    said: Mutex<HashMap<String, tokio::time::Instant>>,
+}
+
+impl ClientLog {
+    /// From now on every line is a debug line.
+    fn close(&self) {
+        self.shared.closing.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether `line` is logged at its own level now: not after [`ClientLog::close`], nor
+    /// when it was within [`LOG_REPEATS_QUIET`].
+    fn news(&self, line: &str) -> bool {
+        if self.shared.closing.load(Ordering::Relaxed) {
+            return false;
+        }
+        // librdkafka's tail varies between repeats: "(after 0ms in state CONNECT, 1
+        // identical error(s) suppressed)".
+        let key = line.split(" (after ").next().unwrap_or(line);
+        let now = tokio::time::Instant::now();
+        let mut said = self.shared.said.lock().unwrap_or_else(|p| p.into_inner());
+        if said.len() >= 1024 {
+            said.retain(|_, at| now.duration_since(*at) < LOG_REPEATS_QUIET);
+        }
+        match said.get(key) {
+            Some(at) if now.duration_since(*at) < LOG_REPEATS_QUIET => false,
+            _ => {
+                said.insert(key.to_string(), now);
+                true
+            }
+        }
+    }
+}
+
+impl ClientContext for ClientLog {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        use RDKafkaLogLevel as L;
+        if matches!(level, L::Debug) || !self.news(&format!("{fac} {log_message}")) {
+            tracing::debug!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            return;
+        }
+        match level {
+            L::Emerg | L::Alert | L::Critical | L::Error => {
+                tracing::error!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            }
+            L::Warning => tracing::warn!(target: "librdkafka", "librdkafka: {fac} {log_message}"),
+            L::Notice | L::Info | L::Debug => {
+                tracing::info!(target: "librdkafka", "librdkafka: {fac} {log_message}");
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if self.news(&format!("{error}: {reason}")) {
+            tracing::error!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
+        } else {
+            tracing::debug!(target: "rdkafka::client", "librdkafka: {error}: {reason}");
+        }
+    }
+}
+
+impl ConsumerContext for ClientLog {}
 
 fn unavailable(operation: &'static str, err: impl std::fmt::Display) -> LeaseError {
     metrics::counter!(crate::metrics::KAFKA_ERRORS, "operation" => operation).increment(1);
@@ -312,7 +402,7 @@ struct CachedGroup {
 #[derive(Clone)]
 pub struct Kafka {
     settings: Arc<KafkaSettings>,
-    metadata: Arc<BaseConsumer>,
+    metadata: Arc<BaseConsumer<ClientLog>>,
     groups: Arc<Mutex<HashMap<String, CachedGroup>>>,
     /// Topic → its partition count and when it was read (see [`Kafka::partition_count`]).
     partition_counts: Arc<Mutex<HashMap<String, (i32, tokio::time::Instant)>>>,
@@ -342,7 +432,8 @@ impl Kafka {
             .set("group.id", "kafka-lease-metadata")
             .set("enable.auto.commit", "false");
         settings.apply_options(&mut config);
-        let metadata: BaseConsumer = settings.create(&config, "creating the metadata client")?;
+        let metadata: BaseConsumer<ClientLog> =
+            settings.create(&config, "creating the metadata client")?;
         let metadata = Arc::new(metadata);
         tokio::spawn(serve_metadata_client_events(Arc::downgrade(&metadata)));
         let groups: Arc<Mutex<HashMap<String, CachedGroup>>> = Arc::default();
@@ -357,6 +448,22 @@ impl Kafka {
 
     pub fn settings(&self) -> &KafkaSettings {
         &self.settings
+    }
+
+    /// Closes the group clients, for a gateway that stops: from now on what librdkafka
+    /// reports of any client of this `Kafka` (the metadata client lives on while a clone of
+    /// it does) is logged at debug level only (see [`ClientLog`]).
+    pub async fn close(&self) {
+        self.settings.log.close();
+        let closing: Vec<CachedGroup> = self
+            .groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, cached)| cached)
+            .collect();
+        // Closing a librdkafka consumer blocks briefly; keep it off the reactor.
+        let _ = tokio::task::spawn_blocking(move || drop(closing)).await;
     }
 
     /// The number of partitions of `topic`, from broker metadata read at most
@@ -513,7 +620,7 @@ impl Kafka {
         blocking(OPERATION, move || {
             use rdkafka::consumer::{BaseConsumer, Consumer as _};
             use rdkafka::Message as _;
-            let consumer: BaseConsumer = settings.create(&config, OPERATION)?;
+            let consumer: BaseConsumer<ClientLog> = settings.create(&config, OPERATION)?;
             let mut assignment = TopicPartitionList::new();
             assignment
                 .add_partition_offset(&topic, partition, Offset::Beginning)
@@ -615,7 +722,7 @@ const METADATA_EVENTS_INTERVAL: Duration = Duration::from_secs(1);
 /// authentication, all brokers down), and the metadata client is otherwise never polled: they
 /// would be logged only when it closes, so a gateway with wrong Kafka credentials would only
 /// say "broker transport failure" while it runs. (Group clients serve theirs in their poller.)
-async fn serve_metadata_client_events(client: Weak<BaseConsumer>) {
+async fn serve_metadata_client_events(client: Weak<BaseConsumer<ClientLog>>) {
     let mut ticker = tokio::time::interval(METADATA_EVENTS_INTERVAL);
     loop {
         ticker.tick().await;
@@ -671,7 +778,7 @@ async fn close_idle_group_clients(groups: Weak<Mutex<HashMap<String, CachedGroup
     }
 }
 
-type LeaseConsumer = StreamConsumer<DefaultConsumerContext>;
+type LeaseConsumer = StreamConsumer<ClientLog>;
 
 /// One consumer-group's client: reads the group's leased partitions and stores its offsets.
 pub struct GroupClient {
@@ -925,7 +1032,7 @@ pub struct PartitionFeed {
     /// `topic` for librdkafka's C API (never absent: topic names are validated).
     topic_c: Option<CString>,
     partition: i32,
-    queue: StreamPartitionQueue<DefaultConsumerContext>,
+    queue: StreamPartitionQueue<ClientLog>,
     /// The offset after the last record taken from the queue: where the queue stands.
     pulled_up_to: i64,
     /// A record taken from the queue but not delivered (it did not fit in a batch), with the
