@@ -310,6 +310,54 @@ fn error_lines(text: &str) -> Vec<&str> {
         .collect()
 }
 
+#[tokio::test]
+async fn serve_with_consul_down_says_so_once_with_the_address_and_what_to_do() {
+    // A loopback port where nothing listens.
+    let consul = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://{}", listener.local_addr().expect("addr"))
+    };
+    let started = tokio::time::Instant::now();
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--kafka", "127.0.0.1:9"])
+        .args(["--consul", &consul])
+        .env_remove("KAFKA_LEASE_LISTEN")
+        .env_remove("RUST_LOG")
+        .env_remove("KAFKA_LEASE_LOG")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .expect("serve gives up within 30 s")
+        .expect("run serve");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{stderr}");
+    let errors = error_lines(&stderr);
+    assert_eq!(errors.len(), 1, "one ERROR line: {stderr}");
+    let line = errors[0];
+    for needle in [
+        consul.as_str(),
+        "Connection refused",
+        "--consul",
+        "kafka-lease dev",
+    ] {
+        assert!(line.contains(needle), "{needle:?} in {line}");
+    }
+    for line in stderr.lines() {
+        assert!(
+            line.matches("Connection refused").count() <= 1,
+            "the cause once: {line}"
+        );
+    }
+    // Nothing repeats the error in another form after it.
+    assert!(
+        !stderr.lines().any(|l| l.starts_with("kafka-lease: ")),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_stops_dev_quietly_after_a_session_of_many_groups() {
     let log_path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dev-ctrl-c.log");

@@ -69,12 +69,18 @@ pub(super) fn describe(error: &ClientError) -> String {
     }
 }
 
+/// An error and its causes, each said once: the HTTP libraries repeat a cause's text in
+/// their own ("error trying to connect: tcp connect error: Connection refused" above "tcp
+/// connect error: Connection refused" above "Connection refused").
 pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         source = cause.source();
     }
     text
@@ -592,6 +598,41 @@ mod tests {
             check: Some(SessionCheck::tcp("127.0.0.1:50051")),
             ..ConsulLockConfig::default()
         }
+    }
+
+    /// An error whose text is `text`, caused by `source`.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let refused = Layer("Connection refused (os error 111)", None);
+        let tcp = Layer(
+            "tcp connect error: Connection refused (os error 111)",
+            Some(Box::new(refused)),
+        );
+        let hyper = Layer(
+            "error trying to connect: tcp connect error: Connection refused (os error 111)",
+            Some(Box::new(tcp)),
+        );
+        let top = Layer("error sending request", Some(Box::new(hyper)));
+        assert_eq!(
+            error_chain(&top),
+            "error sending request: error trying to connect: tcp connect error: Connection \
+             refused (os error 111)"
+        );
     }
 
     #[test]
