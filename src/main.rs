@@ -62,7 +62,8 @@ enum Command {
     /// Show who holds which partition leases, across every gateway instance.
     Leases(tools::leases::LeasesArgs),
     /// Lease a partition and print its records to stdout; on exit (SIGINT: status 130,
-    /// SIGTERM: 143, --max-records reached: 0) commit if asked and release the lease.
+    /// SIGTERM: 143, --max-records reached or --exit-at-end at the partition's end: 0)
+    /// commit if asked and release the lease.
     Tail(Box<tools::tail::TailArgs>),
 }
 
@@ -443,18 +444,24 @@ Listening on {addr}. Topic "{DEMO_TOPIC}" has {DEMO_PARTITIONS} partitions of {p
 second apart up to a second ago; of every ten, #3 has a null key, #5 is a tombstone (no value),
 #7 has an empty value, #9 has a repeated header and one without a value.
 
-Try it with grpcurl (reflection is on, no .proto needed):
+Try it with grpcurl (reflection is on, no .proto needed; -emit-defaults shows zero values such
+as offset 0 and partition 0, which grpcurl leaves out otherwise; keys and values print as
+base64; max_records bounds each response, the Read goes on):
 
   grpcurl -plaintext {addr} list
   grpcurl -plaintext {addr} describe kafka_lease.v1.PartitionLeaseService
-  grpcurl -plaintext -d '{{"group":"demo-group","topic":"demo","member":"me"}}' {addr} kafka_lease.v1.PartitionLeaseService/Acquire
-  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","max_records":5}}' {addr} kafka_lease.v1.PartitionLeaseService/Read
-  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","offset":5}}' {addr} kafka_lease.v1.PartitionLeaseService/Commit
-  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","earliest":{{}}}}' {addr} kafka_lease.v1.PartitionLeaseService/Seek
-  grpcurl -plaintext -d '{{"lease_id":"<lease_id>","timestamp":"<RFC 3339 time>"}}' {addr} kafka_lease.v1.PartitionLeaseService/Seek
-  grpcurl -plaintext -d '{{}}' {addr} kafka_lease.v1.PartitionLeaseService/ListLeases
+  grpcurl -plaintext -emit-defaults -d '{{"group":"demo-group","topic":"demo","member":"me"}}' {addr} kafka_lease.v1.PartitionLeaseService/Acquire
+  grpcurl -plaintext -emit-defaults -d '{{"lease_id":"<lease_id>","max_records":5}}' {addr} kafka_lease.v1.PartitionLeaseService/Read
+  grpcurl -plaintext -emit-defaults -d '{{"lease_id":"<lease_id>","offset":5}}' {addr} kafka_lease.v1.PartitionLeaseService/Commit
+  grpcurl -plaintext -emit-defaults -d '{{"lease_id":"<lease_id>","earliest":{{}}}}' {addr} kafka_lease.v1.PartitionLeaseService/Seek
+  grpcurl -plaintext -emit-defaults -d '{{"lease_id":"<lease_id>","timestamp":"<RFC 3339 time>"}}' {addr} kafka_lease.v1.PartitionLeaseService/Seek
+  grpcurl -plaintext -emit-defaults -d '{{}}' {addr} kafka_lease.v1.PartitionLeaseService/ListLeases
   grpcurl -plaintext -d '{{"lease_id":"<lease_id>"}}' {addr} kafka_lease.v1.PartitionLeaseService/Release
   grpcurl -plaintext {addr} grpc.health.v1.Health/Check
+
+Or print a partition's records and stop at its end (kcat -e style):
+
+  kafka-lease tail --gateway {addr} --group demo-group --topic demo --exit-at-end
 
 Press Ctrl-C to stop."#
     );
