@@ -8,7 +8,11 @@
 //! The contract with a language's folder:
 //! - `test.sh` installs what it needs (cached under `.cache/clients/<language>`), builds, and
 //!   runs the language's tests against `KAFKA_LEASE_ADDR` with the records described by the
-//!   JSON file `KAFKA_LEASE_FIXTURE` (see [`Fixture`]); exit 0 when they pass.
+//!   JSON file `KAFKA_LEASE_FIXTURE` (see [`Fixture`]); exit 0 when they pass. Each suite has
+//!   a test of one channel at the scale the gateway allows (issue 31): many leases, each with
+//!   a Read open, plus many Acquires waiting, and short calls on the same channel answering
+//!   at once; the fixture gives it a topic of [`SCALE_PARTITIONS`] partitions (deleted when
+//!   the suite ends) and the gateway's metrics endpoint.
 //! - `example.sh` runs the example with `KAFKA_LEASE_ADDR`, `KAFKA_LEASE_GROUP` and
 //!   `KAFKA_LEASE_TOPIC`: it prints `processed <topic> <partition> <offset>` per record it
 //!   processed and committed, and on SIGTERM ends cleanly with exit 0.
@@ -34,9 +38,16 @@ const SUITE_DEADLINE: Duration = Duration::from_secs(20 * 60);
 const EXAMPLE_DEADLINE: Duration = Duration::from_secs(5 * 60);
 const EXIT_DEADLINE: Duration = Duration::from_secs(20);
 
+/// Partitions of the fixture's scale topic, one record (offset 0) in each: the largest topic
+/// the one-channel tests lease (4 groups x 250 = the gateway's 1,000 leases per connection,
+/// `--max-leases-per-connection`, as tests/long_calls.rs).
+const SCALE_PARTITIONS: i32 = 250;
+
 /// The records every language checks, and where they are.
 struct Fixture {
     json: serde_json::Value,
+    /// The scale topic, to delete once the suite is done with it.
+    scale_topic: String,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -100,7 +111,9 @@ fn fixture_records() -> Vec<(i32, TestRecord)> {
 }
 
 impl Fixture {
-    async fn produce(services: &Services) -> Fixture {
+    /// The fixture for a suite against `gateway`, whose metrics the one-channel tests read
+    /// (`kafka_lease_acquires_waiting`, to know that their Acquires wait at the gateway).
+    async fn produce(services: &Services, gateway: &GatewayProcess) -> Fixture {
         let topic = create_topic(services, 2).await;
         let producer = producer(services);
         let mut records = Vec::new();
@@ -117,6 +130,11 @@ impl Fixture {
                 "timestamp_ms": record.timestamp_ms,
             }));
         }
+        let scale_topic = create_topic(services, SCALE_PARTITIONS).await;
+        futures::future::join_all(
+            (0..SCALE_PARTITIONS).map(|p| produce_n(&producer, &scale_topic, p, 1)),
+        )
+        .await;
         Fixture {
             json: serde_json::json!({
                 "group": unique_name("clients"),
@@ -124,7 +142,20 @@ impl Fixture {
                 "partitions": 2,
                 "missing_topic": unique_name("no-such-topic"),
                 "records": records,
+                "scale": {"topic": scale_topic, "partitions": SCALE_PARTITIONS},
+                "metrics_url": metrics_url(gateway),
             }),
+            scale_topic,
+        }
+    }
+
+    /// Deletes the scale topic: the test broker's heap is small, and its partitions many.
+    async fn delete_scale_topic(&self, services: &Services) {
+        if let Err(e) =
+            kafka_lease_testkit::delete_topics(&services.kafka_bootstrap, &[&self.scale_topic])
+                .await
+        {
+            eprintln!("could not delete the scale topic {}: {e}", self.scale_topic);
         }
     }
 
@@ -135,6 +166,21 @@ impl Fixture {
         path
     }
 }
+
+/// The Prometheus endpoint of a gateway started with `--metrics-listen 127.0.0.1:0`, as its
+/// log names it.
+fn metrics_url(gateway: &GatewayProcess) -> String {
+    let log = gateway.log();
+    log.split_whitespace()
+        .find_map(|w| {
+            let w = w.trim_start_matches("endpoint=");
+            (w.starts_with("http://") && w.ends_with("/metrics")).then(|| w.to_string())
+        })
+        .unwrap_or_else(|| panic!("no metrics endpoint in the gateway's log:\n{log}"))
+}
+
+/// What every gateway of these tests is started with.
+const GATEWAY_ARGS: &[&str] = &["--metrics-listen", "127.0.0.1:0"];
 
 /// The language's folder, when its scripts and toolchain are there; `None` (skip, with a
 /// message) when the toolchain is missing outside CI; under CI a missing one fails.
@@ -163,7 +209,8 @@ fn language_dir(language: &str, toolchain: &str) -> Option<PathBuf> {
 
 /// Runs the language's test suite against a gateway with the fixture records.
 async fn run_suite(services: &Services, gateway: &GatewayProcess, language: &str, dir: &PathBuf) {
-    let fixture = Fixture::produce(services).await.write(language);
+    let records = Fixture::produce(services, gateway).await;
+    let fixture = records.write(language);
     println!(
         "[{language}] test.sh against {} ({})",
         gateway.addr,
@@ -179,8 +226,12 @@ async fn run_suite(services: &Services, gateway: &GatewayProcess, language: &str
         .kill_on_drop(true)
         .spawn()
         .expect("test.sh");
-    let status = tokio::time::timeout(SUITE_DEADLINE, child.wait())
-        .await
+    let status = tokio::time::timeout(SUITE_DEADLINE, child.wait()).await;
+    if status.is_err() {
+        let _ = child.kill().await;
+    }
+    records.delete_scale_topic(services).await;
+    let status = status
         .unwrap_or_else(|_| panic!("the {language} suite ran past {SUITE_DEADLINE:?}"))
         .expect("test.sh status");
     assert!(
@@ -301,24 +352,35 @@ async fn client_language(language: &str, toolchain: &str) {
     let Some(dir) = language_dir(language, toolchain) else {
         return;
     };
-    let gateway =
-        GatewayProcess::start(&services, &unique_prefix(), &unique_name(language), &[]).await;
+    let gateway = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name(language),
+        GATEWAY_ARGS,
+    )
+    .await;
     run_suite(&services, &gateway, language, &dir).await;
     run_example(&services, &gateway, language, &dir).await;
 }
 
 /// For working on a client: a gateway and a fixture, kept up for four hours, their settings in
 /// `target/tmp/client-dev.env` (`cargo test --test clients -- --ignored --nocapture
-/// serve_for_client_development`).
+/// serve_for_client_development`). Its scale topic ([`SCALE_PARTITIONS`] partitions) is left
+/// behind when it is killed: delete it (its name is in the fixture) when done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a development aid: serves until killed"]
 async fn serve_for_client_development() {
     let Some(services) = Services::require("serve_for_client_development") else {
         return;
     };
-    let gateway =
-        GatewayProcess::start(&services, &unique_prefix(), &unique_name("dev"), &[]).await;
-    let fixture = Fixture::produce(&services).await.write("dev");
+    let gateway = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("dev"),
+        GATEWAY_ARGS,
+    )
+    .await;
+    let fixture = Fixture::produce(&services, &gateway).await.write("dev");
     let env = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("client-dev.env");
     std::fs::write(
         &env,
