@@ -25,6 +25,13 @@ type fixture struct {
 	Partitions   int             `json:"partitions"`
 	MissingTopic string          `json:"missing_topic"`
 	Records      []fixtureRecord `json:"records"`
+	// A topic with one record (offset 0) in each partition, for the one-channel test.
+	Scale struct {
+		Topic      string `json:"topic"`
+		Partitions int    `json:"partitions"`
+	} `json:"scale"`
+	// The gateway's Prometheus endpoint.
+	MetricsURL string `json:"metrics_url"`
 }
 
 type fixtureRecord struct {

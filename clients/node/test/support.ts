@@ -19,6 +19,10 @@ export interface Fixture {
   partitions: number;
   missing_topic: string;
   records: FixtureRecord[];
+  /** A topic with one record (offset 0) in each partition, for the one-channel test. */
+  scale: { topic: string; partitions: number };
+  /** The gateway's Prometheus endpoint. */
+  metrics_url: string;
 }
 
 function required(name: string): string {

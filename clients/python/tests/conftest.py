@@ -36,6 +36,11 @@ class Fixture:
     partitions: int
     missing_topic: str
     records: list[FixtureRecord]
+    #: A topic with one record (offset 0) in each partition, for the one-channel test.
+    scale_topic: str
+    scale_partitions: int
+    #: The gateway's Prometheus endpoint.
+    metrics_url: str
 
     def fresh_group(self) -> str:
         """A group no run used before: commits persist in Kafka."""
@@ -72,7 +77,16 @@ def fixture(addr: str) -> Fixture:
         )
         for r in raw["records"]
     ]
-    fixture = Fixture(raw["group"], raw["topic"], raw["partitions"], raw["missing_topic"], records)
+    fixture = Fixture(
+        raw["group"],
+        raw["topic"],
+        raw["partitions"],
+        raw["missing_topic"],
+        records,
+        raw["scale"]["topic"],
+        raw["scale"]["partitions"],
+        raw["metrics_url"],
+    )
     # The records must still be there: Kafka's time-based retention deletes records whose
     # timestamps are older than retention.ms (7 days by default) at its next check.
     with Client(addr) as client:

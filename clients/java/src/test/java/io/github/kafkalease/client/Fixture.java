@@ -26,6 +26,11 @@ final class Fixture {
   final String missingTopic;
   final int partitions;
   final List<Rec> records = new ArrayList<>();
+  /** A topic with one record (offset 0) in each partition, for the one-channel test. */
+  final String scaleTopic;
+  final int scalePartitions;
+  /** The gateway's Prometheus endpoint. */
+  final String metricsUrl;
 
   private Fixture(String addr, Map<String, Object> json) {
     this.addr = addr;
@@ -33,6 +38,10 @@ final class Fixture {
     this.topic = (String) json.get("topic");
     this.missingTopic = (String) json.get("missing_topic");
     this.partitions = ((Number) json.get("partitions")).intValue();
+    Map<?, ?> scale = (Map<?, ?>) json.get("scale");
+    this.scaleTopic = scale == null ? null : (String) scale.get("topic");
+    this.scalePartitions = scale == null ? 0 : ((Number) scale.get("partitions")).intValue();
+    this.metricsUrl = (String) json.get("metrics_url");
     for (Object o : (List<?>) json.get("records")) {
       Map<?, ?> r = (Map<?, ?>) o;
       List<Header> headers = new ArrayList<>();
