@@ -589,6 +589,81 @@ async fn a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline
     }
 }
 
+/// A revoked lease whose client was handed nothing since its last commit on it (it committed
+/// everything it read, or read nothing) is released at once: no commit to wait for, and the
+/// grace (10 s here) does not hold the move (issue 32).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_with_nothing_handed_since_its_last_commit_moves_at_once() {
+    use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
+    let Some(services) = Services::require(
+        "a_revoked_lease_with_nothing_handed_since_its_last_commit_moves_at_once",
+    ) else {
+        return;
+    };
+    let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let client = a.client().await;
+    let producer = producer(&services);
+    for records in [10, 0] {
+        let topic = create_topic(&services, 2).await;
+        for p in 0..2 {
+            produce_n(&producer, &topic, p, records).await;
+        }
+        let group = unique_name("g");
+        let options = |id: &str| {
+            SubscribeOptions::new(&group, [&topic])
+                .member_id(id)
+                .revoke_grace(Duration::from_secs(10))
+                .max_wait(Duration::from_millis(10))
+        };
+        let mut first = client.subscribe(options("first")).await.expect("subscribe");
+        // Reads every record and commits each batch; holds both partitions.
+        let (mut assigned, mut committed) = (0, BTreeMap::<i32, i64>::new());
+        while assigned < 2 || committed.values().filter(|&&n| n == records as i64).count() < 2 {
+            match next_event(&mut first).await {
+                SubscriptionEvent::Assigned {
+                    offset, partition, ..
+                } => {
+                    assigned += 1;
+                    committed.insert(partition.partition(), offset);
+                }
+                SubscriptionEvent::Records { partition, batch } => {
+                    let next = batch.next_offset().expect("never empty");
+                    partition.commit(next).await.expect("commit");
+                    committed.insert(partition.partition(), next);
+                }
+                _ => {}
+            }
+        }
+        let mut second = client
+            .subscribe(options("second"))
+            .await
+            .expect("subscribe");
+        let (revoked, revoking_at) = loop {
+            if let SubscriptionEvent::Revoking { partition, .. } = next_event(&mut first).await {
+                break (partition, Instant::now());
+            }
+        };
+        // No commit on `revoking`: there is nothing to commit.
+        let (offset, took) = loop {
+            if let SubscriptionEvent::Assigned {
+                partition, offset, ..
+            } = next_event(&mut second).await
+            {
+                assert_eq!(partition.partition(), revoked.partition());
+                break (offset, revoking_at.elapsed());
+            }
+        };
+        println!(
+            "{records} records read and committed: moved {took:?} after revoking, at {offset}"
+        );
+        assert_eq!(offset, records as i64, "from the last commit");
+        assert!(
+            took < Duration::from_secs(2),
+            "moved after {took:?}, grace 10 s"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_id_is_one_live_member_on_any_gateway() {
     use kafka_lease_client::{Error, Reason, SubscribeOptions};

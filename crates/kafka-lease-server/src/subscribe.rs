@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::balance;
-use crate::coordination::{MemberRecord, TopicView};
+use crate::coordination::{LockKey, MemberRecord, TopicView};
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, Gateway, Granted, Reset};
 use crate::lease::{Lease, ReadBatch, ReadLimits};
@@ -119,9 +119,25 @@ impl SubscriptionEvent {
 pub type SubscriptionStream =
     Pin<Box<dyn Stream<Item = Result<SubscriptionEvent, LeaseError>> + Send>>;
 
-/// How long an attempt at a partition the rule gives this member may wait for it (its
-/// previous holder's release, a lock-delay).
-const TAKE_WAIT: Duration = Duration::from_secs(2);
+/// How long an attempt at a partition the rule gives this member may wait for it: not at
+/// all. A take is tried only on a partition free in the member's newest view, and only once
+/// per plan; a waiting one would be granted whenever the partition frees, to a plan that
+/// may be stale by then (a partition its holder gave up for a newcomer went to the wrong
+/// member: issue 32). The argument is in docs/ARCHITECTURE.md, "Subscriptions".
+const TAKE_WAIT: Duration = Duration::ZERO;
+/// After a take that failed for a reason no view change follows (the partition is under a
+/// lock-delay, its key is still being released on this gateway, the gateway's own view
+/// of the topic was a moment behind), how long before the rule runs again on the newest
+/// view; under a noted lock-delay, the rest of the delay instead.
+const RETAKE_PAUSE: Duration = Duration::from_millis(50);
+/// After a take that failed otherwise (Consul unreachable, a limit reached).
+const RETAKE_PAUSE_ERROR: Duration = Duration::from_secs(1);
+/// The longest lock-delay asked about.
+const DELAY_CAP: Duration = Duration::from_secs(60);
+/// Stands, in the view a member plans from, for a partition the view shows held by this
+/// member but which it no longer holds (its release is not in the view yet): in the pool,
+/// not free, not this member's. Not a valid member id.
+const RELEASING: &str = "\u{0}releasing";
 /// A subscription lease's TTL beyond its revoke grace: while the subscription reads it, its
 /// open Read keeps it alive; this bounds a lease whose subscription task is gone.
 const LEASE_TTL_MARGIN: Duration = Duration::from_secs(10);
@@ -261,6 +277,7 @@ impl Gateway {
             watchers,
             held: HashMap::new(),
             pending: HashSet::new(),
+            not_before: HashMap::new(),
             merged: SelectAll::new(),
             views: HashMap::new(),
         };
@@ -357,6 +374,21 @@ struct Held {
     /// the member leaving) closes the Read at once.
     pump: JoinHandle<()>,
     revoking: bool,
+    /// The offset after the last batch of this lease handed to the client's stream (put in
+    /// its records channel); `None` while none was. A batch the pump read ahead but the
+    /// member never handed on does not count (the next holder starts at the last commit
+    /// and reads it); one in the channel when `revoking` overtakes it does (the stream
+    /// drops it, but it counts as handed: conservative).
+    handed: Option<i64>,
+}
+
+impl Held {
+    /// Whether nothing was handed to the client since its last commit on this lease (or
+    /// nothing at all): a revoke then has nothing to wait for.
+    fn idle(&self) -> bool {
+        self.handed
+            .is_none_or(|end| self.lease.committed() == Some(end))
+    }
 }
 
 /// What the member's own tasks report back.
@@ -414,6 +446,9 @@ struct Member {
     held: HashMap<(String, i32), Held>,
     /// Attempts in flight.
     pending: HashSet<(String, i32)>,
+    /// Partitions whose take failed a moment ago: not tried again before the instant, when
+    /// the rule runs again on the topic's newest view.
+    not_before: HashMap<(String, i32), tokio::time::Instant>,
     merged: SelectAll<LeaseRead>,
     /// The newest view of each topic.
     views: HashMap<String, TopicView>,
@@ -433,6 +468,7 @@ impl Member {
             let leave_at = self
                 .detached_until
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            let retake_at = self.not_before.values().min().copied();
             tokio::select! {
                 biased;
                 () = self.control.closed(), if self.attached => {
@@ -456,8 +492,23 @@ impl Member {
                 Some(done) = self.done_rx.recv() => {
                     // The rule again, on the newest view: a view that came while this
                     // action was in flight could not count it.
-                    let topic = self.on_done(done);
+                    let topic = self.on_done(done).await;
                     self.replan(&topic).await;
+                }
+                () = tokio::time::sleep_until(retake_at.unwrap_or(leave_at)), if retake_at.is_some() => {
+                    let now = tokio::time::Instant::now();
+                    let mut due: Vec<String> = self
+                        .not_before
+                        .iter()
+                        .filter(|(_, at)| **at <= now)
+                        .map(|((topic, _), _)| topic.clone())
+                        .collect();
+                    self.not_before.retain(|_, at| *at > now);
+                    due.sort();
+                    due.dedup();
+                    for topic in due {
+                        self.replan(&topic).await;
+                    }
                 }
                 Some((topic, view)) = self.views_rx.recv() => self.on_view(&topic, view).await,
                 reserved = self.records.clone().reserve_owned(), if want_permit => match reserved {
@@ -491,6 +542,12 @@ impl Member {
         match item {
             Some(Ok(batch)) => {
                 if let Some(permit) = permit.take() {
+                    if let (Some(held), Some(last)) = (
+                        self.held.get_mut(&(topic.clone(), partition)),
+                        batch.records.last_offset(),
+                    ) {
+                        held.handed = Some(last + 1);
+                    }
                     permit.send(SubscriptionEvent::Records {
                         lease_id,
                         topic,
@@ -527,7 +584,7 @@ impl Member {
     }
 
     /// Takes in what a task of this member did; the topic it was about.
-    fn on_done(&mut self, done: Done) -> String {
+    async fn on_done(&mut self, done: Done) -> String {
         match done {
             Done::Acquired {
                 topic,
@@ -536,14 +593,56 @@ impl Member {
             } => {
                 self.pending.remove(&(topic.clone(), partition));
                 match result {
-                    Ok(granted) => self.install(topic.clone(), partition, granted),
-                    Err(error) => tracing::debug!(
-                        member_id = %self.spec.member_id,
-                        %topic,
-                        partition,
-                        %error,
-                        "a partition the rule gave this member was not taken; the next view decides again",
-                    ),
+                    Ok(granted) => {
+                        if self.beyond_share(&topic, partition).await {
+                            // Never expected (the argument in docs/ARCHITECTURE.md): a take
+                            // is planned on a view where the partition is free and the
+                            // member below its quota. Handed back before anyone hears of
+                            // it, so it cannot take the member over its share.
+                            tracing::warn!(
+                                member_id = %self.spec.member_id,
+                                %topic,
+                                partition,
+                                lease_id = %granted.lease_id,
+                                "a partition taken for this member is beyond its share in its newest view; handing it back",
+                            );
+                            let gateway = self.gateway.clone();
+                            tokio::spawn(async move {
+                                let _ = gateway.release(&granted.lease_id, None).await;
+                            });
+                        } else {
+                            self.install(topic.clone(), partition, granted);
+                        }
+                    }
+                    Err(error) => {
+                        // No view change may follow (a lock-delay ends silently, a key
+                        // being released here frees without a write): the rule runs again
+                        // shortly, on the newest view.
+                        let key = LockKey::new(&self.spec.group, &topic, partition);
+                        let pause = match &error {
+                            LeaseError::Busy { .. } => {
+                                let left = self.gateway.locks().wait_cut(&key, DELAY_CAP);
+                                if left < DELAY_CAP {
+                                    left
+                                } else {
+                                    RETAKE_PAUSE
+                                }
+                            }
+                            _ => RETAKE_PAUSE_ERROR,
+                        };
+                        self.not_before.insert(
+                            (topic.clone(), partition),
+                            tokio::time::Instant::now() + pause,
+                        );
+                        tracing::debug!(
+                            member_id = %self.spec.member_id,
+                            %topic,
+                            partition,
+                            %error,
+                            ?pause,
+                            "a partition the rule gave this member was not taken; the rule runs again on the newest view",
+                        );
+                    }
                 }
                 topic
             }
@@ -710,6 +809,7 @@ impl Member {
                 deadline: None,
                 pump,
                 revoking: false,
+                handed: None,
             },
         );
     }
@@ -743,21 +843,21 @@ impl Member {
         self.replan(topic).await;
     }
 
-    /// Applies the rule to the newest view of `topic`: gives up what is beyond this
-    /// member's quota, takes the free partitions it is given.
-    async fn replan(&mut self, topic: &str) {
-        let Some(view) = self.views.get(topic).cloned() else {
-            return;
-        };
-        let member_id = self.spec.member_id.clone();
+    /// This member's share of `topic` by the rule, on its newest view as this member knows
+    /// it: the partitions it holds or is taking count as its own, and one the view shows as
+    /// its own but that it no longer holds (the release is not in the view yet) as no one's
+    /// but not free. `extra`: a partition just granted, counted as its own too.
+    async fn my_share(&mut self, topic: &str, extra: Option<i32>) -> Option<balance::Share> {
+        let view = self.views.get(topic)?;
+        let member_id = &self.spec.member_id;
         let partitions = match self.gateway.kafka().partition_count(topic, None).await {
             Ok(count) => count,
             Err(error) => {
                 tracing::warn!(%topic, %error, "no partition count for a subscribed topic");
-                return;
+                return None;
             }
         };
-        let held: BTreeMap<i32, String> = view
+        let mut held: BTreeMap<i32, String> = view
             .held
             .iter()
             .map(|(&p, h)| {
@@ -765,22 +865,65 @@ impl Member {
                 (p, subscriber.unwrap_or_default())
             })
             .collect();
+        let own = |p: i32| {
+            let key = (topic.to_string(), p);
+            self.held.contains_key(&key) || self.pending.contains(&key) || extra == Some(p)
+        };
+        for (&p, subscriber) in held.iter_mut() {
+            if subscriber == member_id && !own(p) {
+                *subscriber = RELEASING.to_string();
+            }
+        }
+        let mine = self
+            .held
+            .keys()
+            .chain(self.pending.iter())
+            .filter(|(t, _)| t == topic)
+            .map(|&(_, p)| p)
+            .chain(extra);
+        for p in mine.collect::<Vec<_>>() {
+            held.insert(p, member_id.clone());
+        }
         let mut members: BTreeMap<String, u32> = view
             .members
             .iter()
             .map(|(id, m)| (id.clone(), m.max_partitions))
             .collect();
         members.insert(member_id.clone(), self.spec.max_partitions);
-        let shares = balance::plan(partitions, &held, &members);
-        let Some(mine) = shares.get(&member_id) else {
+        balance::plan(partitions, &held, &members).remove(member_id)
+    }
+
+    /// Whether `partition`, just granted, takes this member beyond its quota in its newest
+    /// view (partitions it is giving up not counted).
+    async fn beyond_share(&mut self, topic: &str, partition: i32) -> bool {
+        let Some(share) = self.my_share(topic, Some(partition)).await else {
+            return false;
+        };
+        let keeping = self
+            .held
+            .iter()
+            .filter(|((t, _), h)| t == topic && !h.revoking)
+            .count();
+        keeping + 1 > share.quota
+    }
+
+    /// Applies the rule to the newest view of `topic`: gives up what is beyond this
+    /// member's quota, takes the free partitions it is given (each once: a take that
+    /// failed waits for its pause).
+    async fn replan(&mut self, topic: &str) {
+        let Some(mine) = self.my_share(topic, None).await else {
             return;
         };
         for &partition in &mine.give_up {
             self.revoke(topic, partition);
         }
+        let now = tokio::time::Instant::now();
         for &partition in &mine.take {
             let key = (topic.to_string(), partition);
-            if self.pending.contains(&key) || self.held.contains_key(&key) {
+            if self.pending.contains(&key)
+                || self.held.contains_key(&key)
+                || self.not_before.get(&key).is_some_and(|at| *at > now)
+            {
                 continue;
             }
             self.take(topic, partition);
@@ -813,7 +956,8 @@ impl Member {
     }
 
     /// Starts giving up a lease: its Read stops, the client hears `revoking`, and the lease
-    /// is released after the client's next commit on it, or at the grace's end.
+    /// is released after the client's next commit on it, or at the grace's end; at once
+    /// when nothing was handed to the client since its last commit on the lease.
     fn revoke(&mut self, topic: &str, partition: i32) {
         let Some(held) = self.held.get_mut(&(topic.to_string(), partition)) else {
             return;
@@ -831,6 +975,7 @@ impl Member {
             %topic,
             partition,
             ?grace,
+            nothing_to_commit = held.idle(),
             "revoking a lease: it moves to another member",
         );
         let _ = self.control.send(Ok(SubscriptionEvent::Revoking {
@@ -841,10 +986,14 @@ impl Member {
         }));
         // Taken now, so a commit that comes before the task runs counts.
         let mut commits = held.lease.commit_watch();
+        // Nothing handed to the client since its last commit: nothing to wait for.
+        let idle = held.idle();
         let (gateway, done) = (self.gateway.clone(), self.done.clone());
         let (topic, lease_id) = (topic.to_string(), held.lease_id.clone());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(grace, commits.changed()).await;
+            if !idle {
+                let _ = tokio::time::timeout(grace, commits.changed()).await;
+            }
             let _ = gateway.release(&lease_id, None).await;
             let _ = done.send(Done::Released {
                 topic,
@@ -854,13 +1003,26 @@ impl Member {
         });
     }
 
-    /// The member leaves: its leases are released, its records removed.
+    /// The member leaves: its records are removed, its leases released.
     async fn finish(mut self) {
         for watcher in &self.watchers {
             watcher.abort();
         }
         for held in self.held.values() {
             held.pump.abort();
+        }
+        // The records first, the leases after: every view then shows the group without
+        // this member before it shows any of its partitions free, so the others' quotas
+        // are their final ones when they take (docs/ARCHITECTURE.md, "Subscriptions").
+        for topic in &self.spec.topics {
+            if let Err(error) = self
+                .gateway
+                .locks()
+                .leave(&self.spec.group, topic, &self.spec.member_id)
+                .await
+            {
+                tracing::warn!(%topic, %error, "could not remove a member record; it goes with the session");
+            }
         }
         let deadline = tokio::time::Instant::now() + CLEANUP_WAIT;
         while !self.pending.is_empty() {
@@ -882,16 +1044,6 @@ impl Member {
         let leases: Vec<String> = self.held.values().map(|h| h.lease_id.clone()).collect();
         for lease_id in leases {
             let _ = self.gateway.release(&lease_id, None).await;
-        }
-        for topic in &self.spec.topics {
-            if let Err(error) = self
-                .gateway
-                .locks()
-                .leave(&self.spec.group, topic, &self.spec.member_id)
-                .await
-            {
-                tracing::warn!(%topic, %error, "could not remove a member record; it goes with the session");
-            }
         }
         tracing::info!(
             group = %self.spec.group,
