@@ -1,0 +1,393 @@
+//! Requests into domain values (validated) and domain values into responses: the proto
+//! boundary of the lease service.
+
+use std::time::SystemTime;
+
+use tonic_types::StatusExt;
+
+use kafka_lease_proto::v1;
+use kafka_lease_proto::wire::EncodedSubscribeResponse;
+
+use crate::coordination::LockKey;
+use crate::error::LeaseError;
+use crate::gateway::{AcquireSpec, ListedLease, Reset, SeekTarget};
+use crate::lease::lease_ref;
+use crate::lease::ReadLimits;
+use crate::subscribe::{Ended, SubscribeSpec, SubscriptionEvent};
+use crate::validate;
+
+use super::status::*;
+
+pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    prost_types::Timestamp {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+pub(crate) fn proto_duration(d: std::time::Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+pub(crate) fn acquire_spec(
+    req: &v1::AcquireRequest,
+    via: Option<std::net::SocketAddr>,
+) -> Result<AcquireSpec, LeaseError> {
+    validate::group(&req.group)?;
+    validate::topic(&req.topic)?;
+    validate::member(&req.member)?;
+    let partition = validate::partition(req.partition)?;
+    let ttl = validate::duration_in(
+        "ttl",
+        req.ttl.as_ref(),
+        validate::DEFAULT_TTL,
+        validate::MIN_TTL,
+        validate::MAX_TTL,
+    )?;
+    let wait = validate::duration_in(
+        "wait",
+        req.wait.as_ref(),
+        std::time::Duration::ZERO,
+        std::time::Duration::ZERO,
+        validate::MAX_WAIT,
+    )?;
+    let reset = reset_of(req.offset_reset)?;
+    Ok(AcquireSpec {
+        group: req.group.clone(),
+        topic: req.topic.clone(),
+        partition,
+        member: req.member.clone(),
+        ttl,
+        wait,
+        reset,
+        via,
+        subscriber: String::new(),
+        owner: None,
+    })
+}
+
+pub(crate) fn read_limits(req: &v1::ReadRequest) -> Result<ReadLimits, LeaseError> {
+    validate::lease_id(&req.lease_id)?;
+    limits_of(req.max_records, req.max_bytes, req.max_wait.as_ref())
+}
+
+pub(crate) fn limits_of(
+    max_records: u32,
+    max_bytes: u32,
+    max_wait: Option<&prost_types::Duration>,
+) -> Result<ReadLimits, LeaseError> {
+    Ok(ReadLimits {
+        max_records: validate::count_in(
+            "max_records",
+            max_records,
+            validate::DEFAULT_MAX_RECORDS,
+            validate::MAX_MAX_RECORDS,
+        )? as usize,
+        max_bytes: validate::count_in(
+            "max_bytes",
+            max_bytes,
+            validate::DEFAULT_MAX_BYTES,
+            validate::MAX_MAX_BYTES,
+        )? as usize,
+        max_wait: validate::duration_in(
+            "max_wait",
+            max_wait,
+            validate::DEFAULT_MAX_WAIT,
+            std::time::Duration::ZERO,
+            validate::MAX_MAX_WAIT,
+        )?,
+    })
+}
+
+pub(crate) fn reset_of(reset: i32) -> Result<Reset, LeaseError> {
+    match v1::OffsetReset::try_from(reset) {
+        Ok(v1::OffsetReset::Unspecified | v1::OffsetReset::Earliest) => Ok(Reset::Earliest),
+        Ok(v1::OffsetReset::Latest) => Ok(Reset::Latest),
+        Err(_) => Err(LeaseError::InvalidArgument {
+            field: "offset_reset",
+            message: format!(
+                "offset_reset {reset} is not an OffsetReset; allowed OFFSET_RESET_UNSPECIFIED \
+                 (0, the default: earliest), OFFSET_RESET_EARLIEST (1), OFFSET_RESET_LATEST (2)"
+            ),
+        }),
+    }
+}
+
+/// The most topics one Subscribe may name.
+pub(crate) const MAX_SUBSCRIBED_TOPICS: usize = 16;
+/// The revoke grace when the request names none, and the longest allowed.
+pub(crate) const DEFAULT_REVOKE_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const MAX_REVOKE_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+/// The longest a detached member keeps its leases.
+pub(crate) const MAX_SESSION_GRACE: std::time::Duration = std::time::Duration::from_secs(300);
+
+pub(crate) fn subscribe_spec(req: &v1::SubscribeRequest) -> Result<SubscribeSpec, LeaseError> {
+    validate::group(&req.group)?;
+    if req.topics.is_empty() || req.topics.len() > MAX_SUBSCRIBED_TOPICS {
+        return Err(LeaseError::InvalidArgument {
+            field: "topics",
+            message: format!(
+                "{} topics given; allowed 1 ..= {MAX_SUBSCRIBED_TOPICS}",
+                req.topics.len()
+            ),
+        });
+    }
+    let mut seen = std::collections::HashSet::new();
+    for topic in &req.topics {
+        validate::topic(topic)?;
+        if !seen.insert(topic.as_str()) {
+            return Err(LeaseError::InvalidArgument {
+                field: "topics",
+                message: format!("topic {topic:?} is named twice; name each topic once"),
+            });
+        }
+    }
+    validate::member(&req.member)?;
+    validate::member_id(&req.member_id)?;
+    Ok(SubscribeSpec {
+        group: req.group.clone(),
+        topics: req.topics.clone(),
+        member: req.member.clone(),
+        member_id: req.member_id.clone(),
+        limits: limits_of(req.max_records, req.max_bytes, req.max_wait.as_ref())?,
+        reset: reset_of(req.offset_reset)?,
+        max_partitions: req.max_partitions,
+        revoke_grace: validate::duration_in(
+            "revoke_grace",
+            req.revoke_grace.as_ref(),
+            DEFAULT_REVOKE_GRACE,
+            std::time::Duration::ZERO,
+            MAX_REVOKE_GRACE,
+        )?,
+        session_grace: validate::duration_in(
+            "session_grace",
+            req.session_grace.as_ref(),
+            std::time::Duration::ZERO,
+            std::time::Duration::ZERO,
+            MAX_SESSION_GRACE,
+        )?,
+        owner: None,
+    })
+}
+
+/// A subscription event as the wire carries it. A records event's records are sent as the
+/// Read path encoded them.
+pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeResponse {
+    use v1::subscribe_response::Event;
+    let event = match event {
+        SubscriptionEvent::Joined { member_id, gateway } => {
+            Event::Joined(v1::Joined { member_id, gateway })
+        }
+        SubscriptionEvent::Assigned(granted) => Event::Assigned(v1::Assigned {
+            lease_id: granted.lease_id,
+            topic: granted.key.topic,
+            partition: granted.key.partition,
+            fencing_token: granted.fencing_token,
+            offset: granted.offset,
+            high_watermark: granted.high_watermark,
+        }),
+        SubscriptionEvent::Records {
+            lease_id,
+            topic,
+            partition,
+            batch,
+        } => {
+            return batch.records.into_subscribed(
+                &lease_id,
+                &topic,
+                partition,
+                batch.seek_epoch,
+                batch.high_watermark,
+            )
+        }
+        SubscriptionEvent::Revoking {
+            lease_id,
+            topic,
+            partition,
+            deadline,
+        } => Event::Revoking(v1::Revoking {
+            lease_id,
+            topic,
+            partition,
+            deadline: Some(timestamp(deadline)),
+        }),
+        SubscriptionEvent::Revoked {
+            lease_id,
+            topic,
+            partition,
+            why,
+        } => {
+            let (reason, message) = match why {
+                Ended::Revoked => (
+                    v1::ErrorReason::LeaseRevoked.as_str_name().to_string(),
+                    format!(
+                        "lease {:?} moved to another member of the group",
+                        lease_ref(&lease_id)
+                    ),
+                ),
+                Ended::Other(err) => {
+                    let status = status_of(err);
+                    let reason = status
+                        .get_details_error_info()
+                        .map(|info| info.reason)
+                        .unwrap_or_default();
+                    (reason, status.message().to_string())
+                }
+            };
+            Event::Revoked(v1::Revoked {
+                lease_id,
+                topic,
+                partition,
+                reason,
+                message,
+            })
+        }
+    };
+    EncodedSubscribeResponse::from_message(&v1::SubscribeResponse { event: Some(event) })
+}
+
+pub(crate) fn seek_target(req: &v1::SeekRequest) -> Result<SeekTarget, LeaseError> {
+    use v1::seek_request::Position;
+    validate::lease_id(&req.lease_id)?;
+    match &req.position {
+        None => Err(LeaseError::InvalidArgument {
+            field: "position",
+            message: "no position given; set one of offset, timestamp, earliest, latest, committed"
+                .into(),
+        }),
+        Some(Position::Offset(offset)) => Ok(SeekTarget::Offset(*offset)),
+        Some(Position::Timestamp(ts)) => Ok(SeekTarget::TimestampMs(validate::timestamp_ms(
+            "timestamp",
+            ts,
+        )?)),
+        Some(Position::Earliest(())) => Ok(SeekTarget::Earliest),
+        Some(Position::Latest(())) => Ok(SeekTarget::Latest),
+        Some(Position::Committed(())) => Ok(SeekTarget::Committed),
+    }
+}
+
+/// One page of a listing: the first `size` leases after `after` in (group, topic,
+/// partition) order, and the key to continue after when more follow.
+pub(crate) fn page_of(
+    mut listed: Vec<ListedLease>,
+    after: Option<&LockKey>,
+    size: usize,
+) -> (Vec<ListedLease>, Option<LockKey>) {
+    listed.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut page: Vec<ListedLease> = listed
+        .into_iter()
+        .filter(|l| after.is_none_or(|after| l.key > *after))
+        .take(size + 1)
+        .collect();
+    let next = (page.len() > size).then(|| {
+        page.truncate(size);
+        page.last().map(|l| l.key.clone())
+    });
+    (page, next.flatten())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(group: &str, partition: i32) -> ListedLease {
+        ListedLease {
+            key: LockKey::new(group, "t", partition),
+            holder: crate::coordination::HolderInfo {
+                member: String::new(),
+                gateway: "gw".into(),
+                lease_ref: format!("{group}-{partition}"),
+                acquired_at_ms: 0,
+                ttl_ms: 10_000,
+                address: String::new(),
+                subscriber: String::new(),
+            },
+            token: 1,
+            local: None,
+        }
+    }
+
+    #[test]
+    fn pages_follow_the_key_order_and_end_with_no_token() {
+        // Partitions 2 and 10 in numeric order, not as strings; groups in name order.
+        let all = || {
+            vec![
+                listed("b", 0),
+                listed("a", 10),
+                listed("a", 2),
+                listed("a", 1),
+            ]
+        };
+        let keys = |page: &[ListedLease]| {
+            page.iter()
+                .map(|l| (l.key.group.clone(), l.key.partition))
+                .collect::<Vec<_>>()
+        };
+        let (first, next) = page_of(all(), None, 2);
+        assert_eq!(keys(&first), [("a".into(), 1), ("a".into(), 2)]);
+        let next = next.expect("more follow");
+        let token = validate::page_token_after(&next);
+        let after = validate::page_token(&token).unwrap();
+        let (second, next) = page_of(all(), after.as_ref(), 2);
+        assert_eq!(keys(&second), [("a".into(), 10), ("b".into(), 0)]);
+        assert_eq!(next, None, "the last page has no token");
+        let (whole, next) = page_of(all(), None, 4);
+        assert_eq!((whole.len(), next), (4, None));
+        assert!(validate::page_token("a/t").is_err());
+        assert!(validate::page_token("a/t/x").is_err());
+        assert!(validate::page_token("a/../1/2").is_err());
+    }
+
+    #[test]
+    fn offset_reset_names_the_allowed_values() {
+        assert!(matches!(reset_of(0), Ok(Reset::Earliest)));
+        assert!(matches!(reset_of(1), Ok(Reset::Earliest)));
+        assert!(matches!(reset_of(2), Ok(Reset::Latest)));
+        let err = reset_of(7).expect_err("7 is no OffsetReset").to_string();
+        assert!(
+            err.contains("offset_reset 7") && err.contains("OFFSET_RESET_LATEST (2)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn seek_requires_a_position() {
+        use v1::seek_request::Position;
+        let req = |p: Option<Position>| v1::SeekRequest {
+            lease_id: "a.b".into(),
+            position: p,
+        };
+        assert!(seek_target(&req(None)).is_err());
+        assert!(matches!(
+            seek_target(&req(Some(Position::Latest(())))),
+            Ok(SeekTarget::Latest)
+        ));
+        assert!(matches!(
+            seek_target(&req(Some(Position::Offset(-1)))),
+            Ok(SeekTarget::Offset(-1))
+        ));
+    }
+
+    #[test]
+    fn read_limits_have_defaults_and_caps() {
+        let mut req = v1::ReadRequest {
+            lease_id: "a.b".into(),
+            ..Default::default()
+        };
+        let limits = read_limits(&req).expect("defaults");
+        assert_eq!((limits.max_records, limits.max_bytes), (500, 1024 * 1024));
+        req.max_bytes = 4 * 1024 * 1024 + 1;
+        let LeaseError::InvalidArgument { field, message } = read_limits(&req).unwrap_err() else {
+            panic!("wrong variant")
+        };
+        assert_eq!(field, "max_bytes");
+        assert!(
+            message.contains("4194305") && message.contains("4194304"),
+            "{message}"
+        );
+    }
+}

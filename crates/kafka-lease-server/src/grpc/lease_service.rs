@@ -1,0 +1,690 @@
+//! `PartitionLeaseService` over the [`Gateway`]: each call validated, authorized, served
+//! here or forwarded to the instance serving its lease, and its outcome recorded.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use tonic::{Request, Response, Status};
+
+use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseService;
+use kafka_lease_proto::v1;
+use kafka_lease_proto::wire::EncodedSubscribeResponse;
+
+use crate::auth::{self, Action, Auth, Caller};
+use crate::calls::{holding, ConnectionLimits, LongCalls};
+use crate::error::LeaseError;
+use crate::forward::{
+    deadline_of, until_deadline, Failure, Peers, DESCRIBE_FANOUT, DESCRIBE_TIMEOUT, FORWARDED_BY,
+};
+use crate::gateway::{lease_info, Gateway, ListedLease};
+use crate::lease::lease_ref;
+use crate::lease::ReadBatch;
+use crate::validate;
+
+use super::convert::*;
+use super::status::*;
+
+/// Runs one call of the lease service and records its outcome ([`crate::metrics`]).
+pub(crate) async fn observed<T>(
+    method: &'static str,
+    call: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let started = tokio::time::Instant::now();
+    let result = call.await;
+    crate::metrics::record_call(method, started.elapsed(), result.as_ref().err());
+    result
+}
+
+/// `PartitionLeaseService` over a [`Gateway`], forwarding calls on leases that other
+/// instances serve to them through [`Peers`].
+#[derive(Debug, Clone)]
+pub struct LeaseService {
+    gateway: Arc<Gateway>,
+    peers: Arc<Peers>,
+    auth: Arc<Auth>,
+    /// The long calls open on each client connection (`crate::calls`).
+    long_calls: Arc<LongCalls>,
+}
+
+impl LeaseService {
+    /// The service with no identities and no policy: everyone may do everything.
+    pub fn new(gateway: Arc<Gateway>, peers: Arc<Peers>) -> Self {
+        Self {
+            gateway,
+            peers,
+            auth: Auth::open(),
+            long_calls: LongCalls::new(ConnectionLimits::default().long_calls),
+        }
+    }
+
+    /// Identities and the policy come from `auth`.
+    pub fn with_auth(mut self, auth: Arc<Auth>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// At most `limit` long calls (Read, Subscribe, an Acquire that may wait) open at once on
+    /// one client connection.
+    pub fn with_long_calls_per_connection(mut self, limit: u32) -> Self {
+        self.long_calls = LongCalls::new(limit);
+        self
+    }
+
+    /// Who is calling: UNAUTHENTICATED when the gateway requires an identity and the call
+    /// has none it accepts.
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let certs = request.peer_certs();
+        self.auth
+            .caller(request.metadata(), certs.as_deref().map(Vec::as_slice))
+            .map_err(status_of)
+    }
+
+    /// Checks a call on a lease this instance serves: the caller may take `action` on its
+    /// group and topic, and is the identity that acquired it. A lease this instance does
+    /// not know is left to the call itself, which answers why.
+    fn authorize_lease(
+        &self,
+        caller: &Caller,
+        action: Action,
+        lease_id: &str,
+    ) -> Result<(), Status> {
+        if let Ok(lease) = self.gateway.lookup(lease_id) {
+            let (group, topic) = (&lease.key.group, &lease.key.topic);
+            self.auth
+                .check(caller, action, group, topic)
+                .and_then(|()| {
+                    auth::check_owner(lease.owner.as_deref(), caller, action, group, topic)
+                })
+                .map_err(|err| {
+                    tracing::info!(parent: &lease.span, error = %err, "call refused");
+                    status_of(err)
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The instance to forward a call on `lease_id` to: the one the id names when this
+    /// instance does not know the lease, unless the call was forwarded here already.
+    fn forward_to<T>(&self, request: &Request<T>, lease_id: &str) -> Option<String> {
+        if let Some(by) = request.metadata().get(FORWARDED_BY) {
+            tracing::debug!(
+                forwarded_by = ?by,
+                lease_ref = %lease_ref(lease_id),
+                "a call forwarded by another instance",
+            );
+            return None;
+        }
+        self.gateway.served_elsewhere(lease_id)
+    }
+
+    /// The other instance that holds the record of member `member_id` of `group`, for a
+    /// Subscribe that was not forwarded already; `None` when none does (or Consul cannot say).
+    async fn member_instance<T>(
+        &self,
+        request: &Request<T>,
+        group: &str,
+        member_id: &str,
+    ) -> Option<String> {
+        if member_id.is_empty() || request.metadata().get(FORWARDED_BY).is_some() {
+            return None;
+        }
+        let members = self.gateway.locks().members(group).await.ok()?;
+        members
+            .into_iter()
+            .map(|(_, record)| record)
+            .find(|record| {
+                record.member_id == member_id && record.gateway != self.gateway.instance()
+            })
+            .map(|record| record.gateway)
+    }
+
+    /// Forwards a unary call on `lease_id` to `instance`.
+    async fn forward<Req, Resp, F, Fut>(
+        &self,
+        method: &'static str,
+        instance: &str,
+        lease_id: &str,
+        request: Request<Req>,
+        caller: &Caller,
+        call: F,
+    ) -> Result<Response<Resp>, Status>
+    where
+        F: FnOnce(
+            kafka_lease_proto::encoded::partition_lease_service_client::PartitionLeaseServiceClient<
+                tonic::transport::Channel,
+            >,
+            Request<Req>,
+        ) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
+    {
+        let lease_ref = lease_ref(lease_id);
+        let route = self
+            .peers
+            .route(lease_ref, instance, false)
+            .await
+            .map_err(status_of)?;
+        tracing::debug!(%method, peer = %instance, address = %route.address, %lease_ref, "forwarding a call to the serving instance");
+        let deadline = deadline_of(request.metadata());
+        self.peers
+            .unary(route, request.into_inner(), deadline, caller, call)
+            .await
+            .map(Response::new)
+    }
+
+    /// The page's rows, each with the live details of its lease: from this instance's table,
+    /// or asked of the instance serving it (at most [`DESCRIBE_FANOUT`] at once, each within
+    /// [`DESCRIBE_TIMEOUT`] and the caller's deadline).
+    async fn with_live_details(
+        &self,
+        page: &[ListedLease],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Vec<v1::LeaseInfo> {
+        let mut rows: Vec<v1::LeaseInfo> = page.iter().map(lease_info).collect();
+        // Instance → its address and the rows to ask it about.
+        let mut asks: HashMap<String, (String, Vec<usize>)> = HashMap::new();
+        for (i, listed) in page.iter().enumerate() {
+            if listed.local.is_some() {
+                continue;
+            }
+            let gateway = &listed.holder.gateway;
+            if gateway == self.gateway.instance() {
+                rows[i].details_unavailable =
+                    "this instance no longer serves it (it ended a moment ago)".into();
+                continue;
+            }
+            asks.entry(gateway.clone())
+                .or_insert_with(|| (listed.holder.address.clone(), Vec::new()))
+                .1
+                .push(i);
+        }
+        let limit = deadline.map_or(DESCRIBE_TIMEOUT, |d| {
+            d.saturating_duration_since(tokio::time::Instant::now())
+                .min(DESCRIBE_TIMEOUT)
+        });
+        let answers = futures::stream::iter(asks)
+            .map(|(instance, (address, indices))| {
+                let keys: Vec<v1::LeaseKey> = indices
+                    .iter()
+                    .map(|&i| v1::LeaseKey {
+                        group: page[i].key.group.clone(),
+                        topic: page[i].key.topic.clone(),
+                        partition: page[i].key.partition,
+                        fencing_token: page[i].token,
+                    })
+                    .collect();
+                async move {
+                    let answer =
+                        tokio::time::timeout(limit, self.describe(&instance, address, keys))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(format!(
+                                    "gateway instance {instance:?} did not answer within {limit:?}"
+                                ))
+                            });
+                    (indices, answer)
+                }
+            })
+            .buffer_unordered(DESCRIBE_FANOUT)
+            .collect::<Vec<_>>()
+            .await;
+        for (indices, answer) in answers {
+            match answer {
+                Ok(described) => {
+                    let by_key: HashMap<(String, String, i32, u64), v1::LeaseInfo> = described
+                        .into_iter()
+                        .map(|l| {
+                            (
+                                (
+                                    l.group.clone(),
+                                    l.topic.clone(),
+                                    l.partition,
+                                    l.fencing_token,
+                                ),
+                                l,
+                            )
+                        })
+                        .collect();
+                    for i in indices {
+                        let row = &mut rows[i];
+                        let key = (
+                            row.group.clone(),
+                            row.topic.clone(),
+                            row.partition,
+                            row.fencing_token,
+                        );
+                        match by_key.get(&key) {
+                            Some(live) => {
+                                row.expires_at = live.expires_at;
+                                row.position = live.position;
+                                row.committed_offset = live.committed_offset;
+                                row.high_watermark = live.high_watermark;
+                                row.lag = live.lag;
+                                row.read_lag = live.read_lag;
+                            }
+                            None => {
+                                row.details_unavailable = format!(
+                                "gateway instance {:?} no longer serves it (it ended a moment ago)",
+                                row.gateway
+                            )
+                            }
+                        }
+                    }
+                }
+                Err(why) => {
+                    for i in indices {
+                        rows[i].details_unavailable = why.clone();
+                    }
+                }
+            }
+        }
+        rows
+    }
+
+    /// Asks `instance` (at `address`, or where its Consul record says when the lock names
+    /// none) for the live details of `keys`.
+    async fn describe(
+        &self,
+        instance: &str,
+        address: String,
+        keys: Vec<v1::LeaseKey>,
+    ) -> Result<Vec<v1::LeaseInfo>, String> {
+        let address = if address.is_empty() {
+            match self.gateway.locks().instance_address(instance).await {
+                Ok(Some(address)) => address,
+                Ok(None) => {
+                    return Err(format!(
+                        "gateway instance {instance:?} is not registered in Consul"
+                    ))
+                }
+                Err(err) => return Err(format!("looking up gateway instance {instance:?}: {err}")),
+            }
+        } else {
+            address
+        };
+        let (mut client, _route) = self
+            .peers
+            .describer(instance, &address)
+            .map_err(|e| e.to_string())?;
+        let request = self.peers.outgoing(
+            v1::DescribeLeasesRequest { leases: keys },
+            None,
+            &Caller::anonymous(),
+        );
+        match client.describe_leases(request).await {
+            Ok(answer) => Ok(answer.into_inner().leases),
+            Err(status) => Err(format!(
+                "gateway instance {instance:?} at {address} did not answer: {}: {}",
+                status.code(),
+                status.message()
+            )),
+        }
+    }
+}
+
+pub(crate) type ReadResponseStream = crate::forward::ReadResponses;
+
+#[tonic::async_trait]
+impl PartitionLeaseService for LeaseService {
+    async fn acquire(
+        &self,
+        request: Request<v1::AcquireRequest>,
+    ) -> Result<Response<v1::AcquireResponse>, Status> {
+        observed("Acquire", async move {
+            let caller = self.caller(&request)?;
+            let mut spec =
+                acquire_spec(request.get_ref(), request.remote_addr()).map_err(status_of)?;
+            self.auth
+                .check(&caller, Action::Acquire, &spec.group, &spec.topic)
+                .map_err(status_of)?;
+            spec.owner = caller.identity;
+            // An Acquire that may wait is a long call; one that does not is short.
+            let _long = if spec.wait.is_zero() {
+                None
+            } else {
+                self.long_calls
+                    .admit(spec.via, "waiting Acquire")
+                    .map_err(status_of)?
+            };
+            let granted = self.gateway.acquire(spec).await.map_err(status_of)?;
+            Ok(Response::new(v1::AcquireResponse {
+                lease_id: granted.lease_id,
+                topic: granted.key.topic,
+                partition: granted.key.partition,
+                fencing_token: granted.fencing_token,
+                offset: granted.offset,
+                high_watermark: granted.high_watermark,
+                expires_at: Some(timestamp(granted.expires_at)),
+                group: granted.key.group,
+                gateway: granted.gateway,
+                ttl: Some(proto_duration(granted.ttl)),
+                gateway_address: self.gateway.address().unwrap_or_default().to_string(),
+            }))
+        })
+        .await
+    }
+
+    type ReadStream = ReadResponseStream;
+
+    async fn read(
+        &self,
+        request: Request<v1::ReadRequest>,
+    ) -> Result<Response<Self::ReadStream>, Status> {
+        observed("Read", async move {
+        let caller = self.caller(&request)?;
+        let limits = read_limits(request.get_ref()).map_err(status_of)?;
+        let long = self
+            .long_calls
+            .admit(request.remote_addr(), "Read")
+            .map_err(status_of)?;
+        if let Some(instance) = self.forward_to(&request, &request.get_ref().lease_id) {
+            let lease_ref = lease_ref(&request.get_ref().lease_id).to_string();
+            let route = self
+                .peers
+                .route(&lease_ref, &instance, true)
+                .await
+                .map_err(status_of)?;
+            tracing::info!(peer = %instance, address = %route.address, %lease_ref, "proxying a Read from the serving instance");
+            let deadline = deadline_of(request.metadata());
+            let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
+            return match route.client().read(outgoing).await {
+                Ok(answer) => Ok(Response::new(holding(
+                    until_deadline(
+                        self.peers.proxy(route, answer.into_inner(), Failure::Lease),
+                        deadline,
+                    ),
+                    long,
+                ))),
+                Err(status) => Err(self.peers.failed(&route, status).await),
+            };
+        }
+        self.authorize_lease(&caller, Action::Read, &request.get_ref().lease_id)?;
+        let deadline = deadline_of(request.metadata());
+        let stream = self
+            .gateway
+            .read(
+                &request.get_ref().lease_id,
+                limits,
+                request.get_ref().from_offset,
+                request.get_ref().if_seek_epoch,
+            )
+            .await
+            .map_err(status_of)?;
+        Ok(Response::new(holding(
+            until_deadline(
+                Box::pin(stream.map(|item| item.map(ReadBatch::into_response).map_err(status_of))),
+                deadline,
+            ),
+            long,
+        )))
+        })
+        .await
+    }
+
+    type SubscribeStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<EncodedSubscribeResponse, Status>> + Send>,
+    >;
+
+    async fn subscribe(
+        &self,
+        request: Request<v1::SubscribeRequest>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        observed("Subscribe", async move {
+        let caller = self.caller(&request)?;
+        let mut spec = subscribe_spec(request.get_ref()).map_err(status_of)?;
+        for topic in &spec.topics {
+            self.auth
+                .check(&caller, Action::Subscribe, &spec.group, topic)
+                .map_err(status_of)?;
+        }
+        spec.owner = caller.identity.clone();
+        let long = self
+            .long_calls
+            .admit(request.remote_addr(), "Subscribe")
+            .map_err(status_of)?;
+        let deadline = deadline_of(request.metadata());
+        let (group, member_id) = (spec.group.clone(), spec.member_id.clone());
+        let events: Self::SubscribeStream = match self.gateway.subscribe(spec).await {
+            Ok(events) => {
+                Box::pin(events.map(|event| event.map(subscribe_response).map_err(status_of)))
+            }
+            Err(err @ LeaseError::MemberActive { .. }) => {
+                // The member id is held elsewhere: when another instance holds its record (a
+                // client reconnecting through another instance within its session grace),
+                // the Subscribe goes there, as a call on a lease goes to its serving instance.
+                let Some(instance) = self.member_instance(&request, &group, &member_id).await
+                else {
+                    return Err(status_of(err));
+                };
+                let member_ref = format!("member {member_id}");
+                let route = match self.peers.route(&member_ref, &instance, true).await {
+                    Ok(route) => route,
+                    // Gone from Consul since the record was read: its members go with it.
+                    Err(_) => return Err(status_of(err)),
+                };
+                tracing::info!(peer = %instance, address = %route.address, %group, %member_id, "forwarding a Subscribe to the instance that holds the member");
+                let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
+                match route.client().subscribe(outgoing).await {
+                    Ok(answer) => self.peers.proxy(
+                        route,
+                        answer.into_inner(),
+                        Failure::Member { group, member_id },
+                    ),
+                    Err(status) => {
+                        return Err(self.peers.failed_member(&route, &group, &member_id, status))
+                    }
+                }
+            }
+            Err(err) => return Err(status_of(err)),
+        };
+        let events: Self::SubscribeStream = match deadline {
+            Some(deadline) => {
+                Box::pin(events.take_until(tokio::time::sleep_until(deadline)).chain(
+                    futures::stream::once(async {
+                        Err(Status::deadline_exceeded(
+                            "the Subscribe reached the caller's deadline (its grpc-timeout)",
+                        ))
+                    }),
+                ))
+            }
+            None => Box::pin(events),
+        };
+        Ok(Response::new(holding(events, long)))
+        })
+        .await
+    }
+
+    async fn list_members(
+        &self,
+        request: Request<v1::ListMembersRequest>,
+    ) -> Result<Response<v1::ListMembersResponse>, Status> {
+        observed("ListMembers", async move {
+            let caller = self.caller(&request)?;
+            let req = request.get_ref();
+            validate::group(&req.group).map_err(status_of)?;
+            if let Some(topic) = &req.topic {
+                validate::topic(topic).map_err(status_of)?;
+                self.auth
+                    .check(&caller, Action::List, &req.group, topic)
+                    .map_err(status_of)?;
+            } else {
+                self.auth
+                    .check_group(&caller, Action::List, &req.group)
+                    .map_err(status_of)?;
+            }
+            let mut members = self
+                .gateway
+                .list_members(&req.group, req.topic.as_deref())
+                .await
+                .map_err(status_of)?;
+            // Only the topics the caller may list.
+            members
+                .retain(|(topic, _, _)| self.auth.allows(&caller, Action::List, &req.group, topic));
+            Ok(Response::new(v1::ListMembersResponse {
+                members: members
+                    .into_iter()
+                    .map(|(topic, record, partitions)| v1::MemberInfo {
+                        group: req.group.clone(),
+                        topic,
+                        member_id: record.member_id,
+                        member: record.member,
+                        gateway: record.gateway,
+                        max_partitions: record.max_partitions,
+                        joined_at: Some(timestamp(
+                            SystemTime::UNIX_EPOCH + Duration::from_millis(record.joined_at_ms),
+                        )),
+                        partitions,
+                    })
+                    .collect(),
+            }))
+        })
+        .await
+    }
+
+    async fn seek(
+        &self,
+        request: Request<v1::SeekRequest>,
+    ) -> Result<Response<v1::SeekResponse>, Status> {
+        observed("Seek", async move {
+            let caller = self.caller(&request)?;
+            let target = seek_target(request.get_ref()).map_err(status_of)?;
+            let lease_id = request.get_ref().lease_id.clone();
+            if let Some(instance) = self.forward_to(&request, &lease_id) {
+                return self
+                    .forward(
+                        "Seek",
+                        &instance,
+                        &lease_id,
+                        request,
+                        &caller,
+                        |mut c, r| async move { c.seek(r).await },
+                    )
+                    .await;
+            }
+            self.authorize_lease(&caller, Action::Seek, &lease_id)?;
+            let (offset, seek_epoch) = self
+                .gateway
+                .seek(&request.get_ref().lease_id, target)
+                .await
+                .map_err(status_of)?;
+            Ok(Response::new(v1::SeekResponse { offset, seek_epoch }))
+        })
+        .await
+    }
+
+    async fn commit(
+        &self,
+        request: Request<v1::CommitRequest>,
+    ) -> Result<Response<v1::CommitResponse>, Status> {
+        observed("Commit", async move {
+            let caller = self.caller(&request)?;
+            let req = request.get_ref();
+            validate::lease_id(&req.lease_id).map_err(status_of)?;
+            if let Some(metadata) = &req.metadata {
+                validate::metadata(metadata).map_err(status_of)?;
+            }
+            let lease_id = req.lease_id.clone();
+            if let Some(instance) = self.forward_to(&request, &lease_id) {
+                return self
+                    .forward(
+                        "Commit",
+                        &instance,
+                        &lease_id,
+                        request,
+                        &caller,
+                        |mut c, r| async move { c.commit(r).await },
+                    )
+                    .await;
+            }
+            self.authorize_lease(&caller, Action::Commit, &lease_id)?;
+            let req = request.get_ref();
+            let metadata = self
+                .gateway
+                .commit(&req.lease_id, req.offset, req.metadata.as_deref())
+                .await
+                .map_err(status_of)?;
+            Ok(Response::new(v1::CommitResponse {
+                offset: req.offset,
+                metadata,
+            }))
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        observed("Release", async move {
+            let caller = self.caller(&request)?;
+            validate::lease_id(&request.get_ref().lease_id).map_err(status_of)?;
+            let lease_id = request.get_ref().lease_id.clone();
+            if let Some(instance) = self.forward_to(&request, &lease_id) {
+                return self
+                    .forward(
+                        "Release",
+                        &instance,
+                        &lease_id,
+                        request,
+                        &caller,
+                        |mut c, r| async move { c.release(r).await },
+                    )
+                    .await;
+            }
+            self.authorize_lease(&caller, Action::Release, &lease_id)?;
+            let req = request.get_ref();
+            let committed_offset = self
+                .gateway
+                .release(&req.lease_id, req.commit_offset)
+                .await
+                .map_err(status_of)?;
+            Ok(Response::new(v1::ReleaseResponse { committed_offset }))
+        })
+        .await
+    }
+
+    async fn list_leases(
+        &self,
+        request: Request<v1::ListLeasesRequest>,
+    ) -> Result<Response<v1::ListLeasesResponse>, Status> {
+        observed("ListLeases", async move {
+            let caller = self.caller(&request)?;
+            let req = request.get_ref();
+            if let Some(group) = &req.group {
+                validate::group(group).map_err(status_of)?;
+            }
+            if let Some(topic) = &req.topic {
+                validate::topic(topic).map_err(status_of)?;
+            }
+            let size = validate::count_in(
+                "page_size",
+                req.page_size,
+                validate::DEFAULT_PAGE_SIZE,
+                validate::MAX_PAGE_SIZE,
+            )
+            .map_err(status_of)? as usize;
+            let after = validate::page_token(&req.page_token).map_err(status_of)?;
+            let mut listed = self
+                .gateway
+                .list(req.group.as_deref(), req.topic.as_deref())
+                .await
+                .map_err(status_of)?;
+            // Only what the caller may see: a lease whose group and topic it may list.
+            listed.retain(|l| {
+                self.auth
+                    .allows(&caller, Action::List, &l.key.group, &l.key.topic)
+            });
+            let (page, next) = page_of(listed, after.as_ref(), size);
+            let deadline = deadline_of(request.metadata());
+            Ok(Response::new(v1::ListLeasesResponse {
+                leases: self.with_live_details(&page, deadline).await,
+                next_page_token: next
+                    .as_ref()
+                    .map(validate::page_token_after)
+                    .unwrap_or_default(),
+            }))
+        })
+        .await
+    }
+}
