@@ -310,7 +310,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = match args.metrics_listen {
         Some(addr) => Some((
             kafka_lease_server::metrics::install()?,
-            kafka_lease_server::metrics::bind(addr).await?,
+            kafka_lease_server::metrics_endpoint::bind(addr).await?,
         )),
         None => None,
     };
@@ -344,7 +344,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some((handle, metrics_listener)) = metrics {
         let metrics_addr = metrics_listener.local_addr()?;
         tracing::info!(endpoint = %format!("http://{metrics_addr}/metrics"), "serving metrics");
-        tokio::spawn(kafka_lease_server::metrics::serve(
+        tokio::spawn(kafka_lease_server::metrics_endpoint::serve(
             metrics_listener,
             handle,
             gateway.clone(),

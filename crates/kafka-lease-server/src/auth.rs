@@ -25,7 +25,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataMap;
 
-use crate::error::LeaseError;
+use crate::error::{Denied, LeaseError};
 use crate::tls::ServerTls;
 
 /// How often the policy and token files are checked for changes.
@@ -82,34 +82,6 @@ impl Action {
             .into_iter()
             .find(|a| a.as_str() == name)
             .map(|a| vec![a])
-    }
-}
-
-/// A refusal: who, what, where.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denied {
-    pub identity: String,
-    /// An [`Action`]'s name, or `forward` / `describe` for the gateway-to-gateway calls.
-    pub action: &'static str,
-    pub group: Option<String>,
-    pub topic: Option<String>,
-    /// Why, in words, when it is not simply "no grant".
-    pub why: Option<String>,
-}
-
-impl std::fmt::Display for Denied {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:?} may not {}", self.identity, self.action)?;
-        if let Some(group) = &self.group {
-            write!(f, " in group {group:?}")?;
-        }
-        if let Some(topic) = &self.topic {
-            write!(f, " on topic {topic:?}")?;
-        }
-        match &self.why {
-            Some(why) => write!(f, ": {why}"),
-            None => write!(f, ": the gateway's policy grants it no such action there"),
-        }
     }
 }
 

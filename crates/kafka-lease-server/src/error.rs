@@ -69,7 +69,7 @@ pub enum LeaseError {
 
     /// The caller may not take this action here.
     #[error("{0}")]
-    ActionDenied(Box<crate::auth::Denied>),
+    ActionDenied(Box<Denied>),
 
     #[error("{message}")]
     InvalidArgument {
@@ -226,4 +226,33 @@ pub struct MemberUnreachable {
     pub gateway: String,
     pub address: String,
     pub detail: String,
+}
+
+/// A refusal by the policy (`crate::auth`): who, what, where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denied {
+    pub identity: String,
+    /// An [`Action`](crate::auth::Action)'s name, or `forward` / `describe` for the
+    /// gateway-to-gateway calls.
+    pub action: &'static str,
+    pub group: Option<String>,
+    pub topic: Option<String>,
+    /// Why, in words, when it is not simply "no grant".
+    pub why: Option<String>,
+}
+
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} may not {}", self.identity, self.action)?;
+        if let Some(group) = &self.group {
+            write!(f, " in group {group:?}")?;
+        }
+        if let Some(topic) = &self.topic {
+            write!(f, " on topic {topic:?}")?;
+        }
+        match &self.why {
+            Some(why) => write!(f, ": {why}"),
+            None => write!(f, ": the gateway's policy grants it no such action there"),
+        }
+    }
 }

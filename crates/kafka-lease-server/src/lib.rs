@@ -25,6 +25,7 @@ pub mod kafka;
 pub mod kafka_config;
 pub mod lease;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod records;
 pub mod server;
 pub mod subscribe;

@@ -1,25 +1,19 @@
-//! Prometheus metrics: their names, the endpoint that serves them, and the sampling of the
-//! gauges that describe leases.
+//! Prometheus metrics: their names, the recorder, and the recording helpers. A leaf every
+//! module records through; it reads nothing of the gateway.
 //!
 //! Counters and histograms are recorded where things happen, through the `metrics` facade
 //! (the lock crate records its own Consul metrics the same way, knowing nothing of
-//! Prometheus); this module installs the Prometheus recorder and serves its text on
-//! `--metrics-listen`. The per-lease gauges (position, committed offset, lag) and the counts
-//! (leases per group and topic, Acquires waiting) are sampled from the lease table just
-//! before each scrape, so they are exact at scrape time.
+//! Prometheus); this module installs the Prometheus recorder. The endpoint that serves its
+//! text on `--metrics-listen`, and samples the per-lease gauges from the lease table before
+//! each scrape, is [`crate::metrics_endpoint`].
 //!
 //! Labels are bounded: method, gRPC code, reason, operation (all fixed sets); group, topic
 //! and partition (as many as the leases this instance serves). Never lease ids.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::net::TcpListener;
-
-use crate::gateway::Gateway;
 
 /// gRPC calls answered, by `method` and `code`.
 pub const GRPC_REQUESTS: &str = "kafka_lease_grpc_requests_total";
@@ -128,100 +122,6 @@ fn describe() {
     }
     metrics::gauge!(ACQUIRES_WAITING).set(0.0);
     kafka_lease_coordination::consul::describe_metrics();
-}
-
-/// Serves `GET /metrics` on `listener` until the task is dropped: the gauges sampled from
-/// `gateway`, then everything recorded.
-pub async fn serve(listener: TcpListener, handle: PrometheusHandle, gateway: Arc<Gateway>) {
-    let sampler = Arc::new(Sampler::default());
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let (handle, gateway, sampler) = (handle.clone(), gateway.clone(), sampler.clone());
-            async move {
-                sampler.sample(&gateway);
-                handle.run_upkeep();
-                (
-                    [(
-                        axum::http::header::CONTENT_TYPE,
-                        "text/plain; version=0.0.4; charset=utf-8",
-                    )],
-                    handle.render(),
-                )
-            }
-        }),
-    );
-    if let Err(err) = axum::serve(listener, app).await {
-        tracing::warn!(error = %err, "the metrics endpoint stopped");
-    }
-}
-
-/// Binds the metrics listener (before anything else starts, so a taken port is a startup
-/// error).
-pub async fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| MetricsError::Listen { addr, source })
-}
-
-/// The label sets the previous sample set: a group and topic with no lease left shows 0
-/// leases, and an ended lease's lags show 0 (the instance that serves the partition next
-/// reports them; its position and committed offset keep their last values, which is what
-/// they were when it ended).
-#[derive(Default)]
-struct Sampler {
-    seen_groups: Mutex<HashSet<(String, String)>>,
-    seen_leases: Mutex<HashSet<(String, String, i32)>>,
-}
-
-impl Sampler {
-    fn sample(&self, gateway: &Gateway) {
-        let leases = gateway.local_leases();
-        let mut groups: HashSet<(String, String)> = HashSet::new();
-        let mut counts: std::collections::HashMap<(String, String), usize> = Default::default();
-        let mut keys = HashSet::new();
-        for (key, snapshot) in &leases {
-            *counts
-                .entry((key.group.clone(), key.topic.clone()))
-                .or_default() += 1;
-            let labels = [
-                ("group", key.group.clone()),
-                ("topic", key.topic.clone()),
-                ("partition", key.partition.to_string()),
-            ];
-            metrics::gauge!(LEASE_POSITION, &labels).set(snapshot.position as f64);
-            if let Some(committed) = snapshot.committed {
-                metrics::gauge!(LEASE_COMMITTED, &labels).set(committed as f64);
-            }
-            if let Some(lag) = snapshot.lag() {
-                metrics::gauge!(LEASE_LAG, &labels).set(lag as f64);
-            }
-            metrics::gauge!(LEASE_READ_LAG, &labels).set(snapshot.read_lag() as f64);
-            keys.insert((key.group.clone(), key.topic.clone(), key.partition));
-        }
-        for ((group, topic), n) in &counts {
-            metrics::gauge!(LEASES, "group" => group.clone(), "topic" => topic.clone())
-                .set(*n as f64);
-            groups.insert((group.clone(), topic.clone()));
-        }
-        let mut seen = self.seen_groups.lock().unwrap_or_else(|p| p.into_inner());
-        for (group, topic) in seen.difference(&groups) {
-            metrics::gauge!(LEASES, "group" => group.clone(), "topic" => topic.clone()).set(0.0);
-        }
-        *seen = groups;
-        let mut seen = self.seen_leases.lock().unwrap_or_else(|p| p.into_inner());
-        for (group, topic, partition) in seen.difference(&keys) {
-            let labels = [
-                ("group", group.clone()),
-                ("topic", topic.clone()),
-                ("partition", partition.to_string()),
-            ];
-            metrics::gauge!(LEASE_LAG, &labels).set(0.0);
-            metrics::gauge!(LEASE_READ_LAG, &labels).set(0.0);
-        }
-        *seen = keys;
-        metrics::gauge!(ACQUIRES_WAITING).set(gateway.waiting_acquires() as f64);
-    }
 }
 
 /// The delivery counters of one group and topic, looked up once per lease so that a Read's

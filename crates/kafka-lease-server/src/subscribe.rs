@@ -675,7 +675,7 @@ impl Member {
         theirs.sort();
         if attach.spec.owner != self.spec.owner {
             let _ = attach.control.send(Err(LeaseError::ActionDenied(Box::new(
-                crate::auth::Denied {
+                crate::error::Denied {
                     identity: attach
                         .spec
                         .owner
