@@ -18,6 +18,16 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+/// The one name rule of the project, for group ids, topics (Kafka's own rule), member ids,
+/// instance ids and Consul path segments: these characters only, which are safe in a Kafka
+/// name, a URL path, a Consul key and a Consul service id.
+pub const NAME_CHARS: &str = "[A-Za-z0-9._-]";
+
+/// Whether `c` is one of [`NAME_CHARS`].
+pub fn is_name_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
 /// One lockable partition of a topic, for one group.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LockKey {

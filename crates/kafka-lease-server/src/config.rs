@@ -367,9 +367,7 @@ pub struct ConfigError {
 fn check_name(flag: &'static str, value: &str) -> Result<(), ConfigError> {
     let ok = !value.is_empty()
         && value.len() <= 128
-        && value
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+        && value.chars().all(crate::coordination::is_name_char);
     if ok {
         Ok(())
     } else {
@@ -645,7 +643,7 @@ pub fn default_instance_id() -> String {
     let host: String = host
         .chars()
         .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+            if crate::coordination::is_name_char(c) {
                 c
             } else {
                 '-'

@@ -68,7 +68,7 @@ fn kafka_name(field: &'static str, kind: &str, value: &str) -> Result<(), LeaseE
     }
     if let Some(bad) = value
         .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        .find(|&c| !crate::coordination::is_name_char(c))
     {
         return Err(invalid(
             field,
@@ -126,10 +126,8 @@ pub const MAX_MEMBER_ID_CHARS: usize = 128;
 /// A subscription's member id: empty (the gateway makes one up), or 1 ..= 128 characters of
 /// `[A-Za-z0-9._-]` (it is part of a Consul key).
 pub fn member_id(value: &str) -> Result<(), LeaseError> {
-    let ok = value.len() <= MAX_MEMBER_ID_CHARS
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    let ok =
+        value.len() <= MAX_MEMBER_ID_CHARS && value.chars().all(crate::coordination::is_name_char);
     if ok {
         Ok(())
     } else {

@@ -250,9 +250,7 @@ pub(super) fn out_of_range(
 
 /// A name made only of `[A-Za-z0-9._-]`: safe in a URL path and a Consul service id.
 pub(super) fn is_plain_name(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    !s.is_empty() && s.chars().all(crate::is_name_char)
 }
 
 impl ConsulLockConfig {
