@@ -297,7 +297,7 @@ async fn one_connection_carries_its_long_calls_and_short_calls_answer_at_once() 
         reads.len(),
         rss_waiters.saturating_sub(rss_reads),
     );
-    // The stated bound (README, "One channel for everything"): well above what one open call
+    // The stated bound (docs/OPERATIONS.md, "One channel for everything"): well above what one open call
     // costs (about 6 KiB per Read, 18 KiB per waiting Acquire), far below a leak per stream.
     assert!(
         rss_reads.saturating_sub(rss_before) < reads.len() as u64 * 32,

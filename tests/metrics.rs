@@ -1,6 +1,6 @@
 //! The Prometheus endpoint of a real gateway during a real acquire / read / seek / commit /
 //! release cycle: the counters, gauges and histograms move as the cycle goes, with the
-//! labels documented in the README.
+//! labels documented in docs/OPERATIONS.md.
 
 mod support;
 
@@ -278,13 +278,14 @@ async fn metrics_follow_a_lease_through_its_life() {
     );
     assert!(s.keys().all(|series| !series.contains("lease_id")));
 
-    // The dashboard in deploy/ reads only series the gateway serves and the README lists.
+    // The dashboard in deploy/ reads only series the gateway serves and docs/OPERATIONS.md lists.
     let dashboard = std::fs::read_to_string(
         kafka_lease_testkit::repo_root().join("deploy/grafana/kafka-lease.json"),
     )
     .expect("the dashboard");
-    let readme = std::fs::read_to_string(kafka_lease_testkit::repo_root().join("README.md"))
-        .expect("README");
+    let readme =
+        std::fs::read_to_string(kafka_lease_testkit::repo_root().join("docs/OPERATIONS.md"))
+            .expect("docs/OPERATIONS.md");
     let served: std::collections::BTreeSet<&str> = s
         .keys()
         .map(|series| series.split('{').next().unwrap_or_default())
@@ -302,7 +303,7 @@ async fn metrics_follow_a_lease_through_its_life() {
         let base = name.strip_suffix("_bucket").unwrap_or(name);
         assert!(
             readme.contains(&format!("`{base}`")),
-            "{base} is not in the README"
+            "{base} is not in docs/OPERATIONS.md"
         );
         // The error counters appear with their first error, labelled by its operation.
         let on_error = base.ends_with("_errors_total");

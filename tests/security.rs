@@ -423,7 +423,7 @@ async fn mutual_tls_identities_and_the_policy_decide_who_may_do_what() {
     );
 }
 
-/// grpcurl as the README shows it, a certificate rotated while the gateway runs, and
+/// grpcurl as docs/OPERATIONS.md shows it, a certificate rotated while the gateway runs, and
 /// reflection switched off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpcurl_works_with_certificates_and_a_rotated_certificate_is_served() {

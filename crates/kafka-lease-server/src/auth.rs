@@ -157,7 +157,7 @@ struct GatewaysFile {
 }
 
 impl Policy {
-    /// Parses and checks a policy (TOML; see the README's "Running it securely").
+    /// Parses and checks a policy (TOML; see "Running it securely" in docs/OPERATIONS.md).
     pub fn parse(text: &str) -> Result<Policy, String> {
         let file: PolicyFile = toml::from_str(text).map_err(|e| e.to_string())?;
         let patterns = |what: &str, i: usize, list: Vec<String>| -> Result<Vec<Pattern>, String> {

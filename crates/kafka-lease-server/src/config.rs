@@ -128,8 +128,8 @@ pub struct ServeArgs {
     /// its last confirmed session renewal (the self-fence window).
     #[arg(long, env = "KAFKA_LEASE_LOCK_DELAY", value_parser = parse_duration, default_value = "1500ms")]
     pub lock_delay: Duration,
-    /// How Consul learns that this gateway died or stopped working (see the README's
-    /// failover section).
+    /// How Consul learns that this gateway died or stopped working (see `--consul-check` in
+    /// docs/OPERATIONS.md).
     #[arg(
         long,
         env = "KAFKA_LEASE_CONSUL_CHECK",
@@ -244,7 +244,7 @@ pub struct SecurityArgs {
     pub plaintext: bool,
     /// The authorization policy (TOML): which identities may do what, per group and topic
     /// pattern. Set, every call needs an identity. Re-read when it changes; a bad version
-    /// keeps the previous one in force. See the README's "Running it securely".
+    /// keeps the previous one in force. See "Running it securely" in docs/OPERATIONS.md.
     #[arg(long, env = "KAFKA_LEASE_AUTH_POLICY")]
     pub auth_policy: Option<PathBuf>,
     /// Bearer tokens: lines of `<identity> <token>` (`#` comments). A call with

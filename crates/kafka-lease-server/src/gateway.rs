@@ -240,7 +240,7 @@ impl Table {
 }
 
 /// What one gateway instance takes on at most, so one client cannot take what it has for
-/// all (each is a flag; see the README's configuration table).
+/// all (each is a flag; see the configuration table in docs/OPERATIONS.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Leases served at once (`--max-leases`).
