@@ -7,16 +7,12 @@ mod support;
 use std::time::Duration;
 
 use kafka_lease_client::AcquireOptions;
-use kafka_lease_testkit::{unique_name, wait_for, Services};
+use kafka_lease_testkit::{unique_name, wait_for};
 use support::{consul_keys, create_topic, unique_prefix, GatewayProcess};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquires_cancelled_at_any_point_leave_no_lock_without_a_lease() {
-    let Some(services) =
-        Services::require("acquires_cancelled_at_any_point_leave_no_lock_without_a_lease")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let client = gateway.client().await;

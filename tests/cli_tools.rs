@@ -178,11 +178,7 @@ async fn wait_until_held(client: &Client, group: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_shows_the_leases_the_test_holds_as_a_table_and_as_json() {
-    let Some(services) =
-        Services::require("leases_shows_the_leases_the_test_holds_as_a_table_and_as_json")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 3).await;
@@ -371,11 +367,7 @@ fn shaped_records() -> Vec<TestRecord> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_prints_the_records_as_text_and_as_json_and_gives_the_lease_back() {
-    let Some(services) =
-        Services::require("tail_prints_the_records_as_text_and_as_json_and_gives_the_lease_back")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
@@ -506,9 +498,7 @@ fn offsets(out: &Output) -> Vec<i64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_starts_where_from_says() {
-    let Some(services) = Services::require("tail_starts_where_from_says") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
@@ -634,11 +624,7 @@ async fn tail_starts_where_from_says() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigint_ends_a_waiting_tail_with_130_committing_and_releasing() {
-    let Some(services) =
-        Services::require("sigint_ends_a_waiting_tail_with_130_committing_and_releasing")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 2).await;
@@ -717,11 +703,7 @@ async fn sigint_ends_a_waiting_tail_with_130_committing_and_releasing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_stdout_ends_tail_cleanly_and_releases_the_lease() {
-    let Some(services) =
-        Services::require("a_closed_stdout_ends_tail_cleanly_and_releases_the_lease")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
@@ -754,11 +736,7 @@ async fn a_closed_stdout_ends_tail_cleanly_and_releases_the_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_pipe_leaves_a_summary_counting_the_lines_the_reader_got() {
-    let Some(services) =
-        Services::require("a_closed_pipe_leaves_a_summary_counting_the_lines_the_reader_got")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
@@ -797,9 +775,7 @@ async fn a_closed_pipe_leaves_a_summary_counting_the_lines_the_reader_got() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_at_end_stops_at_the_end_of_the_partition() {
-    let Some(services) = Services::require("exit_at_end_stops_at_the_end_of_the_partition") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 2).await;
@@ -1053,11 +1029,7 @@ async fn gateway_errors_are_one_line_with_the_code_and_exit_non_zero() {
         );
     }
 
-    let Some(services) =
-        Services::require("gateway_errors_are_one_line_with_the_code_and_exit_non_zero")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let endpoint = gateway.endpoint();
@@ -1112,11 +1084,7 @@ async fn gateway_errors_are_one_line_with_the_code_and_exit_non_zero() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_tools_speak_mutual_tls_and_send_a_token_from_a_file() {
-    let Some(services) =
-        Services::require("the_tools_speak_mutual_tls_and_send_a_token_from_a_file")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique_name("cli-tls"));
     std::fs::create_dir_all(&dir).expect("scratch dir");
     let topic = create_topic(&services, 1).await;

@@ -370,9 +370,7 @@ async fn client_language(language: &str, toolchain: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a development aid: serves until killed"]
 async fn serve_for_client_development() {
-    let Some(services) = Services::require("serve_for_client_development") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(
         &services,
         &unique_prefix(),

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use kafka_lease_client::AcquireOptions;
-use kafka_lease_testkit::{unique_name, wait_for, Relay, Services};
+use kafka_lease_testkit::{unique_name, wait_for, Relay};
 use support::{create_topic, kafka_committed, produce_n, producer, unique_prefix, GatewayProcess};
 use tokio::time::Instant;
 
@@ -25,11 +25,7 @@ fn loopback(port: &str) -> SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_held_in_flight_at_release_never_lands_after_the_successors() {
-    let Some(services) =
-        Services::require("a_commit_held_in_flight_at_release_never_lands_after_the_successors")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let relay = Relay::start_at(
         loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_ADVERTISED_PORT")),
         loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_LISTEN_PORT")),

@@ -69,11 +69,7 @@ async fn setup(services: &Services) -> Setup {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_lost_on_the_way_to_consul_is_retried_until_the_key_is_free() {
-    let Some(services) =
-        Services::require("a_release_lost_on_the_way_to_consul_is_retried_until_the_key_is_free")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let s = setup(&services).await;
     let lease = s
         .relayed
@@ -96,10 +92,7 @@ async fn a_release_lost_on_the_way_to_consul_is_retried_until_the_key_is_free() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_whose_answer_is_lost_leaves_no_lock_behind() {
-    let Some(services) = Services::require("an_acquire_whose_answer_is_lost_leaves_no_lock_behind")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let s = setup(&services).await;
     s.relay.fail_next(b"PUT /v1/txn", Fault::LoseAnswer);
     match s
@@ -127,9 +120,7 @@ async fn an_acquire_whose_answer_is_lost_leaves_no_lock_behind() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_lease_ids_are_answered_without_consul() {
-    let Some(services) = Services::require("unknown_lease_ids_are_answered_without_consul") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let s = setup(&services).await;
     let mut raw = s.relayed.client().await.raw();
     // Consul stops answering the relayed gateway (within its fence window, so it stays

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
-use kafka_lease_testkit::{unique_name, wait_for, Services};
+use kafka_lease_testkit::{unique_name, wait_for};
 use support::{create_topic, services_script, unique_prefix, wait_health, GatewayProcess};
 use tonic_health::pb::health_check_response::ServingStatus;
 
@@ -15,11 +15,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn health_and_acquire_follow_consul_and_the_gateway_recovers() {
-    let Some(services) =
-        Services::require("health_and_acquire_follow_consul_and_the_gateway_recovers")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let client = gateway.client().await;

@@ -114,11 +114,7 @@ async fn lease_cycle(endpoint: String, group: &str, topic: &str) -> Result<(), S
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_works_on_a_secured_consul_with_exactly_the_documented_policy() {
-    let Some(services) =
-        Services::require("a_gateway_works_on_a_secured_consul_with_exactly_the_documented_policy")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let dir = scratch("consul-security");
     let ca = TestCa::new("consul test CA");
     let consul = SecureConsul::start(&services, &ca, &dir).await;

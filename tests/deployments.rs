@@ -375,10 +375,7 @@ async fn two_instances(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubernetes_manifest_runs_two_pods_that_fail_over() {
-    let Some(services) = Services::require("the_kubernetes_manifest_runs_two_pods_that_fail_over")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let docs = load_yaml("deploy/kubernetes/kafka-lease.yaml");
     let deployment = docs
         .iter()
@@ -459,10 +456,7 @@ fn container_grace(pod_spec: &Yaml) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn docker_compose_runs_two_gateways_that_fail_over() {
-    let Some(services) = Services::require("docker_compose_runs_two_gateways_that_fail_over")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let docs = load_yaml("docker-compose.yml");
     let compose = &docs[0]["services"];
     let (image_env, image_cmd) = image_defaults();

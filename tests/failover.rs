@@ -9,7 +9,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
-use kafka_lease_testkit::{unique_name, Services};
+use kafka_lease_testkit::unique_name;
 use support::{create_topic, kafka_committed, produce_n, producer, unique_prefix, GatewayProcess};
 use tokio::time::Instant;
 
@@ -22,9 +22,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::test]
 async fn a_killed_gateways_partitions_move_in_seconds() {
-    let Some(services) = Services::require("a_killed_gateways_partitions_move_in_seconds") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
     let client_b = b.client().await;
@@ -92,11 +90,7 @@ async fn a_killed_gateways_partitions_move_in_seconds() {
 
 #[tokio::test]
 async fn a_paused_gateway_fences_itself_and_changes_nothing_when_resumed() {
-    let Some(services) =
-        Services::require("a_paused_gateway_fences_itself_and_changes_nothing_when_resumed")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
@@ -184,11 +178,7 @@ async fn a_paused_gateway_fences_itself_and_changes_nothing_when_resumed() {
 
 #[tokio::test]
 async fn a_vanished_clients_partition_moves_after_its_ttl_and_resumes_at_the_commit() {
-    let Some(services) = Services::require(
-        "a_vanished_clients_partition_moves_after_its_ttl_and_resumes_at_the_commit",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 30).await;
@@ -266,9 +256,7 @@ async fn a_vanished_clients_partition_moves_after_its_ttl_and_resumes_at_the_com
 
 #[tokio::test]
 async fn sigterm_drains_releases_and_exits_zero() {
-    let Some(services) = Services::require("sigterm_drains_releases_and_exits_zero") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let mut a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;

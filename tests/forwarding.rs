@@ -206,11 +206,7 @@ async fn one_lease_life(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_through_the_other_gateway_gives_what_the_serving_one_gives() {
-    let Some(services) =
-        Services::require("every_call_through_the_other_gateway_gives_what_the_serving_one_gives")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     let records: Vec<TestRecord> = (0..20)
@@ -251,11 +247,7 @@ async fn every_call_through_the_other_gateway_gives_what_the_serving_one_gives()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_balanced_channel_over_both_gateways_runs_whole_cycles() {
-    let Some(services) =
-        Services::require("a_balanced_channel_over_both_gateways_runs_whole_cycles")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 2).await;
     // Enough for every cycle to land on the same partition.
@@ -317,11 +309,7 @@ async fn a_balanced_channel_over_both_gateways_runs_whole_cycles() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_proxied_from_a_killed_gateway_ends_with_lease_lost() {
-    let Some(services) =
-        Services::require("a_read_proxied_from_a_killed_gateway_ends_with_lease_lost")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 10).await;
@@ -392,11 +380,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_a_proxied_read_stops_the_serving_gateway_fetching() {
-    let Some(services) = Services::require(
-        "a_client_that_stops_reading_a_proxied_read_stops_the_serving_gateway_fetching",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     // 64 MiB: far more than the fetch queue, every HTTP/2 window on the way, and the
@@ -492,11 +476,7 @@ async fn a_client_that_stops_reading_a_proxied_read_stops_the_serving_gateway_fe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_serving_gateway_costs_the_caller_its_deadline_and_listings_say_why() {
-    let Some(services) = Services::require(
-        "a_paused_serving_gateway_costs_the_caller_its_deadline_and_listings_say_why",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 2).await;
     let (client_a, client_b) = (a.client().await, b.client().await);
@@ -578,11 +558,7 @@ async fn a_paused_serving_gateway_costs_the_caller_its_deadline_and_listings_say
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_ends_at_the_callers_deadline_directly_and_forwarded_alike() {
-    let Some(services) =
-        Services::require("a_read_ends_at_the_callers_deadline_directly_and_forwarded_alike")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 3).await;
@@ -628,11 +604,7 @@ async fn a_read_ends_at_the_callers_deadline_directly_and_forwarded_alike() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_proxied_read_the_client_cancels_is_closed_on_the_serving_gateway_too() {
-    let Some(services) =
-        Services::require("a_proxied_read_the_client_cancels_is_closed_on_the_serving_gateway_too")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let (a, b) = two_gateways(&services).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 3).await;

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use kafka_lease_client::proto;
 use kafka_lease_client::{AcquireOptions, Error, LeaseFilter};
-use kafka_lease_testkit::{unique_name, Services};
+use kafka_lease_testkit::unique_name;
 use support::{
     consul_keys, create_topic, produce_n, producer, unique_prefix, wait_health, GatewayProcess,
 };
@@ -21,9 +21,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn two_gateways_never_grant_one_partition_twice() {
-    let Some(services) = Services::require("two_gateways_never_grant_one_partition_twice") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
@@ -201,11 +199,7 @@ async fn two_gateways_never_grant_one_partition_twice() {
 
 #[tokio::test]
 async fn bad_requests_get_their_documented_code_and_change_nothing() {
-    let Some(services) =
-        Services::require("bad_requests_get_their_documented_code_and_change_nothing")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 2).await;
@@ -582,11 +576,7 @@ async fn bad_requests_get_their_documented_code_and_change_nothing() {
 
 #[tokio::test]
 async fn grpcurl_lists_describes_and_acquires_through_reflection() {
-    let Some(services) =
-        Services::require("grpcurl_lists_describes_and_acquires_through_reflection")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 3).await;
     let grpcurl = services.var("KAFKA_LEASE_GRPCURL_BIN").to_string();
@@ -654,9 +644,7 @@ async fn grpcurl_lists_describes_and_acquires_through_reflection() {
 
 #[tokio::test]
 async fn health_is_serving_with_both_services_up() {
-    let Some(services) = Services::require("health_is_serving_with_both_services_up") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let health = gateway.health().await;
     for service in ["", "kafka_lease.v1.PartitionLeaseService"] {
@@ -667,9 +655,7 @@ async fn health_is_serving_with_both_services_up() {
 
 #[tokio::test]
 async fn list_leases_pages_in_key_order() {
-    let Some(services) = Services::require("list_leases_pages_in_key_order") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let client = gateway.client().await;
     let topic = create_topic(&services, 12).await;
@@ -734,10 +720,7 @@ async fn list_leases_pages_in_key_order() {
 /// same moment is an error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_retries_while_the_gateway_cannot_be_reached() {
-    let Some(services) = Services::require("acquire_retries_while_the_gateway_cannot_be_reached")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     // An address where nothing listens yet (a port just freed), reached lazily.

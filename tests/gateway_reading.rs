@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use kafka_lease_client::proto;
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions, Reason, SeekTo};
-use kafka_lease_testkit::{unique_name, wait_for, Services};
+use kafka_lease_testkit::{unique_name, wait_for};
 use support::{
     create_topic, kafka_committed, produce, produce_n, producer, unique_prefix, GatewayProcess,
     TestRecord,
@@ -19,10 +19,7 @@ const DEADLINE: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn every_record_arrives_once_in_order_with_fields_intact() {
-    let Some(services) = Services::require("every_record_arrives_once_in_order_with_fields_intact")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let producer = producer(&services);
@@ -102,11 +99,7 @@ async fn every_record_arrives_once_in_order_with_fields_intact() {
 /// to the high watermark, more would first have to be produced, and it sends what it has.
 #[tokio::test]
 async fn a_caught_up_partition_sends_its_records_without_waiting_out_max_wait() {
-    let Some(services) =
-        Services::require("a_caught_up_partition_sends_its_records_without_waiting_out_max_wait")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let producer = producer(&services);
@@ -150,11 +143,7 @@ async fn a_caught_up_partition_sends_its_records_without_waiting_out_max_wait() 
 
 #[tokio::test]
 async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
-    let Some(services) =
-        Services::require("batches_respect_max_bytes_and_oversized_records_come_alone")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let producer = producer(&services);
@@ -213,11 +202,7 @@ async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
 
 #[tokio::test]
 async fn seeks_while_reading_start_each_epoch_at_the_resolved_offset() {
-    let Some(services) =
-        Services::require("seeks_while_reading_start_each_epoch_at_the_resolved_offset")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let producer = producer(&services);
@@ -354,11 +339,7 @@ async fn seeks_while_reading_start_each_epoch_at_the_resolved_offset() {
 
 #[tokio::test]
 async fn commit_release_and_the_next_holder_resumes_at_the_committed_offset() {
-    let Some(services) =
-        Services::require("commit_release_and_the_next_holder_resumes_at_the_committed_offset")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 2).await;
     let producer = producer(&services);
@@ -451,9 +432,7 @@ async fn commit_release_and_the_next_holder_resumes_at_the_committed_offset() {
 
 #[tokio::test]
 async fn a_newer_read_supersedes_the_open_one() {
-    let Some(services) = Services::require("a_newer_read_supersedes_the_open_one") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let producer = producer(&services);
@@ -505,10 +484,7 @@ async fn a_newer_read_supersedes_the_open_one() {
 
 #[tokio::test]
 async fn an_idle_lease_expires_and_an_open_read_keeps_it_alive() {
-    let Some(services) = Services::require("an_idle_lease_expires_and_an_open_read_keeps_it_alive")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let group = unique_name("g");

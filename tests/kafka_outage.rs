@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
-use kafka_lease_testkit::{unique_name, Services};
+use kafka_lease_testkit::unique_name;
 use support::{
     create_topic, produce_n, producer, services_script, unique_prefix, wait_health, GatewayProcess,
 };
@@ -25,10 +25,7 @@ const OUTAGE: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_broker_restart_stalls_reads_without_gap_or_repeat() {
-    let Some(services) = Services::require("a_broker_restart_stalls_reads_without_gap_or_repeat")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 100).await;

@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions, Reason};
-use kafka_lease_testkit::{unique_name, Services};
+use kafka_lease_testkit::unique_name;
 use support::{
     consul_relay, create_topic, produce, producer, unique_prefix, GatewayProcess, TestRecord,
 };
@@ -17,11 +17,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_off_from_consul_every_idle_read_ends_lease_lost_within_the_fence_window() {
-    let Some(services) = Services::require(
-        "cut_off_from_consul_every_idle_read_ends_lease_lost_within_the_fence_window",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let (relay, relayed) = consul_relay(&services).await;
     // TTL-only: the agent's check would dial the gateway directly, around the relay.
     let gateway = GatewayProcess::start(
@@ -84,11 +80,7 @@ async fn cut_off_from_consul_every_idle_read_ends_lease_lost_within_the_fence_wi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_is_not_held_up_by_a_reader_that_stopped_reading() {
-    let Some(services) =
-        Services::require("release_is_not_held_up_by_a_reader_that_stopped_reading")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     // Enough to fill the gateway's HTTP/2 send window and the client's receive buffers.

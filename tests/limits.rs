@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Client, Error, LeaseFilter, Reason};
-use kafka_lease_testkit::{unique_name, Services};
+use kafka_lease_testkit::unique_name;
 use support::{create_topic, unique_prefix, GatewayProcess};
 
 /// How long a short call on a connection full of long calls may take: it is answered at once.
@@ -16,10 +16,7 @@ const QUEUED: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_cannot_take_more_than_its_limits() {
-    let Some(services) = Services::require("one_connection_cannot_take_more_than_its_limits")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(
         &services,
         &unique_prefix(),
@@ -156,11 +153,7 @@ async fn one_connection_cannot_take_more_than_its_limits() {
 /// changes nothing, and the same connection goes on serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_oversized_request_is_refused_and_the_connection_goes_on() {
-    let Some(services) =
-        Services::require("an_oversized_request_is_refused_and_the_connection_goes_on")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway =
         GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw-size"), &[]).await;
     let topic = create_topic(&services, 1).await;
@@ -196,11 +189,7 @@ async fn an_oversized_request_is_refused_and_the_connection_goes_on() {
 /// pings far apart the same client keeps the partition past the wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_vanishes_with_its_connection_open_loses_its_lease() {
-    let Some(services) =
-        Services::require("a_client_that_vanishes_with_its_connection_open_loses_its_lease")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let topic = create_topic(&services, 1).await;
     for (keepalive, freed) in [("1s", true), ("10m", false)] {
         let gateway = GatewayProcess::start(

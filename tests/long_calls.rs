@@ -260,11 +260,7 @@ fn report(label: &str, idle: [Duration; 3], full: [Duration; 3], release: [Durat
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_connection_carries_its_long_calls_and_short_calls_answer_at_once() {
-    let Some(services) =
-        Services::require("one_connection_carries_its_long_calls_and_short_calls_answer_at_once")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(
         &services,
         &unique_prefix(),
@@ -331,11 +327,7 @@ async fn one_connection_carries_its_long_calls_and_short_calls_answer_at_once() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forwarding_gateway_carries_them_over_its_peer_connections() {
-    let Some(services) =
-        Services::require("a_forwarding_gateway_carries_them_over_its_peer_connections")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let serving = GatewayProcess::start(&services, &prefix, &unique_name("gw-serving"), &[]).await;
     let forwarding = GatewayProcess::start(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kafka_lease_client::{proto, AcquireOptions, SeekTo};
-use kafka_lease_testkit::{unique_name, wait_for, Services};
+use kafka_lease_testkit::{unique_name, wait_for};
 use support::{create_topic, produce_n, producer, unique_prefix, GatewayProcess};
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -63,9 +63,7 @@ fn value(samples: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_a_lease_through_its_life() {
-    let Some(services) = Services::require("metrics_follow_a_lease_through_its_life") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let topic = create_topic(&services, 2).await;
     let group = unique_name("metrics");
     let gateway = GatewayProcess::start(
@@ -325,11 +323,7 @@ async fn metrics_follow_a_lease_through_its_life() {
 /// starts. The scrape and ListLeases agree with Kafka's own group offsets at each step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lag_is_kafkas_and_the_position_is_where_the_next_read_starts() {
-    let Some(services) =
-        Services::require("the_lag_is_kafkas_and_the_position_is_where_the_next_read_starts")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let topic = create_topic(&services, 1).await;
     let group = unique_name("lag");
     let gateway = GatewayProcess::start(

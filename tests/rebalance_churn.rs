@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use kafka_lease_client::proto;
 use kafka_lease_client::{Client, LeaseFilter};
-use kafka_lease_testkit::{unique_name, wait_for, Relay, Services};
+use kafka_lease_testkit::{unique_name, wait_for, Relay};
 use proto::subscribe_response::Event;
 use support::{create_topic, producer, unique_prefix, GatewayProcess};
 use tokio::sync::{oneshot, watch};
@@ -298,11 +298,7 @@ fn nearest_rank(sorted: &[Duration], pct: f64) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn churn_moves_only_what_must_move_and_rebalances_within_a_second() {
-    let Some(services) =
-        Services::require("churn_moves_only_what_must_move_and_rebalances_within_a_second")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let seed = std::env::var("REBALANCE_CHURN_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

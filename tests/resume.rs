@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kafka_lease_client::{proto, AcquireOptions, Client, ReadOptions};
-use kafka_lease_testkit::{unique_name, Relay, Services};
+use kafka_lease_testkit::{unique_name, Relay};
 use support::{create_topic, produce, producer, unique_prefix, GatewayProcess, TestRecord};
 use tonic::Code;
 
@@ -40,11 +40,7 @@ async fn first_response(
 
 #[tokio::test]
 async fn a_reopened_read_starts_at_the_resume_point_not_after_records_in_flight() {
-    let Some(services) =
-        Services::require("a_reopened_read_starts_at_the_resume_point_not_after_records_in_flight")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     // Enough data that the gateway hands far more to gRPC than the client takes: thousands
@@ -148,11 +144,7 @@ async fn a_reopened_read_starts_at_the_resume_point_not_after_records_in_flight(
 
 #[tokio::test]
 async fn the_client_reopens_a_cut_stream_with_no_gap_and_no_repeat() {
-    let Some(services) =
-        Services::require("the_client_reopens_a_cut_stream_with_no_gap_and_no_repeat")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     // 10,000 records of 512 bytes: after the third cut (3,000 records in) the gateway cannot
@@ -218,11 +210,7 @@ async fn the_client_reopens_a_cut_stream_with_no_gap_and_no_repeat() {
 /// reopen repositions as asked.
 #[tokio::test]
 async fn a_reopen_of_an_epoch_a_seek_has_left_starts_where_the_seek_put_the_lease() {
-    let Some(services) = Services::require(
-        "a_reopen_of_an_epoch_a_seek_has_left_starts_where_the_seek_put_the_lease",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     let records: Vec<TestRecord> = (0..100)

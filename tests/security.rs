@@ -15,7 +15,7 @@ use futures::StreamExt;
 use kafka_lease_client::proto;
 use kafka_lease_client::{AcquireOptions, Client, ClientTls, Reason, StatusDetails};
 use kafka_lease_testkit::certs::Issued;
-use kafka_lease_testkit::{unique_name, wait_for, Services, TestCa};
+use kafka_lease_testkit::{unique_name, wait_for, TestCa};
 use support::{
     consul_keys, create_topic, kafka_committed, produce_n, producer, unique_prefix, GatewayProcess,
 };
@@ -123,11 +123,7 @@ fn replace_file(path: &Path, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutual_tls_identities_and_the_policy_decide_who_may_do_what() {
-    let Some(services) =
-        Services::require("mutual_tls_identities_and_the_policy_decide_who_may_do_what")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let dir = scratch("security-mtls");
     let topic = create_topic(&services, 2).await;
     let group = unique_name("orders");
@@ -427,11 +423,7 @@ async fn mutual_tls_identities_and_the_policy_decide_who_may_do_what() {
 /// reflection switched off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpcurl_works_with_certificates_and_a_rotated_certificate_is_served() {
-    let Some(services) =
-        Services::require("grpcurl_works_with_certificates_and_a_rotated_certificate_is_served")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let dir = scratch("security-grpcurl");
     let topic = create_topic(&services, 1).await;
     let ca = TestCa::new("kafka-lease test CA");

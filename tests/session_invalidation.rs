@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kafka_lease_client::AcquireOptions;
-use kafka_lease_testkit::{unique_name, ConsulClientAgent, Services};
+use kafka_lease_testkit::{unique_name, ConsulClientAgent};
 use support::{create_topic, kafka_committed, produce_n, producer, unique_prefix, GatewayProcess};
 use tokio::time::Instant;
 
@@ -18,11 +18,7 @@ const DEADLINE: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_restart_under_a_ttl_only_gateway_never_leaves_two_holders_that_can_commit() {
-    let Some(services) = Services::require(
-        "an_agent_restart_under_a_ttl_only_gateway_never_leaves_two_holders_that_can_commit",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique_name("agent"));
     let mut agent = ConsulClientAgent::start(&services, &unique_name("node-a"), dir).await;
 

@@ -5,7 +5,7 @@
 use consulrs::api::kv::requests::{ReadKeyRequest, SetKeyRequest};
 use consulrs::api::session::requests::CreateSessionRequest;
 use consulrs::client::{ConsulClient, ConsulClientSettingsBuilder};
-use kafka_lease_testkit::{unique_name, Services};
+use kafka_lease_testkit::unique_name;
 
 async fn create_session(client: &ConsulClient, name: &str) -> String {
     consulrs::session::create(
@@ -46,9 +46,7 @@ async fn holder(client: &ConsulClient, key: &str) -> Option<String> {
 
 #[tokio::test]
 async fn real_consul_sessions_lock_exclusively() {
-    let Some(services) = Services::require("real_consul_sessions_lock_exclusively") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let client = ConsulClient::new(
         ConsulClientSettingsBuilder::default()
             .address(&services.consul_http_addr)

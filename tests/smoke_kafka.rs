@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kafka_lease_testkit::{unique_name, Services};
+use kafka_lease_testkit::unique_name;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -17,10 +17,7 @@ const PER_PARTITION: i64 = 5;
 
 #[tokio::test]
 async fn real_kafka_creates_topics_produces_reads_and_commits() {
-    let Some(services) = Services::require("real_kafka_creates_topics_produces_reads_and_commits")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let topic = unique_name("smoke");
     let group = unique_name("smoke-group");
 

@@ -99,11 +99,7 @@ async fn requests_in_window(gateways: &[&Waiting]) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_waiters_on_two_gateways_cost_consul_nothing_and_none_fails() {
-    let Some(services) =
-        Services::require("a_thousand_waiters_on_two_gateways_cost_consul_nothing_and_none_fails")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let a = Waiting::start(&services, &prefix, "gw-wait-a").await;
     let b = Waiting::start(&services, &prefix, "gw-wait-b").await;

@@ -310,11 +310,7 @@ fn shares(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
-    let Some(services) =
-        Services::require("members_share_a_topic_move_only_what_must_move_and_lose_no_record")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
@@ -448,11 +444,7 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_client_goes_away_leaves_and_releases_its_leases() {
-    let Some(services) =
-        Services::require("a_member_whose_client_goes_away_leaves_and_releases_its_leases")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
     let topic = create_topic(&services, 3).await;
@@ -520,11 +512,7 @@ async fn read_all(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline() {
     use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
-    let Some(services) = Services::require(
-        "a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 2).await;
     let producer = producer(&services);
@@ -595,11 +583,7 @@ async fn a_revoked_lease_moves_after_the_members_commit_or_at_the_grace_deadline
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_with_nothing_handed_since_its_last_commit_moves_at_once() {
     use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
-    let Some(services) = Services::require(
-        "a_revoked_lease_with_nothing_handed_since_its_last_commit_moves_at_once",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let client = a.client().await;
     let producer = producer(&services);
@@ -667,9 +651,7 @@ async fn a_revoked_lease_with_nothing_handed_since_its_last_commit_moves_at_once
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_id_is_one_live_member_on_any_gateway() {
     use kafka_lease_client::{Error, Reason, SubscribeOptions};
-    let Some(services) = Services::require("a_member_id_is_one_live_member_on_any_gateway") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
@@ -707,9 +689,7 @@ async fn a_member_id_is_one_live_member_on_any_gateway() {
 /// runs again on the newest view after every action of the member.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn members_coming_and_going_quickly_always_settle() {
-    let Some(services) = Services::require("members_coming_and_going_quickly_always_settle") else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 12).await;
     let group = unique_name("g");
@@ -756,11 +736,7 @@ async fn members_coming_and_going_quickly_always_settle() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_comes_back_within_its_grace_keeps_its_leases() {
     use kafka_lease_client::{Error, SubscribeOptions, SubscriptionEvent};
-    let Some(services) =
-        Services::require("a_member_that_comes_back_within_its_grace_keeps_its_leases")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
@@ -890,11 +866,7 @@ async fn a_member_that_comes_back_within_its_grace_keeps_its_leases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_of_two_topics_shares_each_and_a_busy_partition_starves_no_other() {
     use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
-    let Some(services) = Services::require(
-        "a_member_of_two_topics_shares_each_and_a_busy_partition_starves_no_other",
-    ) else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let (busy, quiet) = (
         create_topic(&services, 2).await,
@@ -995,11 +967,7 @@ async fn a_member_of_two_topics_shares_each_and_a_busy_partition_starves_no_othe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_gateway_died_joins_anew_through_another() {
     use kafka_lease_client::{Reason, SubscribeOptions};
-    let Some(services) =
-        Services::require("a_member_whose_gateway_died_joins_anew_through_another")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = unique_prefix();
     let a = GatewayProcess::start(&services, &prefix, &unique_name("gw-a"), &[]).await;
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
@@ -1052,11 +1020,7 @@ async fn a_member_whose_gateway_died_joins_anew_through_another() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seek_through_a_partition_handle_leaks_no_batch_of_the_old_position() {
     use kafka_lease_client::{SeekTo, SubscribeOptions, SubscriptionEvent};
-    let Some(services) =
-        Services::require("a_seek_through_a_partition_handle_leaks_no_batch_of_the_old_position")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
     let topic = create_topic(&services, 1).await;
     produce_n(&producer(&services), &topic, 0, 500).await;

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kafka_lease_client::proto;
-use kafka_lease_testkit::{unique_name, wait_for, Services};
+use kafka_lease_testkit::{unique_name, wait_for};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -61,11 +61,7 @@ fn hex(bytes: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_continue_the_callers_trace_and_leases_are_spans_of_their_acquire() {
-    let Some(services) =
-        Services::require("calls_continue_the_callers_trace_and_leases_are_spans_of_their_acquire")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let received: Received = Arc::default();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

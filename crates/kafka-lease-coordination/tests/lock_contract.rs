@@ -972,10 +972,7 @@ async fn registered_services(client: &ConsulClient) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_check_bound_session_fails_over_in_seconds() {
     const ROUNDS: usize = 10;
-    let Some(services) = Services::require("consul_check_bound_session_fails_over_in_seconds")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let address = services.consul_http_addr.clone();
     let client = consul_client(&address);
     let mut times = Vec::new();
@@ -1102,11 +1099,7 @@ async fn consul_check_bound_session_fails_over_in_seconds() {
 /// every renew so that it never lapses while Consul answers, and gone at shutdown.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_valid_until_moves_forward_with_renews_and_ends_at_shutdown() {
-    let Some(services) =
-        Services::require("consul_valid_until_moves_forward_with_renews_and_ends_at_shutdown")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let address = services.consul_http_addr.clone();
     let prefix = unique_name("kafka-lease-test");
     let gateway = FakeGateway::start().await;
@@ -1154,11 +1147,7 @@ async fn consul_valid_until_moves_forward_with_renews_and_ends_at_shutdown() {
 /// deregisters such a registration (same check address), which ends that session now.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn consul_restart_on_the_same_address_ends_the_old_session() {
-    let Some(services) =
-        Services::require("consul_restart_on_the_same_address_ends_the_old_session")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let address = services.consul_http_addr.clone();
     let client = consul_client(&address);
     let prefix = unique_name("kafka-lease-test");

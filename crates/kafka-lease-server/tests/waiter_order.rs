@@ -69,11 +69,7 @@ async fn start_waiter(gateway: &Arc<Gateway>, group: &str, topic: &str, member: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_release_goes_to_one_waiter_the_oldest_on_its_gateway() {
-    let Some(services) =
-        Services::require("each_release_goes_to_one_waiter_the_oldest_on_its_gateway")
-    else {
-        return;
-    };
+    let services = kafka_lease_testkit::require_services!();
     let prefix = format!("kafka-lease-test/{}", unique_name("order"));
     let topic = unique_name("order");
     create_topic(&services.kafka_bootstrap, &topic, 1)

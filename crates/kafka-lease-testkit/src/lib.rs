@@ -58,6 +58,16 @@ impl Services {
         }
     }
 
+    /// The name of the test function that `type_name` (of a function item declared in its
+    /// body, as [`require_services!`] does) belongs to.
+    pub fn test_name(type_name: &str) -> &str {
+        let mut path = type_name.strip_suffix("::here").unwrap_or(type_name);
+        while let Some(outer) = path.strip_suffix("::{{closure}}") {
+            path = outer;
+        }
+        path.rsplit("::").next().unwrap_or(path)
+    }
+
     /// Reads the env file and checks that both services accept TCP connections.
     pub fn discover() -> Result<Services, String> {
         let path = env_file_path();
@@ -250,6 +260,26 @@ where
     }
 }
 
+/// The real services for the test this is written in, named after the test function: the
+/// settings, or, outside CI and with the services not running, a note on how to start them
+/// and a `return` from the test (under `CI=true` it panics: see [`Services::require`]).
+///
+/// ```ignore
+/// let services = kafka_lease_testkit::require_services!();
+/// ```
+#[macro_export]
+macro_rules! require_services {
+    () => {{
+        fn here() {}
+        match $crate::Services::require($crate::Services::test_name(::std::any::type_name_of_val(
+            &here,
+        ))) {
+            Some(services) => services,
+            None => return,
+        }
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +291,20 @@ mod tests {
         assert_eq!(vars.get("B").map(String::as_str), Some("two words"));
         assert_eq!(vars.get("C").map(String::as_str), Some("x=y"));
         assert_eq!(vars.len(), 3);
+    }
+
+    #[test]
+    fn the_test_name_is_the_function_that_declares_here() {
+        assert_eq!(
+            Services::test_name("limits::one_connection::{{closure}}::here"),
+            "one_connection"
+        );
+        assert_eq!(Services::test_name("smoke::plain::here"), "plain");
+        fn here() {}
+        assert_eq!(
+            Services::test_name(std::any::type_name_of_val(&here)),
+            "the_test_name_is_the_function_that_declares_here"
+        );
     }
 
     #[test]
