@@ -17,8 +17,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::sync::Arc;
 
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -26,10 +25,11 @@ use subtle::ConstantTimeEq;
 use tonic::metadata::MetadataMap;
 
 use crate::error::{Denied, LeaseError};
+use crate::reload::{digest, every_interval, Swapped};
 use crate::tls::ServerTls;
 
 /// How often the policy and token files are checked for changes.
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+pub use crate::reload::RELOAD_INTERVAL;
 
 /// The header with which a gateway instance names the caller of a call it forwards. Only
 /// believed from another gateway (an identity the policy's `gateways` lists, or this
@@ -312,8 +312,7 @@ struct Reloading<T> {
     path: PathBuf,
     what: &'static str,
     parse: fn(&str) -> Result<T, String>,
-    current: RwLock<Arc<T>>,
-    seen: Mutex<[u8; 32]>,
+    value: Swapped<T>,
 }
 
 impl<T> Reloading<T> {
@@ -324,37 +323,24 @@ impl<T> Reloading<T> {
     ) -> Result<Self, String> {
         let bytes = read_file(&path, what)?;
         let value = parse_file(&path, what, parse, &bytes)?;
-        let digest: [u8; 32] = Sha256::digest(&bytes).into();
         Ok(Reloading {
+            value: Swapped::new(value, digest([bytes.as_slice()])),
             path,
             what,
             parse,
-            current: RwLock::new(Arc::new(value)),
-            seen: Mutex::new(digest),
         })
     }
 
     fn get(&self) -> Arc<T> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.value.get()
     }
 
     /// `Ok(true)` when a changed, valid file replaced the previous version.
     fn reload(&self) -> Result<bool, String> {
         let bytes = read_file(&self.path, self.what)?;
-        let digest: [u8; 32] = Sha256::digest(&bytes).into();
-        {
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            if *seen == digest {
-                return Ok(false);
-            }
-            *seen = digest;
-        }
-        let value = parse_file(&self.path, self.what, self.parse, &bytes)?;
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(value);
-        Ok(true)
+        self.value.offer(digest([bytes.as_slice()]), || {
+            parse_file(&self.path, self.what, self.parse, &bytes)
+        })
     }
 }
 
@@ -484,11 +470,7 @@ impl Auth {
 
     /// Re-reads the files every [`RELOAD_INTERVAL`] (run it as a task).
     pub async fn watch(self: Arc<Self>) {
-        let mut ticker = tokio::time::interval(RELOAD_INTERVAL);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticker.tick().await;
-        loop {
-            ticker.tick().await;
+        every_interval(|| {
             if let Some(policy) = &self.policy {
                 match policy.reload() {
                     Ok(true) => {
@@ -511,7 +493,8 @@ impl Auth {
                     }
                 }
             }
-        }
+        })
+        .await;
     }
 
     /// The caller of a call with `metadata`, on a connection that presented `certs`.

@@ -27,6 +27,7 @@ pub mod lease;
 pub mod metrics;
 pub mod metrics_endpoint;
 pub mod records;
+pub mod reload;
 pub mod server;
 pub mod subscribe;
 pub mod tls;

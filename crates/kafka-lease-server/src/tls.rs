@@ -14,12 +14,11 @@
 //! that speaks plaintext to a TLS port fails its handshake and is disconnected.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use sha2::{Digest, Sha256};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
@@ -27,8 +26,10 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_stream::wrappers::ReceiverStream;
 
+use crate::reload::{digest, every_interval, Digest32, Swapped};
+
 /// How often the certificate, key and CA files are checked for changes.
-pub const RELOAD_INTERVAL: Duration = Duration::from_secs(2);
+pub use crate::reload::RELOAD_INTERVAL;
 /// How long a client may take to complete its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most TLS handshakes in progress at once; connections past it wait in the listen backlog.
@@ -87,10 +88,7 @@ struct Material {
 /// The TLS configuration of the gRPC port, reloaded when its files change.
 pub struct ServerTls {
     files: TlsFiles,
-    current: RwLock<Arc<Material>>,
-    /// Digest of the files' bytes the current material was built from, or of the last bad
-    /// attempt, so that one bad version is reported once.
-    seen: Mutex<[u8; 32]>,
+    material: Swapped<Material>,
 }
 
 impl std::fmt::Debug for ServerTls {
@@ -116,8 +114,7 @@ impl ServerTls {
         let material = build(&files, &bytes)?;
         Ok(ServerTls {
             files,
-            current: RwLock::new(Arc::new(material)),
-            seen: Mutex::new(digest),
+            material: Swapped::new(material, digest),
         })
     }
 
@@ -142,10 +139,7 @@ impl ServerTls {
     }
 
     fn material(&self) -> Arc<Material> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.material.get()
     }
 
     /// Reads the files again and, when they changed and make a whole configuration, uses
@@ -153,26 +147,13 @@ impl ServerTls {
     /// bad version as last time); `Err`: changed but unusable, the old configuration kept.
     pub fn reload(&self) -> Result<bool, TlsError> {
         let (digest, bytes) = read_all(&self.files)?;
-        {
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            if *seen == digest {
-                return Ok(false);
-            }
-            *seen = digest;
-        }
-        let material = build(&self.files, &bytes)?;
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(material);
-        Ok(true)
+        self.material.offer(digest, || build(&self.files, &bytes))
     }
 
     /// Reloads every [`RELOAD_INTERVAL`] until dropped (run it as a task).
     pub async fn watch(self: Arc<Self>) {
-        let mut ticker = tokio::time::interval(RELOAD_INTERVAL);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticker.tick().await;
         let mut failing = false;
-        loop {
-            ticker.tick().await;
+        every_interval(|| {
             match self.reload() {
                 Ok(true) => {
                     failing = false;
@@ -189,7 +170,8 @@ impl ServerTls {
                 }
                 Err(_) => {}
             }
-        }
+        })
+        .await;
     }
 
     fn acceptor(&self) -> TlsAcceptor {
@@ -197,19 +179,16 @@ impl ServerTls {
     }
 }
 
-fn read_all(files: &TlsFiles) -> Result<([u8; 32], Vec<Vec<u8>>), TlsError> {
-    let mut hasher = Sha256::new();
+fn read_all(files: &TlsFiles) -> Result<(Digest32, Vec<Vec<u8>>), TlsError> {
     let mut all = Vec::new();
     for path in files.all() {
         let bytes = std::fs::read(path).map_err(|source| TlsError::Read {
             path: path.display().to_string(),
             source,
         })?;
-        hasher.update((bytes.len() as u64).to_le_bytes());
-        hasher.update(&bytes);
         all.push(bytes);
     }
-    Ok((hasher.finalize().into(), all))
+    Ok((digest(all.iter().map(Vec::as_slice)), all))
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
