@@ -673,6 +673,53 @@ mod tests {
             .map_err(|e| e.to_string())
     }
 
+    /// Every flag of `serve` has a row in the configuration table of docs/OPERATIONS.md
+    /// that names its environment variable and, where clap has one, its default: the flags
+    /// are the one place each default is stated, and the manual is checked against them.
+    #[test]
+    fn the_operations_manual_lists_every_flag_with_its_env_and_default() {
+        use clap::CommandFactory;
+        let manual = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/OPERATIONS.md"),
+        )
+        .expect("docs/OPERATIONS.md");
+        let rows: Vec<&str> = manual.lines().filter(|l| l.starts_with("| `--")).collect();
+        let command = TestCli::command();
+        let mut checked = 0;
+        for arg in command.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if long == "help" {
+                continue;
+            }
+            let flag = format!("`--{long}`");
+            let row = rows
+                .iter()
+                .find(|row| row.split(" | ").next().is_some_and(|f| f.contains(&flag)))
+                .unwrap_or_else(|| panic!("docs/OPERATIONS.md has no row for --{long}"));
+            if let Some(env) = arg.get_env() {
+                let env = env.to_string_lossy();
+                assert!(
+                    row.contains(&format!("`{env}`")),
+                    "the row of --{long} does not name {env}: {row}"
+                );
+            }
+            let defaults: Vec<String> = arg
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            if let [default] = defaults.as_slice() {
+                let column = row.split(" | ").nth(2).unwrap_or_default();
+                assert!(
+                    column.contains(&format!("`{default}`")),
+                    "the row of --{long} does not give its default {default:?}: {row}"
+                );
+            }
+            checked += 1;
+        }
+        assert!(checked >= 40, "only {checked} flags checked");
+    }
+
     #[test]
     fn defaults_are_the_documented_ones() {
         let s = serve(&["--kafka", "127.0.0.1:9092"]).expect("parse");
