@@ -138,12 +138,20 @@ fn bad_kafka_configuration_exits_64_naming_the_place_but_no_value() {
     }
 }
 
-#[tokio::test]
-async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
-    let mut child = Command::new(BIN)
-        .args(["dev", "--listen", "127.0.0.1:0", "--sample-records", "12"])
+/// A `kafka-lease dev` process that listens: the process, its stdout (kept open for as long
+/// as this lives), its address and the banner it printed before the listening line.
+struct Dev {
+    child: tokio::process::Child,
+    _stdout: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+    addr: String,
+    banner: String,
+}
+
+/// Starts `command` (`kafka-lease dev` with the caller's arguments, environment and stderr)
+/// and waits until it listens.
+async fn start_dev(mut command: Command) -> Dev {
+    let mut child = command
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .expect("spawn dev");
@@ -161,6 +169,29 @@ async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
     })
     .await
     .expect("dev listens");
+    Dev {
+        child,
+        _stdout: lines,
+        addr,
+        banner,
+    }
+}
+
+#[tokio::test]
+async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
+    let Dev {
+        mut child,
+        addr,
+        banner,
+        _stdout,
+    } = start_dev({
+        let mut command = Command::new(BIN);
+        command
+            .args(["dev", "--listen", "127.0.0.1:0", "--sample-records", "12"])
+            .stderr(Stdio::null());
+        command
+    })
+    .await;
     assert!(
         banner.contains("grpcurl -plaintext"),
         "the banner shows grpcurl commands: {banner}"
@@ -253,24 +284,19 @@ async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
 async fn json_logs_carry_the_lease_span_fields() {
     let log_path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dev-json.log");
     let log = std::fs::File::create(&log_path).expect("log file");
-    let mut child = Command::new(BIN)
-        .args(["dev", "--listen", "127.0.0.1:0", "--log-format", "json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn dev");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.expect("stdout") {
-            if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
-                return addr.to_string();
-            }
-        }
-        panic!("dev exited early");
+    let Dev {
+        mut child,
+        addr,
+        banner: _,
+        _stdout,
+    } = start_dev({
+        let mut command = Command::new(BIN);
+        command
+            .args(["dev", "--listen", "127.0.0.1:0", "--log-format", "json"])
+            .stderr(Stdio::from(log));
+        command
     })
-    .await
-    .expect("dev listens");
+    .await;
     let client = Client::connect(format!("http://{addr}"))
         .await
         .expect("connect");
@@ -362,26 +388,21 @@ async fn serve_with_consul_down_says_so_once_with_the_address_and_what_to_do() {
 async fn ctrl_c_stops_dev_quietly_after_a_session_of_many_groups() {
     let log_path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("dev-ctrl-c.log");
     let log = std::fs::File::create(&log_path).expect("log file");
-    let mut child = Command::new(BIN)
-        .args(["dev", "--listen", "127.0.0.1:0"])
-        .env_remove("RUST_LOG")
-        .env_remove("KAFKA_LEASE_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn dev");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.expect("stdout") {
-            if let Some(addr) = line.strip_prefix("kafka-lease listening on ") {
-                return addr.to_string();
-            }
-        }
-        panic!("dev exited early");
+    let Dev {
+        mut child,
+        addr,
+        banner: _,
+        _stdout,
+    } = start_dev({
+        let mut command = Command::new(BIN);
+        command
+            .args(["dev", "--listen", "127.0.0.1:0"])
+            .env_remove("RUST_LOG")
+            .env_remove("KAFKA_LEASE_LOG")
+            .stderr(Stdio::from(log));
+        command
     })
-    .await
-    .expect("dev listens");
+    .await;
     let client = Client::connect(format!("http://{addr}"))
         .await
         .expect("connect");

@@ -143,7 +143,7 @@ impl Fixture {
                 "missing_topic": unique_name("no-such-topic"),
                 "records": records,
                 "scale": {"topic": scale_topic, "partitions": SCALE_PARTITIONS},
-                "metrics_url": metrics_url(gateway),
+                "metrics_url": gateway.metrics_endpoint(),
             }),
             scale_topic,
         }
@@ -165,18 +165,6 @@ impl Fixture {
         std::fs::write(&path, serde_json::to_vec_pretty(&self.json).unwrap()).unwrap();
         path
     }
-}
-
-/// The Prometheus endpoint of a gateway started with `--metrics-listen 127.0.0.1:0`, as its
-/// log names it.
-fn metrics_url(gateway: &GatewayProcess) -> String {
-    let log = gateway.log();
-    log.split_whitespace()
-        .find_map(|w| {
-            let w = w.trim_start_matches("endpoint=");
-            (w.starts_with("http://") && w.ends_with("/metrics")).then(|| w.to_string())
-        })
-        .unwrap_or_else(|| panic!("no metrics endpoint in the gateway's log:\n{log}"))
 }
 
 /// What every gateway of these tests is started with.

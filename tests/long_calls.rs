@@ -221,14 +221,28 @@ async fn wait_all(
     waiters
 }
 
-fn metrics_endpoint(gateway: &GatewayProcess) -> String {
-    let log = gateway.log();
-    log.split_whitespace()
-        .find_map(|w| {
-            let w = w.trim_start_matches("endpoint=");
-            (w.starts_with("http://") && w.ends_with("/metrics")).then(|| w.to_string())
-        })
-        .unwrap_or_else(|| panic!("no metrics endpoint in the log:\n{log}"))
+/// Checks that, of the long calls, only the released lease's Read ended and every waiting
+/// Acquire still waits; then ends them all.
+fn end_checked(
+    reads: &[tokio::task::JoinHandle<()>],
+    reads_ended: &AtomicUsize,
+    waiters: &[tokio::task::JoinHandle<Result<(), String>>],
+) {
+    assert_eq!(
+        reads_ended.load(Ordering::SeqCst),
+        1,
+        "only the released lease's Read ended"
+    );
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "every waiting Acquire still waits"
+    );
+    for task in waiters {
+        task.abort();
+    }
+    for task in reads {
+        task.abort();
+    }
 }
 
 /// RSS of a process, from /proc.
@@ -268,7 +282,7 @@ async fn one_connection_carries_its_long_calls_and_short_calls_answer_at_once() 
         &["--metrics-listen", "127.0.0.1:0"],
     )
     .await;
-    let metrics = metrics_endpoint(&gateway);
+    let metrics = gateway.metrics_endpoint();
     let setup = Setup::new(services).await;
     // The one connection every call of this test takes.
     let client = gateway.client().await;
@@ -307,21 +321,7 @@ async fn one_connection_carries_its_long_calls_and_short_calls_answer_at_once() 
     let full = short_calls(&client, &probe, &probe_group).await;
     let release_full = release(&client, &probe).await;
     report("one gateway", idle, full, [release_idle, release_full]);
-    assert_eq!(
-        reads_ended.load(Ordering::SeqCst),
-        1,
-        "only the released lease's Read ended"
-    );
-    assert!(
-        waiters.iter().all(|w| !w.is_finished()),
-        "every waiting Acquire still waits"
-    );
-    for w in &waiters {
-        w.abort();
-    }
-    for r in &reads {
-        r.abort();
-    }
+    end_checked(&reads, &reads_ended, &waiters);
     setup.finish().await;
 }
 
@@ -337,7 +337,7 @@ async fn a_forwarding_gateway_carries_them_over_its_peer_connections() {
         &["--metrics-listen", "127.0.0.1:0"],
     )
     .await;
-    let metrics = metrics_endpoint(&forwarding);
+    let metrics = forwarding.metrics_endpoint();
     let setup = Setup::new(services).await;
 
     // The leases are served by one instance; every other call goes through the other, on
@@ -354,20 +354,6 @@ async fn a_forwarding_gateway_carries_them_over_its_peer_connections() {
     let full = short_calls(&client, &probe, &probe_group).await;
     let release_full = release(&client, &probe).await;
     report("forwarded", idle, full, [release_idle, release_full]);
-    assert_eq!(
-        reads_ended.load(Ordering::SeqCst),
-        1,
-        "only the released lease's Read ended"
-    );
-    assert!(
-        waiters.iter().all(|w| !w.is_finished()),
-        "every waiting Acquire still waits"
-    );
-    for w in &waiters {
-        w.abort();
-    }
-    for r in &reads {
-        r.abort();
-    }
+    end_checked(&reads, &reads_ended, &waiters);
     setup.finish().await;
 }

@@ -10,56 +10,10 @@ use std::time::Duration;
 use futures::StreamExt;
 use kafka_lease_client::{proto, AcquireOptions, SeekTo};
 use kafka_lease_testkit::{unique_name, wait_for};
-use support::{create_topic, produce_n, producer, unique_prefix, GatewayProcess};
+use support::GatewayProcess;
+use support::{create_topic, metric_value as value, produce_n, producer, scrape, unique_prefix};
 
 const DEADLINE: Duration = Duration::from_secs(20);
-
-/// One scrape: every sample as `name{labels}` → value.
-async fn scrape(endpoint: &str) -> BTreeMap<String, f64> {
-    let addr = endpoint
-        .strip_prefix("http://")
-        .and_then(|rest| rest.split('/').next())
-        .expect("http endpoint");
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    stream
-        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await
-        .expect("request");
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.expect("response");
-    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(
-        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
-        "{head}"
-    );
-    assert!(
-        head.to_lowercase().contains("content-type: text/plain"),
-        "{head}"
-    );
-    body.lines()
-        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            Some((series.to_string(), value.parse().ok()?))
-        })
-        .collect()
-}
-
-/// The value of the series named `name` whose labels include all of `labels`.
-fn value(samples: &BTreeMap<String, f64>, name: &str, labels: &[(&str, &str)]) -> f64 {
-    samples
-        .iter()
-        .filter(|(series, _)| {
-            let (n, rest) = series.split_once('{').unwrap_or((series.as_str(), ""));
-            n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
-        })
-        .map(|(_, v)| *v)
-        .sum()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_follow_a_lease_through_its_life() {
@@ -73,14 +27,7 @@ async fn metrics_follow_a_lease_through_its_life() {
         &["--metrics-listen", "127.0.0.1:0"],
     )
     .await;
-    let log = gateway.log();
-    let endpoint = log
-        .split_whitespace()
-        .find_map(|w| {
-            let w = w.trim_start_matches("endpoint=");
-            (w.starts_with("http://") && w.ends_with("/metrics")).then(|| w.to_string())
-        })
-        .unwrap_or_else(|| panic!("no metrics endpoint in the log:\n{log}"));
+    let endpoint = gateway.metrics_endpoint();
     let g = group.as_str();
     let t = topic.as_str();
 
@@ -333,14 +280,7 @@ async fn the_lag_is_kafkas_and_the_position_is_where_the_next_read_starts() {
         &["--metrics-listen", "127.0.0.1:0"],
     )
     .await;
-    let log = gateway.log();
-    let endpoint = log
-        .split_whitespace()
-        .find_map(|w| {
-            let w = w.trim_start_matches("endpoint=");
-            (w.starts_with("http://") && w.ends_with("/metrics")).then(|| w.to_string())
-        })
-        .unwrap_or_else(|| panic!("no metrics endpoint in the log:\n{log}"));
+    let endpoint = gateway.metrics_endpoint();
     let (g, t) = (group.as_str(), topic.as_str());
     let labels = [("group", g), ("topic", t), ("partition", "0")];
     let has = |s: &BTreeMap<String, f64>, name: &str| {

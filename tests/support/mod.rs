@@ -113,6 +113,18 @@ impl GatewayProcess {
     pub fn stdout(&self) -> String {
         self.inner.stdout()
     }
+
+    /// The Prometheus endpoint of a gateway started with `--metrics-listen 127.0.0.1:0`, as
+    /// its log names it.
+    pub fn metrics_endpoint(&self) -> String {
+        let log = self.log();
+        log.split_whitespace()
+            .find_map(|w| {
+                let w = w.trim_start_matches("endpoint=");
+                (w.starts_with("http://") && w.ends_with("/metrics")).then(|| w.to_string())
+            })
+            .unwrap_or_else(|| panic!("no metrics endpoint in the gateway's log:\n{log}"))
+    }
 }
 
 /// Waits until the gateway reports `want` for `service` ("" is the whole server); returns
@@ -338,9 +350,9 @@ pub async fn consul_keys(
     }
 }
 
-/// The sum of the samples of the metric `name` (any labels) in one scrape of a gateway's
-/// Prometheus endpoint `endpoint` (`http://host:port/metrics`).
-pub async fn scrape_metric(endpoint: &str, name: &str) -> f64 {
+/// One scrape of a gateway's Prometheus endpoint `endpoint` (`http://host:port/metrics`):
+/// every sample as `name{labels}` → value.
+pub async fn scrape(endpoint: &str) -> std::collections::BTreeMap<String, f64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = endpoint
         .strip_prefix("http://")
@@ -353,12 +365,44 @@ pub async fn scrape_metric(endpoint: &str, name: &str) -> f64 {
         .expect("request");
     let mut text = String::new();
     stream.read_to_string(&mut text).await.expect("response");
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{head}"
+    );
+    assert!(
+        head.to_lowercase().contains("content-type: text/plain"),
+        "{head}"
+    );
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
-            let n = series.split('{').next()?;
-            (n == name).then(|| value.parse::<f64>().ok())?
+            Some((series.to_string(), value.parse().ok()?))
         })
+        .collect()
+}
+
+/// The sum of the series named `name` whose labels include all of `labels`.
+pub fn metric_value(
+    samples: &std::collections::BTreeMap<String, f64>,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> f64 {
+    samples
+        .iter()
+        .filter(|(series, _)| {
+            let (n, rest) = series.split_once('{').unwrap_or((series.as_str(), ""));
+            n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .map(|(_, v)| *v)
         .sum()
+}
+
+/// The sum of the samples of the metric `name` (any labels) in one scrape of `endpoint`.
+pub async fn scrape_metric(endpoint: &str, name: &str) -> f64 {
+    metric_value(&scrape(endpoint).await, name, &[])
 }
