@@ -17,6 +17,53 @@ use kafka_lease_server::kafka::{Kafka, KafkaSettings};
 use kafka_lease_server::lease::{ReadLimits, ReadStream};
 use kafka_lease_testkit::unique_name;
 
+/// Read, Seek, Commit and Release on lease `id` as the service calls them: the id resolved
+/// once ([`Gateway::resolve`]), then the operation on the lease.
+mod on_lease {
+
+    use super::*;
+    use kafka_lease_server::lease::{ReadLimits, ReadStream};
+
+    pub(crate) async fn read(
+        gateway: &Gateway,
+        id: &str,
+        limits: ReadLimits,
+        from_offset: Option<i64>,
+        if_seek_epoch: Option<u64>,
+    ) -> Result<ReadStream, LeaseError> {
+        let lease = gateway.lease(id)?;
+        gateway
+            .read(&lease, limits, from_offset, if_seek_epoch)
+            .await
+    }
+
+    pub(crate) async fn seek(
+        gateway: &Gateway,
+        id: &str,
+        target: kafka_lease_server::gateway::SeekTarget,
+    ) -> Result<(i64, u64), LeaseError> {
+        gateway.seek(&gateway.lease(id)?, target).await
+    }
+
+    pub(crate) async fn commit(
+        gateway: &Gateway,
+        id: &str,
+        offset: i64,
+        metadata: Option<&str>,
+    ) -> Result<String, LeaseError> {
+        gateway.commit(&gateway.lease(id)?, offset, metadata).await
+    }
+
+    pub(crate) async fn release(
+        gateway: &Gateway,
+        id: &str,
+        commit: Option<i64>,
+    ) -> Result<Option<i64>, LeaseError> {
+        let lease = gateway.resolve(id).here_to_release()?;
+        gateway.release(&lease, commit).await
+    }
+}
+
 const RECORDS: u32 = 50;
 const DEADLINE: Duration = Duration::from_secs(20);
 
@@ -101,18 +148,14 @@ async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_t
     let lease = acquire(&rig, &group, 0).await;
     assert_eq!(lease.offset, 0);
 
-    let mut first = rig
-        .gateway
-        .read(&lease.lease_id, limits(10), None, None)
+    let mut first = on_lease::read(&rig.gateway, &lease.lease_id, limits(10), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut first).await.1, (0..10).collect::<Vec<_>>());
     assert_eq!(next(&mut first).await.1, (10..20).collect::<Vec<_>>());
     // The stream broke after 20 records were handed to gRPC; none was committed. The next
     // Read starts at the Acquire offset again (at least once), superseding the first.
-    let mut second = rig
-        .gateway
-        .read(&lease.lease_id, limits(10), None, None)
+    let mut second = on_lease::read(&rig.gateway, &lease.lease_id, limits(10), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut second).await.1[0], 0);
@@ -125,64 +168,51 @@ async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_t
     }
 
     // A commit moves the resume point.
-    rig.gateway.commit(&lease.lease_id, 7, None).await.unwrap();
-    let mut third = rig
-        .gateway
-        .read(&lease.lease_id, limits(10), None, None)
+    on_lease::commit(&rig.gateway, &lease.lease_id, 7, None)
+        .await
+        .unwrap();
+    let mut third = on_lease::read(&rig.gateway, &lease.lease_id, limits(10), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut third).await.1[0], 7);
 
     // So does a Seek, in a new epoch.
-    let (offset, epoch) = rig
-        .gateway
-        .seek(&lease.lease_id, SeekTarget::Offset(30))
+    let (offset, epoch) = on_lease::seek(&rig.gateway, &lease.lease_id, SeekTarget::Offset(30))
         .await
         .unwrap();
     assert_eq!((offset, epoch), (30, 1));
-    let mut fourth = rig
-        .gateway
-        .read(&lease.lease_id, limits(10), None, None)
+    let mut fourth = on_lease::read(&rig.gateway, &lease.lease_id, limits(10), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut fourth).await, (1, (30..40).collect::<Vec<_>>()));
 
     // `from_offset` starts exactly there, as a Seek would: a new epoch.
-    let mut fifth = rig
-        .gateway
-        .read(&lease.lease_id, limits(5), Some(12), None)
+    let mut fifth = on_lease::read(&rig.gateway, &lease.lease_id, limits(5), Some(12), None)
         .await
         .unwrap();
     assert_eq!(next(&mut fifth).await, (2, (12..17).collect::<Vec<_>>()));
     // ... and it is the new resume point.
-    let mut sixth = rig
-        .gateway
-        .read(&lease.lease_id, limits(5), None, None)
+    let mut sixth = on_lease::read(&rig.gateway, &lease.lease_id, limits(5), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut sixth).await.1[0], 12);
 
     // A reopen's `from_offset` counts only while the lease is at the epoch it names: a
     // reopen of epoch 2's Read racing a Seek (epoch 3) starts where the Seek put the lease.
-    let (_, epoch) = rig
-        .gateway
-        .seek(&lease.lease_id, SeekTarget::Offset(20))
+    let (_, epoch) = on_lease::seek(&rig.gateway, &lease.lease_id, SeekTarget::Offset(20))
         .await
         .unwrap();
     assert_eq!(epoch, 3);
-    let mut late_reopen = rig
-        .gateway
-        .read(&lease.lease_id, limits(5), Some(17), Some(2))
-        .await
-        .unwrap();
+    let mut late_reopen =
+        on_lease::read(&rig.gateway, &lease.lease_id, limits(5), Some(17), Some(2))
+            .await
+            .unwrap();
     assert_eq!(
         next(&mut late_reopen).await,
         (3, (20..25).collect::<Vec<_>>())
     );
     // At the epoch it names, it repositions (a new epoch).
-    let mut reopen = rig
-        .gateway
-        .read(&lease.lease_id, limits(5), Some(22), Some(3))
+    let mut reopen = on_lease::read(&rig.gateway, &lease.lease_id, limits(5), Some(22), Some(3))
         .await
         .unwrap();
     assert_eq!(next(&mut reopen).await, (4, (22..27).collect::<Vec<_>>()));
@@ -192,19 +222,16 @@ async fn a_new_read_starts_at_the_resume_point_never_where_the_last_stream_got_t
 async fn after_a_seek_no_record_of_the_old_epoch_is_handed_out() {
     let rig = rig().await;
     let lease = acquire(&rig, &unique_name("g"), 1).await;
-    let mut stream = rig
-        .gateway
-        .read(&lease.lease_id, limits(3), None, None)
+    let mut stream = on_lease::read(&rig.gateway, &lease.lease_id, limits(3), None, None)
         .await
         .unwrap();
     assert_eq!(next(&mut stream).await, (0, vec![0, 1, 2]));
     for round in 1..=5_u64 {
         let target = (round as i64) * 7;
-        let (offset, epoch) = rig
-            .gateway
-            .seek(&lease.lease_id, SeekTarget::Offset(target))
-            .await
-            .unwrap();
+        let (offset, epoch) =
+            on_lease::seek(&rig.gateway, &lease.lease_id, SeekTarget::Offset(target))
+                .await
+                .unwrap();
         assert_eq!((offset, epoch), (target, round));
         let (got_epoch, offsets) = next(&mut stream).await;
         assert_eq!(
@@ -213,18 +240,18 @@ async fn after_a_seek_no_record_of_the_old_epoch_is_handed_out() {
         );
         assert_eq!(offsets[0], target, "and starts at the resolved offset");
     }
-    let (offset, _) = rig
-        .gateway
-        .seek(&lease.lease_id, SeekTarget::Earliest)
+    let (offset, _) = on_lease::seek(&rig.gateway, &lease.lease_id, SeekTarget::Earliest)
         .await
         .unwrap();
     assert_eq!(offset, 0);
     assert_eq!(next(&mut stream).await.1[0], 0);
     // Out of range: refused with the range, nothing changes.
-    match rig
-        .gateway
-        .seek(&lease.lease_id, SeekTarget::Offset(i64::from(RECORDS) + 1))
-        .await
+    match on_lease::seek(
+        &rig.gateway,
+        &lease.lease_id,
+        SeekTarget::Offset(i64::from(RECORDS) + 1),
+    )
+    .await
     {
         Err(LeaseError::OffsetOutOfRange { low, high, .. }) => {
             assert_eq!((low, high), (0, i64::from(RECORDS)))
@@ -238,14 +265,17 @@ async fn release_ends_the_read_with_ok_and_later_calls_say_so() {
     let rig = rig().await;
     let group = unique_name("g");
     let lease = acquire(&rig, &group, 2).await;
-    let mut stream = rig
-        .gateway
-        .read(&lease.lease_id, limits(RECORDS as usize), None, None)
-        .await
-        .unwrap();
+    let mut stream = on_lease::read(
+        &rig.gateway,
+        &lease.lease_id,
+        limits(RECORDS as usize),
+        None,
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(next(&mut stream).await.1.len(), RECORDS as usize);
-    rig.gateway
-        .release(&lease.lease_id, Some(25))
+    on_lease::release(&rig.gateway, &lease.lease_id, Some(25))
         .await
         .unwrap();
     // The open Read (waiting for records that will not come) ends with OK.
@@ -256,7 +286,7 @@ async fn release_ends_the_read_with_ok_and_later_calls_say_so() {
             .is_none(),
         "a released lease's Read ends with OK"
     );
-    let commit_refused = match rig.gateway.commit(&lease.lease_id, 30, None).await {
+    let commit_refused = match on_lease::commit(&rig.gateway, &lease.lease_id, 30, None).await {
         Err(
             err @ LeaseError::LeaseEnded {
                 reason: EndReason::Released,
@@ -267,9 +297,7 @@ async fn release_ends_the_read_with_ok_and_later_calls_say_so() {
     };
     // A second Release is NOT_FOUND (the contract), and says what Commit says: that the
     // lease has ended, and how; not that no instance knows it.
-    let again = rig
-        .gateway
-        .release(&lease.lease_id, None)
+    let again = on_lease::release(&rig.gateway, &lease.lease_id, None)
         .await
         .expect_err("a second Release is refused");
     assert!(
@@ -304,11 +332,15 @@ async fn a_lost_session_ends_every_lease_and_their_reads_say_lease_lost() {
     let mut streams = Vec::new();
     for partition in 0..4 {
         let lease = acquire(&rig, &group, partition).await;
-        let mut stream = rig
-            .gateway
-            .read(&lease.lease_id, limits(RECORDS as usize), None, None)
-            .await
-            .unwrap();
+        let mut stream = on_lease::read(
+            &rig.gateway,
+            &lease.lease_id,
+            limits(RECORDS as usize),
+            None,
+            None,
+        )
+        .await
+        .unwrap();
         next(&mut stream).await;
         streams.push(stream);
     }
@@ -413,13 +445,12 @@ async fn transient_broker_states_are_retried_and_refusals_are_not_unavailable() 
         RDKafkaApiKey::OffsetCommit,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED],
     );
-    match rig.gateway.commit(&lease.lease_id, 5, None).await {
+    match on_lease::commit(&rig.gateway, &lease.lease_id, 5, None).await {
         Err(LeaseError::KafkaRefused { denied: true, .. }) => {}
         other => panic!("an authorization failure is KAFKA_DENIED: {other:?}"),
     }
     // The lease is still usable once Kafka accepts again.
-    rig.gateway
-        .commit(&lease.lease_id, 5, None)
+    on_lease::commit(&rig.gateway, &lease.lease_id, 5, None)
         .await
         .expect("commit");
 }
@@ -453,7 +484,9 @@ async fn each_gateway_limit_is_refused_with_its_flag_and_value() {
     );
     let held = rig.locks.list(Some(&group)).await.expect("list");
     assert_eq!(held.len(), 2, "the refused Acquire took no lock");
-    rig.gateway.release(&first.lease_id, None).await.unwrap();
+    on_lease::release(&rig.gateway, &first.lease_id, None)
+        .await
+        .unwrap();
 
     // One Acquire may wait for the held partition 1; a second waiter is refused at once.
     let waiting = {
@@ -505,7 +538,9 @@ async fn leases_per_connection_count_live_leases_of_that_connection_only() {
         .acquire(via(2, two))
         .await
         .expect("other connection");
-    rig.gateway.release(&first.lease_id, None).await.unwrap();
+    on_lease::release(&rig.gateway, &first.lease_id, None)
+        .await
+        .unwrap();
     rig.gateway
         .acquire(via(3, one))
         .await
@@ -556,7 +591,9 @@ async fn the_group_limit_counts_groups_in_use_and_makes_room_from_idle_ones() {
     );
     // The second group's client is idle once its lease is gone (the lease's last tasks let
     // go of it a moment after Release answers): the third takes its place.
-    rig.gateway.release(&second.lease_id, None).await.unwrap();
+    on_lease::release(&rig.gateway, &second.lease_id, None)
+        .await
+        .unwrap();
     kafka_lease_testkit::wait_for(
         "the third group to take the idle one's place",
         DEADLINE,

@@ -92,10 +92,7 @@ impl Rig {
     }
 
     async fn state(&self) -> State {
-        let lease = self
-            .gateway
-            .lookup(&self.lease_id)
-            .expect("the lease lives");
+        let lease = self.gateway.lease(&self.lease_id).expect("the lease lives");
         let held = self.locks.list(None).await.expect("locks");
         State {
             locks: held

@@ -12,7 +12,7 @@ use crate::coordination::LockKey;
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, ListedLease, Reset, SeekTarget};
 use crate::lease::lease_ref;
-use crate::lease::ReadLimits;
+use crate::lease::{LeaseSnapshot, ReadLimits};
 use crate::subscribe::{Ended, SubscribeSpec, SubscriptionEvent};
 use crate::validate;
 
@@ -30,6 +30,29 @@ pub(crate) fn proto_duration(d: std::time::Duration) -> prost_types::Duration {
     prost_types::Duration {
         seconds: d.as_secs() as i64,
         nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// Converts a lease's public parts into the ListLeases row.
+pub(crate) fn lease_info(listed: &ListedLease) -> v1::LeaseInfo {
+    let local = listed.local.as_ref();
+    v1::LeaseInfo {
+        group: listed.key.group.clone(),
+        topic: listed.key.topic.clone(),
+        partition: listed.key.partition,
+        member: listed.holder.member.clone(),
+        fencing_token: listed.token,
+        acquired_at: Some(timestamp(listed.holder.acquired_at())),
+        expires_at: local.map(|l| timestamp(l.expires_at)),
+        gateway: listed.holder.gateway.clone(),
+        position: local.map(|l| l.position),
+        committed_offset: local.and_then(|l| l.committed),
+        high_watermark: local.map(|l| l.high_watermark),
+        lag: local.and_then(LeaseSnapshot::lag),
+        read_lag: local.map(LeaseSnapshot::read_lag),
+        details_unavailable: String::new(),
+        gateway_address: listed.holder.address.clone(),
+        member_id: listed.holder.subscriber.clone(),
     }
 }
 

@@ -18,9 +18,11 @@ use crate::error::LeaseError;
 use crate::forward::{
     deadline_of, until_deadline, Failure, Peers, DESCRIBE_FANOUT, DESCRIBE_TIMEOUT, FORWARDED_BY,
 };
-use crate::gateway::{lease_info, Gateway, ListedLease};
+use crate::gateway::{Gateway, ListedLease, Resolved};
 use crate::lease::lease_ref;
+use crate::lease::Lease;
 use crate::lease::ReadBatch;
+use crate::subscribe::Subscriptions;
 use crate::validate;
 
 use super::convert::*;
@@ -42,6 +44,7 @@ pub(crate) async fn observed<T>(
 #[derive(Debug, Clone)]
 pub struct LeaseService {
     gateway: Arc<Gateway>,
+    subscriptions: Subscriptions,
     peers: Arc<Peers>,
     auth: Arc<Auth>,
     /// The long calls open on each client connection (`crate::calls`).
@@ -52,6 +55,7 @@ impl LeaseService {
     /// The service with no identities and no policy: everyone may do everything.
     pub fn new(gateway: Arc<Gateway>, peers: Arc<Peers>) -> Self {
         Self {
+            subscriptions: Subscriptions::new(gateway.clone()),
             gateway,
             peers,
             auth: Auth::open(),
@@ -81,42 +85,42 @@ impl LeaseService {
             .map_err(status_of)
     }
 
-    /// Checks a call on a lease this instance serves: the caller may take `action` on its
-    /// group and topic, and is the identity that acquired it. A lease this instance does
-    /// not know is left to the call itself, which answers why.
-    fn authorize_lease(
+    /// Where a call on `lease_id` is served, resolved once: forwarded to the instance the id
+    /// names when this instance does not know the lease (unless the call was forwarded here
+    /// already), or served here on the lease, once the caller may take `action` on its group
+    /// and topic and is the identity that acquired it; otherwise why neither (the lease
+    /// ended, or is unknown).
+    fn on_lease<T>(
         &self,
+        request: &Request<T>,
         caller: &Caller,
         action: Action,
         lease_id: &str,
-    ) -> Result<(), Status> {
-        if let Ok(lease) = self.gateway.lookup(lease_id) {
-            let (group, topic) = (&lease.key.group, &lease.key.topic);
-            self.auth
-                .check(caller, action, group, topic)
-                .and_then(|()| {
-                    auth::check_owner(lease.owner.as_deref(), caller, action, group, topic)
-                })
-                .map_err(|err| {
-                    tracing::info!(parent: &lease.span, error = %err, "call refused");
-                    status_of(err)
-                })?;
-        }
-        Ok(())
-    }
-
-    /// The instance to forward a call on `lease_id` to: the one the id names when this
-    /// instance does not know the lease, unless the call was forwarded here already.
-    fn forward_to<T>(&self, request: &Request<T>, lease_id: &str) -> Option<String> {
+    ) -> Result<Serve, Status> {
+        let resolved = self.gateway.resolve(lease_id);
         if let Some(by) = request.metadata().get(FORWARDED_BY) {
             tracing::debug!(
                 forwarded_by = ?by,
                 lease_ref = %lease_ref(lease_id),
                 "a call forwarded by another instance",
             );
-            return None;
+        } else if let Resolved::Elsewhere { instance, .. } = resolved {
+            return Ok(Serve::Forward(instance));
         }
-        self.gateway.served_elsewhere(lease_id)
+        let lease = match action {
+            Action::Release => resolved.here_to_release(),
+            _ => resolved.here(),
+        }
+        .map_err(status_of)?;
+        let (group, topic) = (&lease.key.group, &lease.key.topic);
+        self.auth
+            .check(caller, action, group, topic)
+            .and_then(|()| auth::check_owner(lease.owner.as_deref(), caller, action, group, topic))
+            .map_err(|err| {
+                tracing::info!(parent: &lease.span, error = %err, "call refused");
+                status_of(err)
+            })?;
+        Ok(Serve::Here(lease))
     }
 
     /// The other instance that holds the record of member `member_id` of `group`, for a
@@ -323,6 +327,14 @@ impl LeaseService {
     }
 }
 
+/// Where a call on a lease is served ([`LeaseService::on_lease`]).
+enum Serve {
+    /// Here, on this lease.
+    Here(Arc<Lease>),
+    /// By this other instance: the call is forwarded there.
+    Forward(String),
+}
+
 pub(crate) type ReadResponseStream = crate::forward::ReadResponses;
 
 #[tonic::async_trait]
@@ -378,7 +390,9 @@ impl PartitionLeaseService for LeaseService {
             .long_calls
             .admit(request.remote_addr(), "Read")
             .map_err(status_of)?;
-        if let Some(instance) = self.forward_to(&request, &request.get_ref().lease_id) {
+        let lease = match self.on_lease(&request, &caller, Action::Read, &request.get_ref().lease_id)? {
+            Serve::Here(lease) => lease,
+            Serve::Forward(instance) => {
             let lease_ref = lease_ref(&request.get_ref().lease_id).to_string();
             let route = self
                 .peers
@@ -398,13 +412,13 @@ impl PartitionLeaseService for LeaseService {
                 ))),
                 Err(status) => Err(self.peers.failed(&route, status).await),
             };
-        }
-        self.authorize_lease(&caller, Action::Read, &request.get_ref().lease_id)?;
+            }
+        };
         let deadline = deadline_of(request.metadata());
         let stream = self
             .gateway
             .read(
-                &request.get_ref().lease_id,
+                &lease,
                 limits,
                 request.get_ref().from_offset,
                 request.get_ref().if_seek_epoch,
@@ -445,7 +459,7 @@ impl PartitionLeaseService for LeaseService {
             .map_err(status_of)?;
         let deadline = deadline_of(request.metadata());
         let (group, member_id) = (spec.group.clone(), spec.member_id.clone());
-        let events: Self::SubscribeStream = match self.gateway.subscribe(spec).await {
+        let events: Self::SubscribeStream = match self.subscriptions.subscribe(spec).await {
             Ok(events) => {
                 Box::pin(events.map(|event| event.map(subscribe_response).map_err(status_of)))
             }
@@ -550,24 +564,23 @@ impl PartitionLeaseService for LeaseService {
             let caller = self.caller(&request)?;
             let target = seek_target(request.get_ref()).map_err(status_of)?;
             let lease_id = request.get_ref().lease_id.clone();
-            if let Some(instance) = self.forward_to(&request, &lease_id) {
-                return self
-                    .forward(
-                        "Seek",
-                        &instance,
-                        &lease_id,
-                        request,
-                        &caller,
-                        |mut c, r| async move { c.seek(r).await },
-                    )
-                    .await;
-            }
-            self.authorize_lease(&caller, Action::Seek, &lease_id)?;
-            let (offset, seek_epoch) = self
-                .gateway
-                .seek(&request.get_ref().lease_id, target)
-                .await
-                .map_err(status_of)?;
+            let lease = match self.on_lease(&request, &caller, Action::Seek, &lease_id)? {
+                Serve::Here(lease) => lease,
+                Serve::Forward(instance) => {
+                    return self
+                        .forward(
+                            "Seek",
+                            &instance,
+                            &lease_id,
+                            request,
+                            &caller,
+                            |mut c, r| async move { c.seek(r).await },
+                        )
+                        .await
+                }
+            };
+            let (offset, seek_epoch) =
+                self.gateway.seek(&lease, target).await.map_err(status_of)?;
             Ok(Response::new(v1::SeekResponse { offset, seek_epoch }))
         })
         .await
@@ -585,23 +598,25 @@ impl PartitionLeaseService for LeaseService {
                 validate::metadata(metadata).map_err(status_of)?;
             }
             let lease_id = req.lease_id.clone();
-            if let Some(instance) = self.forward_to(&request, &lease_id) {
-                return self
-                    .forward(
-                        "Commit",
-                        &instance,
-                        &lease_id,
-                        request,
-                        &caller,
-                        |mut c, r| async move { c.commit(r).await },
-                    )
-                    .await;
-            }
-            self.authorize_lease(&caller, Action::Commit, &lease_id)?;
+            let lease = match self.on_lease(&request, &caller, Action::Commit, &lease_id)? {
+                Serve::Here(lease) => lease,
+                Serve::Forward(instance) => {
+                    return self
+                        .forward(
+                            "Commit",
+                            &instance,
+                            &lease_id,
+                            request,
+                            &caller,
+                            |mut c, r| async move { c.commit(r).await },
+                        )
+                        .await
+                }
+            };
             let req = request.get_ref();
             let metadata = self
                 .gateway
-                .commit(&req.lease_id, req.offset, req.metadata.as_deref())
+                .commit(&lease, req.offset, req.metadata.as_deref())
                 .await
                 .map_err(status_of)?;
             Ok(Response::new(v1::CommitResponse {
@@ -620,23 +635,25 @@ impl PartitionLeaseService for LeaseService {
             let caller = self.caller(&request)?;
             validate::lease_id(&request.get_ref().lease_id).map_err(status_of)?;
             let lease_id = request.get_ref().lease_id.clone();
-            if let Some(instance) = self.forward_to(&request, &lease_id) {
-                return self
-                    .forward(
-                        "Release",
-                        &instance,
-                        &lease_id,
-                        request,
-                        &caller,
-                        |mut c, r| async move { c.release(r).await },
-                    )
-                    .await;
-            }
-            self.authorize_lease(&caller, Action::Release, &lease_id)?;
+            let lease = match self.on_lease(&request, &caller, Action::Release, &lease_id)? {
+                Serve::Here(lease) => lease,
+                Serve::Forward(instance) => {
+                    return self
+                        .forward(
+                            "Release",
+                            &instance,
+                            &lease_id,
+                            request,
+                            &caller,
+                            |mut c, r| async move { c.release(r).await },
+                        )
+                        .await
+                }
+            };
             let req = request.get_ref();
             let committed_offset = self
                 .gateway
-                .release(&req.lease_id, req.commit_offset)
+                .release(&lease, req.commit_offset)
                 .await
                 .map_err(status_of)?;
             Ok(Response::new(v1::ReleaseResponse { committed_offset }))

@@ -1,20 +1,10 @@
-//! Subscriptions: a member of a group that shares the partitions of one or more topics with
-//! the group's other members, across every gateway instance (the rule is in
-//! [`crate::balance`]).
+//! The member task: one per subscription on the instance its stream is on. It plans its
+//! share from each topic's newest view ([`crate::balance`]), takes and revokes leases, and
+//! merges their Reads fairly into the client's stream.
 //!
-//! One task per subscription ([`Member`]) on the gateway its stream is on. It joins each
-//! topic (a member record beside the topic's locks, bound to the gateway's session), watches
-//! each topic's view (locks and members, one blocking query per topic), and after every view
-//! computes the member's share: it takes the free partitions the rule gives it (ordinary
-//! leases through [`Gateway::acquire`], tagged with the member id) and gives up those beyond
-//! its quota (*revoking*: no records of the lease follow, the client has the grace period to
-//! commit, then the lease is released). The leases' Reads are merged fairly into one stream.
-//!
-//! The response stream carries control events (joined, assigned, revoking, revoked) on an
-//! unbounded channel that is read first, and records on a channel of one: a batch is pulled
-//! from a lease's Read only when the client has taken the previous one, so a slow client
-//! slows its partitions' fetching, as a Read does. A batch of a lease already announced as
-//! revoking or ended is dropped on the way out, so none follows its announcement.
+//! Longer than most files here because it is one actor: its state and the handlers that
+//! change it (a view, a take's answer, a Read's batch, a reattach, a revoke) are one type's
+//! methods, and split over files they would hide which handler may change what.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::Pin;
@@ -29,95 +19,12 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::balance;
 use crate::coordination::{LockKey, MemberRecord, TopicView};
 use crate::error::LeaseError;
-use crate::gateway::{AcquireSpec, Gateway, Granted, Reset};
-use crate::lease::{Lease, ReadBatch, ReadLimits};
+use crate::gateway::{AcquireSpec, Gateway, Granted};
+use crate::lease::{Lease, ReadBatch};
 
-/// A validated Subscribe.
-#[derive(Clone, Debug)]
-pub struct SubscribeSpec {
-    pub group: String,
-    /// Distinct topic names.
-    pub topics: Vec<String>,
-    pub member: String,
-    /// Empty: the gateway makes one up.
-    pub member_id: String,
-    pub limits: ReadLimits,
-    pub reset: Reset,
-    /// Most partitions per topic; 0: no cap.
-    pub max_partitions: u32,
-    pub revoke_grace: Duration,
-    /// How long the member stays, with its leases, after its stream is gone, for a
-    /// Subscribe with its member id to take it over. Zero: it leaves at once.
-    pub session_grace: Duration,
-    /// The caller's identity, when it has one: the member's leases answer only it, and
-    /// only it may take the member over.
-    pub owner: Option<String>,
-}
-
-/// A new stream for a detached member: its task's way back to a client.
-#[derive(Debug)]
-pub struct Attach {
-    control: mpsc::UnboundedSender<Result<SubscriptionEvent, LeaseError>>,
-    records: mpsc::Sender<SubscriptionEvent>,
-    /// The new Subscribe: its topics must be the member's; its read limits and graces
-    /// replace the old ones.
-    spec: SubscribeSpec,
-}
-
-/// The way in to a detached member's task.
-pub type Reattach = mpsc::UnboundedSender<Attach>;
-
-/// Why a subscription's lease ended.
-#[derive(Debug)]
-pub enum Ended {
-    /// It moved to another member (after `revoking`).
-    Revoked,
-    /// It ended otherwise: released, lost, expired, or with the gateway.
-    Other(LeaseError),
-}
-
-/// What a subscription's stream carries.
-#[derive(Debug)]
-pub enum SubscriptionEvent {
-    Joined {
-        member_id: String,
-        gateway: String,
-    },
-    Assigned(Granted),
-    Records {
-        lease_id: String,
-        topic: String,
-        partition: i32,
-        batch: ReadBatch,
-    },
-    Revoking {
-        lease_id: String,
-        topic: String,
-        partition: i32,
-        deadline: SystemTime,
-    },
-    Revoked {
-        lease_id: String,
-        topic: String,
-        partition: i32,
-        why: Ended,
-    },
-}
-
-impl SubscriptionEvent {
-    /// The lease a revoking or revoked event announces the end of.
-    fn ends(&self) -> Option<&str> {
-        match self {
-            SubscriptionEvent::Revoking { lease_id, .. }
-            | SubscriptionEvent::Revoked { lease_id, .. } => Some(lease_id),
-            _ => None,
-        }
-    }
-}
-
-/// A subscription's events, as the gRPC service hands them on.
-pub type SubscriptionStream =
-    Pin<Box<dyn Stream<Item = Result<SubscriptionEvent, LeaseError>> + Send>>;
+use super::members::MemberClaim;
+use super::stream::watch_topic;
+use super::{Attach, Ended, Reattach, SubscribeSpec, SubscriptionEvent};
 
 /// How long an attempt at a partition the rule gives this member may wait for it: not at
 /// all. A take is tried only on a partition free in the member's newest view, and only once
@@ -141,224 +48,9 @@ const RELEASING: &str = "\u{0}releasing";
 /// A subscription lease's TTL beyond its revoke grace: while the subscription reads it, its
 /// open Read keeps it alive; this bounds a lease whose subscription task is gone.
 const LEASE_TTL_MARGIN: Duration = Duration::from_secs(10);
-/// How long a topic's watch waits per round.
-const VIEW_WAIT: Duration = Duration::from_secs(60);
 /// How long an ending subscription waits for its attempts in flight, to release what they
 /// took.
 const CLEANUP_WAIT: Duration = Duration::from_secs(5);
-
-/// A new member id: `m-` and 16 random hex digits.
-pub fn new_member_id() -> String {
-    format!("m-{:016x}", rand::random::<u64>())
-}
-
-impl Gateway {
-    /// Joins the member to each topic and starts its task; the stream of its events. Fails
-    /// before anything is joined for a topic that does not exist, and after leaving what it
-    /// joined when the member id is active elsewhere.
-    pub async fn subscribe(
-        self: &Arc<Self>,
-        mut spec: SubscribeSpec,
-    ) -> Result<SubscriptionStream, LeaseError> {
-        if self.is_shutting_down() {
-            return Err(LeaseError::ShuttingDown);
-        }
-        for topic in &spec.topics {
-            self.kafka().partition_count(topic, None).await?;
-        }
-        if spec.member_id.is_empty() {
-            spec.member_id = new_member_id();
-        }
-        // One live subscription per member id here; other instances refuse it through the
-        // member record, which this instance's session holds. A member detached within its
-        // session grace is taken over: same leases, records again from their resume points.
-        let active = || LeaseError::MemberActive {
-            group: spec.group.clone(),
-            topic: spec.topics.first().cloned().unwrap_or_default(),
-            member_id: spec.member_id.clone(),
-        };
-        match self.claim_member(&spec.group, &spec.member_id) {
-            Err(()) => return Err(active()),
-            Ok(Some(way_in)) => {
-                let (control, control_rx) = mpsc::unbounded_channel();
-                let (records, records_rx) = mpsc::channel(1);
-                let attach = Attach {
-                    control,
-                    records,
-                    spec: spec.clone(),
-                };
-                if way_in.send(attach).is_err() {
-                    // Its grace ended just now; its task is leaving.
-                    return Err(active());
-                }
-                tracing::info!(group = %spec.group, member_id = %spec.member_id, "member reattached");
-                return Ok(outgoing(control_rx, records_rx));
-            }
-            Ok(None) => {}
-        }
-        let claim = MemberClaim {
-            gateway: self.clone(),
-            group: spec.group.clone(),
-            member_id: spec.member_id.clone(),
-        };
-        let record = MemberRecord {
-            member_id: spec.member_id.clone(),
-            member: spec.member.clone(),
-            gateway: self.instance().to_string(),
-            max_partitions: spec.max_partitions,
-            joined_at_ms: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        };
-        let mut joined = Vec::new();
-        for topic in &spec.topics {
-            match self.locks().join(&spec.group, topic, &record).await {
-                Ok(true) => joined.push(topic.clone()),
-                outcome => {
-                    for topic in &joined {
-                        let _ = self
-                            .locks()
-                            .leave(&spec.group, topic, &spec.member_id)
-                            .await;
-                    }
-                    return Err(match outcome {
-                        Err(err) => err.into(),
-                        _ => LeaseError::MemberActive {
-                            group: spec.group.clone(),
-                            topic: topic.clone(),
-                            member_id: spec.member_id.clone(),
-                        },
-                    });
-                }
-            }
-        }
-        tracing::info!(
-            group = %spec.group,
-            topics = ?spec.topics,
-            member_id = %spec.member_id,
-            member = %spec.member,
-            "member joined",
-        );
-        let (control, control_rx) = mpsc::unbounded_channel();
-        let (records, records_rx) = mpsc::channel(1);
-        let _ = control.send(Ok(SubscriptionEvent::Joined {
-            member_id: spec.member_id.clone(),
-            gateway: self.instance().to_string(),
-        }));
-        let (views, views_rx) = mpsc::channel(16);
-        let watchers = spec
-            .topics
-            .iter()
-            .map(|topic| {
-                tokio::spawn(watch_topic(
-                    self.clone(),
-                    spec.group.clone(),
-                    topic.clone(),
-                    views.clone(),
-                ))
-            })
-            .collect();
-        let (done, done_rx) = mpsc::unbounded_channel();
-        let (attach, attach_rx) = mpsc::unbounded_channel();
-        let member = Member {
-            attach,
-            attach_rx,
-            attached: true,
-            detached_until: None,
-            _claim: claim,
-            gateway: self.clone(),
-            record,
-            spec,
-            control,
-            records,
-            views_rx,
-            done,
-            done_rx,
-            watchers,
-            held: HashMap::new(),
-            pending: HashSet::new(),
-            not_before: HashMap::new(),
-            merged: SelectAll::new(),
-            views: HashMap::new(),
-        };
-        tokio::spawn(member.run());
-        Ok(outgoing(control_rx, records_rx))
-    }
-}
-
-/// The stream the client gets: control events first; a batch of a lease announced as
-/// revoking or ended is dropped.
-///
-/// A batch can be behind its lease's end only when it was already in the records channel
-/// (of one) when the end was announced: the member task sends nothing of a lease once it is
-/// revoking or gone. So the set of ended leases is emptied at every batch taken from the
-/// channel, and stays bounded by the leases that end between two batches.
-fn outgoing(
-    control: mpsc::UnboundedReceiver<Result<SubscriptionEvent, LeaseError>>,
-    records: mpsc::Receiver<SubscriptionEvent>,
-) -> SubscriptionStream {
-    let state = (control, records, HashSet::<String>::new());
-    Box::pin(futures::stream::unfold(
-        state,
-        |(mut control, mut records, mut ended)| async move {
-            loop {
-                let next = tokio::select! {
-                    biased;
-                    event = control.recv() => event?,
-                    Some(event) = records.recv() => Ok(event),
-                };
-                match &next {
-                    Ok(SubscriptionEvent::Records { lease_id, .. }) => {
-                        let stale = ended.contains(lease_id);
-                        ended.clear();
-                        if stale {
-                            continue;
-                        }
-                    }
-                    Ok(event) => {
-                        if let Some(lease_id) = event.ends() {
-                            ended.insert(lease_id.to_string());
-                        }
-                    }
-                    Err(_) => {}
-                }
-                return Some((next, (control, records, ended)));
-            }
-        },
-    ))
-}
-
-/// Sends each new view of (`group`, `topic`) to the member task, until it is gone.
-async fn watch_topic(
-    gateway: Arc<Gateway>,
-    group: String,
-    topic: String,
-    views: mpsc::Sender<(String, TopicView)>,
-) {
-    let mut index = None;
-    loop {
-        match gateway
-            .locks()
-            .topic_view(&group, &topic, index, VIEW_WAIT)
-            .await
-        {
-            Ok(view) => {
-                if index == Some(view.index) {
-                    continue;
-                }
-                index = Some(view.index);
-                if views.send((topic.clone(), view)).await.is_err() {
-                    return;
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%group, %topic, %error, "watching a subscribed topic failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    }
-}
-
 /// A lease the member holds.
 struct Held {
     lease_id: String,
@@ -410,22 +102,9 @@ enum Done {
 type LeaseRead = Pin<Box<dyn Stream<Item = ReadItem> + Send>>;
 type ReadItem = ((String, i32), String, Option<Result<ReadBatch, LeaseError>>);
 
-/// A member id claimed on this instance, freed when the subscription's task is done.
-struct MemberClaim {
-    gateway: Arc<Gateway>,
-    group: String,
-    member_id: String,
-}
-
-impl Drop for MemberClaim {
-    fn drop(&mut self) {
-        self.gateway.free_member(&self.group, &self.member_id);
-    }
-}
-
-struct Member {
+pub(super) struct Member {
     /// Dropped last, after `finish` released the leases and removed the records.
-    _claim: MemberClaim,
+    claim: MemberClaim,
     /// Given to the gateway when the stream goes, for a new one to reach this task.
     attach: Reattach,
     attach_rx: mpsc::UnboundedReceiver<Attach>,
@@ -455,6 +134,55 @@ struct Member {
 }
 
 impl Member {
+    /// Starts the task of a member that has joined its topics as `record`: it watches each
+    /// topic and takes its share; its events go to `control`, its batches to `records`.
+    pub(super) fn start(
+        claim: MemberClaim,
+        gateway: Arc<Gateway>,
+        record: MemberRecord,
+        spec: SubscribeSpec,
+        control: mpsc::UnboundedSender<Result<SubscriptionEvent, LeaseError>>,
+        records: mpsc::Sender<SubscriptionEvent>,
+    ) {
+        let (views, views_rx) = mpsc::channel(16);
+        let watchers = spec
+            .topics
+            .iter()
+            .map(|topic| {
+                tokio::spawn(watch_topic(
+                    gateway.clone(),
+                    spec.group.clone(),
+                    topic.clone(),
+                    views.clone(),
+                ))
+            })
+            .collect();
+        let (done, done_rx) = mpsc::unbounded_channel();
+        let (attach, attach_rx) = mpsc::unbounded_channel();
+        let member = Member {
+            attach,
+            attach_rx,
+            attached: true,
+            detached_until: None,
+            claim,
+            gateway,
+            record,
+            spec,
+            control,
+            records,
+            views_rx,
+            done,
+            done_rx,
+            watchers,
+            held: HashMap::new(),
+            pending: HashSet::new(),
+            not_before: HashMap::new(),
+            merged: SelectAll::new(),
+            views: HashMap::new(),
+        };
+        tokio::spawn(member.run());
+    }
+
     async fn run(mut self) {
         let mut stopping = self.gateway.stopping();
         let mut permit: Option<mpsc::OwnedPermit<SubscriptionEvent>> = None;
@@ -480,7 +208,7 @@ impl Member {
                     permit = None;
                     self.attached = false;
                     self.detached_until = Some(tokio::time::Instant::now() + self.spec.session_grace);
-                    self.gateway.detach_member(&self.spec.group, &self.spec.member_id, self.attach.clone());
+                    self.claim.detach(self.attach.clone());
                     tracing::info!(member_id = %self.spec.member_id, grace = ?self.spec.session_grace, "member detached; it keeps its leases for its session grace");
                 }
                 Some(attach) = self.attach_rx.recv(), if !self.attached => {
@@ -608,7 +336,7 @@ impl Member {
                             );
                             let gateway = self.gateway.clone();
                             tokio::spawn(async move {
-                                let _ = gateway.release(&granted.lease_id, None).await;
+                                release(&gateway, &granted.lease_id).await;
                             });
                         } else {
                             self.install(topic.clone(), partition, granted);
@@ -691,8 +419,7 @@ impl Member {
                     )),
                 },
             ))));
-            self.gateway
-                .detach_member(&self.spec.group, &self.spec.member_id, self.attach.clone());
+            self.claim.detach(self.attach.clone());
             return;
         }
         if mine != theirs {
@@ -706,8 +433,7 @@ impl Member {
                     self.spec.member_id, self.spec.group,
                 ),
             }));
-            self.gateway
-                .detach_member(&self.spec.group, &self.spec.member_id, self.attach.clone());
+            self.claim.detach(self.attach.clone());
             return;
         }
         self.spec.limits = attach.spec.limits;
@@ -788,7 +514,7 @@ impl Member {
         let lease_id = granted.lease_id.clone();
         let started = self
             .gateway
-            .lookup(&lease_id)
+            .lease(&lease_id)
             .and_then(|lease| Ok((self.start_read(&topic, partition, &lease)?, lease)));
         let (pump, lease) = match started {
             Ok(started) => started,
@@ -989,12 +715,13 @@ impl Member {
         // Nothing handed to the client since its last commit: nothing to wait for.
         let idle = held.idle();
         let (gateway, done) = (self.gateway.clone(), self.done.clone());
-        let (topic, lease_id) = (topic.to_string(), held.lease_id.clone());
+        let (topic, lease_id, lease) =
+            (topic.to_string(), held.lease_id.clone(), held.lease.clone());
         tokio::spawn(async move {
             if !idle {
                 let _ = tokio::time::timeout(grace, commits.changed()).await;
             }
-            let _ = gateway.release(&lease_id, None).await;
+            let _ = gateway.release(&lease, None).await;
             let _ = done.send(Done::Released {
                 topic,
                 partition,
@@ -1034,21 +761,28 @@ impl Member {
                 })) => {
                     self.pending.remove(&(topic, partition));
                     if let Ok(granted) = result {
-                        let _ = self.gateway.release(&granted.lease_id, None).await;
+                        release(&self.gateway, &granted.lease_id).await;
                     }
                 }
                 Ok(Some(Done::Released { .. })) => {}
                 Ok(None) | Err(_) => break,
             }
         }
-        let leases: Vec<String> = self.held.values().map(|h| h.lease_id.clone()).collect();
-        for lease_id in leases {
-            let _ = self.gateway.release(&lease_id, None).await;
+        let leases: Vec<Arc<Lease>> = self.held.values().map(|h| h.lease.clone()).collect();
+        for lease in leases {
+            let _ = self.gateway.release(&lease, None).await;
         }
         tracing::info!(
             group = %self.spec.group,
             member_id = %self.spec.member_id,
             "member left",
         );
+    }
+}
+
+/// Releases lease `lease_id`, if this instance still serves it.
+async fn release(gateway: &Gateway, lease_id: &str) {
+    if let Ok(lease) = gateway.lease(lease_id) {
+        let _ = gateway.release(&lease, None).await;
     }
 }

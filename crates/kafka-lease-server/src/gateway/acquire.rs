@@ -1,0 +1,520 @@
+//! Acquire: the wait in a topic's queue, one attempt at one partition (claim here, lock in
+//! the backend, open the lease), and the guards that give a claim or a lock back however an
+//! attempt ends.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime};
+
+use tokio::time::Instant;
+use tracing::Instrument;
+
+use crate::coordination::{
+    Acquisition, FencingToken, HeldPartition, HolderInfo, LockGrant, LockKey,
+};
+use crate::error::{BusyPartition, EndReason, LeaseError};
+use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts};
+use crate::waiters::{TopicQueue, Wants};
+
+use super::table::LocalBusy;
+use super::{AcquireSpec, Gateway, Granted, Reset};
+
+/// Counts an Acquire as waiting for as long as it lives.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Ends an Acquire attempt's claim on a key however the attempt finishes (an error, or the
+/// task being dropped), unless the claim became a lease.
+struct Claim<'a> {
+    gateway: &'a Gateway,
+    key: LockKey,
+    /// Set when the backend may hold the key for this instance although no grant came back.
+    unreleased_by: Option<String>,
+    via: Option<std::net::SocketAddr>,
+    installed: bool,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.installed {
+            return;
+        }
+        self.gateway
+            .table()
+            .unclaim(&self.key, self.unreleased_by.as_deref(), self.via);
+        match self.unreleased_by.take() {
+            Some(session) => self.gateway.spawn_release_key(self.key.clone(), session),
+            // Free again here: a waiter may take it.
+            None => self.gateway.freed(&self.key),
+        }
+    }
+}
+
+/// A lock grant not yet owned by a lease. Dropped unconsumed (the attempt failed or its task
+/// was cancelled), it hands the grant to the background releaser, which retries until the
+/// backend confirms.
+struct GrantGuard<'a> {
+    gateway: &'a Gateway,
+    grant: Option<LockGrant>,
+}
+
+impl GrantGuard<'_> {
+    fn key(&self) -> &LockKey {
+        self.grant
+            .as_ref()
+            .map(LockGrant::key)
+            .expect("a guard holds its grant until taken")
+    }
+
+    fn take(mut self) -> LockGrant {
+        self.grant
+            .take()
+            .expect("a guard holds its grant until taken")
+    }
+}
+
+impl Drop for GrantGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(grant) = self.grant.take() {
+            let session = grant.session().to_string();
+            self.gateway.table().unreleased(grant.key(), &session);
+            self.gateway.spawn_release_key(grant.key().clone(), session);
+        }
+    }
+}
+
+/// How long one round of a topic watch's blocking query may wait.
+const TOPIC_WATCH_WAIT: Duration = Duration::from_secs(60);
+
+/// How long an Acquire leaves a partition alone after finding it taken on this very
+/// instance (a lease, an attempt, or a release not yet confirmed) since it was offered.
+const LOCAL_PAUSE: Duration = Duration::from_millis(20);
+
+/// The longest a partition is left alone after a lock-delay refusal (the longest lock-delay
+/// the gateway accepts); the backend normally says less.
+const DELAY_CAP: Duration = Duration::from_secs(60);
+
+/// How one attempt at one partition went.
+enum Attempt {
+    /// A lease, and the lock as the topic's view should now show it.
+    Granted(Box<Granted>, HeldPartition),
+    /// Another instance holds it.
+    Held,
+    /// Free, but under lock-delay.
+    Delayed,
+    /// Taken on this instance since it was offered.
+    Local,
+}
+
+impl Gateway {
+    /// Grants a lease, waiting up to `spec.wait` for a partition to become free. The Acquire
+    /// takes a place in its topic's queue and tries only the partition the queue offers it
+    /// (see [`crate::waiters`]): a free one, offered to the oldest Acquire that wants it.
+    pub async fn acquire(&self, spec: AcquireSpec) -> Result<Granted, LeaseError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(LeaseError::ShuttingDown);
+        }
+        let partition_count = self
+            .kafka
+            .partition_count(&spec.topic, spec.partition)
+            .await?;
+        let wants = match spec.partition {
+            Some(p) if p >= partition_count => {
+                return Err(LeaseError::PartitionNotFound {
+                    topic: spec.topic.clone(),
+                    partition: p,
+                    partition_count,
+                })
+            }
+            Some(p) => Wants::One(p),
+            // Start at a random partition, so clients that start together spread out
+            // instead of all contending for partition 0.
+            None => Wants::Any {
+                start: rand::random_range(0..partition_count),
+                count: partition_count,
+            },
+        };
+        let deadline = Instant::now() + spec.wait;
+        let ticket = self.topic_queue(&spec.group, &spec.topic).enqueue(wants);
+        let queue = ticket.queue().clone();
+        let mut stopping = self.stopping.subscribe();
+        let mut waiting: Option<Waiting<'_>> = None;
+        loop {
+            if self.shutting_down.load(Ordering::SeqCst) {
+                return Err(LeaseError::ShuttingDown);
+            }
+            if queue.is_watched() {
+                queue.dispatch();
+            } else {
+                // Nobody waits on this topic here, so nothing keeps its view current: read it.
+                queue
+                    .refresh(
+                        self.locks
+                            .topic_view(&spec.group, &spec.topic, None, Duration::ZERO),
+                    )
+                    .await?;
+            }
+            if let Some(partition) = ticket.offer() {
+                let key = LockKey::new(&spec.group, &spec.topic, partition);
+                match self.attempt(&spec, key.clone()).await? {
+                    Attempt::Granted(granted, held) => {
+                        queue.mark_held(partition, held);
+                        return Ok(*granted);
+                    }
+                    Attempt::Held => queue.mark_held(
+                        partition,
+                        HeldPartition {
+                            token: FencingToken(0),
+                            holder: None,
+                        },
+                    ),
+                    Attempt::Delayed => {
+                        let left = self.locks.wait_cut(&key, DELAY_CAP);
+                        queue.mark_delayed(partition, Instant::now() + left);
+                    }
+                    // Taken here a moment ago (a lease, an attempt, a release in flight):
+                    // look again shortly.
+                    Attempt::Local => queue.mark_delayed(partition, Instant::now() + LOCAL_PAUSE),
+                }
+                ticket.decline();
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(self.busy(&spec, &queue, wants));
+            }
+            // Every partition it wants is taken: wait, if this gateway may take one more
+            // waiter, for an offer from the topic's shared watch.
+            if waiting.is_none() {
+                if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.limits.max_waiting_acquires {
+                    self.waiting.fetch_sub(1, Ordering::SeqCst);
+                    return Err(LeaseError::LimitReached {
+                        flag: "--max-waiting-acquires",
+                        limit: self.limits.max_waiting_acquires,
+                        what: "as many Acquires as this gateway allows are already waiting \
+                               for a partition"
+                            .into(),
+                    });
+                }
+                waiting = Some(Waiting(&self.waiting));
+            }
+            queue.ensure_watch(|from| self.spawn_topic_watch(&queue, &spec, from));
+            let wake_at = queue.next_delay_end().map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                () = ticket.offered() => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+                _ = stopping.changed() => {}
+            }
+        }
+    }
+
+    /// The Busy answer: who holds each partition the Acquire wanted, as far as this gateway
+    /// knows (its own leases in full, others from the topic's view).
+    fn busy(&self, spec: &AcquireSpec, queue: &TopicQueue, wants: Wants) -> LeaseError {
+        let partitions = wants.partitions();
+        let mut busy: Vec<BusyPartition> = queue
+            .holders(&partitions)
+            .into_iter()
+            .map(|(partition, holder)| {
+                let key = LockKey::new(&spec.group, &spec.topic, partition);
+                let local = self.table().lease_at(&key).cloned();
+                match local {
+                    Some(lease) => BusyPartition {
+                        partition,
+                        holder: Some(self.holder_of(&lease)),
+                        expires_at: Some(lease.snapshot().expires_at),
+                    },
+                    None => BusyPartition {
+                        partition,
+                        holder,
+                        expires_at: None,
+                    },
+                }
+            })
+            .collect();
+        busy.sort_by_key(|b| b.partition);
+        LeaseError::Busy {
+            group: spec.group.clone(),
+            topic: spec.topic.clone(),
+            busy,
+        }
+    }
+
+    /// One attempt at one partition, run to its end in a task of its own: once the lock
+    /// request is out, the attempt must finish (a lease, or the lock given back) even if the
+    /// Acquire call is cancelled (its deadline, its client gone). A lease granted after the
+    /// caller went away is ended at once, so no key stays held without a lease.
+    async fn attempt(&self, spec: &AcquireSpec, key: LockKey) -> Result<Attempt, LeaseError> {
+        let Some(gateway) = self.me.upgrade() else {
+            return Err(LeaseError::ShuttingDown);
+        };
+        let spec = spec.clone();
+        let (answer, asked) = tokio::sync::oneshot::channel();
+        tokio::spawn(
+            async move {
+                let outcome = gateway.try_partition(&spec, &key).await;
+                if let Err(Ok(Attempt::Granted(granted, _))) = answer.send(outcome) {
+                    let lease = gateway.table().lease(&granted.lease_id).cloned();
+                    if let Some(lease) = lease {
+                        tracing::info!(parent: &lease.span, "the Acquire call went away; ending its lease");
+                        gateway.end_lease(&lease, EndReason::Abandoned).await;
+                    }
+                }
+            }
+            .in_current_span(),
+        );
+        asked.await.unwrap_or(Err(LeaseError::ShuttingDown))
+    }
+
+    /// One attempt at one partition.
+    async fn try_partition(
+        &self,
+        spec: &AcquireSpec,
+        key: &LockKey,
+    ) -> Result<Attempt, LeaseError> {
+        let claimed = self.table().claim(key, &self.limits, spec.via);
+        if let Err(local) = claimed {
+            return match local {
+                LocalBusy::Full => Err(LeaseError::LimitReached {
+                    flag: "--max-leases",
+                    limit: self.limits.max_leases,
+                    what: "this gateway serves as many leases as it may".into(),
+                }),
+                LocalBusy::ConnectionFull => Err(LeaseError::LimitReached {
+                    flag: "--max-leases-per-connection",
+                    limit: self.limits.max_leases_per_connection,
+                    what: format!(
+                        "the client connection from {} holds as many leases on this gateway \
+                         as one connection may",
+                        spec.via.map_or_else(|| "?".to_string(), |v| v.to_string())
+                    ),
+                }),
+                LocalBusy::Taken => Ok(Attempt::Local),
+            };
+        }
+        let mut claim = Claim {
+            gateway: self,
+            key: key.clone(),
+            unreleased_by: None,
+            via: spec.via,
+            installed: false,
+        };
+        // The group's Kafka client first (held until the attempt ends, so it cannot be closed
+        // as idle meanwhile): a gateway at its group limit refuses before it touches Consul.
+        let _group_client = self.kafka.group(&key.group)?;
+        let id = new_lease_id(&self.instance);
+        let holder = HolderInfo {
+            member: spec.member.clone(),
+            gateway: self.instance.clone(),
+            lease_ref: lease_ref(&id).to_string(),
+            acquired_at_ms: now_ms(),
+            ttl_ms: spec.ttl.as_millis() as u64,
+            address: self.address.clone().unwrap_or_default(),
+            subscriber: spec.subscriber.clone(),
+        };
+        let session = self.live_session();
+        let grant = match self.locks.try_acquire(key, &holder).await {
+            Ok(Acquisition::Acquired(grant)) => grant,
+            Ok(Acquisition::Held) => return Ok(Attempt::Held),
+            Ok(Acquisition::Delayed) => return Ok(Attempt::Delayed),
+            Err(err) => {
+                // The request may have reached Consul and taken the lock although no answer
+                // came back: keep the key blocked here and make sure it is free.
+                claim.unreleased_by = session;
+                return Err(err.into());
+            }
+        };
+        // The lock is ours. From here on, whatever happens gives it back unless a lease
+        // takes it over.
+        let grant = GrantGuard {
+            gateway: self,
+            grant: Some(grant),
+        };
+        let token = grant
+            .grant
+            .as_ref()
+            .map_or(FencingToken(0), LockGrant::token);
+        let granted = self.open_lease(spec, id, holder.clone(), grant).await?;
+        claim.installed = true;
+        let held = HeldPartition {
+            token,
+            holder: Some(holder),
+        };
+        Ok(Attempt::Granted(Box::new(granted), held))
+    }
+
+    /// The queue of Acquires on (`group`, `topic`), created if there is none.
+    fn topic_queue(&self, group: &str, topic: &str) -> Arc<TopicQueue> {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let id = (group.to_string(), topic.to_string());
+        if let Some(queue) = queues.get(&id).and_then(Weak::upgrade) {
+            return queue;
+        }
+        queues.retain(|_, q| q.strong_count() > 0);
+        let (gateway, probe) = (self.me.clone(), LockKey::new(group, topic, 0));
+        let queue = TopicQueue::new(Box::new(move |partition| {
+            let key = LockKey {
+                partition,
+                ..probe.clone()
+            };
+            gateway
+                .upgrade()
+                .is_some_and(|gateway| gateway.table().blocks(&key))
+        }));
+        queues.insert(id, Arc::downgrade(&queue));
+        queue
+    }
+
+    /// This instance no longer holds `key`: offer it to a waiter here at once.
+    pub(super) fn freed(&self, key: &LockKey) {
+        let queue = self
+            .queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(key.group.clone(), key.topic.clone()))
+            .and_then(Weak::upgrade);
+        if let Some(queue) = queue {
+            queue.mark_free(key.partition);
+        }
+    }
+
+    /// The shared watch of a topic: one blocking query at a time, however many Acquires
+    /// wait on the topic here, each answer handed to the queue (which offers what it shows
+    /// free). It ends with the queue.
+    fn spawn_topic_watch(
+        &self,
+        queue: &Arc<TopicQueue>,
+        spec: &AcquireSpec,
+        from: u64,
+    ) -> tokio::task::JoinHandle<()> {
+        let (weak, locks) = (Arc::downgrade(queue), self.locks.clone());
+        let (group, topic) = (spec.group.clone(), spec.topic.clone());
+        tokio::spawn(async move {
+            let mut from = from;
+            loop {
+                match locks
+                    .topic_view(&group, &topic, Some(from), TOPIC_WATCH_WAIT)
+                    .await
+                {
+                    Ok(view) => {
+                        let Some(queue) = weak.upgrade() else { return };
+                        from = view.index;
+                        queue.set_view(view);
+                    }
+                    Err(err) => {
+                        // The waiters keep their places; offers resume once Consul answers.
+                        tracing::debug!(%topic, %group, error = %err, "topic watch failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        let Some(queue) = weak.upgrade() else { return };
+                        from = queue.index();
+                    }
+                }
+            }
+        })
+    }
+
+    /// Finds where the lease starts, starts fetching and puts the lease in the table. On
+    /// failure the guard gives the lock back.
+    async fn open_lease(
+        &self,
+        spec: &AcquireSpec,
+        id: String,
+        holder: HolderInfo,
+        grant: GrantGuard<'_>,
+    ) -> Result<Granted, LeaseError> {
+        let key = grant.key().clone();
+        let prepared = async {
+            let group_client = self.kafka.group(&key.group)?;
+            // All after the lock, and independent: one round trip to the brokers, not three.
+            // (The committed offset must be read after the lock: the previous holder's
+            // commits have settled by then.) The topic's leaders, through the group's client:
+            // so the partition is fetched as soon as it is opened (see
+            // `GroupClient::learn_topic`); only a speed-up, librdkafka finds them by itself
+            // later.
+            let learned = async {
+                if let Err(err) = group_client.learn_topic(&key.topic).await {
+                    tracing::debug!(topic = %key.topic, error = %err, "topic lookup failed; the partition's first fetch may wait for librdkafka's own");
+                }
+                Ok::<(), LeaseError>(())
+            };
+            let ((low, high), committed, ()) = tokio::try_join!(
+                self.kafka.watermarks(&key.topic, key.partition),
+                group_client.committed(&key.topic, key.partition),
+                learned,
+            )?;
+            let committed = committed.map(|(offset, _)| offset);
+            let start = match committed {
+                // A committed offset that retention has passed, or that is beyond the log
+                // (the topic was recreated), falls back to the reset policy, as Kafka's
+                // auto.offset.reset does.
+                Some(offset) if (low..=high).contains(&offset) => offset,
+                _ => match spec.reset {
+                    Reset::Earliest => low,
+                    Reset::Latest => high,
+                },
+            };
+            let feed = group_client.open_partition(&key.topic, key.partition, start)?;
+            Ok::<_, LeaseError>((start, committed, high, feed))
+        }
+        .await;
+        let (start, committed, high, feed) = prepared?;
+        let grant = grant.take();
+        let token = grant.token();
+        let lease = Lease::new(LeaseParts {
+            id: id.clone(),
+            grant,
+            member: spec.member.clone(),
+            owner: spec.owner.clone(),
+            ttl: spec.ttl,
+            acquired_at: holder.acquired_at(),
+            position: start,
+            committed,
+            high_watermark: high,
+            feed,
+            locks: self.locks.clone(),
+        });
+        self.table().install(lease.clone(), spec.via);
+        metrics::counter!(crate::metrics::LEASES_GRANTED).increment(1);
+        tracing::info!(parent: &lease.span, member = %spec.member, offset = start, "lease granted");
+        self.spawn_supervisor(lease.clone());
+        let snapshot = lease.snapshot();
+        Ok(Granted {
+            lease_id: id,
+            key,
+            fencing_token: token.0,
+            offset: start,
+            high_watermark: high,
+            expires_at: snapshot.expires_at,
+            ttl: spec.ttl,
+            gateway: self.instance.clone(),
+        })
+    }
+
+    /// Ends the lease when it has been idle past its TTL.
+    fn spawn_supervisor(&self, lease: Arc<Lease>) {
+        let span = lease.span.clone();
+        let gateway = self.me.clone();
+        tokio::spawn(
+            async move {
+                if lease.expired().await {
+                    if let Some(gateway) = gateway.upgrade() {
+                        tracing::info!("lease expired");
+                        gateway.end_lease(&lease, EndReason::Expired).await;
+                    }
+                }
+            }
+            .instrument(span),
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! ListLeases and ListMembers: every lock of a group from the backend, with live details
+//! where this instance serves the lease; and this instance's own leases, for the metrics and
+//! for another instance's ListLeases.
+
+use std::sync::Arc;
+
+use crate::coordination::{LockKey, MemberRecord};
+use crate::error::LeaseError;
+use crate::lease::{Lease, LeaseSnapshot};
+
+use super::{Gateway, ListedLease};
+
+impl Gateway {
+    /// Every lease this instance serves, with its live state (for the metrics).
+    pub fn local_leases(&self) -> Vec<(LockKey, LeaseSnapshot)> {
+        let leases: Vec<Arc<Lease>> = self.table().leases().cloned().collect();
+        leases
+            .into_iter()
+            .map(|lease| {
+                let mut snapshot = lease.snapshot();
+                // The partition keeps being fetched while no Read is open, so librdkafka's
+                // watermark is fresher than the one the last batch carried.
+                if let Some(high) = lease
+                    .group_client
+                    .cached_high_watermark(&lease.key.topic, lease.key.partition)
+                {
+                    snapshot.high_watermark = snapshot.high_watermark.max(high);
+                }
+                (lease.key.clone(), snapshot)
+            })
+            .collect()
+    }
+
+    /// The live details of the lease this instance serves on `key` under `token`, if it
+    /// does: for another instance's ListLeases.
+    pub fn describe(&self, key: &LockKey, token: u64) -> Option<LeaseSnapshot> {
+        self.table()
+            .lease_at(key)
+            .filter(|l| l.token.0 == token)
+            .map(|l| l.snapshot())
+    }
+
+    /// Every held lease across all instances, with local detail where this one serves it.
+    pub async fn list(
+        &self,
+        group: Option<&str>,
+        topic: Option<&str>,
+    ) -> Result<Vec<ListedLease>, LeaseError> {
+        let held = self.locks.list(group).await?;
+        let table = self.table();
+        Ok(held
+            .into_iter()
+            .filter(|h| topic.is_none_or(|t| h.key.topic == t))
+            .map(|h| {
+                let local = table
+                    .lease_at(&h.key)
+                    .filter(|l| l.token == h.token)
+                    .map(|l| l.snapshot());
+                ListedLease {
+                    key: h.key,
+                    holder: h.holder,
+                    token: h.token.0,
+                    local,
+                }
+            })
+            .collect())
+    }
+
+    /// The members subscribed to `group` (of `topic` only, if given), each with the
+    /// partitions its leases hold: two reads of the group's prefix.
+    pub async fn list_members(
+        &self,
+        group: &str,
+        topic: Option<&str>,
+    ) -> Result<Vec<(String, MemberRecord, Vec<i32>)>, LeaseError> {
+        let members = self.locks.members(group).await?;
+        let held = self.locks.list(Some(group)).await?;
+        Ok(members
+            .into_iter()
+            .filter(|(t, _)| topic.is_none_or(|topic| t == topic))
+            .map(|(t, record)| {
+                let partitions = held
+                    .iter()
+                    .filter(|h| h.key.topic == t && h.holder.subscriber == record.member_id)
+                    .map(|h| h.key.partition)
+                    .collect();
+                (t, record, partitions)
+            })
+            .collect())
+    }
+}
