@@ -134,7 +134,7 @@ impl Env {
     }
 
     /// librdkafka settings of a direct consumer that match the gateway's per-group consumer
-    /// (`GroupClient::new` in crates/kafka-lease-server/src/kafka.rs): same fetch and queue
+    /// (`GroupClient::new` in crates/kafka-lease-server/src/kafka/group.rs): same fetch and queue
     /// settings, including what `--gateway-arg` changes (`--fetch-queue-kbytes`,
     /// `--kafka-config`).
     pub(crate) fn direct_consumer_config(&self, group: &str) -> ClientConfig {

@@ -22,7 +22,9 @@ pub mod forward;
 pub mod gateway;
 pub mod grpc;
 pub mod kafka;
-pub mod kafka_config;
+/// The operator's librdkafka properties, at the path they had before they joined
+/// [`kafka::settings`].
+pub use kafka::settings as kafka_config;
 pub mod lease;
 pub mod metrics;
 pub mod metrics_endpoint;

@@ -1,0 +1,252 @@
+//! [`GroupClient`]: one consumer group's client on this gateway, which stores the group's
+//! offsets (committed, commit), looks up a topic's leaders, and reads cached watermarks.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::task::JoinHandle;
+
+use super::errors::{kafka_error, retrying, unavailable, Failure};
+use super::settings::{ClientLog, KafkaSettings};
+use crate::error::LeaseError;
+
+/// librdkafka's `fetch.wait.max.ms` for the group clients: how long the broker holds a fetch
+/// of partitions without new records. A client has one fetch in flight per broker, so a
+/// partition opened while the group's other partitions wait in such a fetch is first fetched
+/// when that one returns: this bounds the wait of a lease's first record when its group's
+/// client is already reading elsewhere. Lower costs more empty fetches of idle partitions
+/// (1000 / this per second per client and broker).
+const FETCH_WAIT_MAX_MS: &str = "20";
+
+/// librdkafka's `fetch.queue.backoff.ms` for the group clients: how long a partition whose
+/// pre-fetch queue is full (`queued.max.messages.kbytes`) waits before librdkafka looks at it
+/// again. A Read that drains its partition slower than the broker serves it finds the queue
+/// full after every fetch, and nothing is fetched for this long: at 10 ms a 1 KiB drain ran
+/// at two thirds of its rate at 2 ms (docs/BENCHMARKS.md, "The prefetch queue's back-off").
+/// librdkafka's default, 1 s, would stall such a Read for a second at a time. A full queue
+/// whose client does not read costs no measurable CPU at 2 ms (100 stalled leases: 8
+/// millicores, as at 10 ms).
+const FETCH_QUEUE_BACKOFF_MS: &str = "2";
+
+/// How long a group client's lookup of a topic's leaders is trusted (librdkafka keeps
+/// topic metadata for 3 x `topic.metadata.refresh.interval.ms`, 90 s, and refreshes that of
+/// the partitions it fetches every 30 s).
+const TOPIC_LOOKUP_FRESH: Duration = Duration::from_secs(60);
+
+type LeaseConsumer = StreamConsumer<ClientLog>;
+
+/// One consumer-group's client: reads the group's leased partitions and stores its offsets.
+pub struct GroupClient {
+    group: String,
+    pub(super) consumer: Arc<LeaseConsumer>,
+    pub(super) request_timeout: Duration,
+    /// Topics this client looked up, and when (see [`GroupClient::learn_topic`]).
+    topics: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// Serves the client's main queue, where librdkafka delivers errors and events. Every
+    /// partition is split off to its own queue, so no record arrives here.
+    poller: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for GroupClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupClient")
+            .field("group", &self.group)
+            .finish()
+    }
+}
+
+impl Drop for GroupClient {
+    fn drop(&mut self) {
+        self.poller.abort();
+    }
+}
+
+impl GroupClient {
+    pub(super) fn new(settings: &KafkaSettings, group: &str) -> Result<Self, LeaseError> {
+        let mut config = settings.base_config();
+        config
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "false")
+            // Retention may delete records under a lease's position; reading then resumes at
+            // the log start, the only records that still exist.
+            .set("auto.offset.reset", "earliest")
+            .set(
+                "queued.max.messages.kbytes",
+                settings.queue_kbytes_per_partition.to_string(),
+            )
+            .set("queued.min.messages", "10000")
+            .set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS)
+            .set("fetch.wait.max.ms", FETCH_WAIT_MAX_MS);
+        settings.apply_options(&mut config);
+        let consumer: LeaseConsumer = settings.create(&config, "creating the group client")?;
+        let consumer = Arc::new(consumer);
+        let events = consumer.clone();
+        let group_name = group.to_string();
+        let poller = tokio::spawn(async move {
+            loop {
+                match events.recv().await {
+                    Ok(message) => tracing::warn!(
+                        group = %group_name,
+                        topic = message.topic(),
+                        partition = message.partition(),
+                        offset = message.offset(),
+                        "record arrived on the main queue; it is dropped (partition not split)"
+                    ),
+                    Err(err) => {
+                        tracing::warn!(group = %group_name, error = %err, "kafka client error")
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            group: group.to_string(),
+            consumer,
+            request_timeout: settings.request_timeout,
+            topics: Mutex::default(),
+            poller,
+        })
+    }
+
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The group's committed offset and its metadata for a partition, `None` if it has none.
+    pub async fn committed(
+        &self,
+        topic: &str,
+        partition: i32,
+    ) -> Result<Option<(i64, String)>, LeaseError> {
+        let consumer = self.consumer.clone();
+        let topic = topic.to_string();
+        let timeout = self.request_timeout;
+        const OPERATION: &str = "fetching the committed offset";
+        retrying(OPERATION, timeout, move || {
+            let mut query = TopicPartitionList::new();
+            query.add_partition(&topic, partition);
+            let answer = consumer
+                .committed_offsets(query, timeout)
+                .map_err(|e| Failure::kafka(OPERATION, e))?;
+            let Some(entry) = answer.find_partition(&topic, partition) else {
+                return Ok(None);
+            };
+            if let Err(e) = entry.error() {
+                return Err(Failure::kafka(OPERATION, e));
+            }
+            Ok(match entry.offset() {
+                Offset::Offset(o) if o >= 0 => Some((o, entry.metadata().to_string())),
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// Asks the brokers for `topic`'s metadata through this client, so that a partition of
+    /// it opened next is fetched from its leader at once. librdkafka does not look a topic
+    /// up when a partition of it is assigned: a topic new to the client stayed without a
+    /// leader until the client's once-a-second scan of unknown topics, and a lease's first
+    /// record came ~1 s after the Acquire.
+    ///
+    /// Skipped when this client looked the topic up less than [`TOPIC_LOOKUP_FRESH`] ago:
+    /// librdkafka still has it then, and the request would wait behind the client's fetch in
+    /// flight on the same connection (up to `fetch.wait.max.ms`).
+    pub async fn learn_topic(&self, topic: &str) -> Result<(), LeaseError> {
+        const OPERATION: &str = "looking up the topic's leaders";
+        let fresh = |at: &tokio::time::Instant| at.elapsed() < TOPIC_LOOKUP_FRESH;
+        if self.topics_lock().get(topic).is_some_and(fresh) {
+            return Ok(());
+        }
+        let consumer = self.consumer.clone();
+        let owned = topic.to_string();
+        let timeout = self.request_timeout;
+        retrying(OPERATION, timeout, move || {
+            consumer
+                .fetch_metadata(Some(&owned), timeout)
+                .map(drop)
+                .map_err(|e| Failure::kafka(OPERATION, e))
+        })
+        .await?;
+        let mut topics = self.topics_lock();
+        topics.retain(|_, at| fresh(at));
+        topics.insert(topic.to_string(), tokio::time::Instant::now());
+        Ok(())
+    }
+
+    fn topics_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::time::Instant>> {
+        self.topics.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores `offset` with `metadata` as the group's committed offset, synchronously.
+    pub async fn commit(
+        &self,
+        topic: &str,
+        partition: i32,
+        offset: i64,
+        metadata: String,
+        in_flight: impl Send + 'static,
+    ) -> Result<(), LeaseError> {
+        const OPERATION: &str = "committing an offset";
+        let consumer = self.consumer.clone();
+        let topic = topic.to_string();
+        let request = tokio::task::spawn_blocking(move || {
+            // Held until librdkafka has the request's outcome (an answer, or its own request
+            // timeout), even after the caller stopped waiting: whoever waits for this
+            // guard's release (the end of a lease) knows the commit can no longer land.
+            let _in_flight = in_flight;
+            let mut list = TopicPartitionList::new();
+            list.add_partition_offset(&topic, partition, Offset::Offset(offset))
+                .map_err(|e| unavailable(OPERATION, e))?;
+            if let Some(mut entry) = list.find_partition(&topic, partition) {
+                entry.set_metadata(metadata);
+            }
+            consumer
+                .commit(&list, CommitMode::Sync)
+                .map_err(|e| kafka_error(OPERATION, e))
+        });
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(joined) => {
+                joined.map_err(|e| unavailable(OPERATION, format!("blocking task failed: {e}")))?
+            }
+            Err(_) => Err(unavailable(
+                OPERATION,
+                format!(
+                    "no answer within {:?}; the commit may still land while the lease lasts",
+                    self.request_timeout
+                ),
+            )),
+        }
+    }
+
+    /// The high watermark librdkafka last saw in a fetch response, without a request.
+    pub fn cached_high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.cached_high_watermark_of(&CString::new(topic).ok()?, partition)
+    }
+
+    /// [`Self::cached_high_watermark`] for a topic name already made a C string (the Read
+    /// path asks once per batch, without allocating).
+    #[allow(unsafe_code)]
+    pub(super) fn cached_high_watermark_of(&self, topic: &CStr, partition: i32) -> Option<i64> {
+        let (mut low, mut high) = (-1_i64, -1_i64);
+        // SAFETY: the client handle is valid while `self.consumer` lives; the topic pointer
+        // is a NUL-terminated string that outlives the call; librdkafka only writes the two
+        // out-parameters and does no network I/O in this call.
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                self.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                partition,
+                &mut low,
+                &mut high,
+            )
+        };
+        (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
+            .then_some(high)
+    }
+}

@@ -1,0 +1,401 @@
+//! [`Kafka`]: the metadata client (partition counts, watermarks, offsets by time, ping), the
+//! cache of group clients with its idle closer, and the metadata client's event pump.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::{Offset, TopicPartitionList};
+
+use super::errors::{blocking, retrying, unavailable, Failure};
+use super::group::GroupClient;
+use super::settings::{ClientLog, KafkaSettings, PARTITION_COUNT_MAX_AGE};
+use crate::error::LeaseError;
+
+/// How long a group's client stays open after its last lease ended, so the next Acquire in
+/// the group does not pay for a new client and a coordinator lookup (tens of ms).
+const IDLE_GROUP_CLIENT: Duration = Duration::from_secs(60);
+
+/// A group client and since when no lease uses it.
+struct CachedGroup {
+    client: Arc<GroupClient>,
+    idle_since: Option<tokio::time::Instant>,
+}
+
+/// The gateway's Kafka clients: one metadata client, and one [`GroupClient`] per group that
+/// has leases on this instance (kept for [`IDLE_GROUP_CLIENT`] after its last lease).
+#[derive(Clone)]
+pub struct Kafka {
+    settings: Arc<KafkaSettings>,
+    metadata: Arc<BaseConsumer<ClientLog>>,
+    groups: Arc<Mutex<HashMap<String, CachedGroup>>>,
+    /// Topic → its partition count and when it was read (see [`Kafka::partition_count`]).
+    partition_counts: Arc<Mutex<HashMap<String, (i32, tokio::time::Instant)>>>,
+}
+
+impl std::fmt::Debug for Kafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kafka")
+            .field("bootstrap", &self.settings.bootstrap_servers)
+            .finish()
+    }
+}
+
+impl Kafka {
+    /// Creates the metadata client. Connections are made lazily: this does not fail when the
+    /// brokers are down (health reports that).
+    pub fn new(settings: KafkaSettings) -> Result<Self, LeaseError> {
+        let mut config = settings.base_config();
+        // The metadata client never reads records or commits; a group id is still required
+        // by librdkafka for a consumer handle, and this one is never used for offsets.
+        config
+            .set("group.id", "kafka-lease-metadata")
+            .set("enable.auto.commit", "false");
+        settings.apply_options(&mut config);
+        let metadata: BaseConsumer<ClientLog> =
+            settings.create(&config, "creating the metadata client")?;
+        let metadata = Arc::new(metadata);
+        tokio::spawn(serve_metadata_client_events(Arc::downgrade(&metadata)));
+        let groups: Arc<Mutex<HashMap<String, CachedGroup>>> = Arc::default();
+        tokio::spawn(close_idle_group_clients(Arc::downgrade(&groups)));
+        Ok(Self {
+            settings: Arc::new(settings),
+            metadata,
+            groups,
+            partition_counts: Arc::default(),
+        })
+    }
+
+    pub fn settings(&self) -> &KafkaSettings {
+        &self.settings
+    }
+
+    /// Closes the group clients, for a gateway that stops: from now on what librdkafka
+    /// reports of any client of this `Kafka` (the metadata client lives on while a clone of
+    /// it does) is logged at debug level only (see [`ClientLog`]).
+    pub async fn close(&self) {
+        self.settings.log.close();
+        let closing: Vec<CachedGroup> = self
+            .groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, cached)| cached)
+            .collect();
+        // Closing a librdkafka consumer blocks briefly; keep it off the reactor.
+        let _ = tokio::task::spawn_blocking(move || drop(closing)).await;
+    }
+
+    /// The number of partitions of `topic`, from broker metadata read at most
+    /// [`PARTITION_COUNT_MAX_AGE`] ago, or afresh when `wanted` (a partition the caller asks
+    /// for) is past the count read then (the topic may have grown since).
+    pub async fn partition_count(
+        &self,
+        topic: &str,
+        wanted: Option<i32>,
+    ) -> Result<i32, LeaseError> {
+        let cached = self
+            .partition_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(topic)
+            .copied();
+        if let Some((count, read)) = cached {
+            if read.elapsed() < self.settings.partition_count_max_age
+                && wanted.is_none_or(|p| p < count)
+            {
+                return Ok(count);
+            }
+        }
+        let read = tokio::time::Instant::now();
+        let count = match self.read_partition_count(topic).await {
+            Ok(count) => count,
+            // The brokers did not answer in time (a busy broker takes long over the metadata
+            // of a topic of thousands of partitions): a count read before is still right for
+            // every partition below it, since partitions are only ever added.
+            Err(LeaseError::KafkaUnavailable { operation, detail })
+                if cached.is_some_and(|(count, _)| wanted.is_none_or(|p| p < count)) =>
+            {
+                let count = cached.map_or(0, |(count, _)| count);
+                tracing::debug!(%topic, count, %detail, operation, "using the partition count read before");
+                return Ok(count);
+            }
+            Err(e) => return Err(e),
+        };
+        let mut counts = self
+            .partition_counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Entries long unused are dropped; a recent one stays as the fallback above.
+        counts.retain(|_, (_, at)| at.elapsed() < PARTITION_COUNT_MAX_AGE * 12);
+        counts.insert(topic.to_string(), (count, read));
+        Ok(count)
+    }
+
+    /// The number of partitions of `topic`, asked of the brokers.
+    async fn read_partition_count(&self, topic: &str) -> Result<i32, LeaseError> {
+        const OPERATION: &str = "fetching topic metadata";
+        let client = self.metadata.clone();
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        retrying(OPERATION, timeout, move || {
+            let metadata = client
+                .fetch_metadata(Some(&topic), timeout)
+                .map_err(|e| Failure::kafka(OPERATION, e))?;
+            let Some(t) = metadata.topics().iter().find(|t| t.name() == topic) else {
+                return Err(LeaseError::TopicNotFound {
+                    topic: topic.clone(),
+                }
+                .into());
+            };
+            match t.error() {
+                None if !t.partitions().is_empty() => Ok(t.partitions().len() as i32),
+                None => Err(LeaseError::TopicNotFound {
+                    topic: topic.clone(),
+                }
+                .into()),
+                Some(code) => match RDKafkaErrorCode::from(code) {
+                    RDKafkaErrorCode::UnknownTopicOrPartition | RDKafkaErrorCode::UnknownTopic => {
+                        Err(LeaseError::TopicNotFound {
+                            topic: topic.clone(),
+                        }
+                        .into())
+                    }
+                    other => Err(Failure::kafka(OPERATION, KafkaError::MetadataFetch(other))),
+                },
+            }
+        })
+        .await
+    }
+
+    /// `(log start offset, high watermark)` of a partition, asked of the broker.
+    pub async fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64), LeaseError> {
+        let client = self.metadata.clone();
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        retrying("fetching watermarks", timeout, move || {
+            client
+                .fetch_watermarks(&topic, partition, timeout)
+                .map_err(|e| Failure::kafka("fetching watermarks", e))
+        })
+        .await
+    }
+
+    /// The offset of the first record whose timestamp is at or after `timestamp_ms`, or
+    /// `None` when there is none (the caller uses the high watermark).
+    pub async fn offset_for_time(
+        &self,
+        topic: &str,
+        partition: i32,
+        timestamp_ms: i64,
+    ) -> Result<Option<i64>, LeaseError> {
+        if self.settings.scan_for_timestamps {
+            return self.scan_for_time(topic, partition, timestamp_ms).await;
+        }
+        let client = self.metadata.clone();
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        blocking("looking up an offset by timestamp", move || {
+            let mut query = TopicPartitionList::new();
+            query
+                .add_partition_offset(&topic, partition, Offset::Offset(timestamp_ms))
+                .map_err(|e| unavailable("looking up an offset by timestamp", e))?;
+            let answer = client
+                .offsets_for_times(query, timeout)
+                .map_err(|e| unavailable("looking up an offset by timestamp", e))?;
+            let offset = answer.find_partition(&topic, partition).map(|e| e.offset());
+            Ok(match offset {
+                Some(Offset::Offset(o)) if o >= 0 => Some(o),
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// [`Kafka::offset_for_time`] by reading the partition from its start (see
+    /// [`KafkaSettings::scan_for_timestamps`]): fine for a dev cluster's few records.
+    async fn scan_for_time(
+        &self,
+        topic: &str,
+        partition: i32,
+        timestamp_ms: i64,
+    ) -> Result<Option<i64>, LeaseError> {
+        const OPERATION: &str = "looking up an offset by timestamp (scanning)";
+        let (low, high) = self.watermarks(topic, partition).await?;
+        if high <= low {
+            return Ok(None);
+        }
+        let mut config = self.settings.base_config();
+        config
+            .set(
+                "group.id",
+                format!("kafka-lease-scan-{}", self.settings.instance),
+            )
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        self.settings.apply_options(&mut config);
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        let settings = self.settings.clone();
+        blocking(OPERATION, move || {
+            use rdkafka::consumer::{BaseConsumer, Consumer as _};
+            use rdkafka::Message as _;
+            let consumer: BaseConsumer<ClientLog> = settings.create(&config, OPERATION)?;
+            let mut assignment = TopicPartitionList::new();
+            assignment
+                .add_partition_offset(&topic, partition, Offset::Beginning)
+                .map_err(|e| unavailable(OPERATION, e))?;
+            consumer
+                .assign(&assignment)
+                .map_err(|e| unavailable(OPERATION, e))?;
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let Some(left) = deadline.checked_duration_since(tokio::time::Instant::now())
+                else {
+                    return Err(unavailable(OPERATION, "the partition was not read in time"));
+                };
+                match consumer.poll(left) {
+                    Some(Ok(message)) => {
+                        let at = message.timestamp().to_millis().unwrap_or(i64::MIN);
+                        if at >= timestamp_ms {
+                            return Ok(Some(message.offset()));
+                        }
+                        if message.offset() + 1 >= high {
+                            return Ok(None);
+                        }
+                    }
+                    Some(Err(e)) => return Err(unavailable(OPERATION, e)),
+                    None => {}
+                }
+            }
+        })
+        .await
+    }
+
+    /// Checks that a broker answers a metadata request (for health).
+    pub async fn ping(&self) -> Result<(), LeaseError> {
+        let client = self.metadata.clone();
+        let timeout = self.settings.request_timeout.min(Duration::from_secs(2));
+        blocking("checking broker reachability", move || {
+            let metadata = client
+                .fetch_metadata(None, timeout)
+                .map_err(|e| unavailable("checking broker reachability", e))?;
+            if metadata.brokers().is_empty() {
+                return Err(unavailable(
+                    "checking broker reachability",
+                    "no brokers in metadata",
+                ));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// The group's client on this instance, created on first use and shared by every lease
+    /// of the group. It is closed when its last lease ends.
+    pub fn group(&self, group: &str) -> Result<Arc<GroupClient>, LeaseError> {
+        let mut groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(cached) = groups.get_mut(group) {
+            cached.idle_since = None;
+            return Ok(cached.client.clone());
+        }
+        if groups.len() >= self.settings.max_groups {
+            // At the limit: make room by closing a client no lease uses (one kept idle for
+            // a while), or refuse.
+            let idle = groups
+                .iter()
+                .find(|(_, cached)| Arc::strong_count(&cached.client) == 1)
+                .map(|(name, _)| name.clone());
+            match idle.and_then(|name| groups.remove(&name)) {
+                // Closing a librdkafka consumer blocks briefly; keep it off the reactor.
+                Some(closing) => drop(tokio::task::spawn_blocking(move || drop(closing))),
+                None => {
+                    return Err(LeaseError::LimitReached {
+                        flag: "--max-groups",
+                        limit: self.settings.max_groups,
+                        what: format!(
+                            "this gateway already has leases in {} consumer groups, so it \
+                             cannot take one in group {group:?}",
+                            groups.len()
+                        ),
+                    })
+                }
+            }
+        }
+        let client = Arc::new(GroupClient::new(&self.settings, group)?);
+        groups.insert(
+            group.to_string(),
+            CachedGroup {
+                client: client.clone(),
+                idle_since: None,
+            },
+        );
+        Ok(client)
+    }
+}
+
+/// How often the metadata client's events are served.
+const METADATA_EVENTS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Serves the metadata client's event queue every [`METADATA_EVENTS_INTERVAL`] until the
+/// client is gone. librdkafka queues its log lines and client errors there (a failed SASL
+/// authentication, all brokers down), and the metadata client is otherwise never polled: they
+/// would be logged only when it closes, so a gateway with wrong Kafka credentials would only
+/// say "broker transport failure" while it runs. (Group clients serve theirs in their poller.)
+async fn serve_metadata_client_events(client: Weak<BaseConsumer<ClientLog>>) {
+    let mut ticker = tokio::time::interval(METADATA_EVENTS_INTERVAL);
+    loop {
+        ticker.tick().await;
+        let Some(client) = client.upgrade() else {
+            return;
+        };
+        // The client context logs each event as it is served; the errors poll returns are
+        // those same events (the client reads no records). A poll returns None once its
+        // time passed without an event it returns, having served everything else meanwhile;
+        // the bound keeps a storm of errors from holding the blocking thread.
+        let _ = tokio::task::spawn_blocking(move || {
+            for _ in 0..20 {
+                if client.poll(Duration::from_millis(50)).is_none() {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// Closes group clients no lease has used for [`IDLE_GROUP_CLIENT`]; ends with the clients.
+async fn close_idle_group_clients(groups: Weak<Mutex<HashMap<String, CachedGroup>>>) {
+    let mut ticker = tokio::time::interval(IDLE_GROUP_CLIENT / 6);
+    loop {
+        ticker.tick().await;
+        let Some(groups) = groups.upgrade() else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        let closing: Vec<CachedGroup> = {
+            let mut groups = groups.lock().unwrap_or_else(|p| p.into_inner());
+            for cached in groups.values_mut() {
+                // Only the cache holds it: no lease of the group is open on this instance.
+                if Arc::strong_count(&cached.client) == 1 {
+                    cached.idle_since.get_or_insert(now);
+                } else {
+                    cached.idle_since = None;
+                }
+            }
+            let idle: Vec<String> = groups
+                .iter()
+                .filter(|(_, c)| c.idle_since.is_some_and(|t| now - t >= IDLE_GROUP_CLIENT))
+                .map(|(name, _)| name.clone())
+                .collect();
+            idle.iter().filter_map(|name| groups.remove(name)).collect()
+        };
+        // Closing a librdkafka consumer blocks briefly; keep it off the reactor.
+        if !closing.is_empty() {
+            tracing::debug!(groups = closing.len(), "closing idle group clients");
+            let _ = tokio::task::spawn_blocking(move || drop(closing)).await;
+        }
+    }
+}

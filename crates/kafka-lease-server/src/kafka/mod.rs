@@ -1,0 +1,37 @@
+//! Reading partitions and storing offsets with librdkafka (the `rdkafka` crate).
+//!
+//! One consumer client per consumer group on each gateway ([`GroupClient`]) reads every
+//! partition leased in that group, each through its own split partition queue
+//! ([`PartitionFeed`]), and stores the group's offsets in Kafka's group coordinator. The
+//! client never joins the group (`assign`, not `subscribe`): partition ownership comes from
+//! the lock backend, so Kafka's rebalancing must stay out of it. A lease therefore costs a
+//! partition queue, not a client with its own threads; see docs/ARCHITECTURE.md for the
+//! thread and memory arithmetic.
+//!
+//! librdkafka calls that block (metadata, watermarks, commits, seeks) run on tokio's blocking
+//! pool so they never stall the reactor.
+//!
+//! One concern a file, each importing only those listed before it:
+//!
+//! - `errors`: what a librdkafka error means to the caller, and the blocking pool
+//!   (`blocking`, `retrying` while a broker state is transient).
+//! - [`settings`]: [`KafkaSettings`], how every client is configured and created, its log
+//!   context ([`ClientLog`]), and the operator's properties (`KafkaProperties`, the
+//!   properties-file format, `is_secret`).
+//! - `group`: [`GroupClient`], a consumer group's client (committed offsets, commits, topic
+//!   lookups, the cached high watermark).
+//! - `metadata`: [`Kafka`], the metadata client (partition counts, watermarks, offsets by
+//!   time, ping) and the cache of group clients.
+//! - `feed`: [`PartitionFeed`], the Read path: a partition queue split off a group client
+//!   and batches filled from it ([`BatchLimits`]).
+
+mod errors;
+mod feed;
+mod group;
+mod metadata;
+pub mod settings;
+
+pub use feed::{BatchLimits, PartitionFeed};
+pub use group::GroupClient;
+pub use metadata::Kafka;
+pub use settings::{ClientLog, KafkaSettings, DEFAULT_MAX_GROUPS};
