@@ -13,6 +13,7 @@ use crate::coordination::{
     Acquisition, FencingToken, HeldPartition, HolderInfo, LockGrant, LockKey,
 };
 use crate::error::{BusyPartition, EndReason, LeaseError};
+use crate::kafka::PartitionFeed;
 use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts};
 use crate::waiters::{TopicQueue, Wants};
 
@@ -464,7 +465,7 @@ impl Gateway {
                     Reset::Latest => high,
                 },
             };
-            let feed = group_client.open_partition(&key.topic, key.partition, start)?;
+            let feed = PartitionFeed::open(&group_client, &key.topic, key.partition, start)?;
             Ok::<_, LeaseError>((start, committed, high, feed))
         }
         .await;

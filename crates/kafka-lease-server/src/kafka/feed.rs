@@ -282,18 +282,3 @@ fn add<M: Keep>(
     batch.push(&prepared);
     batch.wire_len() < limits.max_bytes && batch.len() < limits.max_records
 }
-
-// Here, not in group.rs, so that the group client knows nothing of feeds: feed.rs uses
-// group.rs, never the other way round.
-impl GroupClient {
-    /// Starts fetching `topic`/`partition` at `offset` into a queue of its own
-    /// (`PartitionFeed::open`).
-    pub fn open_partition(
-        self: &Arc<Self>,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-    ) -> Result<PartitionFeed, LeaseError> {
-        PartitionFeed::open(self, topic, partition, offset)
-    }
-}
