@@ -14,7 +14,7 @@
 //!
 //! A connection is its peer address, as for `--max-leases-per-connection`. Calls forwarded
 //! by another instance count against the connection they came on; the forwarding pool
-//! ([`crate::forward::Peers`]) opens another connection before one would be refused.
+//! ([`crate::grpc::forward::Peers`]) opens another connection before one would be refused.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -18,7 +18,8 @@ pub mod config;
 pub use kafka_lease_coordination as coordination;
 pub mod dev;
 pub mod error;
-pub mod forward;
+/// Forwarding between instances, at the path it had before it joined [`grpc`].
+pub use grpc::forward;
 pub mod gateway;
 pub mod grpc;
 pub mod kafka;

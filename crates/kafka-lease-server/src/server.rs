@@ -22,8 +22,8 @@ use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerServiceServer
 use crate::auth::Auth;
 use crate::calls::ConnectionLimits;
 use crate::coordination::SessionState;
-use crate::forward::Peers;
 use crate::gateway::Gateway;
+use crate::grpc::forward::Peers;
 use crate::grpc::{LeaseService, PeerService};
 use crate::tls::ServerTls;
 

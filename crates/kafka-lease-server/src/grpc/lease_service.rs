@@ -1,7 +1,6 @@
 //! `PartitionLeaseService` over the [`Gateway`]: each call validated, authorized, served
 //! here or forwarded to the instance serving its lease, and its outcome recorded.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -12,13 +11,11 @@ use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseSe
 use kafka_lease_proto::v1;
 use kafka_lease_proto::wire::EncodedSubscribeResponse;
 
+use super::forward::{deadline_of, until_deadline, Failure, Peers, FORWARDED_BY};
 use crate::auth::{self, Action, Auth, Caller};
 use crate::calls::{holding, ConnectionLimits, LongCalls};
 use crate::error::LeaseError;
-use crate::forward::{
-    deadline_of, until_deadline, Failure, Peers, DESCRIBE_FANOUT, DESCRIBE_TIMEOUT, FORWARDED_BY,
-};
-use crate::gateway::{Gateway, ListedLease, Resolved};
+use crate::gateway::{Gateway, Resolved};
 use crate::lease::lease_ref;
 use crate::lease::Lease;
 use crate::lease::ReadBatch;
@@ -26,6 +23,7 @@ use crate::subscribe::Subscriptions;
 use crate::validate;
 
 use super::convert::*;
+use super::describe::Describer;
 use super::status::*;
 
 /// Runs one call of the lease service and records its outcome ([`crate::metrics`]).
@@ -176,155 +174,6 @@ impl LeaseService {
             .await
             .map(Response::new)
     }
-
-    /// The page's rows, each with the live details of its lease: from this instance's table,
-    /// or asked of the instance serving it (at most [`DESCRIBE_FANOUT`] at once, each within
-    /// [`DESCRIBE_TIMEOUT`] and the caller's deadline).
-    async fn with_live_details(
-        &self,
-        page: &[ListedLease],
-        deadline: Option<tokio::time::Instant>,
-    ) -> Vec<v1::LeaseInfo> {
-        let mut rows: Vec<v1::LeaseInfo> = page.iter().map(lease_info).collect();
-        // Instance → its address and the rows to ask it about.
-        let mut asks: HashMap<String, (String, Vec<usize>)> = HashMap::new();
-        for (i, listed) in page.iter().enumerate() {
-            if listed.local.is_some() {
-                continue;
-            }
-            let gateway = &listed.holder.gateway;
-            if gateway == self.gateway.instance() {
-                rows[i].details_unavailable =
-                    "this instance no longer serves it (it ended a moment ago)".into();
-                continue;
-            }
-            asks.entry(gateway.clone())
-                .or_insert_with(|| (listed.holder.address.clone(), Vec::new()))
-                .1
-                .push(i);
-        }
-        let limit = deadline.map_or(DESCRIBE_TIMEOUT, |d| {
-            d.saturating_duration_since(tokio::time::Instant::now())
-                .min(DESCRIBE_TIMEOUT)
-        });
-        let answers = futures::stream::iter(asks)
-            .map(|(instance, (address, indices))| {
-                let keys: Vec<v1::LeaseKey> = indices
-                    .iter()
-                    .map(|&i| v1::LeaseKey {
-                        group: page[i].key.group.clone(),
-                        topic: page[i].key.topic.clone(),
-                        partition: page[i].key.partition,
-                        fencing_token: page[i].token,
-                    })
-                    .collect();
-                async move {
-                    let answer =
-                        tokio::time::timeout(limit, self.describe(&instance, address, keys))
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(format!(
-                                    "gateway instance {instance:?} did not answer within {limit:?}"
-                                ))
-                            });
-                    (indices, answer)
-                }
-            })
-            .buffer_unordered(DESCRIBE_FANOUT)
-            .collect::<Vec<_>>()
-            .await;
-        for (indices, answer) in answers {
-            match answer {
-                Ok(described) => {
-                    let by_key: HashMap<(String, String, i32, u64), v1::LeaseInfo> = described
-                        .into_iter()
-                        .map(|l| {
-                            (
-                                (
-                                    l.group.clone(),
-                                    l.topic.clone(),
-                                    l.partition,
-                                    l.fencing_token,
-                                ),
-                                l,
-                            )
-                        })
-                        .collect();
-                    for i in indices {
-                        let row = &mut rows[i];
-                        let key = (
-                            row.group.clone(),
-                            row.topic.clone(),
-                            row.partition,
-                            row.fencing_token,
-                        );
-                        match by_key.get(&key) {
-                            Some(live) => {
-                                row.expires_at = live.expires_at;
-                                row.position = live.position;
-                                row.committed_offset = live.committed_offset;
-                                row.high_watermark = live.high_watermark;
-                                row.lag = live.lag;
-                                row.read_lag = live.read_lag;
-                            }
-                            None => {
-                                row.details_unavailable = format!(
-                                "gateway instance {:?} no longer serves it (it ended a moment ago)",
-                                row.gateway
-                            )
-                            }
-                        }
-                    }
-                }
-                Err(why) => {
-                    for i in indices {
-                        rows[i].details_unavailable = why.clone();
-                    }
-                }
-            }
-        }
-        rows
-    }
-
-    /// Asks `instance` (at `address`, or where its Consul record says when the lock names
-    /// none) for the live details of `keys`.
-    async fn describe(
-        &self,
-        instance: &str,
-        address: String,
-        keys: Vec<v1::LeaseKey>,
-    ) -> Result<Vec<v1::LeaseInfo>, String> {
-        let address = if address.is_empty() {
-            match self.gateway.locks().instance_address(instance).await {
-                Ok(Some(address)) => address,
-                Ok(None) => {
-                    return Err(format!(
-                        "gateway instance {instance:?} is not registered in Consul"
-                    ))
-                }
-                Err(err) => return Err(format!("looking up gateway instance {instance:?}: {err}")),
-            }
-        } else {
-            address
-        };
-        let (mut client, _route) = self
-            .peers
-            .describer(instance, &address)
-            .map_err(|e| e.to_string())?;
-        let request = self.peers.outgoing(
-            v1::DescribeLeasesRequest { leases: keys },
-            None,
-            &Caller::anonymous(),
-        );
-        match client.describe_leases(request).await {
-            Ok(answer) => Ok(answer.into_inner().leases),
-            Err(status) => Err(format!(
-                "gateway instance {instance:?} at {address} did not answer: {}: {}",
-                status.code(),
-                status.message()
-            )),
-        }
-    }
 }
 
 /// Where a call on a lease is served ([`LeaseService::on_lease`]).
@@ -335,7 +184,7 @@ enum Serve {
     Forward(String),
 }
 
-pub(crate) type ReadResponseStream = crate::forward::ReadResponses;
+pub(crate) type ReadResponseStream = super::forward::ReadResponses;
 
 #[tonic::async_trait]
 impl PartitionLeaseService for LeaseService {
@@ -695,7 +544,12 @@ impl PartitionLeaseService for LeaseService {
             let (page, next) = page_of(listed, after.as_ref(), size);
             let deadline = deadline_of(request.metadata());
             Ok(Response::new(v1::ListLeasesResponse {
-                leases: self.with_live_details(&page, deadline).await,
+                leases: Describer {
+                    gateway: &self.gateway,
+                    peers: &self.peers,
+                }
+                .with_live_details(&page, deadline)
+                .await,
                 next_page_token: next
                     .as_ref()
                     .map(validate::page_token_after)

@@ -32,11 +32,11 @@ use kafka_lease_proto::v1;
 use kafka_lease_proto::v1::gateway_peer_service_client::GatewayPeerServiceClient;
 use kafka_lease_proto::wire::EncodedReadResponse;
 
+use super::status::{status_of, ERROR_DOMAIN};
 use crate::auth::Caller;
 use crate::calls::ConnectionLimits;
 use crate::coordination::LockBackend;
 use crate::error::{EndReason, LeaseError, MemberUnreachable};
-use crate::grpc::{status_of, ERROR_DOMAIN};
 use crate::tls::ServerTls;
 
 /// The request header that marks a call forwarded by another instance; its value names that
@@ -55,6 +55,15 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DESCRIBE_FANOUT: usize = 8;
 /// How long one instance may take to describe its leases for a ListLeases.
 pub const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why no connection to a peer can be made from its advertised address.
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    #[error("its advertised address is not usable: {0}")]
+    Address(#[source] tonic::transport::Error),
+    #[error("TLS towards it cannot be set up: {0}")]
+    Tls(#[source] tonic::transport::Error),
+}
 
 /// The connections to the other instances, and the forwarding of calls over them.
 #[derive(Debug)]
@@ -153,10 +162,10 @@ impl Peers {
         self
     }
 
-    fn endpoint(&self, address: &str) -> Result<Endpoint, String> {
+    fn endpoint(&self, address: &str) -> Result<Endpoint, Unusable> {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let mut endpoint = Endpoint::from_shared(format!("{scheme}://{address}"))
-            .map_err(|e| format!("its advertised address is not usable: {e}"))?;
+        let mut endpoint =
+            Endpoint::from_shared(format!("{scheme}://{address}")).map_err(Unusable::Address)?;
         if let Some(tls) = &self.tls {
             let peer = tls.peer();
             let mut config =
@@ -164,9 +173,7 @@ impl Peers {
             if let Some(ca) = &peer.ca_pem {
                 config = config.ca_certificate(Certificate::from_pem(ca));
             }
-            endpoint = endpoint
-                .tls_config(config)
-                .map_err(|e| format!("TLS towards it cannot be set up: {e}"))?;
+            endpoint = endpoint.tls_config(config).map_err(Unusable::Tls)?;
         }
         Ok(endpoint)
     }
@@ -229,11 +236,11 @@ impl Peers {
             None => {
                 let endpoint = self
                     .endpoint(address)
-                    .map_err(|detail| LeaseError::GatewayUnreachable {
+                    .map_err(|why| LeaseError::GatewayUnreachable {
                         lease_ref: lease_ref.to_string(),
                         gateway: instance.to_string(),
                         address: address.to_string(),
-                        detail,
+                        detail: why.to_string(),
                     })?
                     .connect_timeout(CONNECT_TIMEOUT)
                     .tcp_nodelay(true)
