@@ -22,7 +22,7 @@ use kafka_lease_proto::v1;
 
 use crate::coordination::{FencingToken, LockBackend, LockGrant, LockKey, SessionState};
 use crate::error::{EndReason, LeaseError};
-use crate::kafka::{BatchLimits, GroupClient, PartitionFeed};
+use crate::kafka::{BatchLimits, CommitGate, CommitsSettled, GroupClient, PartitionFeed};
 use crate::records::EncodedRecords;
 use kafka_lease_proto::wire::EncodedReadResponse;
 
@@ -93,7 +93,7 @@ pub struct Lease {
     pub ttl: Duration,
     pub acquired_at: SystemTime,
     pub span: tracing::Span,
-    pub group_client: Arc<GroupClient>,
+    group_client: Arc<GroupClient>,
     /// The lock session the grant was made under.
     session: String,
     state: Mutex<LeaseState>,
@@ -105,7 +105,7 @@ pub struct Lease {
     /// The commit gate: every commit holds a read permit from before its fence check until
     /// librdkafka has its outcome; the end of the lease takes the write side before its lock
     /// is released, so no commit of this lease can land after a successor's Acquire.
-    commit_gate: Arc<tokio::sync::RwLock<()>>,
+    commit_gate: CommitGate,
     /// Counts commits accepted and the end: what a subscription's revoke waits for.
     commits: watch::Sender<u64>,
     /// The delivery counters of its group and topic, looked up once: the Read path only
@@ -209,7 +209,7 @@ impl Lease {
             feed: tokio::sync::Mutex::new(Some(parts.feed)),
             grant: Mutex::new(Some(parts.grant)),
             locks: parts.locks,
-            commit_gate: Arc::default(),
+            commit_gate: CommitGate::default(),
             commits: watch::channel(0).0,
             delivered,
         })
@@ -283,8 +283,7 @@ impl Lease {
     /// until librdkafka has its outcome: the end of the lease waits for it (the commit gate in
     /// docs/ARCHITECTURE.md). The caller has checked the offset's range.
     pub async fn commit(&self, offset: i64, metadata: Option<&str>) -> Result<String, LeaseError> {
-        let permit = self.commit_gate.clone().read_owned().await;
-        self.fenced()?;
+        let permit = self.commit_gate.permit(|| self.fenced()).await?;
         let metadata = match metadata {
             Some(user) if !user.is_empty() => format!("kafka-lease token={};{user}", self.token),
             _ => format!("kafka-lease token={}", self.token),
@@ -307,8 +306,24 @@ impl Lease {
 
     /// Waits until no commit of this lease is in flight. Once the lease has ended, none can
     /// start (their fence check fails), so the lock can then be released.
-    pub async fn commits_settled(&self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
-        self.commit_gate.clone().write_owned().await
+    pub async fn commits_settled(&self) -> CommitsSettled {
+        self.commit_gate.settled().await
+    }
+
+    /// The committed offset of the lease's partition, as Kafka has it now.
+    pub async fn committed_in_kafka(&self) -> Result<Option<i64>, LeaseError> {
+        let committed = self
+            .group_client
+            .committed(&self.key.topic, self.key.partition)
+            .await?;
+        Ok(committed.map(|(offset, _)| offset))
+    }
+
+    /// The partition's high watermark as librdkafka last saw it in a fetch response,
+    /// without a request.
+    pub fn fetched_high_watermark(&self) -> Option<i64> {
+        self.group_client
+            .cached_high_watermark(&self.key.topic, self.key.partition)
     }
 
     /// Stops fetching the partition and hands back the lock grant, for the gateway to

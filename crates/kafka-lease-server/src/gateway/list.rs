@@ -20,10 +20,7 @@ impl Gateway {
                 let mut snapshot = lease.snapshot();
                 // The partition keeps being fetched while no Read is open, so librdkafka's
                 // watermark is fresher than the one the last batch carried.
-                if let Some(high) = lease
-                    .group_client
-                    .cached_high_watermark(&lease.key.topic, lease.key.partition)
-                {
+                if let Some(high) = lease.fetched_high_watermark() {
                     snapshot.high_watermark = snapshot.high_watermark.max(high);
                 }
                 (lease.key.clone(), snapshot)

@@ -165,8 +165,8 @@ impl Gateway {
                 .await?
                 .unwrap_or(high)
                 .clamp(low, high),
-            SeekTarget::Committed => match lease.group_client.committed(topic, partition).await? {
-                Some((offset, _)) if (low..=high).contains(&offset) => offset,
+            SeekTarget::Committed => match lease.committed_in_kafka().await? {
+                Some(offset) if (low..=high).contains(&offset) => offset,
                 _ => low,
             },
         };

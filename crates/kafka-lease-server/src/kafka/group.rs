@@ -15,6 +15,39 @@ use super::errors::{kafka_error, retrying, unavailable, Failure};
 use super::settings::{ClientLog, KafkaSettings};
 use crate::error::LeaseError;
 
+/// The gate a partition's commits pass: each commit holds a [`CommitPermit`] from before its
+/// check (the caller's: for a lease, its fence) until librdkafka has the commit's outcome,
+/// and [`CommitGate::settled`] waits until none is in flight. A permit is made only here,
+/// and [`GroupClient::commit`] takes one: a commit that skips the gate does not compile.
+#[derive(Debug, Default)]
+pub struct CommitGate(Arc<tokio::sync::RwLock<()>>);
+
+/// A commit let through a [`CommitGate`]: the gate's settling waits for it.
+#[derive(Debug)]
+pub struct CommitPermit(#[allow(dead_code)] tokio::sync::OwnedRwLockReadGuard<()>);
+
+/// No commit is in flight through the gate while this lives.
+#[derive(Debug)]
+pub struct CommitsSettled(#[allow(dead_code)] tokio::sync::OwnedRwLockWriteGuard<()>);
+
+impl CommitGate {
+    /// A permit, once `check` passes while it is held (so whoever settles the gate after
+    /// making `check` fail knows no commit passed it before).
+    pub async fn permit<E>(
+        &self,
+        check: impl FnOnce() -> Result<(), E>,
+    ) -> Result<CommitPermit, E> {
+        let permit = CommitPermit(self.0.clone().read_owned().await);
+        check()?;
+        Ok(permit)
+    }
+
+    /// Waits until no commit holds a permit.
+    pub async fn settled(&self) -> CommitsSettled {
+        CommitsSettled(self.0.clone().write_owned().await)
+    }
+}
+
 /// librdkafka's `fetch.wait.max.ms` for the group clients: how long the broker holds a fetch
 /// of partitions without new records. A client has one fetch in flight per broker, so a
 /// partition opened while the group's other partitions wait in such a fetch is first fetched
@@ -183,14 +216,15 @@ impl GroupClient {
         self.topics.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Stores `offset` with `metadata` as the group's committed offset, synchronously.
+    /// Stores `offset` with `metadata` as the group's committed offset, synchronously. Only
+    /// with a [`CommitPermit`], held until librdkafka has the request's outcome.
     pub async fn commit(
         &self,
         topic: &str,
         partition: i32,
         offset: i64,
         metadata: String,
-        in_flight: impl Send + 'static,
+        in_flight: CommitPermit,
     ) -> Result<(), LeaseError> {
         const OPERATION: &str = "committing an offset";
         let consumer = self.consumer.clone();

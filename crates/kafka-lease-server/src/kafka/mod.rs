@@ -32,6 +32,6 @@ mod metadata;
 pub mod settings;
 
 pub use feed::{BatchLimits, PartitionFeed};
-pub use group::GroupClient;
+pub use group::{CommitGate, CommitPermit, CommitsSettled, GroupClient};
 pub use metadata::Kafka;
 pub use settings::{ClientLog, KafkaSettings, DEFAULT_MAX_GROUPS};
