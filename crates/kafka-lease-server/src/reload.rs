@@ -1,7 +1,7 @@
 //! Hot reload of files, in one place: a value built from files' bytes, swapped for a new one
 //! only when the bytes changed and the new ones build a whole value, and a task that offers
 //! the files again every [`RELOAD_INTERVAL`]. The TLS material (`tls.rs`) and the policy and
-//! token files (`auth.rs`) reload through it.
+//! token files (`auth/`) reload through it.
 
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;

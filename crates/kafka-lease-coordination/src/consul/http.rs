@@ -388,6 +388,69 @@ struct TxnError {
     what: String,
 }
 
+/// What came of an applied-or-refused transaction.
+#[derive(Debug)]
+pub(super) enum TxnOutcome {
+    /// Applied, with the KV entries its operations returned.
+    Applied(Vec<KVPair>),
+    /// Rolled back (HTTP 409), with Consul's reasons.
+    Refused(TxnRefusal),
+}
+
+/// Why Consul rolled a transaction back, told apart once here from the reasons it gives
+/// (one per failed operation, joined with "; "). Each variant keeps that text, for messages
+/// (its `Display`). When the text names several cases, the first of this order wins:
+/// invalid session, lock delay, already held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum TxnRefusal {
+    /// The session is unknown to Consul (`invalid session "<id>"`): it was invalidated.
+    InvalidSession(String),
+    /// The key is free but under the lock-delay of a session invalidated a moment ago
+    /// (`failed to lock key "<key>" due to lock delay`).
+    LockDelay(String),
+    /// Another session holds the key (`failed to lock key "<key>", lock is already held`).
+    AlreadyHeld(String),
+    /// Any other reason (a failed `check-session`, among others).
+    Other(String),
+}
+
+impl TxnRefusal {
+    /// The refusal Consul's reasons `what` describe.
+    pub(super) fn parse(what: String) -> TxnRefusal {
+        if what.contains("invalid session") {
+            TxnRefusal::InvalidSession(what)
+        } else if what.contains("lock delay") {
+            TxnRefusal::LockDelay(what)
+        } else if what.contains("already held") {
+            TxnRefusal::AlreadyHeld(what)
+        } else {
+            TxnRefusal::Other(what)
+        }
+    }
+
+    /// Consul's reasons, as it gave them.
+    pub(super) fn what(&self) -> &str {
+        match self {
+            TxnRefusal::InvalidSession(what)
+            | TxnRefusal::LockDelay(what)
+            | TxnRefusal::AlreadyHeld(what)
+            | TxnRefusal::Other(what) => what,
+        }
+    }
+}
+
+impl fmt::Display for TxnRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.what())
+    }
+}
+
+/// A request that got no HTTP answer: it could not be built, or sending it failed. Its
+/// text is the error and its causes, each said once ([`error_chain`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{}", error_chain(.0))]
+pub(super) struct SendError(#[source] rustify::errors::ClientError);
+
 /// The status, `X-Consul-Index` and body of a response.
 pub(super) struct RawAnswer {
     pub(super) status: u16,
@@ -401,20 +464,15 @@ impl Shared {
     pub(super) async fn send_raw<E: Endpoint + FeaturedEndpoint>(
         &self,
         endpoint: E,
-    ) -> Result<RawAnswer, String> {
+    ) -> Result<RawAnswer, SendError> {
         let middleware = self.client.middle(endpoint.features());
         let mut request = endpoint
             .request(self.client.http().base())
-            .map_err(|e| error_chain(&e))?;
+            .map_err(SendError)?;
         middleware
             .request(&endpoint, &mut request)
-            .map_err(|e| error_chain(&e))?;
-        let response = self
-            .client
-            .http()
-            .send(request)
-            .await
-            .map_err(|e| error_chain(&e))?;
+            .map_err(SendError)?;
+        let response = self.client.http().send(request).await.map_err(SendError)?;
         let index = response
             .headers()
             .get("X-Consul-Index")
@@ -446,53 +504,21 @@ impl Shared {
         };
         let answer = in_time(operation, self.send_raw(request))
             .await?
-            .map_err(|e| unavailable(operation, e))?;
+            .map_err(|e| unavailable(operation, e.to_string()))?;
         parse_kv_answer(operation, answer)
     }
 
-    /// Applies a transaction. `Ok(Ok(entries))`: applied, with the KV entries its operations
-    /// returned; `Ok(Err(what))`: rolled back, with Consul's reasons (one per failed
-    /// operation, joined).
+    /// Applies a transaction: [`TxnOutcome::Applied`] with the KV entries its operations
+    /// returned, or [`TxnOutcome::Refused`] with why Consul rolled it back.
     pub(super) async fn txn(
         &self,
         operation: &'static str,
         ops: Vec<TxnOp>,
-    ) -> Result<Result<Vec<KVPair>, String>, CoordinationError> {
+    ) -> Result<TxnOutcome, CoordinationError> {
         let answer = in_time(operation, self.send_raw(Txn { ops }))
             .await?
-            .map_err(|e| unavailable(operation, e))?;
-        let parsed = || -> Result<TxnAnswer, CoordinationError> {
-            serde_json::from_slice(&answer.body).map_err(|e| {
-                unavailable(
-                    operation,
-                    format!(
-                        "HTTP {}, unreadable txn answer ({e}): {}",
-                        answer.status,
-                        String::from_utf8_lossy(&answer.body).trim()
-                    ),
-                )
-            })
-        };
-        match answer.status {
-            200 => Ok(Ok(parsed()?
-                .results
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|r| r.kv)
-                .collect())),
-            409 => {
-                let errors = parsed()?.errors.unwrap_or_default();
-                let what: Vec<String> = errors.into_iter().map(|e| e.what).collect();
-                Ok(Err(what.join("; ")))
-            }
-            status => Err(unavailable(
-                operation,
-                format!(
-                    "HTTP {status}: {}",
-                    String::from_utf8_lossy(&answer.body).trim()
-                ),
-            )),
-        }
+            .map_err(|e| unavailable(operation, e.to_string()))?;
+        parse_txn_answer(operation, &answer)
     }
 
     /// The locks under a topic prefix: at once (`blocking: None`), or after a change past
@@ -519,7 +545,7 @@ impl Shared {
         match tokio::time::timeout(limit, self.send_raw(request)).await {
             Ok(answer) => Ok(Some(parse_kv_answer(
                 operation,
-                answer.map_err(|e| unavailable(operation, e))?,
+                answer.map_err(|e| unavailable(operation, e.to_string()))?,
             )?)),
             Err(_) => Ok(None),
         }
@@ -534,6 +560,68 @@ impl Shared {
     ) -> Result<Option<KVPair>, CoordinationError> {
         let read = self.read_kv(operation, path, false, mode).await?;
         Ok(read.entries.into_iter().find(|e| e.key == path))
+    }
+
+    /// Whether Consul answers and its cluster has a leader (`GET /v1/status/leader`).
+    pub(super) async fn ping(&self) -> Result<(), CoordinationError> {
+        let middleware = self.client.middle(None);
+        let answer = bounded("ping", async {
+            StatusLeader
+                .with_middleware(&middleware)
+                .exec(self.client.http())
+                .await
+                .map_err(ClientError::from)
+        })
+        .await?;
+        let leader: String = answer
+            .parse()
+            .map_err(|e| unavailable("ping", error_chain(&e)))?;
+        if leader.is_empty() {
+            return Err(unavailable("ping", "the Consul cluster has no leader"));
+        }
+        Ok(())
+    }
+}
+
+/// A `/v1/txn` answer: applied (200), refused (409, its reasons parsed into a
+/// [`TxnRefusal`]), or an error.
+pub(super) fn parse_txn_answer(
+    operation: &'static str,
+    answer: &RawAnswer,
+) -> Result<TxnOutcome, CoordinationError> {
+    let parsed = || -> Result<TxnAnswer, CoordinationError> {
+        serde_json::from_slice(&answer.body).map_err(|e| {
+            unavailable(
+                operation,
+                format!(
+                    "HTTP {}, unreadable txn answer ({e}): {}",
+                    answer.status,
+                    String::from_utf8_lossy(&answer.body).trim()
+                ),
+            )
+        })
+    };
+    match answer.status {
+        200 => Ok(TxnOutcome::Applied(
+            parsed()?
+                .results
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|r| r.kv)
+                .collect(),
+        )),
+        409 => {
+            let errors = parsed()?.errors.unwrap_or_default();
+            let what: Vec<String> = errors.into_iter().map(|e| e.what).collect();
+            Ok(TxnOutcome::Refused(TxnRefusal::parse(what.join("; "))))
+        }
+        status => Err(unavailable(
+            operation,
+            format!(
+                "HTTP {status}: {}",
+                String::from_utf8_lossy(&answer.body).trim()
+            ),
+        )),
     }
 }
 
@@ -691,5 +779,121 @@ mod tests {
         assert_eq!(go_duration(Duration::from_secs(10)), "10s");
         assert_eq!(go_duration(Duration::from_millis(1500)), "1500ms");
         assert_eq!(go_duration(Duration::ZERO), "0s");
+    }
+
+    #[test]
+    fn a_txn_refusal_is_told_apart_by_consuls_reasons() {
+        let parse = |what: &str| TxnRefusal::parse(what.to_string());
+        assert_eq!(
+            parse(r#"invalid session "6e3f40f7-1b3a-2c6d-9e07-3d2f4c1a8b90""#),
+            TxnRefusal::InvalidSession(
+                r#"invalid session "6e3f40f7-1b3a-2c6d-9e07-3d2f4c1a8b90""#.into()
+            )
+        );
+        assert_eq!(
+            parse(r#"failed to lock key "kafka-lease/g/t/0" due to lock delay"#),
+            TxnRefusal::LockDelay(
+                r#"failed to lock key "kafka-lease/g/t/0" due to lock delay"#.into()
+            )
+        );
+        assert_eq!(
+            parse(r#"failed to lock key "kafka-lease/g/t/0", lock is already held"#),
+            TxnRefusal::AlreadyHeld(
+                r#"failed to lock key "kafka-lease/g/t/0", lock is already held"#.into()
+            )
+        );
+        for other in [
+            r#"failed session check for key "kafka-lease/g/t/~members/m", current session "" != "s""#,
+            r#"failed to check session, key "kafka-lease/g/t/~members/m" doesn't exist"#,
+            "",
+        ] {
+            assert_eq!(parse(other), TxnRefusal::Other(other.into()));
+        }
+        // Several reasons in one text: the first case of the documented order wins.
+        assert!(matches!(
+            parse(r#"failed to lock key "a", lock is already held; invalid session "s""#),
+            TxnRefusal::InvalidSession(_)
+        ));
+        assert!(matches!(
+            parse(
+                r#"failed to lock key "a", lock is already held; failed to lock key "b" due to lock delay"#
+            ),
+            TxnRefusal::LockDelay(_)
+        ));
+        // The text is kept for messages.
+        let refusal = parse(r#"failed to lock key "k", lock is already held"#);
+        assert_eq!(
+            refusal.to_string(),
+            r#"failed to lock key "k", lock is already held"#
+        );
+        assert_eq!(refusal.what(), refusal.to_string());
+    }
+
+    fn answer(status: u16, body: &str) -> RawAnswer {
+        RawAnswer {
+            status,
+            index: None,
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_txn_answer_is_applied_refused_or_an_error() {
+        let applied = parse_txn_answer(
+            "test",
+            &answer(
+                200,
+                r#"{"Results":[{"KV":{"LockIndex":1,"Key":"p/g/t/0","Flags":0,"Value":null,
+                    "Session":"s","CreateIndex":7,"ModifyIndex":9}}],"Errors":null}"#,
+            ),
+        )
+        .unwrap();
+        let TxnOutcome::Applied(entries) = applied else {
+            panic!("not applied: {applied:?}");
+        };
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].key, "p/g/t/0");
+        assert_eq!(entries[0].modify_index, 9);
+        assert_eq!(entries[0].session.as_deref(), Some("s"));
+
+        let refused = parse_txn_answer(
+            "test",
+            &answer(
+                409,
+                r#"{"Results":null,"Errors":[{"OpIndex":0,
+                    "What":"failed to lock key \"p/g/t/0\" due to lock delay"}]}"#,
+            ),
+        )
+        .unwrap();
+        let TxnOutcome::Refused(TxnRefusal::LockDelay(what)) = refused else {
+            panic!("not refused for lock delay: {refused:?}");
+        };
+        assert_eq!(what, r#"failed to lock key "p/g/t/0" due to lock delay"#);
+
+        let refused = parse_txn_answer(
+            "test",
+            &answer(
+                409,
+                r#"{"Errors":[{"OpIndex":0,"What":"one"},{"OpIndex":1,"What":"two"}]}"#,
+            ),
+        )
+        .unwrap();
+        let TxnOutcome::Refused(TxnRefusal::Other(what)) = refused else {
+            panic!("not refused: {refused:?}");
+        };
+        assert_eq!(what, "one; two", "every reason, joined");
+
+        let error = parse_txn_answer("test", &answer(500, " rpc error \n")).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "lock backend unavailable during test: HTTP 500: rpc error"
+        );
+        let error = parse_txn_answer("test", &answer(409, "not json")).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("HTTP 409, unreadable txn answer"),
+            "{error}"
+        );
     }
 }

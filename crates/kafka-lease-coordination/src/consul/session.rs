@@ -64,7 +64,7 @@ impl Shared {
             self.send_raw(RegisterService::new(&self.config, check)),
         )
         .await?
-        .map_err(|e| unavailable(OPERATION, e))?;
+        .map_err(|e| unavailable(OPERATION, e.to_string()))?;
         if answer.status == 200 {
             Ok(())
         } else {
@@ -293,8 +293,10 @@ impl Shared {
             .txn(OPERATION, vec![TxnOp::lock(&path, &value, session)])
             .await?
         {
-            Ok(_) => Ok(()),
-            Err(what) => Err(unavailable(OPERATION, format!("{path}: {what}"))),
+            TxnOutcome::Applied(_) => Ok(()),
+            TxnOutcome::Refused(refusal) => {
+                Err(unavailable(OPERATION, format!("{path}: {refusal}")))
+            }
         }
     }
 

@@ -1,0 +1,88 @@
+//! The passer of a TTL check: the task that tells the agent, every pass interval, that this
+//! gateway process still runs (see [`CheckKind::Ttl`]).
+
+use super::*;
+
+/// Why one pass of the TTL check failed.
+#[derive(Debug, thiserror::Error)]
+enum PassFailure {
+    /// No answer within the patience of a pass.
+    #[error("no answer within {0:?}")]
+    NoAnswer(Duration),
+    /// The request got no HTTP answer.
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// The agent answered with something other than 200.
+    #[error("HTTP {status}: {body}")]
+    Status { status: u16, body: String },
+}
+
+/// Passes this instance's TTL check every `every`, for as long as the backend lives, whatever
+/// the state of the session: the check says that this process runs, nothing more (a Kafka
+/// outage, or a lost session being replaced, leaves it passing). It runs on the gateway's
+/// runtime, so a process that cannot run its tasks (SIGSTOP, a wedged runtime, a paused VM)
+/// stops passing, and the agent marks the check critical, ending the session, `ttl` after
+/// the last pass. Each pass may take up to half the TTL: a slow agent still gets its passes
+/// through (cancelling them sooner would fail the check while the agent works), and one that
+/// hangs leaves time for another try on a fresh request before the TTL runs out.
+pub(super) async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
+    let patience = every * PASSES_PER_TTL / 2;
+    let check_id = shared.config.check_id();
+    let instance = shared.config.instance.clone();
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Failures before the first good pass are expected (the check may not be registered
+    // yet) and neither counted nor warned about; after it, `failing_since` is the start of
+    // the current run of failures, if any.
+    let mut passed_once = false;
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        ticks.tick().await;
+        let outcome = match tokio::time::timeout(
+            patience,
+            shared.send_raw(PassCheck {
+                check_id: check_id.clone(),
+            }),
+        )
+        .await
+        {
+            Err(_) => Err(PassFailure::NoAnswer(patience)),
+            Ok(Err(error)) => Err(PassFailure::from(error)),
+            Ok(Ok(answer)) if answer.status == 200 => Ok(()),
+            Ok(Ok(answer)) => Err(PassFailure::Status {
+                status: answer.status,
+                body: String::from_utf8_lossy(&answer.body).trim().to_string(),
+            }),
+        };
+        match outcome {
+            Ok(()) => {
+                if let Some(since) = failing_since.take() {
+                    tracing::info!(
+                        %instance,
+                        check = %check_id,
+                        failing_for = ?since.elapsed(),
+                        "passing the liveness check again",
+                    );
+                }
+                passed_once = true;
+            }
+            Err(error) => {
+                if !passed_once {
+                    tracing::debug!(%instance, check = %check_id, %error, "liveness check not passed yet");
+                    continue;
+                }
+                ::metrics::counter!(super::metrics::CHECK_PASS_FAILURES).increment(1);
+                if failing_since.is_none() {
+                    failing_since = Some(Instant::now());
+                    tracing::warn!(
+                        %instance,
+                        check = %check_id,
+                        %error,
+                        "could not pass the liveness check; the agent ends this instance's \
+                         session if no pass succeeds within the check's TTL",
+                    );
+                }
+            }
+        }
+    }
+}
