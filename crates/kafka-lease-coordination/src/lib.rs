@@ -89,8 +89,23 @@ impl fmt::Display for LockKey {
 }
 
 /// A fencing token: strictly greater than every token issued before it for the same key.
+/// Only a lock backend issues one (its field is private to this crate); the API carries it as
+/// a number, which [`FencingToken::get`] gives and [`FencingToken::from_wire`] reads back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct FencingToken(pub u64);
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// The token as the API and the commit metadata carry it.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// A token as a client or another instance sent it: to compare with one a backend
+    /// issued, never to vouch for a lock.
+    pub fn from_wire(token: u64) -> Self {
+        FencingToken(token)
+    }
+}
 
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -177,7 +192,9 @@ pub enum Acquisition {
 /// One lock of a [`TopicView`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HeldPartition {
-    pub token: FencingToken,
+    /// `None` while only an attempt's answer says it is held (a lock another instance took
+    /// since the view): the token comes with the next view.
+    pub token: Option<FencingToken>,
     /// The recorded holder; `None` when the value is not a readable [`HolderInfo`] (the key
     /// is held all the same).
     pub holder: Option<HolderInfo>,

@@ -91,7 +91,7 @@ impl Table {
                 (
                     key.partition,
                     HeldPartition {
-                        token: entry.token,
+                        token: Some(entry.token),
                         holder: Some(entry.holder.clone()),
                     },
                 )
@@ -611,7 +611,7 @@ mod tests {
         let grant = acquire(&a, &key(0), "a").await;
         let view = held_view(&b, &key(0)).await;
         assert_eq!(view.held[&0].holder, Some(holder("a")));
-        assert_eq!(view.held[&0].token, grant.token());
+        assert_eq!(view.held[&0].token, Some(grant.token()));
         a.release(grant).await.unwrap();
         let started = tokio::time::Instant::now();
         let moved = b

@@ -180,7 +180,7 @@ impl Lease {
             group = %key.group,
             topic = %key.topic,
             partition = key.partition,
-            token = token.0,
+            token = token.get(),
         );
         Arc::new(Self {
             lease_ref,

@@ -364,7 +364,7 @@ mod tests {
                     (
                         p,
                         HeldPartition {
-                            token: FencingToken(1),
+                            token: Some(FencingToken::from_wire(1)),
                             holder: None,
                         },
                     )
@@ -394,7 +394,7 @@ mod tests {
         q.mark_held(
             1,
             HeldPartition {
-                token: FencingToken(2),
+                token: Some(FencingToken::from_wire(2)),
                 holder: None,
             },
         );

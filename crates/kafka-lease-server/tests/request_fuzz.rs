@@ -97,7 +97,7 @@ impl Rig {
         State {
             locks: held
                 .iter()
-                .map(|h| (format!("{:?}", h.key), h.token.0))
+                .map(|h| (format!("{:?}", h.key), h.token.get()))
                 .collect(),
             committed: lease.committed(),
             resume_point: lease.resume_point(),

@@ -102,7 +102,7 @@ impl Shared {
         // Whatever comes of it, the grant is given up: a later try_acquire must go to Consul.
         lock(&self.granted).remove(grant.key());
         let mut request = DeleteKeyRequest::builder();
-        request.cas(grant.token().0);
+        request.cas(grant.token().get());
         let deleted = consulrs::kv::delete(&self.client, &path, Some(&mut request));
         match in_time("release", deleted).await? {
             Ok(answer) => {

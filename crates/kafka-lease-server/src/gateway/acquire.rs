@@ -9,9 +9,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::coordination::{
-    Acquisition, FencingToken, HeldPartition, HolderInfo, LockGrant, LockKey,
-};
+use crate::coordination::{Acquisition, HeldPartition, HolderInfo, LockGrant, LockKey};
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::PartitionFeed;
 use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts};
@@ -176,7 +174,7 @@ impl Gateway {
                     Attempt::Held => queue.mark_held(
                         partition,
                         HeldPartition {
-                            token: FencingToken(0),
+                            token: None,
                             holder: None,
                         },
                     ),
@@ -342,10 +340,7 @@ impl Gateway {
             gateway: self,
             grant: Some(grant),
         };
-        let token = grant
-            .grant
-            .as_ref()
-            .map_or(FencingToken(0), LockGrant::token);
+        let token = grant.grant.as_ref().map(LockGrant::token);
         let granted = self.open_lease(spec, id, holder.clone(), grant).await?;
         claim.installed = true;
         let held = HeldPartition {
@@ -493,7 +488,7 @@ impl Gateway {
         Ok(Granted {
             lease_id: id,
             key,
-            fencing_token: token.0,
+            fencing_token: token,
             offset: start,
             high_watermark: high,
             expires_at: snapshot.expires_at,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::coordination::{LockKey, MemberRecord};
+use crate::coordination::{FencingToken, LockKey, MemberRecord};
 use crate::error::LeaseError;
 use crate::lease::{Lease, LeaseSnapshot};
 
@@ -30,10 +30,10 @@ impl Gateway {
 
     /// The live details of the lease this instance serves on `key` under `token`, if it
     /// does: for another instance's ListLeases.
-    pub fn describe(&self, key: &LockKey, token: u64) -> Option<LeaseSnapshot> {
+    pub fn describe(&self, key: &LockKey, token: FencingToken) -> Option<LeaseSnapshot> {
         self.table()
             .lease_at(key)
-            .filter(|l| l.token.0 == token)
+            .filter(|l| l.token == token)
             .map(|l| l.snapshot())
     }
 
@@ -56,7 +56,7 @@ impl Gateway {
                 ListedLease {
                     key: h.key,
                     holder: h.holder,
-                    token: h.token.0,
+                    token: h.token,
                     local,
                 }
             })

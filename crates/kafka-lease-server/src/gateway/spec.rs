@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::coordination::{HolderInfo, LockKey};
+use crate::coordination::{FencingToken, HolderInfo, LockKey};
 
 /// Where a lease starts when its group has no committed offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub struct AcquireSpec {
 pub struct Granted {
     pub lease_id: String,
     pub key: LockKey,
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     pub offset: i64,
     pub high_watermark: i64,
     pub expires_at: SystemTime,
@@ -58,7 +58,7 @@ pub enum SeekTarget {
 pub struct ListedLease {
     pub key: LockKey,
     pub holder: HolderInfo,
-    pub token: u64,
+    pub token: FencingToken,
     /// Present where this instance serves the lease.
     pub local: Option<crate::lease::LeaseSnapshot>,
 }

@@ -41,7 +41,7 @@ pub(crate) fn lease_info(listed: &ListedLease) -> v1::LeaseInfo {
         topic: listed.key.topic.clone(),
         partition: listed.key.partition,
         member: listed.holder.member.clone(),
-        fencing_token: listed.token,
+        fencing_token: listed.token.get(),
         acquired_at: Some(timestamp(listed.holder.acquired_at())),
         expires_at: local.map(|l| timestamp(l.expires_at)),
         gateway: listed.holder.gateway.clone(),
@@ -209,7 +209,7 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
             lease_id: granted.lease_id,
             topic: granted.key.topic,
             partition: granted.key.partition,
-            fencing_token: granted.fencing_token,
+            fencing_token: granted.fencing_token.get(),
             offset: granted.offset,
             high_watermark: granted.high_watermark,
         }),
@@ -329,7 +329,7 @@ mod tests {
                 address: String::new(),
                 subscriber: String::new(),
             },
-            token: 1,
+            token: crate::coordination::FencingToken::from_wire(1),
             local: None,
         }
     }

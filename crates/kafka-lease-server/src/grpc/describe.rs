@@ -84,7 +84,7 @@ impl Describer<'_> {
                         group: page[i].key.group.clone(),
                         topic: page[i].key.topic.clone(),
                         partition: page[i].key.partition,
-                        fencing_token: page[i].token,
+                        fencing_token: page[i].token.get(),
                     })
                     .collect();
                 async move {

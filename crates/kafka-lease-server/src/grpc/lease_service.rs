@@ -213,7 +213,7 @@ impl PartitionLeaseService for LeaseService {
                 lease_id: granted.lease_id,
                 topic: granted.key.topic,
                 partition: granted.key.partition,
-                fencing_token: granted.fencing_token,
+                fencing_token: granted.fencing_token.get(),
                 offset: granted.offset,
                 high_watermark: granted.high_watermark,
                 expires_at: Some(timestamp(granted.expires_at)),

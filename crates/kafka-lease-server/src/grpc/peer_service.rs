@@ -8,7 +8,7 @@ use kafka_lease_proto::v1;
 use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerService;
 
 use crate::auth::Auth;
-use crate::coordination::LockKey;
+use crate::coordination::{FencingToken, LockKey};
 use crate::error::LeaseError;
 use crate::gateway::Gateway;
 use crate::validate;
@@ -64,7 +64,10 @@ impl GatewayPeerService for PeerService {
             validate::group(&key.group).map_err(status_of)?;
             validate::topic(&key.topic).map_err(status_of)?;
             let lock = LockKey::new(key.group.clone(), key.topic.clone(), key.partition);
-            if let Some(live) = self.gateway.describe(&lock, key.fencing_token) {
+            if let Some(live) = self
+                .gateway
+                .describe(&lock, FencingToken::from_wire(key.fencing_token))
+            {
                 leases.push(v1::LeaseInfo {
                     group: key.group.clone(),
                     topic: key.topic.clone(),
