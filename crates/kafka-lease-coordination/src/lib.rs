@@ -140,8 +140,20 @@ pub struct HolderInfo {
 
 impl HolderInfo {
     pub fn acquired_at(&self) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_millis(self.acquired_at_ms)
+        from_unix_ms(self.acquired_at_ms)
     }
+}
+
+/// `t` in milliseconds since the Unix epoch, as the records in the backend store times
+/// (0 for a time before it).
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The time a record's milliseconds since the Unix epoch stand for.
+pub fn from_unix_ms(ms: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(ms)
 }
 
 /// Proof that this instance holds a key. Built only by a backend; [`LockBackend::release`]

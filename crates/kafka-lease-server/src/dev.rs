@@ -48,9 +48,7 @@ impl DevKafka {
             .set("linger.ms", "5")
             .create()
             .map_err(fail("creating the sample producer"))?;
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
+        let now_ms = crate::coordination::unix_ms(std::time::SystemTime::now()) as i64;
         for partition in 0..DEMO_PARTITIONS {
             for i in 0..per_partition {
                 let record = sample(partition, i);

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::coordination::{Acquisition, HeldPartition, HolderInfo, LockGrant, LockKey};
+use crate::coordination::{unix_ms, Acquisition, HeldPartition, HolderInfo, LockGrant, LockKey};
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::PartitionFeed;
 use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts};
@@ -25,12 +25,6 @@ impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Ends an Acquire attempt's claim on a key however the attempt finishes (an error, or the
@@ -317,7 +311,7 @@ impl Gateway {
             member: spec.member.clone(),
             gateway: self.instance.clone(),
             lease_ref: lease_ref(&id).to_string(),
-            acquired_at_ms: now_ms(),
+            acquired_at_ms: unix_ms(SystemTime::now()),
             ttl_ms: spec.ttl.as_millis() as u64,
             address: self.address.clone().unwrap_or_default(),
             subscriber: spec.subscriber.clone(),

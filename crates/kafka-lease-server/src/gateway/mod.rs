@@ -14,11 +14,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::SystemTime;
 
 use tokio::sync::watch;
 
-use crate::coordination::{HolderInfo, LockBackend, SessionState};
+use crate::coordination::{unix_ms, HolderInfo, LockBackend, SessionState};
 use crate::kafka::Kafka;
 use crate::lease::Lease;
 use crate::waiters::TopicQueue;
@@ -186,10 +185,7 @@ impl Gateway {
             member: lease.member.clone(),
             gateway: self.instance.clone(),
             lease_ref: lease.lease_ref.clone(),
-            acquired_at_ms: lease
-                .acquired_at
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            acquired_at_ms: unix_ms(lease.acquired_at),
             ttl_ms: lease.ttl.as_millis() as u64,
             address: self.address.clone().unwrap_or_default(),
             // Only for this instance's own view of the queue, which does not look at it.

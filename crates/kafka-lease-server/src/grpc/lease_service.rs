@@ -2,7 +2,6 @@
 //! here or forwarded to the instance serving its lease, and its outcome recorded.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use tonic::{Request, Response, Status};
@@ -14,6 +13,7 @@ use kafka_lease_proto::wire::EncodedSubscribeResponse;
 use super::forward::{deadline_of, until_deadline, Failure, Peers, FORWARDED_BY};
 use crate::auth::{self, Action, Auth, Caller};
 use crate::calls::{holding, ConnectionLimits, LongCalls};
+use crate::coordination::from_unix_ms;
 use crate::error::LeaseError;
 use crate::gateway::{Gateway, Resolved};
 use crate::lease::lease_ref;
@@ -394,9 +394,7 @@ impl PartitionLeaseService for LeaseService {
                         member: record.member,
                         gateway: record.gateway,
                         max_partitions: record.max_partitions,
-                        joined_at: Some(timestamp(
-                            SystemTime::UNIX_EPOCH + Duration::from_millis(record.joined_at_ms),
-                        )),
+                        joined_at: Some(timestamp(from_unix_ms(record.joined_at_ms))),
                         partitions,
                     })
                     .collect(),

@@ -27,7 +27,7 @@ use std::time::{Duration, SystemTime};
 use futures::stream::Stream;
 use tokio::sync::mpsc;
 
-use crate::coordination::MemberRecord;
+use crate::coordination::{unix_ms, MemberRecord};
 use crate::error::LeaseError;
 use crate::gateway::{Gateway, Granted, Reset};
 use crate::lease::{ReadBatch, ReadLimits};
@@ -196,9 +196,7 @@ impl Subscriptions {
             member: spec.member.clone(),
             gateway: self.gateway.instance().to_string(),
             max_partitions: spec.max_partitions,
-            joined_at_ms: SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            joined_at_ms: unix_ms(SystemTime::now()),
         };
         let mut joined = Vec::new();
         for topic in &spec.topics {
