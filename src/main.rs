@@ -16,7 +16,7 @@ use kafka_lease_server::coordination::consul::ConsulLocks;
 use kafka_lease_server::coordination::memory::MemoryLockStore;
 use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::{DevKafka, DEMO_PARTITIONS, DEMO_TOPIC};
-use kafka_lease_server::gateway::{Gateway, Limits};
+use kafka_lease_server::gateway::Gateway;
 use kafka_lease_server::kafka::{Kafka, KafkaSettings};
 use kafka_lease_server::server::ServeOptions;
 use kafka_lease_server::tls::ServerTls;
@@ -323,22 +323,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Ok(locks) => locks,
         Err(err) => return Err(consul_failed(&args.consul, err).await),
     };
-    let mut settings = KafkaSettings::new(&args.kafka, &instance);
-    settings.options = kafka_properties;
-    settings.queue_kbytes_per_partition = args.fetch_queue_kbytes;
-    settings.max_groups = args.max_groups as usize;
-    let kafka = Kafka::new(settings)?;
-    let limits = Limits {
-        max_leases: args.max_leases as usize,
-        max_waiting_acquires: args.max_waiting_acquires as usize,
-        max_leases_per_connection: args.max_leases_per_connection as usize,
-    };
+    let kafka = Kafka::new(args.kafka_settings(&instance, kafka_properties))?;
     let gateway = Gateway::serving(
         instance,
         Some(advertise.clone()),
         Arc::new(locks),
         kafka,
-        limits,
+        args.limits(),
     );
     let addr = listener.local_addr()?;
     if let Some((handle, metrics_listener)) = metrics {
@@ -353,16 +344,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%addr, %advertise, "serving");
     // One machine-readable line on stdout, for scripts and tests started with port 0.
     println!("kafka-lease listening on {addr}");
-    let connection_limits = args.connection_limits()?;
-    let options = ServeOptions {
-        grace: args.shutdown_grace,
-        connection_limits,
-        keepalive_interval: args.keepalive_interval,
-        keepalive_timeout: args.keepalive_timeout,
-        tls,
-        auth,
-        reflection: args.security.reflection,
-    };
+    let options = args.serve_options(tls, auth)?;
     kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), options).await?;
     Ok(())
 }

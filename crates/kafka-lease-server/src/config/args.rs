@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use crate::gateway::Limits;
+use crate::kafka::{DEFAULT_MAX_GROUPS, DEFAULT_QUEUE_KBYTES};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// Human-readable, coloured when writing to a terminal.
@@ -146,20 +149,20 @@ pub struct ServeArgs {
     #[arg(long, env = "KAFKA_LEASE_CONSUL_RENEW_INTERVAL", value_parser = parse_duration)]
     pub consul_renew_interval: Option<Duration>,
     /// Most kilobytes pre-fetched per leased partition: the per-lease memory bound.
-    #[arg(long, env = "KAFKA_LEASE_FETCH_QUEUE_KBYTES", default_value_t = 2048,
+    #[arg(long, env = "KAFKA_LEASE_FETCH_QUEUE_KBYTES", default_value_t = DEFAULT_QUEUE_KBYTES,
           value_parser = clap::value_parser!(u32).range(64..=1_048_576))]
     pub fetch_queue_kbytes: u32,
     /// Most leases this instance serves at once; an Acquire past it is RESOURCE_EXHAUSTED.
-    #[arg(long, env = "KAFKA_LEASE_MAX_LEASES", default_value_t = 10_000,
+    #[arg(long, env = "KAFKA_LEASE_MAX_LEASES", default_value_t = Limits::DEFAULT.max_leases as u32,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_leases: u32,
     /// Most Acquires waiting for a partition on this instance at once.
-    #[arg(long, env = "KAFKA_LEASE_MAX_WAITING_ACQUIRES", default_value_t = 1_000,
+    #[arg(long, env = "KAFKA_LEASE_MAX_WAITING_ACQUIRES", default_value_t = Limits::DEFAULT.max_waiting_acquires as u32,
           value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub max_waiting_acquires: u32,
     /// Most leases (and Acquires in progress) one client connection may have on this instance
     /// at once; an Acquire past it is RESOURCE_EXHAUSTED.
-    #[arg(long, env = "KAFKA_LEASE_MAX_LEASES_PER_CONNECTION", default_value_t = 1_000,
+    #[arg(long, env = "KAFKA_LEASE_MAX_LEASES_PER_CONNECTION", default_value_t = Limits::DEFAULT.max_leases_per_connection as u32,
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_leases_per_connection: u32,
     /// Most long calls (Reads, Subscribes, Acquires that may wait) open at once on one client
@@ -178,7 +181,7 @@ pub struct ServeArgs {
     pub max_streams_per_connection: Option<u32>,
     /// Most consumer groups with leases on this instance at once (each costs a Kafka client
     /// with its own threads and broker connections).
-    #[arg(long, env = "KAFKA_LEASE_MAX_GROUPS", default_value_t = 100,
+    #[arg(long, env = "KAFKA_LEASE_MAX_GROUPS", default_value_t = DEFAULT_MAX_GROUPS as u32,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub max_groups: u32,
     /// A librdkafka property, `key=value`, for the gateway's Kafka clients: TLS, SASL, tuning

@@ -8,9 +8,15 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::auth::AuthFiles;
+use std::sync::Arc;
+
+use crate::auth::{Auth, AuthFiles};
 use crate::coordination::consul::{ConsulConfigError, ConsulLockConfig, ConsulTls, SessionCheck};
+use crate::gateway::Limits;
 use crate::kafka::settings::{parse_properties, KafkaProperties, PROPERTIES_FORMAT};
+use crate::kafka::KafkaSettings;
+use crate::server::ServeOptions;
+use crate::tls::ServerTls;
 use crate::tls::TlsFiles;
 
 mod args;
@@ -292,6 +298,42 @@ impl ServeArgs {
             value,
             allowed,
         }
+    }
+
+    /// What this instance takes on at most.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_leases: self.max_leases as usize,
+            max_waiting_acquires: self.max_waiting_acquires as usize,
+            max_leases_per_connection: self.max_leases_per_connection as usize,
+        }
+    }
+
+    /// The settings of instance `instance`'s Kafka clients, with the operator's `properties`
+    /// ([`ServeArgs::kafka_properties`], read once).
+    pub fn kafka_settings(&self, instance: &str, properties: KafkaProperties) -> KafkaSettings {
+        let mut settings = KafkaSettings::new(&self.kafka, instance);
+        settings.options = properties;
+        settings.queue_kbytes_per_partition = self.fetch_queue_kbytes;
+        settings.max_groups = self.max_groups as usize;
+        settings
+    }
+
+    /// How the server runs, with its transport security and its identities and policy.
+    pub fn serve_options(
+        &self,
+        tls: Option<Arc<ServerTls>>,
+        auth: Arc<Auth>,
+    ) -> Result<ServeOptions, ConfigError> {
+        Ok(ServeOptions {
+            grace: self.shutdown_grace,
+            connection_limits: self.connection_limits()?,
+            keepalive_interval: self.keepalive_interval,
+            keepalive_timeout: self.keepalive_timeout,
+            tls,
+            auth,
+            reflection: self.security.reflection,
+        })
     }
 
     /// The Consul lock settings for a gateway listening on `bound`.

@@ -409,3 +409,63 @@ fn a_bad_properties_file_is_refused_naming_the_file_and_line_but_no_value() {
         "{err}"
     );
 }
+
+/// A flag left out gives what the library takes when nobody sets it: the flags' defaults
+/// and the library's (`Limits`, `KafkaSettings`, `ServeOptions`, `ConsulLockConfig`) are
+/// one set of values, whichever way the gateway is built.
+#[test]
+fn flags_left_out_give_the_library_defaults() {
+    let args = serve(&["--kafka", "127.0.0.1:9092"]).expect("parses");
+    assert_eq!(args.limits(), Limits::default());
+
+    let kafka = args.kafka_settings("i", KafkaProperties::new());
+    let library = KafkaSettings::new("127.0.0.1:9092", "i");
+    assert_eq!(
+        (kafka.queue_kbytes_per_partition, kafka.max_groups),
+        (library.queue_kbytes_per_partition, library.max_groups)
+    );
+
+    let options = args.serve_options(None, Auth::open()).expect("options");
+    let library = ServeOptions::default();
+    assert_eq!(
+        (
+            options.grace,
+            options.keepalive_interval,
+            options.keepalive_timeout,
+            options.connection_limits,
+            options.reflection,
+        ),
+        (
+            library.grace,
+            library.keepalive_interval,
+            library.keepalive_timeout,
+            library.connection_limits,
+            library.reflection,
+        )
+    );
+
+    let consul = args.consul_config("i", "127.0.0.1:50051".parse().unwrap());
+    let library = ConsulLockConfig::default();
+    assert_eq!(
+        (
+            consul.address,
+            consul.prefix,
+            consul.session_ttl,
+            consul.lock_delay,
+            consul.renew_interval,
+        ),
+        (
+            library.address,
+            library.prefix,
+            library.session_ttl,
+            library.lock_delay,
+            library.renew_interval,
+        )
+    );
+    assert_eq!(
+        consul.check,
+        Some(SessionCheck::ttl(
+            crate::coordination::consul::DEFAULT_CHECK_TTL
+        ))
+    );
+}

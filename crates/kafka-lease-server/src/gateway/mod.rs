@@ -46,13 +46,18 @@ pub struct Limits {
     pub max_leases_per_connection: usize,
 }
 
+impl Limits {
+    /// The defaults: the flags' defaults are these.
+    pub const DEFAULT: Limits = Limits {
+        max_leases: 10_000,
+        max_waiting_acquires: 1_000,
+        max_leases_per_connection: 1_000,
+    };
+}
+
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_leases: 10_000,
-            max_waiting_acquires: 1_000,
-            max_leases_per_connection: 1_000,
-        }
+        Self::DEFAULT
     }
 }
 

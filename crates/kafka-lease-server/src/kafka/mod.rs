@@ -34,4 +34,4 @@ pub mod settings;
 pub use feed::{BatchLimits, PartitionFeed};
 pub use group::{CommitGate, CommitPermit, CommitsSettled, GroupClient};
 pub use metadata::Kafka;
-pub use settings::{ClientLog, KafkaSettings, DEFAULT_MAX_GROUPS};
+pub use settings::{ClientLog, KafkaSettings, DEFAULT_MAX_GROUPS, DEFAULT_QUEUE_KBYTES};

@@ -70,12 +70,15 @@ pub struct KafkaSettings {
     pub(super) log: ClientLog,
 }
 
+/// Most kilobytes pre-fetched per leased partition, unless set (`--fetch-queue-kbytes`).
+pub const DEFAULT_QUEUE_KBYTES: u32 = 2048;
+
 impl KafkaSettings {
     pub fn new(bootstrap_servers: impl Into<String>, instance: impl Into<String>) -> Self {
         Self {
             bootstrap_servers: bootstrap_servers.into(),
             options: KafkaProperties::new(),
-            queue_kbytes_per_partition: 2048,
+            queue_kbytes_per_partition: DEFAULT_QUEUE_KBYTES,
             request_timeout: Duration::from_secs(5),
             partition_count_max_age: PARTITION_COUNT_MAX_AGE,
             instance: instance.into(),
