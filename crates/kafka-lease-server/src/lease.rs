@@ -61,6 +61,35 @@ pub struct ReadLimits {
     pub max_wait: Duration,
 }
 
+/// A lease's seek epoch: 0 at the grant, one more at every Seek and every Read from an
+/// offset. A batch carries the epoch it was filled in, and one of an epoch the lease has left
+/// is never handed over. Only a lease moves it on; the API carries it as a number
+/// ([`SeekEpoch::get`], [`SeekEpoch::from_wire`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SeekEpoch(u64);
+
+impl SeekEpoch {
+    /// The epoch as the API carries it.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// An epoch as a client sent it (`if_seek_epoch`): to compare with the lease's.
+    pub fn from_wire(epoch: u64) -> Self {
+        SeekEpoch(epoch)
+    }
+
+    fn next(self) -> Self {
+        SeekEpoch(self.0 + 1)
+    }
+}
+
+impl std::fmt::Display for SeekEpoch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 #[derive(Debug)]
 struct LeaseState {
     /// The offset of the next record to deliver.
@@ -70,7 +99,7 @@ struct LeaseState {
     /// position: records past the resume point may have been handed to a stream that broke
     /// before the client received them (the resume contract in docs/ARCHITECTURE.md).
     resume_point: i64,
-    seek_epoch: u64,
+    seek_epoch: SeekEpoch,
     /// The id of the newest Read; an older Read seeing a different id is superseded.
     read_generation: u64,
     read_open: bool,
@@ -133,7 +162,7 @@ pub struct LeaseSnapshot {
     pub committed: Option<i64>,
     pub high_watermark: i64,
     pub expires_at: SystemTime,
-    pub seek_epoch: u64,
+    pub seek_epoch: SeekEpoch,
 }
 
 impl LeaseSnapshot {
@@ -197,7 +226,7 @@ impl Lease {
             state: Mutex::new(LeaseState {
                 position: parts.position,
                 resume_point: parts.position,
-                seek_epoch: 0,
+                seek_epoch: SeekEpoch::default(),
                 read_generation: 0,
                 read_open: false,
                 expires_at: Instant::now() + parts.ttl,
@@ -360,13 +389,13 @@ impl Lease {
 
     /// Repositions the lease: the next batch any Read hands over starts at `offset`, in the
     /// returned epoch.
-    pub fn seek_to(&self, offset: i64) -> Result<u64, LeaseError> {
+    pub fn seek_to(&self, offset: i64) -> Result<SeekEpoch, LeaseError> {
         let epoch = {
             let mut state = self.state();
             if let Some(reason) = &state.ended {
                 return Err(self.ended_error(reason));
             }
-            state.seek_epoch += 1;
+            state.seek_epoch = state.seek_epoch.next();
             state.position = offset;
             state.resume_point = offset;
             state.expires_at = state.expires_at.max(Instant::now() + self.ttl);
@@ -384,7 +413,7 @@ impl Lease {
     }
 
     /// Whether the lease is at seek epoch `epoch` (any, when `None`).
-    pub fn still_at(&self, epoch: Option<u64>) -> bool {
+    pub fn still_at(&self, epoch: Option<SeekEpoch>) -> bool {
         epoch.is_none_or(|e| e == self.state().seek_epoch)
     }
 
@@ -394,7 +423,7 @@ impl Lease {
     }
 
     /// The lease's current seek epoch.
-    pub fn seek_epoch(&self) -> u64 {
+    pub fn seek_epoch(&self) -> SeekEpoch {
         self.state().seek_epoch
     }
 
@@ -453,7 +482,7 @@ impl Lease {
             let epoch = state.seek_epoch;
             match from {
                 Some(from) if from.if_seek_epoch.is_none_or(|e| e == epoch) => {
-                    state.seek_epoch += 1;
+                    state.seek_epoch = epoch.next();
                     state.position = from.offset;
                     state.resume_point = from.offset;
                 }
@@ -532,7 +561,7 @@ impl Lease {
 /// What one fill produced.
 enum Fill {
     Batch {
-        epoch: u64,
+        epoch: SeekEpoch,
         from: i64,
         records: EncodedRecords,
         high_watermark: Option<i64>,
@@ -640,14 +669,14 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
 pub struct ReadBatch {
     pub records: EncodedRecords,
     pub high_watermark: i64,
-    pub seek_epoch: u64,
+    pub seek_epoch: SeekEpoch,
 }
 
 impl ReadBatch {
     /// The batch as the Read call sends it.
     pub fn into_response(self) -> EncodedReadResponse {
         self.records
-            .into_read_response(self.high_watermark, self.seek_epoch)
+            .into_read_response(self.high_watermark, self.seek_epoch.get())
     }
 
     /// The batch decoded, as a client sees it (for tests; the Read path never decodes).
@@ -655,7 +684,7 @@ impl ReadBatch {
         v1::ReadResponse {
             records: self.records.decode(),
             high_watermark: self.high_watermark,
-            seek_epoch: self.seek_epoch,
+            seek_epoch: self.seek_epoch.get(),
         }
     }
 }
@@ -776,5 +805,5 @@ mod tests {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadFrom {
     pub offset: i64,
-    pub if_seek_epoch: Option<u64>,
+    pub if_seek_epoch: Option<SeekEpoch>,
 }

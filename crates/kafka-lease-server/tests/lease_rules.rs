@@ -18,11 +18,12 @@ use kafka_lease_server::lease::{ReadLimits, ReadStream};
 use kafka_lease_testkit::unique_name;
 
 /// Read, Seek, Commit and Release on lease `id` as the service calls them: the id resolved
-/// once ([`Gateway::resolve`]), then the operation on the lease.
+/// once ([`Gateway::resolve`]), then the operation on the lease, epochs as numbers as on the
+/// wire.
 mod on_lease {
 
     use super::*;
-    use kafka_lease_server::lease::{ReadLimits, ReadStream};
+    use kafka_lease_server::lease::{ReadLimits, ReadStream, SeekEpoch};
 
     pub(crate) async fn read(
         gateway: &Gateway,
@@ -33,7 +34,12 @@ mod on_lease {
     ) -> Result<ReadStream, LeaseError> {
         let lease = gateway.lease(id)?;
         gateway
-            .read(&lease, limits, from_offset, if_seek_epoch)
+            .read(
+                &lease,
+                limits,
+                from_offset,
+                if_seek_epoch.map(SeekEpoch::from_wire),
+            )
             .await
     }
 
@@ -42,7 +48,8 @@ mod on_lease {
         id: &str,
         target: kafka_lease_server::gateway::SeekTarget,
     ) -> Result<(i64, u64), LeaseError> {
-        gateway.seek(&gateway.lease(id)?, target).await
+        let (offset, epoch) = gateway.seek(&gateway.lease(id)?, target).await?;
+        Ok((offset, epoch.get()))
     }
 
     pub(crate) async fn commit(

@@ -101,7 +101,7 @@ impl Rig {
                 .collect(),
             committed: lease.committed(),
             resume_point: lease.resume_point(),
-            seek_epoch: lease.seek_epoch(),
+            seek_epoch: lease.seek_epoch().get(),
         }
     }
 }

@@ -4,7 +4,9 @@
 use std::sync::Arc;
 
 use crate::error::{EndReason, LeaseError};
-use crate::lease::{lease_ref, serving_instance, Lease, ReadFrom, ReadLimits, ReadStream};
+use crate::lease::{
+    lease_ref, serving_instance, Lease, ReadFrom, ReadLimits, ReadStream, SeekEpoch,
+};
 
 use super::{Gateway, SeekTarget};
 
@@ -100,7 +102,7 @@ impl Gateway {
         lease: &Arc<Lease>,
         limits: ReadLimits,
         from_offset: Option<i64>,
-        if_seek_epoch: Option<u64>,
+        if_seek_epoch: Option<SeekEpoch>,
     ) -> Result<ReadStream, LeaseError> {
         lease.fenced()?;
         lease.touch()?;
@@ -138,7 +140,7 @@ impl Gateway {
         &self,
         lease: &Arc<Lease>,
         target: SeekTarget,
-    ) -> Result<(i64, u64), LeaseError> {
+    ) -> Result<(i64, SeekEpoch), LeaseError> {
         lease.fenced()?;
         lease.touch()?;
         let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
@@ -171,7 +173,7 @@ impl Gateway {
             },
         };
         let epoch = lease.seek_to(offset)?;
-        tracing::debug!(parent: &lease.span, offset, epoch, "seek");
+        tracing::debug!(parent: &lease.span, offset, epoch = epoch.get(), "seek");
         Ok((offset, epoch))
     }
 

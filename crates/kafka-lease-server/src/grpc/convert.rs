@@ -223,7 +223,7 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
                 &lease_id,
                 &topic,
                 partition,
-                batch.seek_epoch,
+                batch.seek_epoch.get(),
                 batch.high_watermark,
             )
         }

@@ -17,8 +17,8 @@ use crate::coordination::from_unix_ms;
 use crate::error::LeaseError;
 use crate::gateway::{Gateway, Resolved};
 use crate::lease::lease_ref;
-use crate::lease::Lease;
 use crate::lease::ReadBatch;
+use crate::lease::{Lease, SeekEpoch};
 use crate::subscribe::Subscriptions;
 use crate::validate;
 
@@ -270,7 +270,7 @@ impl PartitionLeaseService for LeaseService {
                 &lease,
                 limits,
                 request.get_ref().from_offset,
-                request.get_ref().if_seek_epoch,
+                request.get_ref().if_seek_epoch.map(SeekEpoch::from_wire),
             )
             .await
             .map_err(status_of)?;
@@ -428,7 +428,10 @@ impl PartitionLeaseService for LeaseService {
             };
             let (offset, seek_epoch) =
                 self.gateway.seek(&lease, target).await.map_err(status_of)?;
-            Ok(Response::new(v1::SeekResponse { offset, seek_epoch }))
+            Ok(Response::new(v1::SeekResponse {
+                offset,
+                seek_epoch: seek_epoch.get(),
+            }))
         })
         .await
     }
