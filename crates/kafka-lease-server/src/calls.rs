@@ -42,6 +42,19 @@ pub struct ConnectionLimits {
     pub streams: u32,
 }
 
+/// Stream and long-call bounds that leave short calls no room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "--max-streams-per-connection {streams} must be larger than \
+     --max-long-calls-per-connection {long_calls}: the difference is what short calls \
+     (Commit, Seek, Release, ListLeases) always have on a connection; leave \
+     --max-streams-per-connection unset for {long_calls} + {SHORT_CALL_STREAMS}"
+)]
+pub struct NoRoomForShortCalls {
+    pub streams: u32,
+    pub long_calls: u32,
+}
+
 impl ConnectionLimits {
     /// The limits for a gateway allowing `leases_per_connection` leases per connection and
     /// `waiting_acquires` waiting Acquires in all, with either bound overridden.
@@ -53,7 +66,7 @@ impl ConnectionLimits {
         waiting_acquires: u32,
         long_calls: Option<u32>,
         streams: Option<u32>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, NoRoomForShortCalls> {
         let long_calls = long_calls.unwrap_or_else(|| {
             leases_per_connection
                 .saturating_add(waiting_acquires)
@@ -61,12 +74,10 @@ impl ConnectionLimits {
         });
         let streams = streams.unwrap_or_else(|| long_calls.saturating_add(SHORT_CALL_STREAMS));
         if streams <= long_calls {
-            return Err(format!(
-                "--max-streams-per-connection {streams} must be larger than \
-                 --max-long-calls-per-connection {long_calls}: the difference is what short calls \
-                 (Commit, Seek, Release, ListLeases) always have on a connection; leave \
-                 --max-streams-per-connection unset for {long_calls} + {SHORT_CALL_STREAMS}"
-            ));
+            return Err(NoRoomForShortCalls {
+                streams,
+                long_calls,
+            });
         }
         Ok(ConnectionLimits {
             long_calls,
@@ -196,7 +207,7 @@ mod tests {
 
     #[test]
     fn a_stream_bound_without_room_for_short_calls_is_refused_naming_both_flags() {
-        let err = ConnectionLimits::derive(1_000, 1_000, None, Some(200)).unwrap_err();
+        let err = ConnectionLimits::derive(1_000, 1_000, None, Some(200)).unwrap_err().to_string();
         assert!(
             err.contains("--max-streams-per-connection 200")
                 && err.contains("--max-long-calls-per-connection 2100"),

@@ -541,19 +541,37 @@ impl Lease {
         }
     }
 
-    /// Why Read `generation` must stop, if it must: `Ok(None)` ends the stream with OK.
-    fn read_stop(&self, state: &LeaseState, generation: u64) -> Option<Option<LeaseError>> {
+    /// Why Read `generation` must stop, if it must.
+    fn read_stop(&self, state: &LeaseState, generation: u64) -> Option<Stop> {
         if state.read_generation != generation {
-            return Some(Some(LeaseError::Superseded {
+            return Some(Stop::Failed(LeaseError::Superseded {
                 lease_ref: self.lease_ref.clone(),
             }));
         }
         match &state.ended {
             None => None,
-            Some(EndReason::Released) => Some(None),
+            Some(EndReason::Released) => Some(Stop::Done),
             // A shutdown ends the lease too (UNAVAILABLE, naming it, with no retry advice):
             // reopening the Read elsewhere cannot succeed.
-            Some(reason) => Some(Some(self.ended_error(reason))),
+            Some(reason) => Some(Stop::Failed(self.ended_error(reason))),
+        }
+    }
+}
+
+/// How a Read ends.
+enum Stop {
+    /// With OK: the lease was released.
+    Done,
+    /// With this error.
+    Failed(LeaseError),
+}
+
+impl Stop {
+    /// The stream's last item: none for OK, else the error.
+    fn last_item(self) -> Option<Result<ReadBatch, LeaseError>> {
+        match self {
+            Stop::Done => None,
+            Stop::Failed(err) => Some(Err(err)),
         }
     }
 }
@@ -566,8 +584,8 @@ enum Fill {
         records: EncodedRecords,
         high_watermark: Option<i64>,
     },
-    /// The Read must end: `None` with OK, else with the error.
-    Stop(Option<LeaseError>),
+    /// The Read must end.
+    Stop(Stop),
     /// Interrupted or failed transiently: fill again.
     Again,
 }
@@ -737,7 +755,7 @@ impl futures::Stream for ReadStream {
                 Fill::Again => continue,
                 Fill::Stop(stop) => {
                     this.finished = true;
-                    return Poll::Ready(stop.map(Err));
+                    return Poll::Ready(stop.last_item());
                 }
                 Fill::Batch {
                     epoch,
@@ -754,7 +772,7 @@ impl futures::Stream for ReadStream {
                     let mut state = this.lease.state();
                     if let Some(stop) = this.lease.read_stop(&state, this.generation) {
                         this.finished = true;
-                        return Poll::Ready(stop.map(Err));
+                        return Poll::Ready(stop.last_item());
                     }
                     if state.seek_epoch != epoch || state.position != from {
                         continue;

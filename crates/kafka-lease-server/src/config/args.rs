@@ -268,9 +268,20 @@ pub struct DevArgs {
     pub log: LogArgs,
 }
 
-fn parse_duration(value: &str) -> Result<Duration, String> {
-    humantime::parse_duration(value)
-        .map_err(|e| format!("{value:?} is not a duration like 10s, 500ms or 2m ({e})"))
+/// A flag's value that is not a duration.
+#[derive(Debug, thiserror::Error)]
+#[error("{value:?} is not a duration like 10s, 500ms or 2m ({source})")]
+pub(super) struct NotADuration {
+    value: String,
+    #[source]
+    source: humantime::DurationError,
+}
+
+fn parse_duration(value: &str) -> Result<Duration, NotADuration> {
+    humantime::parse_duration(value).map_err(|source| NotADuration {
+        value: value.to_string(),
+        source,
+    })
 }
 
 /// One `--kafka-config` value as given (one comma-separated piece of it), checked only by

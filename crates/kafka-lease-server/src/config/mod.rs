@@ -113,12 +113,12 @@ impl ServeArgs {
             self.max_long_calls_per_connection,
             self.max_streams_per_connection,
         )
-        .map_err(|allowed| ConfigError {
+        .map_err(|refused| ConfigError {
             flag: "--max-streams-per-connection",
             value: self
                 .max_streams_per_connection
                 .map_or_else(String::new, |v| v.to_string()),
-            allowed,
+            allowed: refused.to_string(),
         })
     }
 

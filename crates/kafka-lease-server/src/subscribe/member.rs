@@ -97,10 +97,17 @@ enum Done {
     },
 }
 
-/// One lease's Read in the merged stream: `((topic, partition), lease, Some(batch))`, then
-/// `(.., None)` when it ends by itself.
+/// One lease's Read in the merged stream.
 type LeaseRead = Pin<Box<dyn Stream<Item = ReadItem> + Send>>;
-type ReadItem = ((String, i32), String, Option<Result<ReadBatch, LeaseError>>);
+
+/// What a lease's Read gives the member: a batch or its error, then `None` when it ends by
+/// itself.
+struct ReadItem {
+    topic: String,
+    partition: i32,
+    lease_id: String,
+    item: Option<Result<ReadBatch, LeaseError>>,
+}
 
 pub(super) struct Member {
     /// Dropped last, after `finish` released the leases and removed the records.
@@ -243,8 +250,8 @@ impl Member {
                     Ok(reserved) => permit = Some(reserved),
                     Err(_) => break,
                 },
-                Some((key, lease_id, item)) = self.merged.next(), if can_read => {
-                    self.on_read(key, lease_id, item, &mut permit);
+                Some(read) = self.merged.next(), if can_read => {
+                    self.on_read(read, &mut permit);
                 }
             }
         }
@@ -253,11 +260,15 @@ impl Member {
 
     fn on_read(
         &mut self,
-        (topic, partition): (String, i32),
-        lease_id: String,
-        item: Option<Result<ReadBatch, LeaseError>>,
+        read: ReadItem,
         permit: &mut Option<mpsc::OwnedPermit<SubscriptionEvent>>,
     ) {
+        let ReadItem {
+            topic,
+            partition,
+            lease_id,
+            item,
+        } = read;
         // Nothing of a lease that has moved on, or is being revoked (its Read was stopped,
         // but a batch may still sit in its channel), leaves the member.
         if self
@@ -502,9 +513,13 @@ impl Member {
             }
             let _ = tx.send(None).await;
         });
-        let (id, key) = (lease.id.clone(), (topic.to_string(), partition));
-        let read: LeaseRead =
-            Box::pin(ReceiverStream::new(rx).map(move |item| (key.clone(), id.clone(), item)));
+        let (lease_id, topic) = (lease.id.clone(), topic.to_string());
+        let read: LeaseRead = Box::pin(ReceiverStream::new(rx).map(move |item| ReadItem {
+            topic: topic.clone(),
+            partition,
+            lease_id: lease_id.clone(),
+            item,
+        }));
         self.merged.push(read);
         Ok(pump)
     }
