@@ -207,7 +207,9 @@ mod tests {
 
     #[test]
     fn a_stream_bound_without_room_for_short_calls_is_refused_naming_both_flags() {
-        let err = ConnectionLimits::derive(1_000, 1_000, None, Some(200)).unwrap_err().to_string();
+        let err = ConnectionLimits::derive(1_000, 1_000, None, Some(200))
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains("--max-streams-per-connection 200")
                 && err.contains("--max-long-calls-per-connection 2100"),

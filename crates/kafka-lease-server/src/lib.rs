@@ -1,13 +1,15 @@
 //! The kafka-lease gateway: lock backends, partition reading, the lease table and the gRPC
 //! service.
 //!
-//! Layers, bottom up: [`coordination`] (locks; knows nothing of Kafka or gRPC), [`kafka`]
-//! (reading and offsets; knows nothing of locks or gRPC), [`records`] (records encoded
-//! straight from librdkafka's buffers into a response's bytes), [`lease`] and [`gateway`] (the
-//! lease rules, on both), [`grpc`] (validation and the one error-to-status mapping),
-//! [`forward`] (calls on leases other instances serve, sent on to them), [`tls`] and
-//! [`auth`] (transport security, identities and the policy), and [`server`] (running it all,
-//! health, shutdown).
+//! Layers, bottom up (docs/ARCHITECTURE.md, "Module graph"; `tests/layering.rs` checks that
+//! no module names one on its layer or above): [`coordination`] (locks, a crate of its own:
+//! knows nothing of Kafka or gRPC); [`metrics`], [`records`] (records encoded straight from
+//! librdkafka's buffers into a response's bytes), [`reload`]; [`error`], [`tls`]; [`kafka`]
+//! (reading and offsets; knows nothing of locks or gRPC), [`validate`], [`dev`], [`auth`]
+//! (identities and the policy); [`lease`] (one lease); [`gateway`] (the lease table and the
+//! operations in domain terms); [`subscribe`], [`calls`], [`metrics_endpoint`]; [`grpc`]
+//! (the service, the one error-to-status mapping, and [`forward`]ing to other instances);
+//! [`server`] (running it all, health, shutdown); [`config`] (the flags).
 
 pub mod auth;
 mod balance;

@@ -112,7 +112,7 @@ impl Gateway {
     /// stays held (and blocked here) until it is done. The first release attempt is awaited
     /// (so that after Release returns, a successor's Acquire succeeds at once); if it fails,
     /// the background releaser retries until Consul confirms or the session is gone, and the
-    /// key stays blocked on this instance until then (see [`Table`]).
+    /// key stays blocked on this instance until then (see `Table`).
     pub async fn end_lease(&self, lease: &Arc<Lease>, reason: EndReason) {
         if !lease.mark_ended(reason.clone()) {
             return;

@@ -22,7 +22,7 @@ pub struct AcquireSpec {
     pub wait: Duration,
     pub reset: Reset,
     /// The client connection the Acquire came on (its peer address), for
-    /// [`Limits::max_leases_per_connection`]; `None` for callers without one.
+    /// [`super::Limits::max_leases_per_connection`]; `None` for callers without one.
     pub via: Option<std::net::SocketAddr>,
     /// The member id of the subscription the lease is for; empty for an Acquire.
     pub subscriber: String,
