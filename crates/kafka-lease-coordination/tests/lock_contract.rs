@@ -19,9 +19,9 @@ use kafka_lease_coordination::{
     Acquisition, CoordinationError, HolderInfo, LockBackend, LockGrant, LockKey, MemberRecord,
     SessionState, TopicView,
 };
-use kafka_lease_testkit::{unique_name, wait_for, Services};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::{JoinHandle, JoinSet};
+use kafka_lease_testkit::{unique_name, wait_for, Relay, Services};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// Long enough for any condition on a healthy local Consul; short enough to fail fast.
@@ -729,53 +729,6 @@ async fn consul_wait_ends_with_the_lock_delay() {
     rig.finish().await;
 }
 
-/// A TCP relay to Consul that can be cut (every connection dropped, new ones refused) and
-/// restored on the same port.
-struct Relay {
-    port: u16,
-    upstream: String,
-    tasks: JoinSet<()>,
-}
-
-impl Relay {
-    async fn start(upstream: &str) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut relay = Relay {
-            port,
-            upstream: upstream.to_string(),
-            tasks: JoinSet::new(),
-        };
-        relay.serve(listener);
-        relay
-    }
-
-    fn serve(&mut self, listener: TcpListener) {
-        let upstream = self.upstream.clone();
-        self.tasks.spawn(async move {
-            let mut connections = JoinSet::new();
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let upstream = upstream.clone();
-                connections.spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(&upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-            }
-        });
-    }
-
-    /// Drops every connection and the listener: connects are refused from now on.
-    async fn cut(&mut self) {
-        self.tasks.shutdown().await;
-    }
-
-    async fn restore(&mut self) {
-        let listener = TcpListener::bind(("127.0.0.1", self.port)).await.unwrap();
-        self.serve(listener);
-    }
-}
-
 /// Cut off from Consul, an instance declares its session lost once its fence window has
 /// passed since its last confirmed renew, while Consul still holds its lock (nobody else can
 /// have it yet); reconnected, it gets a new session and its old one is gone. Run for a
@@ -791,11 +744,17 @@ async fn self_fences_when_unreachable_and_recovers(test: &str, check: Check) {
         .trim_start_matches("http://")
         .trim_end_matches('/')
         .to_string();
-    let mut relay = Relay::start(&upstream).await;
+    let upstream = tokio::net::lookup_host(&upstream)
+        .await
+        .unwrap()
+        .next()
+        .expect("Consul's address");
+    // Closed, it refuses connects, as when Consul's host is gone; reopened on the same port.
+    let relay = Relay::start(upstream).await.unwrap();
     let prefix = unique_name("kafka-lease-test");
     let group = unique_name("g");
     let key = LockKey::new(group.clone(), "orders", 0);
-    let relayed = format!("http://127.0.0.1:{}", relay.port);
+    let relayed = format!("http://{}", relay.addr());
     let lock_delay = Duration::from_secs(1);
     let gateway = FakeGateway::start().await;
     let config = match check {
@@ -814,7 +773,7 @@ async fn self_fences_when_unreachable_and_recovers(test: &str, check: Check) {
     let _grant = acquire(&a, &key, &holder("m1", "gw-a")).await;
     let old = live_id(&a);
 
-    relay.cut().await;
+    relay.close().await;
     assert!(
         a.ping().await.is_err(),
         "ping must fail while Consul is unreachable"
@@ -856,7 +815,7 @@ async fn self_fences_when_unreachable_and_recovers(test: &str, check: Check) {
         assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-a")));
     }
 
-    relay.restore().await;
+    relay.reopen().await.unwrap();
     let new = wait_for(
         "a new live session after reconnecting",
         DEADLINE,

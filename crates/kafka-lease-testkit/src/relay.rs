@@ -2,7 +2,8 @@
 //! every connection through it, hold traffic (new connections wait, bytes stop flowing) and
 //! let it go again, or fail the next request that starts with given bytes (for a text
 //! protocol such as Consul's HTTP API): lose it on the way, or lose its answer after the
-//! service acted on it. Listens on loopback only.
+//! service acted on it; or stop listening altogether (connects refused, as when the service's
+//! host is gone) and listen on the same port again. Listens on loopback only.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,7 +40,8 @@ pub struct Relay {
     accepted: Arc<AtomicU64>,
     requests: Arc<AtomicU64>,
     kinds: Kinds,
-    acceptor: JoinHandle<()>,
+    /// The task that owns the listener; `None` while [`Relay::close`]d.
+    acceptor: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Requests relayed, by kind (see [`Relay::requests_of`]).
@@ -68,49 +70,60 @@ impl Relay {
         let listener = TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
         let (held, _) = watch::channel(false);
-        let connections: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let accepted = Arc::new(AtomicU64::new(0));
-        let faults: Faults = Arc::default();
-        let fired = Arc::new(AtomicU64::new(0));
-        let requests = Arc::new(AtomicU64::new(0));
-        let kinds: Kinds = Arc::default();
-        let acceptor = {
-            let kinds = kinds.clone();
-            let held = held.clone();
-            let connections = connections.clone();
-            let accepted = accepted.clone();
-            let (faults, fired, requests) = (faults.clone(), fired.clone(), requests.clone());
-            tokio::spawn(async move {
-                while let Ok((inbound, _)) = listener.accept().await {
-                    accepted.fetch_add(1, Ordering::Relaxed);
-                    let _ = inbound.set_nodelay(true);
-                    let task = tokio::spawn(relay_one(
-                        inbound,
-                        target,
-                        held.subscribe(),
-                        faults.clone(),
-                        fired.clone(),
-                        requests.clone(),
-                        kinds.clone(),
-                    ));
-                    let mut all = connections.lock().unwrap_or_else(|p| p.into_inner());
-                    all.retain(|t| !t.is_finished());
-                    all.push(task);
-                }
-            })
-        };
-        Ok(Relay {
+        let relay = Relay {
             addr,
             target,
             held,
-            faults,
-            fired,
-            connections,
-            accepted,
-            requests,
-            kinds,
-            acceptor,
-        })
+            faults: Arc::default(),
+            fired: Arc::new(AtomicU64::new(0)),
+            connections: Arc::default(),
+            accepted: Arc::new(AtomicU64::new(0)),
+            requests: Arc::new(AtomicU64::new(0)),
+            kinds: Arc::default(),
+            acceptor: Mutex::new(None),
+        };
+        relay.accept_on(listener);
+        Ok(relay)
+    }
+
+    /// Starts the task that accepts on `listener` and relays each connection.
+    fn accept_on(&self, listener: TcpListener) {
+        let target = self.target;
+        let kinds = self.kinds.clone();
+        let held = self.held.clone();
+        let connections = self.connections.clone();
+        let accepted = self.accepted.clone();
+        let (faults, fired, requests) = (
+            self.faults.clone(),
+            self.fired.clone(),
+            self.requests.clone(),
+        );
+        let acceptor = tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::Relaxed);
+                let _ = inbound.set_nodelay(true);
+                let task = tokio::spawn(relay_one(
+                    inbound,
+                    target,
+                    held.subscribe(),
+                    faults.clone(),
+                    fired.clone(),
+                    requests.clone(),
+                    kinds.clone(),
+                ));
+                let mut all = connections.lock().unwrap_or_else(|p| p.into_inner());
+                all.retain(|t| !t.is_finished());
+                all.push(task);
+            }
+        });
+        let previous = self
+            .acceptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(acceptor);
+        if let Some(previous) = previous {
+            previous.abort();
+        }
     }
 
     /// Where clients connect.
@@ -171,6 +184,41 @@ impl Relay {
             .push((prefix.to_vec(), fault));
     }
 
+    /// Stops listening and closes every open connection through the relay, and returns once
+    /// both are gone: from now on a connect to [`addr`](Self::addr) is refused (as when the
+    /// service's host is gone, where [`hold`](Self::hold) is a network that stops carrying
+    /// bytes), until [`reopen`](Self::reopen).
+    pub async fn close(&self) {
+        let acceptor = self
+            .acceptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(acceptor) = acceptor {
+            acceptor.abort();
+            let _ = acceptor.await;
+        }
+        let all = std::mem::take(&mut *self.connections.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in all {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
+    /// Listens on the same address again after [`close`](Self::close) (an error if something
+    /// else took the port meanwhile); relays as before. Does nothing while listening.
+    pub async fn reopen(&self) -> std::io::Result<()> {
+        let listening = self
+            .acceptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some();
+        if !listening {
+            self.accept_on(TcpListener::bind(self.addr).await?);
+        }
+        Ok(())
+    }
+
     /// How many armed faults have fired.
     pub fn faults_fired(&self) -> u64 {
         self.fired.load(Ordering::SeqCst)
@@ -179,7 +227,14 @@ impl Relay {
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        self.acceptor.abort();
+        if let Some(acceptor) = self
+            .acceptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            acceptor.abort();
+        }
         self.cut();
     }
 }
@@ -322,7 +377,49 @@ async fn pump_down(
 
 #[cfg(test)]
 mod tests {
-    use super::kind_of;
+    use super::{kind_of, Relay};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// One round trip through `relay` to the echo service behind it.
+    async fn echoes(relay: &Relay) -> std::io::Result<()> {
+        let mut stream = TcpStream::connect(relay.addr()).await?;
+        stream.write_all(b"ping").await?;
+        let mut got = [0_u8; 4];
+        stream.read_exact(&mut got).await?;
+        assert_eq!(&got, b"ping");
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_closed_relay_refuses_connects_until_it_reopens_on_its_port() {
+        let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let target = echo.local_addr().expect("addr");
+        let _echo = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = echo.accept().await {
+                tokio::spawn(async move {
+                    let (mut read, mut write) = stream.split();
+                    let _ = tokio::io::copy(&mut read, &mut write).await;
+                });
+            }
+        });
+        let relay = Relay::start(target).await.expect("relay");
+        let addr = relay.addr();
+        echoes(&relay).await.expect("relayed");
+        let mut open = TcpStream::connect(addr).await.expect("connect");
+        open.write_all(b"x").await.expect("write");
+        let mut buf = [0_u8; 1];
+        open.read_exact(&mut buf).await.expect("relayed");
+        relay.close().await;
+        let refused = TcpStream::connect(addr).await.expect_err("refused");
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        // The connection open at the close was closed with it.
+        assert!(matches!(open.read(&mut buf).await, Ok(0) | Err(_)));
+        relay.reopen().await.expect("reopen");
+        assert_eq!(relay.addr(), addr);
+        echoes(&relay).await.expect("relayed again");
+        assert_eq!(relay.accepted(), 3);
+    }
 
     #[test]
     fn a_request_kind_is_its_method_and_first_two_path_segments() {
