@@ -26,6 +26,8 @@ async fn one_connection_cannot_take_more_than_its_limits() {
             "1",
             "--max-long-calls-per-connection",
             "2",
+            "--metrics-listen",
+            "127.0.0.1:0",
         ],
     )
     .await;
@@ -97,21 +99,30 @@ async fn one_connection_cannot_take_more_than_its_limits() {
             tokio::spawn(async move { client.acquire(options).await })
         })
         .collect();
-    let refused = kafka_lease_testkit::wait_for(
-        "the two waiting Acquires to fill the connection's long calls",
+    // Both waiting before the first probe: a probe (a long call too) sent while only one
+    // waits would take the second one's place, and that Acquire would be the one refused.
+    let metrics = gateway.metrics_endpoint();
+    kafka_lease_testkit::wait_for(
+        "the two Acquires to wait",
         Duration::from_secs(20),
         || async {
             assert!(
                 waiting.iter().all(|w| !w.is_finished()),
                 "a waiting Acquire ended while its partition was held"
             );
-            match read(busy.clone()).await {
-                Err(e @ Error::Busy { .. }) => Some(e),
-                _ => None,
-            }
+            (support::scrape_metric(&metrics, "kafka_lease_acquires_waiting").await == 2.0)
+                .then_some(())
         },
     )
     .await;
+    let refused = match read(busy.clone()).await {
+        Err(e @ Error::Busy { .. }) => e,
+        other => panic!("a third long call on a full connection is refused: {other:?}"),
+    };
+    assert!(
+        waiting.iter().all(|w| !w.is_finished()),
+        "a waiting Acquire ended while its partition was held"
+    );
     let details = refused.details().expect("details");
     assert_eq!(details.reason(), Some(&Reason::LimitReached), "{refused}");
     assert_eq!(
