@@ -146,7 +146,7 @@ impl TopicQueue {
     }
 
     /// Whether a watch keeps the view current (else an Acquire reads the topic itself).
-    pub(crate) fn is_watched(&self) -> bool {
+    fn is_watched(&self) -> bool {
         self.watch
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -155,7 +155,7 @@ impl TopicQueue {
     }
 
     /// Starts the shared watch with `start` (given the view's index) unless it runs.
-    pub(crate) fn ensure_watch(&self, start: impl FnOnce(u64) -> JoinHandle<()>) {
+    fn ensure_watch(&self, start: impl FnOnce(u64) -> JoinHandle<()>) {
         let mut watch = self.watch.lock().unwrap_or_else(|p| p.into_inner());
         if watch.as_ref().is_some_and(|task| !task.is_finished()) {
             return;
@@ -167,7 +167,7 @@ impl TopicQueue {
     /// Brings the view up to date when no watch does: reads it with `read`, unless a view
     /// was taken while this call waited for another reader (Acquires that arrive together
     /// share one read), then offers what it shows free.
-    pub(crate) async fn refresh<E, F>(&self, read: F) -> Result<(), E>
+    async fn refresh<E, F>(&self, read: F) -> Result<(), E>
     where
         F: std::future::Future<Output = Result<TopicView, E>>,
     {
@@ -196,7 +196,7 @@ impl TopicQueue {
 
     /// This gateway has just locked `partition` (or found it held): not free until a view
     /// says otherwise.
-    pub(crate) fn mark_held(&self, partition: i32, held: HeldPartition) {
+    fn mark_held(&self, partition: i32, held: HeldPartition) {
         let mut inner = self.lock();
         if let Some(view) = inner.view.as_mut() {
             view.held.insert(partition, held);
@@ -214,12 +214,12 @@ impl TopicQueue {
     }
 
     /// `partition` may not be locked before `until`.
-    pub(crate) fn mark_delayed(&self, partition: i32, until: Instant) {
+    fn mark_delayed(&self, partition: i32, until: Instant) {
         self.lock().delayed.insert(partition, until);
     }
 
     /// The earliest end of a delay, if any partition is delayed: when to look again.
-    pub(crate) fn next_delay_end(&self) -> Option<Instant> {
+    fn next_delay_end(&self) -> Option<Instant> {
         self.lock().delayed.values().min().copied()
     }
 
@@ -267,7 +267,7 @@ impl TopicQueue {
     }
 
     /// What is known of who holds each of `partitions`: the view's holder where it has one.
-    pub(crate) fn holders(&self, partitions: &[i32]) -> Vec<(i32, Option<HolderInfo>)> {
+    fn holders(&self, partitions: &[i32]) -> Vec<(i32, Option<HolderInfo>)> {
         let inner = self.lock();
         partitions
             .iter()
@@ -316,13 +316,79 @@ pub(crate) struct Ticket {
     wake: Arc<Notify>,
 }
 
+/// How a ticket's attempt at its offered partition went ([`Ticket::tried`]).
+pub(crate) enum Tried {
+    /// This gateway locked it, as `held`: the ticket is done.
+    Locked(HeldPartition),
+    /// Another instance holds it (its token comes with the next view).
+    Held,
+    /// Not to be tried again before the instant (a lock-delay, or a key still busy here).
+    Delayed(Instant),
+}
+
+/// An Acquire's whole protocol with its topic's queue: [`Ticket::offer_now`], then
+/// [`Ticket::tried`] with what came of the partition offered, or [`Ticket::wait`] for one;
+/// [`Ticket::holders`] for the answer when none came in time.
 impl Ticket {
-    pub(crate) fn queue(&self) -> &Arc<TopicQueue> {
-        &self.queue
+    /// The partition offered to this ticket now, once the queue's view is current: kept so
+    /// by the topic's watch when one runs, else read with `read` (Acquires that arrive
+    /// together share one read), and what it shows free offered.
+    pub(crate) async fn offer_now<E, F>(&self, read: F) -> Result<Option<i32>, E>
+    where
+        F: std::future::Future<Output = Result<TopicView, E>>,
+    {
+        if self.queue.is_watched() {
+            self.queue.dispatch();
+        } else {
+            self.queue.refresh(read).await?;
+        }
+        Ok(self.offer())
+    }
+
+    /// What came of trying `partition`, the one offered: unless it was locked, the offer goes
+    /// back (the place in line stays) and the partition counts as taken or delayed until the
+    /// view or the delay says otherwise.
+    pub(crate) fn tried(&self, partition: i32, tried: Tried) {
+        match tried {
+            Tried::Locked(held) => return self.queue.mark_held(partition, held),
+            Tried::Held => self.queue.mark_held(
+                partition,
+                HeldPartition {
+                    token: None,
+                    holder: None,
+                },
+            ),
+            Tried::Delayed(until) => self.queue.mark_delayed(partition, until),
+        }
+        self.decline();
+    }
+
+    /// Waits for an offer, the end of a partition's delay, or `deadline`, whichever comes
+    /// first; starts the topic's shared watch with `watch` (given the queue and the view's
+    /// index) unless one runs.
+    pub(crate) async fn wait(
+        &self,
+        deadline: Instant,
+        watch: impl FnOnce(&Arc<TopicQueue>, u64) -> JoinHandle<()>,
+    ) {
+        self.queue.ensure_watch(|from| watch(&self.queue, from));
+        let wake_at = self
+            .queue
+            .next_delay_end()
+            .map_or(deadline, |t| t.min(deadline));
+        tokio::select! {
+            () = self.offered() => {}
+            () = tokio::time::sleep_until(wake_at) => {}
+        }
+    }
+
+    /// What is known of who holds each of `partitions`: the view's holder where it has one.
+    pub(crate) fn holders(&self, partitions: &[i32]) -> Vec<(i32, Option<HolderInfo>)> {
+        self.queue.holders(partitions)
     }
 
     /// The partition offered to this ticket, if any.
-    pub(crate) fn offer(&self) -> Option<i32> {
+    fn offer(&self) -> Option<i32> {
         self.queue
             .lock()
             .tickets
@@ -331,12 +397,12 @@ impl Ticket {
     }
 
     /// The offered partition could not be taken: give it up (keeping the place in line).
-    pub(crate) fn decline(&self) {
+    fn decline(&self) {
         self.queue.withdraw(self.seq, false);
     }
 
     /// Waits for an offer (one that came before the call counts).
-    pub(crate) async fn offered(&self) {
+    async fn offered(&self) {
         self.wake.notified().await;
     }
 }

@@ -13,7 +13,7 @@ use crate::coordination::{unix_ms, Acquisition, HeldPartition, HolderInfo, LockG
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::PartitionFeed;
 use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts};
-use crate::waiters::{TopicQueue, Wants};
+use crate::waiters::{Ticket, TopicQueue, Tried, Wants};
 
 use super::table::LocalBusy;
 use super::{AcquireSpec, Gateway, Granted, Reset};
@@ -140,52 +140,37 @@ impl Gateway {
         };
         let deadline = Instant::now() + spec.wait;
         let ticket = self.topic_queue(&spec.group, &spec.topic).enqueue(wants);
-        let queue = ticket.queue().clone();
         let mut stopping = self.stopping.subscribe();
         let mut waiting: Option<Waiting<'_>> = None;
         loop {
             if self.shutting_down.load(Ordering::SeqCst) {
                 return Err(LeaseError::ShuttingDown);
             }
-            if queue.is_watched() {
-                queue.dispatch();
-            } else {
-                // Nobody waits on this topic here, so nothing keeps its view current: read it.
-                queue
-                    .refresh(
-                        self.locks
-                            .topic_view(&spec.group, &spec.topic, None, Duration::ZERO),
-                    )
-                    .await?;
-            }
-            if let Some(partition) = ticket.offer() {
+            // The view read here only when no watch of the topic keeps it current.
+            let view = self
+                .locks
+                .topic_view(&spec.group, &spec.topic, None, Duration::ZERO);
+            if let Some(partition) = ticket.offer_now(view).await? {
                 let key = LockKey::new(&spec.group, &spec.topic, partition);
-                match self.attempt(&spec, key.clone()).await? {
+                let tried = match self.attempt(&spec, key.clone()).await? {
                     Attempt::Granted(granted, held) => {
-                        queue.mark_held(partition, held);
+                        ticket.tried(partition, Tried::Locked(held));
                         return Ok(*granted);
                     }
-                    Attempt::Held => queue.mark_held(
-                        partition,
-                        HeldPartition {
-                            token: None,
-                            holder: None,
-                        },
-                    ),
+                    Attempt::Held => Tried::Held,
                     Attempt::Delayed => {
-                        let left = self.locks.wait_cut(&key, DELAY_CAP);
-                        queue.mark_delayed(partition, Instant::now() + left);
+                        Tried::Delayed(Instant::now() + self.locks.wait_cut(&key, DELAY_CAP))
                     }
                     // Taken here a moment ago (a lease, an attempt, a release in flight):
                     // look again shortly.
-                    Attempt::Local => queue.mark_delayed(partition, Instant::now() + LOCAL_PAUSE),
-                }
-                ticket.decline();
+                    Attempt::Local => Tried::Delayed(Instant::now() + LOCAL_PAUSE),
+                };
+                ticket.tried(partition, tried);
                 continue;
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(self.busy(&spec, &queue, wants));
+                return Err(self.busy(&spec, &ticket, wants));
             }
             // Every partition it wants is taken: wait, if this gateway may take one more
             // waiter, for an offer from the topic's shared watch.
@@ -202,11 +187,9 @@ impl Gateway {
                 }
                 waiting = Some(Waiting(&self.waiting));
             }
-            queue.ensure_watch(|from| self.spawn_topic_watch(&queue, &spec, from));
-            let wake_at = queue.next_delay_end().map_or(deadline, |t| t.min(deadline));
+            let watch = |queue: &Arc<TopicQueue>, from| self.spawn_topic_watch(queue, &spec, from);
             tokio::select! {
-                () = ticket.offered() => {}
-                () = tokio::time::sleep_until(wake_at) => {}
+                () = ticket.wait(deadline, watch) => {}
                 _ = stopping.changed() => {}
             }
         }
@@ -214,9 +197,9 @@ impl Gateway {
 
     /// The Busy answer: who holds each partition the Acquire wanted, as far as this gateway
     /// knows (its own leases in full, others from the topic's view).
-    fn busy(&self, spec: &AcquireSpec, queue: &TopicQueue, wants: Wants) -> LeaseError {
+    fn busy(&self, spec: &AcquireSpec, ticket: &Ticket, wants: Wants) -> LeaseError {
         let partitions = wants.partitions();
-        let mut busy: Vec<BusyPartition> = queue
+        let mut busy: Vec<BusyPartition> = ticket
             .holders(&partitions)
             .into_iter()
             .map(|(partition, holder)| {
