@@ -32,10 +32,46 @@ use kafka_lease_proto::wire::EncodedReadResponse;
 /// that acquired the lease learns it. The serving instance lets any instance answer a call
 /// on a lease it does not serve from what the id says, without a look at Consul (instance
 /// ids are `[A-Za-z0-9._-]`, so `~` cannot occur in them).
-pub fn new_lease_id(instance: &str) -> String {
+pub fn new_lease_id(instance: &str) -> LeaseId {
     let reference: u64 = rand::random();
     let secret: u128 = rand::random();
-    format!("{reference:016x}.{secret:032x}~{instance}")
+    LeaseId(format!("{reference:016x}.{secret:032x}~{instance}"))
+}
+
+/// The id of a lease this instance granted ([`new_lease_id`]). It is a bearer credential: its
+/// `Debug` shows the public reference only, so a lease, a grant or an event in a log never
+/// shows it whole. Ids a client sends are plain strings until [`crate::gateway::Gateway::resolve`]
+/// finds the lease they name.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LeaseId(String);
+
+impl LeaseId {
+    /// The id as the client holds it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id as the response carries it.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    /// Its public reference ([`lease_ref`]).
+    pub fn reference(&self) -> &str {
+        lease_ref(&self.0)
+    }
+}
+
+impl std::borrow::Borrow<str> for LeaseId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "LeaseId({}.…)", self.reference())
+    }
 }
 
 /// The gateway instance a lease id says serves the lease, if it names one.
@@ -112,7 +148,7 @@ struct LeaseState {
 
 /// A lease served by this gateway.
 pub struct Lease {
-    pub id: String,
+    pub id: LeaseId,
     pub lease_ref: String,
     pub key: LockKey,
     pub token: FencingToken,
@@ -183,7 +219,7 @@ impl LeaseSnapshot {
 /// The parts a lease is built from; see [`Lease::new`].
 #[derive(Debug)]
 pub struct LeaseParts {
-    pub id: String,
+    pub id: LeaseId,
     pub grant: LockGrant,
     pub member: String,
     pub owner: Option<String>,
@@ -202,7 +238,7 @@ impl Lease {
         let key = parts.grant.key().clone();
         let delivered = crate::metrics::Delivered::of(&key.group, &key.topic);
         let token = parts.grant.token();
-        let lease_ref = lease_ref(&parts.id).to_string();
+        let lease_ref = parts.id.reference().to_string();
         let span = tracing::info_span!(
             "lease",
             lease = %lease_ref,
@@ -806,9 +842,12 @@ mod tests {
 
     #[test]
     fn lease_ids_are_long_random_and_have_a_public_reference() {
-        let a = new_lease_id("gw-1.example");
-        let b = new_lease_id("gw-1.example");
+        let (a, b) = (new_lease_id("gw-1.example"), new_lease_id("gw-1.example"));
         assert_ne!(a, b);
+        // A credential: its Debug shows the reference alone.
+        assert_eq!(format!("{a:?}"), format!("LeaseId({}.…)", a.reference()));
+        assert_eq!(a.reference(), lease_ref(a.as_str()));
+        let a = a.into_string();
         assert_eq!(a.len(), 16 + 1 + 32 + 1 + "gw-1.example".len());
         assert_eq!(lease_ref(&a).len(), 16);
         assert!(a.starts_with(lease_ref(&a)));

@@ -23,16 +23,16 @@ use kafka_lease_testkit::unique_name;
 mod on_lease {
 
     use super::*;
-    use kafka_lease_server::lease::{ReadLimits, ReadStream, SeekEpoch};
+    use kafka_lease_server::lease::{LeaseId, ReadLimits, ReadStream, SeekEpoch};
 
     pub(crate) async fn read(
         gateway: &Gateway,
-        id: &str,
+        id: &LeaseId,
         limits: ReadLimits,
         from_offset: Option<i64>,
         if_seek_epoch: Option<u64>,
     ) -> Result<ReadStream, LeaseError> {
-        let lease = gateway.lease(id)?;
+        let lease = gateway.lease(id.as_str())?;
         gateway
             .read(
                 &lease,
@@ -45,28 +45,30 @@ mod on_lease {
 
     pub(crate) async fn seek(
         gateway: &Gateway,
-        id: &str,
+        id: &LeaseId,
         target: kafka_lease_server::gateway::SeekTarget,
     ) -> Result<(i64, u64), LeaseError> {
-        let (offset, epoch) = gateway.seek(&gateway.lease(id)?, target).await?;
+        let (offset, epoch) = gateway.seek(&gateway.lease(id.as_str())?, target).await?;
         Ok((offset, epoch.get()))
     }
 
     pub(crate) async fn commit(
         gateway: &Gateway,
-        id: &str,
+        id: &LeaseId,
         offset: i64,
         metadata: Option<&str>,
     ) -> Result<String, LeaseError> {
-        gateway.commit(&gateway.lease(id)?, offset, metadata).await
+        gateway
+            .commit(&gateway.lease(id.as_str())?, offset, metadata)
+            .await
     }
 
     pub(crate) async fn release(
         gateway: &Gateway,
-        id: &str,
+        id: &LeaseId,
         commit: Option<i64>,
     ) -> Result<Option<i64>, LeaseError> {
-        let lease = gateway.resolve(id).here_to_release()?;
+        let lease = gateway.resolve(id.as_str()).here_to_release()?;
         gateway.release(&lease, commit).await
     }
 }

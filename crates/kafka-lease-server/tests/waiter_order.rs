@@ -98,7 +98,10 @@ async fn each_release_goes_to_one_waiter_the_oldest_on_its_gateway() {
     while !waiting.is_empty() {
         let counts = (a.waiting_acquires(), b.waiting_acquires());
         releasing
-            .release(&releasing.lease(&lease.lease_id).expect("held"), None)
+            .release(
+                &releasing.lease(lease.lease_id.as_str()).expect("held"),
+                None,
+            )
             .await
             .expect("release");
         let at = wait_for("a waiter to get the partition", DEADLINE, || async {
@@ -143,7 +146,10 @@ async fn each_release_goes_to_one_waiter_the_oldest_on_its_gateway() {
     assert_eq!(order("a"), expected("a"));
     assert_eq!(order("b"), expected("b"));
     releasing
-        .release(&releasing.lease(&lease.lease_id).expect("held"), None)
+        .release(
+            &releasing.lease(lease.lease_id.as_str()).expect("held"),
+            None,
+        )
         .await
         .expect("the last release");
     for g in [&holder, &a, &b] {

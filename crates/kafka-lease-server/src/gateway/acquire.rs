@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::coordination::{unix_ms, Acquisition, HeldPartition, HolderInfo, LockGrant, LockKey};
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::PartitionFeed;
-use crate::lease::{lease_ref, new_lease_id, Lease, LeaseParts};
+use crate::lease::{new_lease_id, Lease, LeaseId, LeaseParts};
 use crate::waiters::{Ticket, TopicQueue, Tried, Wants};
 
 use super::table::LocalBusy;
@@ -241,7 +241,7 @@ impl Gateway {
             async move {
                 let outcome = gateway.try_partition(&spec, &key).await;
                 if let Err(Ok(Attempt::Granted(granted, _))) = answer.send(outcome) {
-                    let lease = gateway.table().lease(&granted.lease_id).cloned();
+                    let lease = gateway.table().lease(granted.lease_id.as_str()).cloned();
                     if let Some(lease) = lease {
                         tracing::info!(parent: &lease.span, "the Acquire call went away; ending its lease");
                         gateway.end_lease(&lease, EndReason::Abandoned).await;
@@ -293,7 +293,7 @@ impl Gateway {
         let holder = HolderInfo {
             member: spec.member.clone(),
             gateway: self.instance.clone(),
-            lease_ref: lease_ref(&id).to_string(),
+            lease_ref: id.reference().to_string(),
             acquired_at_ms: unix_ms(SystemTime::now()),
             ttl_ms: spec.ttl.as_millis() as u64,
             address: self.address.clone().unwrap_or_default(),
@@ -402,7 +402,7 @@ impl Gateway {
     async fn open_lease(
         &self,
         spec: &AcquireSpec,
-        id: String,
+        id: LeaseId,
         holder: HolderInfo,
         grant: GrantGuard<'_>,
     ) -> Result<Granted, LeaseError> {

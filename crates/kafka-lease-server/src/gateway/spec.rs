@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::coordination::{FencingToken, HolderInfo, LockKey};
+use crate::lease::LeaseId;
 
 /// Where a lease starts when its group has no committed offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +34,7 @@ pub struct AcquireSpec {
 /// What Acquire grants.
 #[derive(Clone, Debug)]
 pub struct Granted {
-    pub lease_id: String,
+    pub lease_id: LeaseId,
     pub key: LockKey,
     pub fencing_token: FencingToken,
     pub offset: i64,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::coordination::LockKey;
 use crate::error::EndReason;
-use crate::lease::Lease;
+use crate::lease::{Lease, LeaseId};
 
 use super::Limits;
 
@@ -29,17 +29,17 @@ const ENDED_MEMORY: usize = 10_000;
 ///   token), and the release in flight would then free it under the new lease.
 #[derive(Default)]
 pub(super) struct Table {
-    leases: HashMap<String, Arc<Lease>>,
-    by_key: HashMap<LockKey, String>,
+    leases: HashMap<LeaseId, Arc<Lease>>,
+    by_key: HashMap<LockKey, LeaseId>,
     claimed: HashSet<LockKey>,
     /// Key → the lock session that may still hold it.
     unreleased: HashMap<LockKey, String>,
     /// Client connection → its leases and claims here.
     per_connection: HashMap<SocketAddr, usize>,
     /// Lease id → the connection it was acquired on.
-    lease_via: HashMap<String, SocketAddr>,
-    ended: HashMap<String, EndReason>,
-    ended_order: VecDeque<String>,
+    lease_via: HashMap<LeaseId, SocketAddr>,
+    ended: HashMap<LeaseId, EndReason>,
+    ended_order: VecDeque<LeaseId>,
 }
 
 /// Why an Acquire attempt could not claim a key on this instance.

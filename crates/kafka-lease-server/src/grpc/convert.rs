@@ -11,7 +11,6 @@ use kafka_lease_proto::wire::EncodedSubscribeResponse;
 use crate::coordination::LockKey;
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, ListedLease, Reset, SeekTarget};
-use crate::lease::lease_ref;
 use crate::lease::{LeaseSnapshot, ReadLimits};
 use crate::subscribe::{Ended, SubscribeSpec, SubscriptionEvent};
 use crate::validate;
@@ -206,7 +205,7 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
             Event::Joined(v1::Joined { member_id, gateway })
         }
         SubscriptionEvent::Assigned(granted) => Event::Assigned(v1::Assigned {
-            lease_id: granted.lease_id,
+            lease_id: granted.lease_id.into_string(),
             topic: granted.key.topic,
             partition: granted.key.partition,
             fencing_token: granted.fencing_token.get(),
@@ -220,7 +219,7 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
             batch,
         } => {
             return batch.records.into_subscribed(
-                &lease_id,
+                lease_id.as_str(),
                 &topic,
                 partition,
                 batch.seek_epoch.get(),
@@ -233,7 +232,7 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
             partition,
             deadline,
         } => Event::Revoking(v1::Revoking {
-            lease_id,
+            lease_id: lease_id.into_string(),
             topic,
             partition,
             deadline: Some(timestamp(deadline)),
@@ -249,7 +248,7 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
                     v1::ErrorReason::LeaseRevoked.as_str_name().to_string(),
                     format!(
                         "lease {:?} moved to another member of the group",
-                        lease_ref(&lease_id)
+                        lease_id.reference()
                     ),
                 ),
                 Ended::Other(err) => {
@@ -262,7 +261,7 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
                 }
             };
             Event::Revoked(v1::Revoked {
-                lease_id,
+                lease_id: lease_id.into_string(),
                 topic,
                 partition,
                 reason,

@@ -210,7 +210,7 @@ impl PartitionLeaseService for LeaseService {
             };
             let granted = self.gateway.acquire(spec).await.map_err(status_of)?;
             Ok(Response::new(v1::AcquireResponse {
-                lease_id: granted.lease_id,
+                lease_id: granted.lease_id.into_string(),
                 topic: granted.key.topic,
                 partition: granted.key.partition,
                 fencing_token: granted.fencing_token.get(),

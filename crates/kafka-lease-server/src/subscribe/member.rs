@@ -20,7 +20,7 @@ use crate::balance;
 use crate::coordination::{LockKey, MemberRecord, TopicView};
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, Gateway, Granted};
-use crate::lease::{Lease, ReadBatch};
+use crate::lease::{Lease, LeaseId, ReadBatch};
 
 use super::members::MemberClaim;
 use super::stream::watch_topic;
@@ -53,7 +53,7 @@ const LEASE_TTL_MARGIN: Duration = Duration::from_secs(10);
 const CLEANUP_WAIT: Duration = Duration::from_secs(5);
 /// A lease the member holds.
 struct Held {
-    lease_id: String,
+    lease_id: LeaseId,
     lease: Arc<Lease>,
     /// As granted, to announce it again to a client that takes the member over.
     granted: Granted,
@@ -93,7 +93,7 @@ enum Done {
     Released {
         topic: String,
         partition: i32,
-        lease_id: String,
+        lease_id: LeaseId,
     },
 }
 
@@ -105,7 +105,7 @@ type LeaseRead = Pin<Box<dyn Stream<Item = ReadItem> + Send>>;
 struct ReadItem {
     topic: String,
     partition: i32,
-    lease_id: String,
+    lease_id: LeaseId,
     item: Option<Result<ReadBatch, LeaseError>>,
 }
 
@@ -305,11 +305,11 @@ impl Member {
                         .as_ref()
                         .and_then(|h| h.lease.end_reason())
                         .map(|reason| LeaseError::LeaseEnded {
-                            lease_ref: crate::lease::lease_ref(&lease_id).to_string(),
+                            lease_ref: lease_id.reference().to_string(),
                             reason,
                         })
                         .unwrap_or(LeaseError::LeaseNotFound {
-                            lease_ref: crate::lease::lease_ref(&lease_id).to_string(),
+                            lease_ref: lease_id.reference().to_string(),
                         }),
                 };
                 let _ = self.control.send(Ok(SubscriptionEvent::Revoked {
@@ -342,12 +342,12 @@ impl Member {
                                 member_id = %self.spec.member_id,
                                 %topic,
                                 partition,
-                                lease_id = %granted.lease_id,
+                                lease_ref = %granted.lease_id.reference(),
                                 "a partition taken for this member is beyond its share in its newest view; handing it back",
                             );
                             let gateway = self.gateway.clone();
                             tokio::spawn(async move {
-                                release(&gateway, &granted.lease_id).await;
+                                release(&gateway, granted.lease_id.as_str()).await;
                             });
                         } else {
                             self.install(topic.clone(), partition, granted);
@@ -529,7 +529,7 @@ impl Member {
         let lease_id = granted.lease_id.clone();
         let started = self
             .gateway
-            .lease(&lease_id)
+            .lease(lease_id.as_str())
             .and_then(|lease| Ok((self.start_read(&topic, partition, &lease)?, lease)));
         let (pump, lease) = match started {
             Ok(started) => started,
@@ -776,7 +776,7 @@ impl Member {
                 })) => {
                     self.pending.remove(&(topic, partition));
                     if let Ok(granted) = result {
-                        release(&self.gateway, &granted.lease_id).await;
+                        release(&self.gateway, granted.lease_id.as_str()).await;
                     }
                 }
                 Ok(Some(Done::Released { .. })) => {}

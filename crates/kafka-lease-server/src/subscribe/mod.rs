@@ -30,7 +30,7 @@ use tokio::sync::mpsc;
 use crate::coordination::{unix_ms, MemberRecord};
 use crate::error::LeaseError;
 use crate::gateway::{Gateway, Granted, Reset};
-use crate::lease::{ReadBatch, ReadLimits};
+use crate::lease::{LeaseId, ReadBatch, ReadLimits};
 
 mod member;
 mod members;
@@ -93,19 +93,19 @@ pub enum SubscriptionEvent {
     },
     Assigned(Granted),
     Records {
-        lease_id: String,
+        lease_id: LeaseId,
         topic: String,
         partition: i32,
         batch: ReadBatch,
     },
     Revoking {
-        lease_id: String,
+        lease_id: LeaseId,
         topic: String,
         partition: i32,
         deadline: SystemTime,
     },
     Revoked {
-        lease_id: String,
+        lease_id: LeaseId,
         topic: String,
         partition: i32,
         why: Ended,
@@ -114,7 +114,7 @@ pub enum SubscriptionEvent {
 
 impl SubscriptionEvent {
     /// The lease a revoking or revoked event announces the end of.
-    fn ends(&self) -> Option<&str> {
+    fn ends(&self) -> Option<&LeaseId> {
         match self {
             SubscriptionEvent::Revoking { lease_id, .. }
             | SubscriptionEvent::Revoked { lease_id, .. } => Some(lease_id),

@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use crate::coordination::TopicView;
 use crate::error::LeaseError;
 use crate::gateway::Gateway;
+use crate::lease::LeaseId;
 
 use super::{SubscriptionEvent, SubscriptionStream};
 
@@ -27,7 +28,7 @@ pub(super) fn outgoing(
     control: mpsc::UnboundedReceiver<Result<SubscriptionEvent, LeaseError>>,
     records: mpsc::Receiver<SubscriptionEvent>,
 ) -> SubscriptionStream {
-    let state = (control, records, HashSet::<String>::new());
+    let state = (control, records, HashSet::<LeaseId>::new());
     Box::pin(futures::stream::unfold(
         state,
         |(mut control, mut records, mut ended)| async move {
@@ -47,7 +48,7 @@ pub(super) fn outgoing(
                     }
                     Ok(event) => {
                         if let Some(lease_id) = event.ends() {
-                            ended.insert(lease_id.to_string());
+                            ended.insert(lease_id.clone());
                         }
                     }
                     Err(_) => {}
