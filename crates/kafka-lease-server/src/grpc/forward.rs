@@ -13,6 +13,10 @@
 //! lease for the caller (LEASE_LOST: it can only acquire again); registered and listening but
 //! not answering is GATEWAY_UNREACHABLE, which a client retries, until Consul notices a dead
 //! instance.
+//!
+//! About 620 lines of code: the pool, the forwarding of unary calls and of streams, and the
+//! judging of a peer's failure are one mechanism (a route is counted while a call holds it,
+//! and a failure forgets the pool the route came from).
 
 use std::collections::HashMap;
 use std::future::Future;

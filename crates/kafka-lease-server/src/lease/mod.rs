@@ -8,94 +8,26 @@
 //! SeekResponse exists no older-epoch batch can be handed over. A Seek also interrupts a
 //! batch being filled (the Go library's "cancel the background fetch"); the next fill
 //! repositions librdkafka to the lease position, whose seek purges what it pre-fetched.
+//!
+//! Files: this one (the lease, its state, commits, the fence, Seek, expiry), `id` (lease
+//! ids), `read` (the Read path: a batch filled from the feed and handed over).
 
-use std::future::Future;
-use std::pin::Pin;
+mod id;
+mod read;
+
+pub use id::{lease_ref, new_lease_id, serving_instance, LeaseId};
+use read::Stop;
+pub use read::{ReadBatch, ReadFrom, ReadLimits, ReadStream};
+
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use kafka_lease_proto::v1;
-
 use crate::coordination::{FencingToken, LockBackend, LockGrant, LockKey, SessionState};
 use crate::error::{EndReason, LeaseError};
-use crate::kafka::{BatchLimits, CommitGate, CommitsSettled, GroupClient, PartitionFeed};
-use crate::records::EncodedRecords;
-use kafka_lease_proto::wire::EncodedReadResponse;
-
-/// A new lease id for a lease served by `instance`: `<reference>.<secret>~<instance>`. The
-/// reference (64 random bits) is public: it is stored in Consul and names the lease in logs
-/// and messages. The secret (128 random bits) makes the whole id unguessable; only the client
-/// that acquired the lease learns it. The serving instance lets any instance answer a call
-/// on a lease it does not serve from what the id says, without a look at Consul (instance
-/// ids are `[A-Za-z0-9._-]`, so `~` cannot occur in them).
-pub fn new_lease_id(instance: &str) -> LeaseId {
-    let reference: u64 = rand::random();
-    let secret: u128 = rand::random();
-    LeaseId(format!("{reference:016x}.{secret:032x}~{instance}"))
-}
-
-/// The id of a lease this instance granted ([`new_lease_id`]). It is a bearer credential: its
-/// `Debug` shows the public reference only, so a lease, a grant or an event in a log never
-/// shows it whole. Ids a client sends are plain strings until [`crate::gateway::Gateway::resolve`]
-/// finds the lease they name.
-#[derive(Clone, PartialEq, Eq, Hash)]
-pub struct LeaseId(String);
-
-impl LeaseId {
-    /// The id as the client holds it.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The id as the response carries it.
-    pub fn into_string(self) -> String {
-        self.0
-    }
-
-    /// Its public reference ([`lease_ref`]).
-    pub fn reference(&self) -> &str {
-        lease_ref(&self.0)
-    }
-}
-
-impl std::borrow::Borrow<str> for LeaseId {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Debug for LeaseId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "LeaseId({}.…)", self.reference())
-    }
-}
-
-/// The gateway instance a lease id says serves the lease, if it names one.
-pub fn serving_instance(lease_id: &str) -> Option<&str> {
-    lease_id
-        .rsplit_once('~')
-        .map(|(_, instance)| instance)
-        .filter(|instance| !instance.is_empty())
-}
-
-/// The public reference part of a lease id (all of it, if it has no `.`).
-pub fn lease_ref(lease_id: &str) -> &str {
-    lease_id
-        .split_once('.')
-        .map_or(lease_id, |(reference, _)| reference)
-}
-
-/// Limits of one Read, validated.
-#[derive(Clone, Copy, Debug)]
-pub struct ReadLimits {
-    pub max_records: usize,
-    pub max_bytes: usize,
-    pub max_wait: Duration,
-}
+use crate::kafka::{CommitGate, CommitsSettled, GroupClient, PartitionFeed};
 
 /// A lease's seek epoch: 0 at the grant, one more at every Seek and every Read from an
 /// offset. A batch carries the epoch it was filled in, and one of an epoch the lease has left
@@ -530,13 +462,7 @@ impl Lease {
             state.read_generation
         };
         self.interrupt();
-        Ok(ReadStream {
-            lease: self.clone(),
-            generation,
-            limits,
-            fill: None,
-            finished: false,
-        })
+        Ok(ReadStream::new(self.clone(), generation, limits))
     }
 
     fn close_read(&self, generation: u64) {
@@ -592,275 +518,4 @@ impl Lease {
             Some(reason) => Some(Stop::Failed(self.ended_error(reason))),
         }
     }
-}
-
-/// How a Read ends.
-enum Stop {
-    /// With OK: the lease was released.
-    Done,
-    /// With this error.
-    Failed(LeaseError),
-}
-
-impl Stop {
-    /// The stream's last item: none for OK, else the error.
-    fn last_item(self) -> Option<Result<ReadBatch, LeaseError>> {
-        match self {
-            Stop::Done => None,
-            Stop::Failed(err) => Some(Err(err)),
-        }
-    }
-}
-
-/// What one fill produced.
-enum Fill {
-    Batch {
-        epoch: SeekEpoch,
-        from: i64,
-        records: EncodedRecords,
-        high_watermark: Option<i64>,
-    },
-    /// The Read must end.
-    Stop(Stop),
-    /// Interrupted or failed transiently: fill again.
-    Again,
-}
-
-type FillFuture = Pin<Box<dyn Future<Output = Fill> + Send>>;
-
-/// Fills one batch for Read `generation`, starting at the lease position.
-async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
-    // Subscribe before looking at the state, so an interrupt after the look is not missed.
-    let mut interrupts = lease.interrupts.subscribe();
-    // Look before waiting for the feed: a newer Read may hold it for as long as its partition
-    // is idle, and this Read must end rather than wait behind it.
-    if let Some(stop) = lease.read_stop(&lease.state(), generation) {
-        return Fill::Stop(stop);
-    }
-    let mut feed_guard = tokio::select! {
-        guard = lease.feed.lock() => guard,
-        _ = interrupts.changed() => return Fill::Again,
-    };
-    let (epoch, from) = {
-        let state = lease.state();
-        if let Some(stop) = lease.read_stop(&state, generation) {
-            return Fill::Stop(stop);
-        }
-        (state.seek_epoch, state.position)
-    };
-    let Some(feed) = feed_guard.as_mut() else {
-        // The lease is being dismantled; the next look at the state ends the Read.
-        drop(feed_guard);
-        let _ = interrupts.changed().await;
-        return Fill::Again;
-    };
-    if let Err(err) = feed.align(from).await {
-        tracing::warn!(parent: &lease.span, error = %err, "repositioning the partition failed; retrying");
-        drop(feed_guard);
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(500)) => {}
-            _ = interrupts.changed() => {}
-        }
-        return Fill::Again;
-    }
-
-    let batch_limits = BatchLimits {
-        max_records: limits.max_records,
-        // Room for the response's own fields (high watermark, epoch) beside the records.
-        max_bytes: limits.max_bytes.saturating_sub(32),
-    };
-    let mut records = feed.new_batch(batch_limits);
-    // Armed once the batch has a record: one clock read per batch, not per record.
-    let mut deadline: Option<Instant> = None;
-    loop {
-        // Everything librdkafka already holds, without waiting or arming a timer.
-        if !feed.take_queued(&mut records, from, batch_limits) {
-            break;
-        }
-        if !records.is_empty() {
-            // Caught up with the partition: more records would have to be produced first,
-            // and max_wait is how long the gateway *may* wait. A partition still behind its
-            // high watermark waits for librdkafka's next fetch instead, to fill the batch.
-            if feed.caught_up() {
-                break;
-            }
-            deadline.get_or_insert_with(|| Instant::now() + limits.max_wait);
-        }
-        let next = async {
-            match deadline {
-                Some(at) => {
-                    tokio::time::timeout_at(at, feed.take_next(&mut records, from, batch_limits))
-                        .await
-                        .ok()
-                }
-                None => Some(feed.take_next(&mut records, from, batch_limits).await),
-            }
-        };
-        let room = tokio::select! {
-            biased;
-            _ = interrupts.changed() => return Fill::Again,
-            room = next => room,
-        };
-        match room {
-            // The wait for more ran out.
-            None => break,
-            Some(false) => break,
-            Some(true) => {}
-        }
-    }
-    feed.filled(&mut records);
-    let high_watermark = feed.cached_high_watermark();
-    Fill::Batch {
-        epoch,
-        from,
-        records,
-        high_watermark,
-    }
-}
-
-/// One batch of a Read: records encoded for the wire, with the response's other fields.
-#[derive(Debug)]
-pub struct ReadBatch {
-    pub records: EncodedRecords,
-    pub high_watermark: i64,
-    pub seek_epoch: SeekEpoch,
-}
-
-impl ReadBatch {
-    /// The batch as the Read call sends it.
-    pub fn into_response(self) -> EncodedReadResponse {
-        self.records
-            .into_read_response(self.high_watermark, self.seek_epoch.get())
-    }
-
-    /// The batch decoded, as a client sees it (for tests; the Read path never decodes).
-    pub fn decode(&self) -> v1::ReadResponse {
-        v1::ReadResponse {
-            records: self.records.decode(),
-            high_watermark: self.high_watermark,
-            seek_epoch: self.seek_epoch.get(),
-        }
-    }
-}
-
-/// The stream behind one Read call. Ends with `None` after Release; yields one error and
-/// ends otherwise. Dropping it (the client went away) closes the Read, which starts the
-/// lease's TTL.
-pub struct ReadStream {
-    lease: Arc<Lease>,
-    generation: u64,
-    limits: ReadLimits,
-    fill: Option<FillFuture>,
-    finished: bool,
-}
-
-impl std::fmt::Debug for ReadStream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadStream")
-            .field("lease", &self.lease.lease_ref)
-            .field("generation", &self.generation)
-            .finish()
-    }
-}
-
-impl Drop for ReadStream {
-    fn drop(&mut self) {
-        self.lease.close_read(self.generation);
-    }
-}
-
-impl futures::Stream for ReadStream {
-    type Item = Result<ReadBatch, LeaseError>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        loop {
-            if this.finished {
-                return Poll::Ready(None);
-            }
-            let (lease, generation, limits) = (this.lease.clone(), this.generation, this.limits);
-            let fut = this
-                .fill
-                .get_or_insert_with(|| Box::pin(fill(lease, generation, limits)));
-            let outcome = match fut.as_mut().poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(outcome) => outcome,
-            };
-            this.fill = None;
-            match outcome {
-                Fill::Again => continue,
-                Fill::Stop(stop) => {
-                    this.finished = true;
-                    return Poll::Ready(stop.last_item());
-                }
-                Fill::Batch {
-                    epoch,
-                    from,
-                    records,
-                    high_watermark,
-                } => {
-                    // The handoff: under the state lock, so a Seek either happened before
-                    // (and this batch is dropped) or happens after the batch is handed over.
-                    if let Err(fenced) = this.lease.fenced() {
-                        this.finished = true;
-                        return Poll::Ready(Some(Err(fenced)));
-                    }
-                    let mut state = this.lease.state();
-                    if let Some(stop) = this.lease.read_stop(&state, this.generation) {
-                        this.finished = true;
-                        return Poll::Ready(stop.last_item());
-                    }
-                    if state.seek_epoch != epoch || state.position != from {
-                        continue;
-                    }
-                    let Some(last) = records.last_offset() else {
-                        continue;
-                    };
-                    state.position = last + 1;
-                    this.lease.delivered.records.increment(records.len() as u64);
-                    this.lease
-                        .delivered
-                        .bytes
-                        .increment(records.wire_len() as u64);
-                    let high = high_watermark.unwrap_or(0).max(state.position);
-                    state.high_watermark = state.high_watermark.max(high);
-                    let response = ReadBatch {
-                        records,
-                        high_watermark: state.high_watermark,
-                        seek_epoch: epoch,
-                    };
-                    return Poll::Ready(Some(Ok(response)));
-                }
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lease_ids_are_long_random_and_have_a_public_reference() {
-        let (a, b) = (new_lease_id("gw-1.example"), new_lease_id("gw-1.example"));
-        assert_ne!(a, b);
-        // A credential: its Debug shows the reference alone.
-        assert_eq!(format!("{a:?}"), format!("LeaseId({}.…)", a.reference()));
-        assert_eq!(a.reference(), lease_ref(a.as_str()));
-        let a = a.into_string();
-        assert_eq!(a.len(), 16 + 1 + 32 + 1 + "gw-1.example".len());
-        assert_eq!(lease_ref(&a).len(), 16);
-        assert!(a.starts_with(lease_ref(&a)));
-        assert_eq!(lease_ref("no-dot"), "no-dot");
-        assert_eq!(serving_instance(&a), Some("gw-1.example"));
-        assert_eq!(serving_instance("0123.4567"), None);
-        assert_eq!(serving_instance("0123.4567~"), None);
-    }
-}
-
-/// Where a Read asks to start: `offset`, only while the lease is at `if_seek_epoch` (when set).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReadFrom {
-    pub offset: i64,
-    pub if_seek_epoch: Option<SeekEpoch>,
 }
