@@ -14,10 +14,9 @@ use kafka_lease_server::auth::Auth;
 use kafka_lease_server::config::{default_instance_id, DevArgs, LogArgs, LogFormat, ServeArgs};
 use kafka_lease_server::coordination::consul::ConsulLocks;
 use kafka_lease_server::coordination::memory::MemoryLockStore;
-use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::{DevKafka, DEMO_PARTITIONS, DEMO_TOPIC};
-use kafka_lease_server::gateway::Gateway;
-use kafka_lease_server::kafka::{Kafka, KafkaSettings};
+use kafka_lease_server::gateway::{Gateway, Limits};
+use kafka_lease_server::kafka::{Kafka, DEFAULT_MAX_GROUPS};
 use kafka_lease_server::server::ServeOptions;
 use kafka_lease_server::tls::ServerTls;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -399,12 +398,15 @@ async fn dev(args: DevArgs) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let kafka_cluster = DevKafka::start(args.sample_records).await?;
     let store = MemoryLockStore::new();
-    let locks: Arc<dyn LockBackend> = Arc::new(store.backend("dev"));
-    let mut settings = KafkaSettings::new(kafka_cluster.bootstrap_servers(), "dev");
-    settings.scan_for_timestamps = true;
-    let kafka = Kafka::new(settings)?;
-    let clients = kafka.clone();
-    let gateway = Gateway::new("dev".to_string(), locks, kafka);
+    let (gateway, _locks) = kafka_lease_server::dev::gateway(
+        &kafka_cluster,
+        &store,
+        "dev",
+        None,
+        Limits::default(),
+        DEFAULT_MAX_GROUPS,
+    )?;
+    let clients = gateway.kafka().clone();
     print_dev_banner(&addr.to_string(), args.sample_records);
     println!("kafka-lease listening on {addr}");
     let options = ServeOptions {

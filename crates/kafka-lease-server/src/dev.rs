@@ -9,7 +9,13 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
+use std::sync::Arc;
+
+use crate::coordination::memory::{MemoryLockStore, MemoryLocks};
+use crate::coordination::LockBackend;
 use crate::error::LeaseError;
+use crate::gateway::{Gateway, Limits};
+use crate::kafka::{Kafka, KafkaSettings};
 
 /// The sample topic's name and partition count.
 pub const DEMO_TOPIC: &str = "demo";
@@ -86,6 +92,37 @@ impl DevKafka {
     pub fn mock(&self) -> &MockCluster<'static, DefaultProducerContext> {
         &self.cluster
     }
+}
+
+/// A gateway instance over the mock cluster `kafka` and the in-memory lock store `store`:
+/// what `kafka-lease dev` serves, and each instance of the in-process test rig (several
+/// instances on one store share their locks as instances on one Consul do). With `address`,
+/// the instance records where others reach it, so they forward calls on its leases to it.
+pub fn gateway(
+    kafka: &DevKafka,
+    store: &MemoryLockStore,
+    instance: &str,
+    address: Option<&str>,
+    limits: Limits,
+    max_groups: usize,
+) -> Result<(Arc<Gateway>, Arc<MemoryLocks>), LeaseError> {
+    let locks = Arc::new(match address {
+        Some(address) => store.backend_at(instance, address),
+        None => store.backend(instance),
+    });
+    let mut settings = KafkaSettings::new(kafka.bootstrap_servers(), instance);
+    // The mock cluster cannot look offsets up by time: they are found by a scan.
+    settings.scan_for_timestamps = true;
+    settings.max_groups = max_groups;
+    let backend: Arc<dyn LockBackend> = locks.clone();
+    let gateway = Gateway::serving(
+        instance.to_string(),
+        address.map(str::to_string),
+        backend,
+        Kafka::new(settings)?,
+        limits,
+    );
+    Ok((gateway, locks))
 }
 
 /// One sample record: its key, value and headers (absent is `None`).

@@ -5,9 +5,10 @@
 //! no module names one on its layer or above): [`coordination`] (locks, a crate of its own:
 //! knows nothing of Kafka or gRPC); [`metrics`], [`records`] (records encoded straight from
 //! librdkafka's buffers into a response's bytes), [`reload`]; [`error`], [`tls`]; [`kafka`]
-//! (reading and offsets; knows nothing of locks or gRPC), [`validate`], [`dev`], [`auth`]
+//! (reading and offsets; knows nothing of locks or gRPC), [`validate`], [`auth`]
 //! (identities and the policy); [`lease`] (one lease); [`gateway`] (the lease table and the
-//! operations in domain terms); [`subscribe`], [`calls`], [`metrics_endpoint`]; [`grpc`]
+//! operations in domain terms); [`subscribe`], [`calls`], [`metrics_endpoint`], [`dev`] (the mock cluster and an
+//! in-process gateway over it); [`grpc`]
 //! (the service, the one error-to-status mapping, and [`forward`]ing to other instances);
 //! [`server`] (running it all, health, shutdown); [`config`] (the flags).
 

@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["metrics", "records", "reload", "balance"],
     &["error", "tls", "waiters"],
-    &["kafka", "validate", "dev", "auth"],
+    &["kafka", "validate", "auth"],
     &["lease"],
     &["gateway"],
-    &["subscribe", "calls", "metrics_endpoint"],
+    &["subscribe", "calls", "metrics_endpoint", "dev"],
     &["grpc"],
     &["server"],
     &["config"],

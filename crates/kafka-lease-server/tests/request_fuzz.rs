@@ -11,28 +11,27 @@ use std::time::Duration;
 
 use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseService as _;
 use kafka_lease_proto::v1;
-use kafka_lease_server::coordination::memory::{MemoryLockStore, MemoryLocks};
 use kafka_lease_server::coordination::LockBackend;
-use kafka_lease_server::dev::{DevKafka, DEMO_TOPIC};
+use kafka_lease_server::dev::DEMO_TOPIC;
 use kafka_lease_server::forward::Peers;
-use kafka_lease_server::gateway::Gateway;
 use kafka_lease_server::grpc::LeaseService;
-use kafka_lease_server::kafka::{Kafka, KafkaSettings};
 use proptest::prelude::*;
 use tonic::{Code, Request};
 use tonic_types::StatusExt;
+
+mod support;
 
 /// Records per partition of the sample topic: the high watermark.
 const RECORDS: i64 = 20;
 const COMMITTED: i64 = 5;
 const CASES: u32 = 256;
 
+/// The in-process rig's instance, with the lease service called directly (no socket) and
+/// one lease held.
 struct Rig {
     service: LeaseService,
-    gateway: Arc<Gateway>,
-    locks: Arc<MemoryLocks>,
     lease_id: String,
-    _kafka: DevKafka,
+    rig: support::Rig,
 }
 
 /// What must not change: the held locks (key, token) and the lease's offsets and epoch.
@@ -46,19 +45,14 @@ struct State {
 
 impl Rig {
     async fn new() -> Rig {
-        let kafka = DevKafka::start(RECORDS as u32).await.expect("mock cluster");
-        let store = MemoryLockStore::new();
-        let locks = Arc::new(store.backend("fuzz"));
-        let backend: Arc<dyn LockBackend> = locks.clone();
-        let client =
-            Kafka::new(KafkaSettings::new(kafka.bootstrap_servers(), "fuzz")).expect("kafka");
-        let gateway = Gateway::new("fuzz".into(), backend.clone(), client);
+        let rig = support::Rig::one().sample_records(RECORDS as u32).await;
+        let backend: Arc<dyn LockBackend> = rig.locks().clone();
         let peers = Arc::new(Peers::new(
-            "fuzz".into(),
+            rig.gateway().instance().to_string(),
             backend,
             kafka_lease_server::calls::ConnectionLimits::default(),
         ));
-        let service = LeaseService::new(gateway.clone(), peers);
+        let service = LeaseService::new(rig.gateway().clone(), peers);
         let lease_id = service
             .acquire(Request::new(v1::AcquireRequest {
                 group: "fuzz".into(),
@@ -84,16 +78,18 @@ impl Rig {
             .expect("a commit");
         Rig {
             service,
-            gateway,
-            locks,
             lease_id,
-            _kafka: kafka,
+            rig,
         }
     }
 
     async fn state(&self) -> State {
-        let lease = self.gateway.lease(&self.lease_id).expect("the lease lives");
-        let held = self.locks.list(None).await.expect("locks");
+        let lease = self
+            .rig
+            .gateway()
+            .lease(&self.lease_id)
+            .expect("the lease lives");
+        let held = self.rig.locks().list(None).await.expect("locks");
         State {
             locks: held
                 .iter()

@@ -27,10 +27,8 @@ use kafka_lease_client::Client;
 use kafka_lease_server::auth::{Auth, AuthFiles};
 use kafka_lease_server::calls::ConnectionLimits;
 use kafka_lease_server::coordination::memory::{MemoryLockStore, MemoryLocks};
-use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::DevKafka;
 use kafka_lease_server::gateway::{Gateway, Limits};
-use kafka_lease_server::kafka::{Kafka, KafkaSettings};
 use kafka_lease_server::server::{serve, ServeOptions, ServerError};
 use kafka_lease_testkit::unique_name;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -59,6 +57,8 @@ pub const DEADLINE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct RigBuilder {
     instances: usize,
+    sample_records: u32,
+    max_groups: usize,
     limits: Limits,
     long_calls: Option<u32>,
     policy: Option<(String, Vec<(String, String)>)>,
@@ -114,6 +114,23 @@ impl Rig {
 
     pub fn node(&self, instance: usize) -> &Node {
         &self.nodes[instance]
+    }
+
+    /// Instance A's gateway, for tests of the lease rules in domain terms.
+    pub fn gateway(&self) -> &Arc<Gateway> {
+        &self.nodes[A].gateway
+    }
+
+    /// Instance A's lock backend.
+    pub fn locks(&self) -> &Arc<MemoryLocks> {
+        &self.nodes[A].locks
+    }
+
+    /// The mock cluster, for injecting broker errors.
+    pub fn mock(
+        &self,
+    ) -> &rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext> {
+        self.kafka.mock()
     }
 
     /// `http://host:port` of an instance.
@@ -280,10 +297,30 @@ impl RigBuilder {
     fn new(instances: usize) -> Self {
         RigBuilder {
             instances,
+            sample_records: SAMPLE_RECORDS,
+            max_groups: kafka_lease_server::kafka::DEFAULT_MAX_GROUPS,
             limits: Limits::default(),
             long_calls: None,
             policy: None,
         }
+    }
+
+    /// Records per partition of the sample topic (default [`SAMPLE_RECORDS`]).
+    pub fn sample_records(mut self, records: u32) -> Self {
+        self.sample_records = records;
+        self
+    }
+
+    /// `--max-leases`, `--max-waiting-acquires` and `--max-leases-per-connection`.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// `--max-groups`.
+    pub fn max_groups(mut self, max_groups: usize) -> Self {
+        self.max_groups = max_groups;
+        self
     }
 
     /// `--max-leases-per-connection`.
@@ -310,7 +347,7 @@ impl RigBuilder {
     }
 
     pub async fn start(self) -> Rig {
-        let kafka = DevKafka::start(SAMPLE_RECORDS)
+        let kafka = DevKafka::start(self.sample_records)
             .await
             .expect("the mock cluster");
         let (auth, scratch) = match &self.policy {
@@ -345,19 +382,15 @@ impl RigBuilder {
             let instance = unique_name(&format!("gw-{letter}"));
             let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let addr = listener.local_addr().expect("bound address");
-            let locks = Arc::new(store.backend_at(&instance, &addr.to_string()));
-            let backend: Arc<dyn LockBackend> = locks.clone();
-            let mut settings = KafkaSettings::new(kafka.bootstrap_servers(), &instance);
-            // As `kafka-lease dev`: the mock cluster cannot look offsets up by time.
-            settings.scan_for_timestamps = true;
-            let client = Kafka::new(settings).expect("the Kafka client");
-            let gateway = Gateway::serving(
-                instance.clone(),
-                Some(addr.to_string()),
-                backend,
-                client,
+            let (gateway, locks) = kafka_lease_server::dev::gateway(
+                &kafka,
+                &store,
+                &instance,
+                Some(&addr.to_string()),
                 self.limits,
-            );
+                self.max_groups,
+            )
+            .expect("an in-process gateway");
             let options = ServeOptions {
                 grace: Duration::from_secs(2),
                 connection_limits,
