@@ -5,6 +5,7 @@
 //! client that stops reading a proxied Read stops the serving instance's fetching; ListLeases
 //! through either instance has every lease's live details.
 
+mod scenarios;
 mod support;
 
 use std::collections::BTreeMap;
@@ -31,179 +32,6 @@ async fn two_gateways(services: &Services) -> (GatewayProcess, GatewayProcess) {
     (a, b)
 }
 
-/// What a client sees of one lease's life, with fencing tokens (which differ between any two
-/// leases) written as `T`.
-#[derive(Debug, PartialEq, Eq)]
-struct Transcript {
-    start: i64,
-    first_batch: Vec<(i64, Option<Vec<u8>>, u64)>,
-    seek: (i64, u64),
-    after_seek: Vec<(i64, u64)>,
-    commit_metadata: String,
-    out_of_range: (Code, String, Option<String>, BTreeMap<String, String>),
-    released_with: Option<i64>,
-    after_release: (Code, Option<String>),
-    /// A second Release: code, message (lease reference written as `R`), reason.
-    second_release: (Code, String, Option<String>),
-    kafka_committed: Option<(i64, String)>,
-    next_holder_start: i64,
-}
-
-fn without_token(text: &str, token: u64) -> String {
-    text.replace(&token.to_string(), "T")
-}
-
-/// `text` with the (first) quoted lease reference after `lease ` written as `R`.
-fn without_lease_ref(text: &str) -> String {
-    let Some((head, rest)) = text.split_once("lease \"") else {
-        return text.to_string();
-    };
-    match rest.split_once('"') {
-        Some((_, tail)) => format!("{head}lease \"R\"{tail}"),
-        None => text.to_string(),
-    }
-}
-
-fn reason_and_metadata(status: &tonic::Status) -> (Option<String>, BTreeMap<String, String>) {
-    let details = StatusDetails::from_status(status);
-    let metadata = details
-        .metadata_entries()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    (details.reason().map(|r| r.as_str().to_string()), metadata)
-}
-
-/// Acquires through `acquirer`, then does everything else through `caller`.
-async fn one_lease_life(
-    services: &Services,
-    acquirer: &Client,
-    caller: &Client,
-    group: &str,
-    topic: &str,
-) -> Transcript {
-    let lease = acquirer
-        .acquire(AcquireOptions::new(group, topic).partition(0))
-        .await
-        .expect("acquire");
-    let (lease_id, token) = (lease.lease_id().to_string(), lease.fencing_token());
-    let mut raw = caller.raw();
-    let read = |from_offset: Option<i64>| proto::ReadRequest {
-        lease_id: lease_id.clone(),
-        max_records: 5,
-        from_offset,
-        ..Default::default()
-    };
-
-    let mut stream = raw.read(read(None)).await.expect("read").into_inner();
-    let first = tokio::time::timeout(DEADLINE, stream.next())
-        .await
-        .expect("a first batch in time")
-        .expect("the stream stays open")
-        .expect("a batch");
-    let first_batch = first
-        .records
-        .iter()
-        .map(|r| (r.offset, r.value.clone(), first.seek_epoch))
-        .collect();
-
-    let seek = raw
-        .seek(proto::SeekRequest {
-            lease_id: lease_id.clone(),
-            position: Some(proto::seek_request::Position::Offset(12)),
-        })
-        .await
-        .expect("seek")
-        .into_inner();
-    // The Read open before the seek goes on in the new epoch: its next batch of the new
-    // epoch starts at the sought offset.
-    let mut after_seek = Vec::new();
-    while after_seek.is_empty() {
-        let batch = tokio::time::timeout(DEADLINE, stream.next())
-            .await
-            .expect("a batch after the seek in time")
-            .expect("the stream stays open")
-            .expect("a batch");
-        if batch.seek_epoch == seek.seek_epoch {
-            after_seek = batch
-                .records
-                .iter()
-                .map(|r| (r.offset, batch.seek_epoch))
-                .collect();
-        }
-    }
-    drop(stream);
-
-    let commit = raw
-        .commit(proto::CommitRequest {
-            lease_id: lease_id.clone(),
-            offset: 14,
-            metadata: Some("worker 7".into()),
-        })
-        .await
-        .expect("commit")
-        .into_inner();
-    let out_of_range = raw
-        .commit(proto::CommitRequest {
-            lease_id: lease_id.clone(),
-            offset: 1_000_000,
-            metadata: None,
-        })
-        .await
-        .expect_err("an offset past the high watermark");
-    let (oor_reason, oor_metadata) = reason_and_metadata(&out_of_range);
-    let released = raw
-        .release(proto::ReleaseRequest {
-            lease_id: lease_id.clone(),
-            commit_offset: Some(15),
-        })
-        .await
-        .expect("release")
-        .into_inner();
-    let after_release = raw
-        .seek(proto::SeekRequest {
-            lease_id: lease_id.clone(),
-            position: Some(proto::seek_request::Position::Earliest(())),
-        })
-        .await
-        .expect_err("a seek on a released lease");
-    let second_release = raw
-        .release(proto::ReleaseRequest {
-            lease_id: lease_id.clone(),
-            commit_offset: None,
-        })
-        .await
-        .expect_err("a second release");
-    let next = acquirer
-        .acquire(AcquireOptions::new(group, topic).partition(0))
-        .await
-        .expect("the next holder");
-    let next_holder_start = next.offset();
-    next.release().await.expect("release the next holder");
-    Transcript {
-        start: lease.offset(),
-        first_batch,
-        seek: (seek.offset, seek.seek_epoch),
-        after_seek,
-        commit_metadata: without_token(&commit.metadata, token),
-        out_of_range: (
-            out_of_range.code(),
-            out_of_range.message().to_string(),
-            oor_reason,
-            oor_metadata,
-        ),
-        released_with: released.committed_offset,
-        after_release: (after_release.code(), reason_and_metadata(&after_release).0),
-        second_release: (
-            second_release.code(),
-            without_lease_ref(second_release.message()),
-            reason_and_metadata(&second_release).0,
-        ),
-        kafka_committed: kafka_committed(services, group, topic, 0)
-            .map(|(offset, metadata)| (offset, without_token(&metadata, token))),
-        next_holder_start,
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_call_through_the_other_gateway_gives_what_the_serving_one_gives() {
     let services = kafka_lease_testkit::require_services!();
@@ -215,9 +43,14 @@ async fn every_call_through_the_other_gateway_gives_what_the_serving_one_gives()
     produce(&producer(&services), &topic, 0, &records).await;
     let (client_a, client_b) = (a.client().await, b.client().await);
 
-    let direct = one_lease_life(&services, &client_a, &client_a, &unique_name("g"), &topic).await;
+    let committed = |group: String, topic: String| {
+        let services = &services;
+        async move { kafka_committed(services, &group, &topic, 0) }
+    };
+    let direct =
+        scenarios::one_lease_life(&client_a, &client_a, &unique_name("g"), &topic, committed).await;
     let forwarded =
-        one_lease_life(&services, &client_a, &client_b, &unique_name("g"), &topic).await;
+        scenarios::one_lease_life(&client_a, &client_b, &unique_name("g"), &topic, committed).await;
     println!("direct:    {direct:?}\nforwarded: {forwarded:?}");
     assert_eq!(forwarded, direct);
     // And the transcript is the one the contract promises (so equal is not equally wrong).
@@ -236,7 +69,7 @@ async fn every_call_through_the_other_gateway_gives_what_the_serving_one_gives()
             Some("LEASE_NOT_FOUND".to_string())
         )
     );
-    assert_eq!(direct.kafka_committed.as_ref().map(|c| c.0), Some(15));
+    assert_eq!(direct.committed.as_ref().map(|c| c.0), Some(15));
     assert_eq!(direct.next_holder_start, 15);
     assert!(
         b.log()

@@ -6,12 +6,18 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::future::Future;
+use std::time::Duration;
 
+use futures::StreamExt;
 use kafka_lease_client::proto;
-use kafka_lease_client::{AcquireOptions, Client, LeaseFilter};
+use kafka_lease_client::{AcquireOptions, Client, LeaseFilter, StatusDetails};
 use tonic::Code;
+
+/// How long any one step of a scenario may take: far above what it needs.
+const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A topic of two partitions with five records on partition 0, group `group` never used:
 /// every request field out of its range, and every call on a lease that is not there, gets
@@ -396,4 +402,184 @@ pub async fn bad_requests_get_their_documented_code_and_change_nothing<S, SF, CF
         "no commit reached Kafka"
     );
     held.release().await.expect("the lease still works");
+}
+
+/// What a client sees of one lease's life, with fencing tokens (which differ between any two
+/// leases) written as `T`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Transcript {
+    pub start: i64,
+    pub first_batch: Vec<(i64, Option<Vec<u8>>, u64)>,
+    pub seek: (i64, u64),
+    pub after_seek: Vec<(i64, u64)>,
+    pub commit_metadata: String,
+    pub out_of_range: (Code, String, Option<String>, BTreeMap<String, String>),
+    pub released_with: Option<i64>,
+    pub after_release: (Code, Option<String>),
+    /// A second Release: code, message (lease reference written as `R`), reason.
+    pub second_release: (Code, String, Option<String>),
+    pub committed: Option<(i64, String)>,
+    pub next_holder_start: i64,
+}
+
+pub fn without_token(text: &str, token: u64) -> String {
+    text.replace(&token.to_string(), "T")
+}
+
+/// `text` with the (first) quoted lease reference after `lease ` written as `R`.
+pub fn without_lease_ref(text: &str) -> String {
+    let Some((head, rest)) = text.split_once("lease \"") else {
+        return text.to_string();
+    };
+    match rest.split_once('"') {
+        Some((_, tail)) => format!("{head}lease \"R\"{tail}"),
+        None => text.to_string(),
+    }
+}
+
+pub fn reason_and_metadata(status: &tonic::Status) -> (Option<String>, BTreeMap<String, String>) {
+    let details = StatusDetails::from_status(status);
+    let metadata = details
+        .metadata_entries()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    (details.reason().map(|r| r.as_str().to_string()), metadata)
+}
+
+/// One lease's life on partition 0 of `topic`, as the client sees it: acquired through
+/// `acquirer`, everything else (Read, Seek, Commit, a Seek out of range, Release, calls on
+/// the released lease) through `caller`, the same gateway or another that forwards;
+/// `committed(group, topic)` is partition 0's committed offset and metadata as Kafka has it.
+pub async fn one_lease_life<CF>(
+    acquirer: &Client,
+    caller: &Client,
+    group: &str,
+    topic: &str,
+    committed: impl FnOnce(String, String) -> CF,
+) -> Transcript
+where
+    CF: Future<Output = Option<(i64, String)>>,
+{
+    let lease = acquirer
+        .acquire(AcquireOptions::new(group, topic).partition(0))
+        .await
+        .expect("acquire");
+    let (lease_id, token) = (lease.lease_id().to_string(), lease.fencing_token());
+    let mut raw = caller.raw();
+    let read = |from_offset: Option<i64>| proto::ReadRequest {
+        lease_id: lease_id.clone(),
+        max_records: 5,
+        from_offset,
+        ..Default::default()
+    };
+
+    let mut stream = raw.read(read(None)).await.expect("read").into_inner();
+    let first = tokio::time::timeout(DEADLINE, stream.next())
+        .await
+        .expect("a first batch in time")
+        .expect("the stream stays open")
+        .expect("a batch");
+    let first_batch = first
+        .records
+        .iter()
+        .map(|r| (r.offset, r.value.clone(), first.seek_epoch))
+        .collect();
+
+    let seek = raw
+        .seek(proto::SeekRequest {
+            lease_id: lease_id.clone(),
+            position: Some(proto::seek_request::Position::Offset(12)),
+        })
+        .await
+        .expect("seek")
+        .into_inner();
+    // The Read open before the seek goes on in the new epoch: its next batch of the new
+    // epoch starts at the sought offset.
+    let mut after_seek = Vec::new();
+    while after_seek.is_empty() {
+        let batch = tokio::time::timeout(DEADLINE, stream.next())
+            .await
+            .expect("a batch after the seek in time")
+            .expect("the stream stays open")
+            .expect("a batch");
+        if batch.seek_epoch == seek.seek_epoch {
+            after_seek = batch
+                .records
+                .iter()
+                .map(|r| (r.offset, batch.seek_epoch))
+                .collect();
+        }
+    }
+    drop(stream);
+
+    let commit = raw
+        .commit(proto::CommitRequest {
+            lease_id: lease_id.clone(),
+            offset: 14,
+            metadata: Some("worker 7".into()),
+        })
+        .await
+        .expect("commit")
+        .into_inner();
+    let out_of_range = raw
+        .commit(proto::CommitRequest {
+            lease_id: lease_id.clone(),
+            offset: 1_000_000,
+            metadata: None,
+        })
+        .await
+        .expect_err("an offset past the high watermark");
+    let (oor_reason, oor_metadata) = reason_and_metadata(&out_of_range);
+    let released = raw
+        .release(proto::ReleaseRequest {
+            lease_id: lease_id.clone(),
+            commit_offset: Some(15),
+        })
+        .await
+        .expect("release")
+        .into_inner();
+    let after_release = raw
+        .seek(proto::SeekRequest {
+            lease_id: lease_id.clone(),
+            position: Some(proto::seek_request::Position::Earliest(())),
+        })
+        .await
+        .expect_err("a seek on a released lease");
+    let second_release = raw
+        .release(proto::ReleaseRequest {
+            lease_id: lease_id.clone(),
+            commit_offset: None,
+        })
+        .await
+        .expect_err("a second release");
+    let next = acquirer
+        .acquire(AcquireOptions::new(group, topic).partition(0))
+        .await
+        .expect("the next holder");
+    let next_holder_start = next.offset();
+    next.release().await.expect("release the next holder");
+    Transcript {
+        start: lease.offset(),
+        first_batch,
+        seek: (seek.offset, seek.seek_epoch),
+        after_seek,
+        commit_metadata: without_token(&commit.metadata, token),
+        out_of_range: (
+            out_of_range.code(),
+            out_of_range.message().to_string(),
+            oor_reason,
+            oor_metadata,
+        ),
+        released_with: released.committed_offset,
+        after_release: (after_release.code(), reason_and_metadata(&after_release).0),
+        second_release: (
+            second_release.code(),
+            without_lease_ref(second_release.message()),
+            reason_and_metadata(&second_release).0,
+        ),
+        committed: committed(group.to_string(), topic.to_string())
+            .await
+            .map(|(offset, metadata)| (offset, without_token(&metadata, token))),
+        next_holder_start,
+    }
 }

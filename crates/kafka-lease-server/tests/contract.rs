@@ -1048,169 +1048,6 @@ async fn list_leases_pages_in_key_order() {
 // ---------------------------------------------------------------------------------------------
 // Any instance serves any lease
 
-/// What a client sees of one lease's life, with fencing tokens (which differ between any two
-/// leases) written as `T`.
-#[derive(Debug, PartialEq, Eq)]
-struct Transcript {
-    start: i64,
-    first_batch: Vec<(i64, Option<Vec<u8>>, u64)>,
-    seek: (i64, u64),
-    after_seek: Vec<(i64, u64)>,
-    commit_metadata: String,
-    out_of_range: (Code, String, Option<String>, BTreeMap<String, String>),
-    released_with: Option<i64>,
-    after_release: (Code, Option<String>),
-    /// A second Release: code, message (lease reference written as `R`), reason.
-    second_release: (Code, String, Option<String>),
-    committed: Option<(i64, String)>,
-    next_holder_start: i64,
-}
-
-fn without_token(text: &str, token: u64) -> String {
-    text.replace(&token.to_string(), "T")
-}
-
-/// `text` with the (first) quoted lease reference after `lease ` written as `R`.
-fn without_lease_ref(text: &str) -> String {
-    let Some((head, rest)) = text.split_once("lease \"") else {
-        return text.to_string();
-    };
-    match rest.split_once('"') {
-        Some((_, tail)) => format!("{head}lease \"R\"{tail}"),
-        None => text.to_string(),
-    }
-}
-
-fn reason_and_metadata(status: &tonic::Status) -> (Option<String>, BTreeMap<String, String>) {
-    let details = StatusDetails::from_status(status);
-    let metadata = details
-        .metadata_entries()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    (details.reason().map(|r| r.as_str().to_string()), metadata)
-}
-
-/// Acquires through `acquirer`, then does everything else through `caller`.
-async fn one_lease_life(
-    rig: &Rig,
-    acquirer: &Client,
-    caller: &Client,
-    group: &str,
-    topic: &str,
-) -> Transcript {
-    let lease = acquirer
-        .acquire(AcquireOptions::new(group, topic).partition(0))
-        .await
-        .expect("acquire");
-    let (lease_id, token) = (lease.lease_id().to_string(), lease.fencing_token());
-    let mut raw = caller.raw();
-
-    let mut stream = raw
-        .read(read_request(&lease_id, 5))
-        .await
-        .expect("read")
-        .into_inner();
-    let first = next_response(&mut stream).await;
-    let first_batch = first
-        .records
-        .iter()
-        .map(|r| (r.offset, r.value.clone(), first.seek_epoch))
-        .collect();
-    let seek = raw
-        .seek(proto::SeekRequest {
-            lease_id: lease_id.clone(),
-            position: Some(proto::seek_request::Position::Offset(12)),
-        })
-        .await
-        .expect("seek")
-        .into_inner();
-    // The Read open before the seek goes on in the new epoch, at the sought offset.
-    let mut after_seek = Vec::new();
-    while after_seek.is_empty() {
-        let batch = next_response(&mut stream).await;
-        if batch.seek_epoch == seek.seek_epoch {
-            after_seek = batch
-                .records
-                .iter()
-                .map(|r| (r.offset, batch.seek_epoch))
-                .collect();
-        }
-    }
-    drop(stream);
-
-    let commit = raw
-        .commit(proto::CommitRequest {
-            lease_id: lease_id.clone(),
-            offset: 14,
-            metadata: Some("worker 7".into()),
-        })
-        .await
-        .expect("commit")
-        .into_inner();
-    let out_of_range = raw
-        .commit(proto::CommitRequest {
-            lease_id: lease_id.clone(),
-            offset: 1_000_000,
-            metadata: None,
-        })
-        .await
-        .expect_err("an offset past the high watermark");
-    let (oor_reason, oor_metadata) = reason_and_metadata(&out_of_range);
-    let released = raw
-        .release(proto::ReleaseRequest {
-            lease_id: lease_id.clone(),
-            commit_offset: Some(15),
-        })
-        .await
-        .expect("release")
-        .into_inner();
-    let after_release = raw
-        .seek(proto::SeekRequest {
-            lease_id: lease_id.clone(),
-            position: Some(proto::seek_request::Position::Earliest(())),
-        })
-        .await
-        .expect_err("a seek on a released lease");
-    let second_release = raw
-        .release(proto::ReleaseRequest {
-            lease_id: lease_id.clone(),
-            commit_offset: None,
-        })
-        .await
-        .expect_err("a second release");
-    let next = acquirer
-        .acquire(AcquireOptions::new(group, topic).partition(0))
-        .await
-        .expect("the next holder");
-    let next_holder_start = next.offset();
-    next.release().await.expect("release the next holder");
-    Transcript {
-        start: lease.offset(),
-        first_batch,
-        seek: (seek.offset, seek.seek_epoch),
-        after_seek,
-        commit_metadata: without_token(&commit.metadata, token),
-        out_of_range: (
-            out_of_range.code(),
-            out_of_range.message().to_string(),
-            oor_reason,
-            oor_metadata,
-        ),
-        released_with: released.committed_offset,
-        after_release: (after_release.code(), reason_and_metadata(&after_release).0),
-        second_release: (
-            second_release.code(),
-            without_lease_ref(second_release.message()),
-            reason_and_metadata(&second_release).0,
-        ),
-        committed: rig
-            .committed(group, topic, 0)
-            .await
-            .map(|(offset, metadata)| (offset, without_token(&metadata, token))),
-        next_holder_start,
-    }
-}
-
 /// Mirrors forwarding.rs `every_call_through_the_other_gateway_gives_what_the_serving_one_gives`:
 /// Read, Seek, Commit and Release through B on a lease held through A.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1223,8 +1060,14 @@ async fn every_call_through_the_other_instance_gives_what_the_serving_one_gives(
     rig.produce(&topic, 0, &records).await;
     let (client_a, client_b) = (rig.client(A).await, rig.client(B).await);
 
-    let direct = one_lease_life(&rig, &client_a, &client_a, &unique_name("g"), &topic).await;
-    let forwarded = one_lease_life(&rig, &client_a, &client_b, &unique_name("g"), &topic).await;
+    let committed = |group: String, topic: String| {
+        let rig = &rig;
+        async move { rig.committed(&group, &topic, 0).await }
+    };
+    let direct =
+        scenarios::one_lease_life(&client_a, &client_a, &unique_name("g"), &topic, committed).await;
+    let forwarded =
+        scenarios::one_lease_life(&client_a, &client_b, &unique_name("g"), &topic, committed).await;
     assert_eq!(forwarded, direct);
     // And the transcript is the one the contract promises (so equal is not equally wrong).
     assert_eq!(direct.start, 0);
