@@ -9,7 +9,7 @@
 //! (identities and the policy); [`lease`] (one lease); [`gateway`] (the lease table and the
 //! operations in domain terms); [`subscribe`], [`calls`], [`metrics_endpoint`], [`dev`] (the mock cluster and an
 //! in-process gateway over it); [`grpc`]
-//! (the service, the one error-to-status mapping, and [`forward`]ing to other instances);
+//! (the service, the one error-to-status mapping, and [`grpc::forward`]ing to other instances);
 //! [`server`] (running it all, health, shutdown); [`config`] (the flags).
 
 pub mod auth;
@@ -21,14 +21,9 @@ pub mod config;
 pub use kafka_lease_coordination as coordination;
 pub mod dev;
 pub mod error;
-/// Forwarding between instances, at the path it had before it joined [`grpc`].
-pub use grpc::forward;
 pub mod gateway;
 pub mod grpc;
 pub mod kafka;
-/// The operator's librdkafka properties, at the path they had before they joined
-/// [`kafka::settings`].
-pub use kafka::settings as kafka_config;
 pub mod lease;
 pub mod metrics;
 pub mod metrics_endpoint;

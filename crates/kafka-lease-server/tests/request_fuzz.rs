@@ -13,7 +13,7 @@ use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseSe
 use kafka_lease_proto::v1;
 use kafka_lease_server::coordination::LockBackend;
 use kafka_lease_server::dev::DEMO_TOPIC;
-use kafka_lease_server::forward::Peers;
+use kafka_lease_server::grpc::forward::Peers;
 use kafka_lease_server::grpc::LeaseService;
 use proptest::prelude::*;
 use tonic::{Code, Request};
