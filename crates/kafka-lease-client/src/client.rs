@@ -2,64 +2,22 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::interceptor::InterceptedService;
-use tonic::service::Interceptor;
+use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+use crate::connection::{Connection, Transport};
+use crate::convert::Reset;
 use crate::convert::{duration_to_proto, system_time_from_proto};
+use crate::error::{Error, Result, StatusDetails};
 use crate::lease::Lease;
-use crate::proto;
-use crate::proto::partition_lease_service_client::PartitionLeaseServiceClient;
 use crate::subscription::{SubscribeOptions, Subscription};
-use crate::{Error, Result};
-
-/// The largest response the client accepts by default: 64 MiB.
-///
-/// tonic's own default (4 MiB) is too small for the gateway's largest batches: `max_bytes`
-/// (up to 4 MiB) counts only keys, values and headers, not the protobuf framing around them,
-/// and a single record larger than `max_bytes` is sent alone.
-pub const DEFAULT_MAX_DECODING_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
+use kafka_lease_proto::v1 as proto;
+use kafka_lease_proto::v1::partition_lease_service_client::PartitionLeaseServiceClient;
 
 /// A connection to a kafka-lease gateway. Cheap to clone: clones share one HTTP/2 channel.
 #[derive(Debug, Clone)]
 pub struct Client {
-    channel: Channel,
-    credentials: Credentials,
-    max_decoding_message_size: usize,
-}
-
-/// What the generated client runs over: the channel, with the bearer token (if any) added
-/// to every call.
-pub type Transport = InterceptedService<Channel, Credentials>;
-
-/// The per-call credentials: the bearer token, sent as `authorization: Bearer <token>`.
-/// Its `Debug` never shows the token.
-#[derive(Clone, Default)]
-pub struct Credentials {
-    bearer: Option<MetadataValue<Ascii>>,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("bearer", &self.bearer.as_ref().map(|_| "***"))
-            .finish()
-    }
-}
-
-impl Interceptor for Credentials {
-    fn call(
-        &mut self,
-        mut request: tonic::Request<()>,
-    ) -> std::result::Result<tonic::Request<()>, tonic::Status> {
-        if let Some(bearer) = &self.bearer {
-            request
-                .metadata_mut()
-                .insert("authorization", bearer.clone());
-        }
-        Ok(request)
-    }
+    connection: Connection,
 }
 
 /// TLS towards the gateway: the CA its certificate chains to, and for mutual TLS this
@@ -168,10 +126,10 @@ impl Client {
                 message: "the bearer token is not usable as a header value: it must be \
                           visible ASCII"
                     .into(),
-                details: crate::StatusDetails::default(),
+                details: StatusDetails::default(),
             }
         })?;
-        self.credentials.bearer = Some(value);
+        self.connection.credentials.bearer = Some(value);
         Ok(self)
     }
 
@@ -210,28 +168,22 @@ impl Client {
     /// Uses an existing channel, e.g. one built with TLS, timeouts or `connect_lazy`.
     pub fn from_channel(channel: Channel) -> Client {
         Client {
-            channel,
-            credentials: Credentials::default(),
-            max_decoding_message_size: DEFAULT_MAX_DECODING_MESSAGE_SIZE,
+            connection: Connection::new(channel),
         }
     }
 
     /// Sets the largest response message this client accepts (default
-    /// [`DEFAULT_MAX_DECODING_MESSAGE_SIZE`]). A larger one fails its call, or ends its Read,
+    /// [`DEFAULT_MAX_DECODING_MESSAGE_SIZE`](crate::DEFAULT_MAX_DECODING_MESSAGE_SIZE)). A larger one fails its call, or ends its Read,
     /// with [`Error::OutOfRange`].
     pub fn max_decoding_message_size(mut self, limit: usize) -> Client {
-        self.max_decoding_message_size = limit;
+        self.connection.max_decoding_message_size = limit;
         self
     }
 
     /// The generated gRPC client, for calls and options this facade does not cover. It
     /// shares this client's channel and sends its bearer token.
     pub fn raw(&self) -> PartitionLeaseServiceClient<Transport> {
-        PartitionLeaseServiceClient::with_interceptor(
-            self.channel.clone(),
-            self.credentials.clone(),
-        )
-        .max_decoding_message_size(self.max_decoding_message_size)
+        self.connection.raw()
     }
 
     /// Joins a group as a member for some topics: the gateways share the topics' partitions
@@ -270,7 +222,7 @@ impl Client {
     /// does not exist), [`Error::Other`] with reason [`Reason::MemberActive`](crate::Reason::MemberActive)
     /// (the member id is in use by a live subscription), [`Error::Unavailable`] (retryable).
     pub async fn subscribe(&self, options: SubscribeOptions) -> Result<Subscription> {
-        Subscription::open(self, options).await
+        Subscription::open(&self.connection, options).await
     }
 
     /// The members subscribed to `group` (every topic, or only `topic`), across every
@@ -325,7 +277,7 @@ impl Client {
             }
         };
         Ok(Lease::from_acquired(
-            self.clone(),
+            self.connection.clone(),
             response,
             requested_group,
             requested_ttl,
@@ -350,25 +302,6 @@ impl Client {
                 return Ok(all);
             }
             page_token = response.next_page_token;
-        }
-    }
-}
-
-/// Where a lease starts when the group has no committed offset for the partition.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub enum Reset {
-    /// The oldest retained record (the log start offset).
-    #[default]
-    Earliest,
-    /// The high watermark: only records produced after the Acquire are read.
-    Latest,
-}
-
-impl From<Reset> for proto::OffsetReset {
-    fn from(reset: Reset) -> Self {
-        match reset {
-            Reset::Earliest => proto::OffsetReset::Earliest,
-            Reset::Latest => proto::OffsetReset::Latest,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! Conversions between `std::time` and the protobuf well-known types, saturating instead of
-//! panicking on values protobuf cannot hold.
+//! panicking on values protobuf cannot hold; and [`Reset`], with its proto value.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use kafka_lease_proto::v1 as proto;
 
 /// `std` duration to protobuf duration; durations beyond `i64::MAX` seconds saturate (the
 /// gateway then rejects them as out of range, with a message saying so).
@@ -120,5 +122,24 @@ mod tests {
     #[test]
     fn absent_timestamp_is_none() {
         assert_eq!(system_time_from_proto(None), None);
+    }
+}
+
+/// Where a lease starts when the group has no committed offset for the partition.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Reset {
+    /// The oldest retained record (the log start offset).
+    #[default]
+    Earliest,
+    /// The high watermark: only records produced after the Acquire are read.
+    Latest,
+}
+
+impl From<Reset> for proto::OffsetReset {
+    fn from(reset: Reset) -> Self {
+        match reset {
+            Reset::Earliest => proto::OffsetReset::Earliest,
+            Reset::Latest => proto::OffsetReset::Latest,
+        }
     }
 }

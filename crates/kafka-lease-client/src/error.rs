@@ -9,7 +9,7 @@ use std::time::Duration;
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-use crate::proto;
+use kafka_lease_proto::v1 as proto;
 
 /// Shorthand for `Result<T, kafka_lease_client::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -4,14 +4,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::client::Client;
+use crate::connection::Connection;
 use crate::convert::{
     duration_from_proto, duration_to_proto, system_time_from_proto, system_time_to_proto,
 };
-use crate::proto;
-use crate::proto::seek_request::Position;
+use crate::error::Result;
 use crate::stream::{EpochFilter, OpenRead, RecordStream, Reopen, ResponseStream};
-use crate::Result;
+use kafka_lease_proto::v1 as proto;
+use proto::seek_request::Position;
 
 /// How many times in a row a broken Read is reopened before the error reaches the caller.
 const DEFAULT_RECONNECT_ATTEMPTS: u32 = 8;
@@ -19,7 +19,7 @@ const DEFAULT_RECONNECT_ATTEMPTS: u32 = 8;
 /// The contract's default TTL, assumed when the gateway does not say which TTL it granted.
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
-/// An exclusive, expiring lease on one partition, from [`Client::acquire`].
+/// An exclusive, expiring lease on one partition, from [`Client::acquire`](crate::Client::acquire).
 ///
 /// The lease stays alive while a [`RecordStream`] from [`Lease::records`] is open, and for
 /// [`Lease::ttl`] after the last call on it otherwise. Methods take `&self`, so one task can
@@ -28,7 +28,7 @@ const DEFAULT_TTL: Duration = Duration::from_secs(10);
 ///
 /// Its `Debug` output leaves out the lease id, which is a bearer credential.
 pub struct Lease {
-    client: Client,
+    client: Connection,
     lease_id: String,
     group: String,
     topic: String,
@@ -62,7 +62,7 @@ impl fmt::Debug for Lease {
 impl Lease {
     /// The lease as the Acquire response describes it.
     pub(crate) fn from_acquired(
-        client: Client,
+        client: Connection,
         response: proto::AcquireResponse,
         requested_group: String,
         requested_ttl: Option<Duration>,
@@ -426,12 +426,7 @@ mod tests {
 
     fn lease(response: proto::AcquireResponse, ttl: Option<Duration>) -> Lease {
         let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
-        Lease::from_acquired(
-            Client::from_channel(channel),
-            response,
-            "req-group".into(),
-            ttl,
-        )
+        Lease::from_acquired(Connection::new(channel), response, "req-group".into(), ttl)
     }
 
     #[tokio::test]

@@ -74,6 +74,7 @@
 #![warn(missing_docs)]
 
 mod client;
+mod connection;
 mod convert;
 mod error;
 mod lease;
@@ -84,9 +85,10 @@ mod subscription;
 pub use kafka_lease_proto::v1 as proto;
 
 pub use client::{
-    AcquireOptions, Client, ClientTls, Credentials, LeaseFilter, LeaseInfo, Reset, Transport,
-    DEFAULT_ACQUIRE_RETRIES, DEFAULT_MAX_DECODING_MESSAGE_SIZE,
+    AcquireOptions, Client, ClientTls, LeaseFilter, LeaseInfo, DEFAULT_ACQUIRE_RETRIES,
 };
+pub use connection::{Credentials, Transport, DEFAULT_MAX_DECODING_MESSAGE_SIZE};
+pub use convert::Reset;
 pub use error::{Error, Reason, Result, StatusDetails, ERROR_DOMAIN};
 pub use lease::{Lease, ReadOptions, SeekOutcome, SeekTo};
 pub use stream::{Batch, EpochFilter, Record, RecordStream};

@@ -13,8 +13,8 @@ use tonic::codec::Streaming;
 use tonic::{Code, Status};
 
 use crate::convert::system_time_from_proto;
-use crate::proto;
-use crate::{Result, StatusDetails};
+use crate::error::{Result, StatusDetails};
+use kafka_lease_proto::v1 as proto;
 
 /// The newest seek epoch a lease's client has seen, shared between the lease (whose
 /// [`seek`](crate::Lease::seek) raises it) and its [`RecordStream`]s (which drop responses of

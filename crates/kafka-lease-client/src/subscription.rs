@@ -5,12 +5,14 @@ use std::time::{Duration, SystemTime};
 
 use tonic::Streaming;
 
+use crate::connection::Connection;
+use crate::convert::Reset;
 use crate::convert::{duration_to_proto, system_time_from_proto};
+use crate::error::{Error, Reason, Result};
 use crate::lease::{SeekOutcome, SeekTo};
-use crate::proto;
-use crate::proto::subscribe_response::Event;
 use crate::stream::Batch;
-use crate::{Client, Error, Reason, Reset, Result};
+use kafka_lease_proto::v1 as proto;
+use proto::subscribe_response::Event;
 
 /// What [`Client::subscribe`](crate::Client::subscribe) joins with. Unset fields are left to
 /// the gateway's defaults.
@@ -99,7 +101,7 @@ impl SubscribeOptions {
 /// One of the member's leases: commit, seek or release it through any gateway instance.
 #[derive(Debug, Clone)]
 pub struct Partition {
-    client: Client,
+    client: Connection,
     /// The newest seek epoch of each of the subscription's leases, shared with it.
     epochs: Epochs,
     lease_id: String,
@@ -209,7 +211,7 @@ pub enum SubscriptionEvent {
 /// stays in the group while this lives; dropping it leaves (its leases are released).
 #[derive(Debug)]
 pub struct Subscription {
-    client: Client,
+    client: Connection,
     epochs: Epochs,
     /// The fencing token of each lease, from its `assigned` event.
     tokens: std::collections::HashMap<String, u64>,
@@ -219,7 +221,10 @@ pub struct Subscription {
 }
 
 impl Subscription {
-    pub(crate) async fn open(client: &Client, options: SubscribeOptions) -> Result<Subscription> {
+    pub(crate) async fn open(
+        client: &Connection,
+        options: SubscribeOptions,
+    ) -> Result<Subscription> {
         let mut stream = client
             .raw()
             .subscribe(options.into_request())
