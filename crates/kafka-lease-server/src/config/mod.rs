@@ -1,5 +1,6 @@
 //! Command-line and environment configuration, validated before anything is bound or
-//! connected. Every flag has a `KAFKA_LEASE_*` environment variable.
+//! connected. Every flag of `serve` has a `KAFKA_LEASE_*` environment variable (a unit
+//! test checks it, and that docs/OPERATIONS.md names it).
 //!
 //! The flags themselves are in `args.rs`; here are their validation, the error that names a
 //! refused flag ([`ConfigError`]), and the settings derived from them.
