@@ -15,7 +15,8 @@ A thin wrapper over the generated stubs in :mod:`kafka_lease.v1` (usable on thei
                     lease.commit(batch.next_offset)
 """
 
-from kafka_lease._client import DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH, Client, Lease, LeaseHandle
+from kafka_lease._client import DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH, Client, Lease
+from kafka_lease._handle import LeaseHandle
 from kafka_lease._errors import (
     ERROR_DOMAIN,
     BusyError,

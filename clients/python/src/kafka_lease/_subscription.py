@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence, Union
+from typing import Iterator, Sequence, Union
 
 import grpc
 
-from kafka_lease._client import LeaseHandle
 from kafka_lease._errors import KafkaLeaseError
+from kafka_lease._handle import Connection, LeaseHandle
 from kafka_lease._stream import Pump, deadline_of
 from kafka_lease._types import Batch, OffsetReset, Seconds, to_datetime, to_duration
 from kafka_lease._types import offset_reset as _offset_reset
 from kafka_lease.v1 import partition_lease_pb2 as pb
 
-if TYPE_CHECKING:
-    from kafka_lease._client import Client
 
 
 class Partition(LeaseHandle):
@@ -80,7 +78,7 @@ class Subscription:
 
     def __init__(
         self,
-        client: Client,
+        client: Connection,
         group: str,
         topics: Sequence[str],
         *,
