@@ -3,7 +3,8 @@
 //!
 //! Layers, bottom up (docs/ARCHITECTURE.md, "Module graph"; `tests/layering.rs` checks that
 //! no module names one on its layer or above): [`coordination`] (locks, a crate of its own:
-//! knows nothing of Kafka or gRPC); [`metrics`], [`records`] (records encoded straight from
+//! knows nothing of Kafka or gRPC); [`metrics`], [`progress`] (a queue-mode lease's progress
+//! as its commit carries it), [`records`] (records encoded straight from
 //! librdkafka's buffers into a response's bytes), [`reload`]; [`error`], [`tls`]; [`kafka`]
 //! (reading and offsets; knows nothing of locks or gRPC), [`validate`], [`auth`]
 //! (identities and the policy); [`lease`] (one lease); [`gateway`] (the lease table and the
@@ -27,6 +28,7 @@ pub mod kafka;
 pub mod lease;
 pub mod metrics;
 pub mod metrics_endpoint;
+pub mod progress;
 pub mod records;
 pub mod reload;
 pub mod server;
