@@ -3,8 +3,8 @@
 //!
 //! Layers, bottom up (docs/ARCHITECTURE.md, "Module graph"; `tests/layering.rs` checks that
 //! no module names one on its layer or above): [`coordination`] (locks, a crate of its own:
-//! knows nothing of Kafka or gRPC); [`metrics`], [`progress`] (a queue-mode lease's progress
-//! as its commit carries it), [`records`] (records encoded straight from
+//! knows nothing of Kafka or gRPC); [`metrics`], [`progress`] and [`dispatch`] (a queue-mode
+//! lease's progress as its commit carries it, and which of its records may go out now), [`records`] (records encoded straight from
 //! librdkafka's buffers into a response's bytes), [`reload`]; [`error`], [`tls`]; [`kafka`]
 //! (reading and offsets; knows nothing of locks or gRPC), [`validate`], [`auth`]
 //! (identities and the policy); [`lease`] (one lease); [`gateway`] (the lease table and the
@@ -21,6 +21,7 @@ pub mod config;
 /// rule the compiler enforces.
 pub use kafka_lease_coordination as coordination;
 pub mod dev;
+pub mod dispatch;
 pub mod error;
 pub mod gateway;
 pub mod grpc;

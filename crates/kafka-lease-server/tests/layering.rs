@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 /// Bottom up. A module may name only modules on lower layers (and the lock crate, which
 /// is below them all).
 const LAYERS: &[&[&str]] = &[
-    &["metrics", "records", "reload", "balance", "progress"],
+    &[
+        "metrics", "records", "reload", "balance", "progress", "dispatch",
+    ],
     &["error", "tls", "waiters"],
     &["kafka", "validate", "auth"],
     &["lease"],

@@ -1,0 +1,452 @@
+//! Which records of a queue-mode lease may be handed out now (issue 28, a piece of it; not
+//! served yet): ordering per call, flow control by records and bytes in flight, an ack
+//! deadline per delivery, retries after a delay, and the attempts each record has had.
+//!
+//! Pure bookkeeping: the caller offers the records it fetched, in offset order, asks for the
+//! next delivery, and reports each answer (done, retry), with the time. The orderings:
+//! - [`Order::Partition`]: one record at a time, in offset order (a Read's semantics).
+//! - [`Order::Key`]: the records of one key in offset order, one at a time; different keys
+//!   in parallel. A record being retried keeps its key waiting, so a poison record holds
+//!   back its key, not the partition. Records without a key are ordered by nothing.
+//! - [`Order::Unordered`]: any record, in parallel.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How the records of one lease may be handed out relative to each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    Partition,
+    Key,
+    Unordered,
+}
+
+/// What may be in flight at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// Records handed out and not answered.
+    pub max_records: usize,
+    /// Their bytes (keys, values, headers); one record larger than this goes out alone.
+    pub max_bytes: usize,
+}
+
+/// One hand-out of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    pub offset: i64,
+    /// 1 for the first delivery, and one more for each after it (carried over a handover).
+    pub attempt: u32,
+    /// When it is handed out again unless answered or renewed.
+    pub deadline: Instant,
+}
+
+#[derive(Debug)]
+enum State {
+    Waiting { not_before: Option<Instant> },
+    InFlight { deadline: Instant },
+}
+
+#[derive(Debug)]
+struct Record {
+    key: Option<Vec<u8>>,
+    bytes: usize,
+    attempts: u32,
+    state: State,
+}
+
+/// The records of one lease fetched and not done, and which are in flight.
+#[derive(Debug)]
+pub struct Dispatcher {
+    order: Order,
+    window: Window,
+    ack_deadline: Duration,
+    records: BTreeMap<i64, Record>,
+    /// Key → its offsets not done (Key order only).
+    keys: HashMap<Vec<u8>, BTreeSet<i64>>,
+    in_flight: usize,
+    in_flight_bytes: usize,
+}
+
+impl Dispatcher {
+    pub fn new(order: Order, window: Window, ack_deadline: Duration) -> Self {
+        Dispatcher {
+            order,
+            window,
+            ack_deadline,
+            records: BTreeMap::new(),
+            keys: HashMap::new(),
+            in_flight: 0,
+            in_flight_bytes: 0,
+        }
+    }
+
+    /// A record fetched: `attempts` deliveries it has had already (a handover carries them).
+    /// Records are offered in offset order; one offered again is ignored.
+    pub fn offer(&mut self, offset: i64, key: Option<Vec<u8>>, bytes: usize, attempts: u32) {
+        if self.records.contains_key(&offset) {
+            return;
+        }
+        if self.order == Order::Key {
+            if let Some(key) = &key {
+                self.keys.entry(key.clone()).or_default().insert(offset);
+            }
+        }
+        self.records.insert(
+            offset,
+            Record {
+                key,
+                bytes,
+                attempts,
+                state: State::Waiting { not_before: None },
+            },
+        );
+    }
+
+    /// Records offered and not done.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Records in flight, and their bytes.
+    pub fn in_flight(&self) -> (usize, usize) {
+        (self.in_flight, self.in_flight_bytes)
+    }
+
+    /// Deliveries `offset` has had.
+    pub fn attempts(&self, offset: i64) -> u32 {
+        self.records.get(&offset).map_or(0, |r| r.attempts)
+    }
+
+    /// Whether `record` at `offset` may go out now, ordering aside from the window.
+    fn eligible(&self, offset: i64, record: &Record, now: Instant) -> bool {
+        let State::Waiting { not_before } = record.state else {
+            return false;
+        };
+        if not_before.is_some_and(|t| t > now) {
+            return false;
+        }
+        match self.order {
+            Order::Unordered => true,
+            Order::Partition => self.in_flight == 0 && self.records.keys().next() == Some(&offset),
+            Order::Key => match &record.key {
+                None => true,
+                Some(key) => {
+                    self.keys.get(key).and_then(|offsets| offsets.first()) == Some(&offset)
+                }
+            },
+        }
+    }
+
+    /// The next record to hand out at `now`, if the ordering and the window let one go: the
+    /// lowest offset that may. It is in flight until answered or its deadline passes.
+    pub fn next(&mut self, now: Instant) -> Option<Delivery> {
+        if self.in_flight >= self.window.max_records {
+            return None;
+        }
+        let room = self.window.max_bytes.saturating_sub(self.in_flight_bytes);
+        let offset = self.records.iter().find_map(|(&offset, record)| {
+            let fits = record.bytes <= room || self.in_flight == 0;
+            (fits && self.eligible(offset, record, now)).then_some(offset)
+        })?;
+        let record = self.records.get_mut(&offset)?;
+        let deadline = now + self.ack_deadline;
+        record.state = State::InFlight { deadline };
+        record.attempts = record.attempts.saturating_add(1);
+        self.in_flight += 1;
+        self.in_flight_bytes += record.bytes;
+        Some(Delivery {
+            offset,
+            attempt: record.attempts,
+            deadline,
+        })
+    }
+
+    fn land(&mut self, offset: i64) -> Option<&mut Record> {
+        let record = self.records.get_mut(&offset)?;
+        if let State::InFlight { .. } = record.state {
+            self.in_flight -= 1;
+            self.in_flight_bytes -= record.bytes;
+        }
+        Some(record)
+    }
+
+    /// `offset` is done (accepted, or its dead letter written): it leaves, and the next
+    /// record of its key may go. False for a record not offered or done already.
+    pub fn finish(&mut self, offset: i64) -> bool {
+        if self.land(offset).is_none() {
+            return false;
+        }
+        let Some(record) = self.records.remove(&offset) else {
+            return false;
+        };
+        if let Some(key) = record.key {
+            if let Some(offsets) = self.keys.get_mut(&key) {
+                offsets.remove(&offset);
+                if offsets.is_empty() {
+                    self.keys.remove(&key);
+                }
+            }
+        }
+        true
+    }
+
+    /// `offset`, in flight, is to be handed out again, not before `not_before`; its key
+    /// waits for it meanwhile. False unless it was in flight.
+    pub fn retry(&mut self, offset: i64, not_before: Instant) -> bool {
+        if !matches!(
+            self.records.get(&offset).map(|r| &r.state),
+            Some(State::InFlight { .. })
+        ) {
+            return false;
+        }
+        if let Some(record) = self.land(offset) {
+            record.state = State::Waiting {
+                not_before: Some(not_before),
+            };
+        }
+        true
+    }
+
+    /// `offset`, in flight, gets until `deadline`. False unless it was in flight.
+    pub fn renew(&mut self, offset: i64, deadline: Instant) -> bool {
+        match self.records.get_mut(&offset).map(|r| &mut r.state) {
+            Some(State::InFlight { deadline: d }) => {
+                *d = deadline;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The records in flight whose deadline has passed at `now`, taken back to be handed
+    /// out again (each delivery counts as an attempt).
+    pub fn expire(&mut self, now: Instant) -> Vec<i64> {
+        let late: Vec<i64> = self
+            .records
+            .iter()
+            .filter(|(_, r)| matches!(r.state, State::InFlight { deadline } if deadline <= now))
+            .map(|(&offset, _)| offset)
+            .collect();
+        for &offset in &late {
+            if let Some(record) = self.land(offset) {
+                record.state = State::Waiting { not_before: None };
+            }
+        }
+        late
+    }
+
+    /// When something changes by itself: the earliest deadline in flight or end of a
+    /// retry's delay.
+    pub fn next_wake(&self) -> Option<Instant> {
+        self.records
+            .values()
+            .filter_map(|r| match r.state {
+                State::InFlight { deadline } => Some(deadline),
+                State::Waiting { not_before } => not_before,
+            })
+            .min()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const WIDE: Window = Window {
+        max_records: 64,
+        max_bytes: usize::MAX,
+    };
+
+    fn key(k: u8) -> Option<Vec<u8>> {
+        Some(vec![k])
+    }
+
+    #[test]
+    fn partition_order_is_one_at_a_time_in_offset_order() {
+        let now = Instant::now();
+        let mut d = Dispatcher::new(Order::Partition, WIDE, Duration::from_secs(30));
+        for offset in 10..13 {
+            d.offer(offset, key(1), 10, 0);
+        }
+        let first = d.next(now).expect("the first");
+        assert_eq!((first.offset, first.attempt), (10, 1));
+        assert_eq!(d.next(now), None, "one at a time");
+        assert!(d.retry(10, now + Duration::from_secs(1)));
+        assert_eq!(d.next(now), None, "the retried record holds the partition");
+        let again = d.next(now + Duration::from_secs(1)).expect("again");
+        assert_eq!((again.offset, again.attempt), (10, 2));
+        assert!(d.finish(10));
+        assert_eq!(d.next(now).map(|d| d.offset), Some(11));
+    }
+
+    #[test]
+    fn a_poison_record_holds_back_its_key_not_the_others() {
+        let now = Instant::now();
+        let mut d = Dispatcher::new(Order::Key, WIDE, Duration::from_secs(30));
+        d.offer(0, key(1), 10, 0);
+        d.offer(1, key(2), 10, 0);
+        d.offer(2, key(1), 10, 0);
+        d.offer(3, None, 10, 0);
+        let out: Vec<i64> = std::iter::from_fn(|| d.next(now).map(|d| d.offset)).collect();
+        assert_eq!(out, [0, 1, 3], "key 1's second record waits for its first");
+        assert!(d.retry(0, now + Duration::from_secs(60)));
+        assert!(d.finish(1) && d.finish(3));
+        assert_eq!(
+            d.next(now),
+            None,
+            "offset 2 waits behind its key's retried record"
+        );
+        assert!(d.finish(0));
+        assert_eq!(d.next(now).map(|d| d.offset), Some(2));
+    }
+
+    #[test]
+    fn the_window_bounds_records_and_bytes_and_a_large_record_goes_alone() {
+        let now = Instant::now();
+        let window = Window {
+            max_records: 2,
+            max_bytes: 100,
+        };
+        let mut d = Dispatcher::new(Order::Unordered, window, Duration::from_secs(30));
+        d.offer(0, None, 60, 0);
+        d.offer(1, None, 60, 0);
+        d.offer(2, None, 30, 0);
+        d.offer(3, None, 500, 0);
+        assert_eq!(d.next(now).map(|d| d.offset), Some(0));
+        assert_eq!(
+            d.next(now).map(|d| d.offset),
+            Some(2),
+            "60 more bytes do not fit"
+        );
+        assert_eq!(d.next(now), None, "two records in flight");
+        d.finish(0);
+        d.finish(2);
+        assert_eq!(d.next(now).map(|d| d.offset), Some(1));
+        assert_eq!(d.next(now), None, "500 bytes wait for an empty window");
+        d.finish(1);
+        assert_eq!(d.next(now).map(|d| d.offset), Some(3));
+    }
+
+    #[test]
+    fn a_late_record_is_handed_out_again_with_its_attempt_and_renew_moves_the_deadline() {
+        let now = Instant::now();
+        let ack = Duration::from_secs(30);
+        let mut d = Dispatcher::new(Order::Unordered, WIDE, ack);
+        d.offer(7, None, 1, 4);
+        let first = d.next(now).expect("out");
+        assert_eq!((first.attempt, first.deadline), (5, now + ack));
+        assert!(d.renew(7, now + 2 * ack));
+        assert_eq!(d.expire(now + ack), Vec::<i64>::new());
+        assert_eq!(d.next_wake(), Some(now + 2 * ack));
+        assert_eq!(d.expire(now + 2 * ack), [7]);
+        assert_eq!(d.in_flight(), (0, 0));
+        let again = d.next(now + 2 * ack).expect("again");
+        assert_eq!((again.offset, again.attempt), (7, 6));
+        assert!(!d.retry(8, now) && !d.renew(8, now) && !d.finish(8));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Next,
+        Finish(usize),
+        Retry(usize, u64),
+        Expire(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => Just(Op::Next),
+            3 => (0_usize..64).prop_map(Op::Finish),
+            1 => (0_usize..64, 0_u64..3).prop_map(|(i, s)| Op::Retry(i, s)),
+            1 => (0_u64..40).prop_map(Op::Expire),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the answers and the time: the window holds; in Key order a key has at
+        /// most one record in flight, and it is the key's lowest offset not done; in
+        /// Partition order at most one record is in flight, the lowest not done; and once
+        /// every record is answered and time has passed, all are handed out and done.
+        #[test]
+        fn the_orderings_and_the_window_hold(
+            order in prop_oneof![Just(Order::Partition), Just(Order::Key), Just(Order::Unordered)],
+            keys in proptest::collection::vec(proptest::option::of(0_u8..6), 1..40),
+            ops in proptest::collection::vec(op(), 0..200),
+        ) {
+            let start = Instant::now();
+            let window = Window { max_records: 5, max_bytes: 50 };
+            let mut d = Dispatcher::new(order, window, Duration::from_secs(10));
+            for (i, k) in keys.iter().enumerate() {
+                d.offer(i as i64, k.map(|k| vec![k]), 10, 0);
+            }
+            let mut now = start;
+            let mut out: BTreeMap<i64, Option<u8>> = BTreeMap::new();
+            let mut done = BTreeSet::new();
+            for op in ops {
+                match op {
+                    Op::Next => {
+                        if let Some(delivery) = d.next(now) {
+                            prop_assert!(!done.contains(&delivery.offset));
+                            out.insert(delivery.offset, keys[delivery.offset as usize]);
+                        }
+                    }
+                    Op::Finish(i) => {
+                        if let Some(&offset) = out.keys().nth(i % out.len().max(1)) {
+                            prop_assert!(d.finish(offset));
+                            out.remove(&offset);
+                            done.insert(offset);
+                        }
+                    }
+                    Op::Retry(i, secs) => {
+                        if let Some(&offset) = out.keys().nth(i % out.len().max(1)) {
+                            prop_assert!(d.retry(offset, now + Duration::from_secs(secs)));
+                            out.remove(&offset);
+                        }
+                    }
+                    Op::Expire(secs) => {
+                        now += Duration::from_secs(secs);
+                        for offset in d.expire(now) {
+                            prop_assert!(out.remove(&offset).is_some());
+                        }
+                    }
+                }
+                prop_assert!(out.len() <= window.max_records);
+                prop_assert_eq!(d.in_flight(), (out.len(), out.len() * 10));
+                let lowest_not_done = (0..keys.len() as i64).find(|o| !done.contains(o));
+                match order {
+                    Order::Partition => {
+                        prop_assert!(out.len() <= 1);
+                        if let Some(&offset) = out.keys().next() {
+                            prop_assert_eq!(Some(offset), lowest_not_done);
+                        }
+                    }
+                    Order::Key => {
+                        for (&offset, k) in &out {
+                            let Some(k) = k else { continue };
+                            let first_of_key = (0..keys.len() as i64)
+                                .find(|o| keys[*o as usize] == Some(*k) && !done.contains(o));
+                            prop_assert_eq!(Some(offset), first_of_key, "key {}", k);
+                        }
+                    }
+                    Order::Unordered => {}
+                }
+            }
+            // Liveness: answer everything, let time pass, and all get done.
+            for offset in std::mem::take(&mut out).into_keys() {
+                d.finish(offset);
+            }
+            now += Duration::from_secs(10);
+            while let Some(delivery) = d.next(now) {
+                prop_assert!(d.finish(delivery.offset));
+            }
+            prop_assert!(d.is_empty());
+        }
+    }
+}
