@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use super::{
+use crate::contract::{
     Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo, LockBackend,
     LockGrant, LockKey, MemberRecord, SessionState, TopicView,
 };
@@ -298,7 +298,7 @@ impl LockBackend for MemoryLocks {
                 Some(_) => (Acquisition::Held, None),
                 None => {
                     let index = table.next_index();
-                    let token = FencingToken(index);
+                    let token = FencingToken::issued(index);
                     table.locks.insert(
                         key.clone(),
                         Entry {
@@ -573,11 +573,11 @@ mod tests {
         let (a, b) = (store.backend("a"), store.backend("b"));
         let first = acquire(&a, &key(0), "a").await;
         let other_key = acquire(&b, &key(1), "b").await;
-        assert_eq!(first.token(), FencingToken(1));
-        assert_eq!(other_key.token(), FencingToken(2));
+        assert_eq!(first.token(), FencingToken::issued(1));
+        assert_eq!(other_key.token(), FencingToken::issued(2));
         a.release(first).await.unwrap(); // index 3
         let second = acquire(&b, &key(0), "b").await;
-        assert_eq!(second.token(), FencingToken(4));
+        assert_eq!(second.token(), FencingToken::issued(4));
     }
 
     #[tokio::test]

@@ -52,7 +52,7 @@ impl Shared {
                 let entry = entries.into_iter().find(|e| e.key == path);
                 return match entry {
                     Some(entry) if entry.session.as_deref() == Some(&session) => {
-                        let token = FencingToken(entry.modify_index);
+                        let token = FencingToken::issued(entry.modify_index);
                         lock(&self.refused).remove(key);
                         lock(&self.granted).insert(key.clone(), (session.clone(), token));
                         Ok(Acquisition::Acquired(LockGrant::new(
@@ -135,7 +135,7 @@ impl Shared {
             .await?;
         Ok(entry
             .filter(|e| e.session.as_deref() == Some(session.as_str()))
-            .map(|e| LockGrant::new(key.clone(), FencingToken(e.modify_index), session)))
+            .map(|e| LockGrant::new(key.clone(), FencingToken::issued(e.modify_index), session)))
     }
 
     /// Notes that `key` was found free but refused: under the lock-delay of a session

@@ -78,7 +78,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::{
+use crate::contract::{
     Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo,
     InstanceRecord, LockBackend, LockGrant, LockKey, MemberRecord, SessionState, TopicView,
 };

@@ -42,7 +42,7 @@ fn view_of(prefix: &str, group: &str, topic: &str, read: KvRead<KVPair>) -> Topi
             Some((
                 key.partition,
                 HeldPartition {
-                    token: Some(FencingToken(entry.modify_index)),
+                    token: Some(FencingToken::issued(entry.modify_index)),
                     holder: holder_of(entry),
                 },
             ))
@@ -169,7 +169,7 @@ impl Shared {
                 };
                 Some(HeldLock {
                     key,
-                    token: FencingToken(entry.modify_index),
+                    token: FencingToken::issued(entry.modify_index),
                     holder: holder_of(entry)?,
                 })
             })
