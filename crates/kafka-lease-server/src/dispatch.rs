@@ -44,8 +44,14 @@ pub struct Delivery {
 
 #[derive(Debug)]
 enum State {
-    Waiting { not_before: Option<Instant> },
-    InFlight { deadline: Instant },
+    Waiting {
+        not_before: Option<Instant>,
+    },
+    InFlight {
+        deadline: Instant,
+    },
+    /// Not to be handed out again (its dead letter is being written); its key waits.
+    Held,
 }
 
 #[derive(Debug)]
@@ -146,13 +152,18 @@ impl Dispatcher {
     /// The next record to hand out at `now`, if the ordering and the window let one go: the
     /// lowest offset that may. It is in flight until answered or its deadline passes.
     pub fn next(&mut self, now: Instant) -> Option<Delivery> {
+        self.next_where(now, |_| true)
+    }
+
+    /// [`Dispatcher::next`] among the offsets `allowed` says may go.
+    pub fn next_where(&mut self, now: Instant, allowed: impl Fn(i64) -> bool) -> Option<Delivery> {
         if self.in_flight >= self.window.max_records {
             return None;
         }
         let room = self.window.max_bytes.saturating_sub(self.in_flight_bytes);
         let offset = self.records.iter().find_map(|(&offset, record)| {
             let fits = record.bytes <= room || self.in_flight == 0;
-            (fits && self.eligible(offset, record, now)).then_some(offset)
+            (fits && allowed(offset) && self.eligible(offset, record, now)).then_some(offset)
         })?;
         let record = self.records.get_mut(&offset)?;
         let deadline = now + self.ack_deadline;
@@ -213,6 +224,18 @@ impl Dispatcher {
         true
     }
 
+    /// `offset` is not to be handed out again until it is finished (its dead letter is being
+    /// written); its key waits for it. False for a record not offered or done already.
+    pub fn hold(&mut self, offset: i64) -> bool {
+        match self.land(offset) {
+            Some(record) => {
+                record.state = State::Held;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// `offset`, in flight, gets until `deadline`. False unless it was in flight.
     pub fn renew(&mut self, offset: i64, deadline: Instant) -> bool {
         match self.records.get_mut(&offset).map(|r| &mut r.state) {
@@ -249,6 +272,7 @@ impl Dispatcher {
             .filter_map(|r| match r.state {
                 State::InFlight { deadline } => Some(deadline),
                 State::Waiting { not_before } => not_before,
+                State::Held => None,
             })
             .min()
     }

@@ -5,7 +5,8 @@
 //! no module names one on its layer or above): [`coordination`] (locks, a crate of its own:
 //! knows nothing of Kafka or gRPC); [`metrics`], [`progress`] and [`dispatch`] (a queue-mode
 //! lease's progress as its commit carries it, and which of its records may go out now), [`records`] (records encoded straight from
-//! librdkafka's buffers into a response's bytes), [`reload`]; [`error`], [`tls`]; [`kafka`]
+//! librdkafka's buffers into a response's bytes), [`reload`]; [`error`], [`tls`], [`queue`] (the two kept in step, with dead letters and the
+//! progress's brake); [`kafka`]
 //! (reading and offsets; knows nothing of locks or gRPC), [`validate`], [`auth`]
 //! (identities and the policy); [`lease`] (one lease); [`gateway`] (the lease table and the
 //! operations in domain terms); [`subscribe`], [`calls`], [`metrics_endpoint`], [`dev`] (the mock cluster and an
@@ -30,6 +31,7 @@ pub mod lease;
 pub mod metrics;
 pub mod metrics_endpoint;
 pub mod progress;
+pub mod queue;
 pub mod records;
 pub mod reload;
 pub mod server;

@@ -12,7 +12,7 @@ const LAYERS: &[&[&str]] = &[
     &[
         "metrics", "records", "reload", "balance", "progress", "dispatch",
     ],
-    &["error", "tls", "waiters"],
+    &["error", "tls", "waiters", "queue"],
     &["kafka", "validate", "auth"],
     &["lease"],
     &["gateway"],

@@ -1,0 +1,280 @@
+//! A queue-mode lease's records (issue 28, a piece of it; not served yet): the
+//! [`Dispatcher`]'s hand-outs and the clients' answers kept in step with the [`Progress`] a
+//! commit carries, the records due for the dead letter topic (rejected, or delivered
+//! `max_deliveries` times), and the brake that keeps the progress within its budget.
+//!
+//! The brake: the progress grows with the gaps between done records above the lowest one not
+//! done. Past [`SLOW_AT`] of [`METADATA_BUDGET`], only records inside the done span go out
+//! (they close gaps as often as they open them); past [`STOP_AT`], only the lowest record
+//! not done, which can only shrink the progress. That record is always deliverable, and
+//! after `max_deliveries` it goes to the dead letter topic, so the brake never stalls a
+//! partition for good.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::dispatch::{Delivery, Dispatcher, Order, Window};
+use crate::progress::{Progress, METADATA_BUDGET};
+
+/// Past this size of the progress, only records inside the done span go out.
+pub const SLOW_AT: usize = METADATA_BUDGET * 3 / 4;
+/// Past this size, only the lowest record not done goes out.
+pub const STOP_AT: usize = METADATA_BUDGET - 256;
+
+/// How a queue-mode lease hands its records out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QueueSettings {
+    pub order: Order,
+    pub window: Window,
+    /// How long a delivery may go unanswered before it is handed out again.
+    pub ack_deadline: Duration,
+    /// Deliveries after which a record that fails again goes to the dead letter topic.
+    pub max_deliveries: u32,
+}
+
+/// What became of a record fetched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Offered {
+    /// Waiting to be handed out.
+    Queued,
+    /// Done before (the progress says so): skipped.
+    Done,
+}
+
+/// A queue-mode lease's records.
+#[derive(Debug)]
+pub struct Queue {
+    settings: QueueSettings,
+    dispatcher: Dispatcher,
+    progress: Progress,
+    /// Records to be written to the dead letter topic, in the order they became due.
+    dead_letters: Vec<i64>,
+}
+
+impl Queue {
+    /// Starts from the `progress` the last commit carried.
+    pub fn new(settings: QueueSettings, progress: Progress) -> Self {
+        Queue {
+            dispatcher: Dispatcher::new(settings.order, settings.window, settings.ack_deadline),
+            settings,
+            progress,
+            dead_letters: Vec::new(),
+        }
+    }
+
+    /// The progress to commit now.
+    pub fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// A record fetched, in offset order.
+    pub fn offer(&mut self, offset: i64, key: Option<Vec<u8>>, bytes: usize) -> Offered {
+        if self.progress.is_done(offset) {
+            return Offered::Done;
+        }
+        let attempts = self.progress.attempts(offset);
+        self.dispatcher.offer(offset, key, bytes, attempts);
+        Offered::Queued
+    }
+
+    /// The highest offset the brake lets go out now (records not done are all at or above
+    /// the base, so at [`STOP_AT`] only the base goes).
+    fn brake(&self) -> i64 {
+        let size = self.progress.encoded_len();
+        if size < SLOW_AT {
+            i64::MAX
+        } else if size < STOP_AT {
+            self.progress.highest_done().unwrap_or(self.progress.base())
+        } else {
+            self.progress.base()
+        }
+    }
+
+    /// The next delivery at `now`, if the ordering, the window and the brake let one go. The
+    /// records whose deadline passed are taken back first; those at their last delivery
+    /// become due for the dead letter topic instead.
+    pub fn next(&mut self, now: Instant) -> Option<Delivery> {
+        for offset in self.dispatcher.expire(now) {
+            self.failed(offset);
+        }
+        let limit = self.brake();
+        let delivery = self.dispatcher.next_where(now, |offset| offset <= limit)?;
+        self.progress.delivered(delivery.offset);
+        Some(delivery)
+    }
+
+    /// A delivery of `offset` failed (a retry, or its deadline passed): at its last
+    /// delivery, it becomes due for the dead letter topic.
+    fn failed(&mut self, offset: i64) {
+        if self.dispatcher.attempts(offset) >= self.settings.max_deliveries {
+            self.dispatcher.hold(offset);
+            self.dead_letters.push(offset);
+        }
+    }
+
+    /// `offset` was handled: done.
+    pub fn accept(&mut self, offset: i64) -> bool {
+        let known = self.dispatcher.finish(offset);
+        if known {
+            self.progress.mark_done(offset);
+        }
+        known
+    }
+
+    /// `offset` is to be delivered again, not before `not_before`; at its last delivery it
+    /// becomes due for the dead letter topic instead.
+    pub fn retry(&mut self, offset: i64, not_before: Instant) -> bool {
+        if !self.dispatcher.retry(offset, not_before) {
+            return false;
+        }
+        self.failed(offset);
+        true
+    }
+
+    /// `offset` goes to the dead letter topic now, whatever its deliveries.
+    pub fn reject(&mut self, offset: i64) -> bool {
+        if !self.dispatcher.hold(offset) {
+            return false;
+        }
+        self.dead_letters.push(offset);
+        true
+    }
+
+    /// The records due for the dead letter topic, taken: the caller writes each, then calls
+    /// [`Queue::dead_lettered`]. Until then its key waits, and it is not done.
+    pub fn take_dead_letters(&mut self) -> Vec<i64> {
+        std::mem::take(&mut self.dead_letters)
+    }
+
+    /// The broker acknowledged `offset`'s copy in the dead letter topic: done.
+    pub fn dead_lettered(&mut self, offset: i64) -> bool {
+        self.accept(offset)
+    }
+
+    /// `offset`, in flight, gets until `deadline`.
+    pub fn renew(&mut self, offset: i64, deadline: Instant) -> bool {
+        self.dispatcher.renew(offset, deadline)
+    }
+
+    /// Deliveries `offset` has had.
+    pub fn attempts(&self, offset: i64) -> u32 {
+        self.dispatcher.attempts(offset)
+    }
+
+    /// When something changes by itself (a deadline, the end of a retry's delay).
+    pub fn next_wake(&self) -> Option<Instant> {
+        self.dispatcher.next_wake()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(order: Order) -> QueueSettings {
+        QueueSettings {
+            order,
+            window: Window {
+                max_records: 64,
+                max_bytes: usize::MAX,
+            },
+            ack_deadline: Duration::from_secs(30),
+            max_deliveries: 3,
+        }
+    }
+
+    #[test]
+    fn a_poison_record_goes_to_the_dead_letters_after_its_last_delivery_and_its_key_waits() {
+        let now = Instant::now();
+        let mut q = Queue::new(settings(Order::Key), Progress::new(0));
+        q.offer(0, Some(b"poison".to_vec()), 1);
+        q.offer(1, Some(b"poison".to_vec()), 1);
+        q.offer(2, Some(b"other".to_vec()), 1);
+        for attempt in 1..=3 {
+            let d = q.next(now).expect("the poison record");
+            assert_eq!((d.offset, d.attempt), (0, attempt));
+            let other = q.next(now);
+            if attempt == 1 {
+                assert_eq!(other.map(|d| d.offset), Some(2), "other keys go meanwhile");
+                assert!(q.accept(2));
+            }
+            assert!(q.retry(0, now));
+        }
+        assert_eq!(q.take_dead_letters(), [0]);
+        assert_eq!(
+            q.next(now),
+            None,
+            "its key waits for the dead letter's write"
+        );
+        assert!(q.dead_lettered(0));
+        assert_eq!(q.next(now).map(|d| d.offset), Some(1));
+        assert!(q.accept(1));
+        assert_eq!(q.progress().base(), 3);
+    }
+
+    #[test]
+    fn attempts_and_done_records_carry_over_a_handover() {
+        let now = Instant::now();
+        let mut first = Queue::new(settings(Order::Unordered), Progress::new(10));
+        for offset in 10..14 {
+            first.offer(offset, None, 1);
+        }
+        let _ = std::iter::from_fn(|| first.next(now)).count();
+        assert!(first.accept(12) && first.retry(11, now));
+        // The next holder starts from the committed progress.
+        let metadata = format!("kafka-lease token=5;{}", first.progress().encode());
+        let progress =
+            Progress::from_metadata(first.progress().base(), &metadata).expect("decodes");
+        let mut next = Queue::new(settings(Order::Unordered), progress);
+        assert_eq!(next.offer(12, None, 1), Offered::Done);
+        assert_eq!(next.offer(11, None, 1), Offered::Queued);
+        assert_eq!(next.attempts(11), 1);
+        let out: Vec<(i64, u32)> =
+            std::iter::from_fn(|| next.next(now).map(|d| (d.offset, d.attempt))).collect();
+        assert_eq!(out, [(11, 2)]);
+    }
+
+    #[test]
+    fn the_brake_keeps_the_progress_in_budget_and_lets_the_stuck_record_out() {
+        let now = Instant::now();
+        let mut s = settings(Order::Unordered);
+        s.window.max_records = 1_000_000;
+        let mut q = Queue::new(s, Progress::new(0));
+        // Every other record done past a stuck one: the progress grows with each gap.
+        let mut offset = 0;
+        let mut stuck_seen = false;
+        loop {
+            q.offer(offset, None, 1);
+            offset += 1;
+            let Some(d) = q.next(now) else { break };
+            if d.offset == 0 {
+                stuck_seen = true;
+                continue;
+            }
+            if d.offset % 2 == 1 {
+                q.accept(d.offset);
+            }
+            assert!(q.progress().encoded_len() <= METADATA_BUDGET);
+            if offset > 100_000 {
+                break;
+            }
+        }
+        assert!(stuck_seen);
+        assert!(
+            q.progress().encoded_len() >= SLOW_AT && offset < 100_000,
+            "the brake stopped new deliveries before the budget: {} bytes at offset {offset}",
+            q.progress().encoded_len()
+        );
+        // The stuck record fails to its end and goes to the dead letters; done, it frees all.
+        for _ in 0..3 {
+            assert!(q.retry(0, now));
+            if let Some(d) = q.next(now) {
+                assert_eq!(d.offset, 0);
+            }
+        }
+        assert_eq!(q.take_dead_letters(), [0]);
+        assert!(q.dead_lettered(0));
+        assert_eq!(q.progress().base(), 2);
+    }
+}
