@@ -12,8 +12,7 @@ use kafka_lease_client::Client;
 use kafka_lease_testkit::{unique_name, Services};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -199,25 +198,7 @@ pub async fn create_topic(services: &Services, partitions: i32) -> String {
     topic
 }
 
-/// A record to produce.
-#[derive(Clone, Debug, Default)]
-pub struct TestRecord {
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-    pub timestamp_ms: Option<i64>,
-}
-
-impl TestRecord {
-    pub fn value(value: impl Into<Vec<u8>>) -> Self {
-        Self {
-            key: None,
-            value: Some(value.into()),
-            headers: Vec::new(),
-            timestamp_ms: None,
-        }
-    }
-}
+pub use kafka_lease_testkit::TestRecord;
 
 pub fn producer(services: &Services) -> FutureProducer {
     ClientConfig::new()
@@ -235,28 +216,9 @@ pub async fn produce(
     partition: i32,
     records: &[TestRecord],
 ) -> Vec<i64> {
-    let sends = records.iter().map(|r| {
-        let mut headers = OwnedHeaders::new();
-        for (k, v) in &r.headers {
-            headers = headers.insert(Header {
-                key: k,
-                value: v.as_deref(),
-            });
-        }
-        let mut record = FutureRecord::<[u8], [u8]>::to(topic)
-            .partition(partition)
-            .headers(headers);
-        if let Some(k) = &r.key {
-            record = record.key(k.as_slice());
-        }
-        if let Some(v) = &r.value {
-            record = record.payload(v.as_slice());
-        }
-        if let Some(ts) = r.timestamp_ms {
-            record = record.timestamp(ts);
-        }
-        producer.send(record, Duration::from_secs(10))
-    });
+    let sends = records
+        .iter()
+        .map(|r| producer.send(r.to_record(topic, partition), Duration::from_secs(10)));
     futures::future::join_all(sends)
         .await
         .into_iter()

@@ -10,12 +10,14 @@ pub mod certs;
 pub mod consul_agent;
 pub mod consul_secure;
 pub mod gateway;
+pub mod records;
 pub mod relay;
 pub mod topics;
 pub use certs::TestCa;
 pub use consul_agent::ConsulClientAgent;
 pub use consul_secure::SecureConsul;
 pub use gateway::GatewayProcess;
+pub use records::TestRecord;
 pub use relay::{Fault, Relay};
 pub use topics::{create_topic, delete_topics};
 

@@ -32,8 +32,7 @@ use kafka_lease_server::gateway::{Gateway, Limits};
 use kafka_lease_server::server::{serve, ServeOptions, ServerError};
 use kafka_lease_testkit::unique_name;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureProducer;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -182,27 +181,8 @@ impl Rig {
         let mut offsets = Vec::new();
         // One at a time: the offsets are the order the test gave.
         for r in records {
-            let mut headers = OwnedHeaders::new();
-            for (key, value) in &r.headers {
-                headers = headers.insert(Header {
-                    key,
-                    value: value.as_deref(),
-                });
-            }
-            let mut record = FutureRecord::<[u8], [u8]>::to(topic)
-                .partition(partition)
-                .headers(headers);
-            if let Some(key) = &r.key {
-                record = record.key(key.as_slice());
-            }
-            if let Some(value) = &r.value {
-                record = record.payload(value.as_slice());
-            }
-            if let Some(ts) = r.timestamp_ms {
-                record = record.timestamp(ts);
-            }
             let delivered = producer
-                .send(record, Duration::from_secs(5))
+                .send(r.to_record(topic, partition), Duration::from_secs(5))
                 .await
                 .map_err(|(e, _)| e)
                 .expect("produce to the mock cluster");
@@ -433,20 +413,4 @@ impl IntoFuture for RigBuilder {
     }
 }
 
-/// A record to produce.
-#[derive(Clone, Debug, Default)]
-pub struct TestRecord {
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
-    pub timestamp_ms: Option<i64>,
-}
-
-impl TestRecord {
-    pub fn value(value: impl Into<Vec<u8>>) -> Self {
-        Self {
-            value: Some(value.into()),
-            ..Self::default()
-        }
-    }
-}
+pub use kafka_lease_testkit::TestRecord;
