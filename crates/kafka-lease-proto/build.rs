@@ -4,8 +4,8 @@
 //! set that server reflection serves.
 //!
 //! A second pass generates `PartitionLeaseService`'s server and client again, with the
-//! message types of the first pass, except the two whose records the gateway encodes itself
-//! (`ReadResponse`, `SubscribeResponse`): those are `wire::Encoded` (see `src/wire.rs`). The
+//! message types of the first pass, except the three whose records the gateway encodes itself
+//! (`ReadResponse`, `SubscribeResponse`, `DeliverResponse`): those are `wire::Encoded` (see `src/wire.rs`). The
 //! gateway serves with that server, and forwards with that client, passing a peer's bytes
 //! through. The wire format is the same; only who writes the bytes differs.
 
@@ -63,6 +63,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extern_path(
             ".kafka_lease.v1.SubscribeResponse",
             "crate::wire::EncodedSubscribeResponse",
+        )
+        .extern_path(
+            ".kafka_lease.v1.DeliverResponse",
+            "crate::wire::EncodedDeliverResponse",
         )
         .compile_fds(service_only)?;
     Ok(())

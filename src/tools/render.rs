@@ -206,6 +206,45 @@ struct JsonLease<'a> {
     lag: Option<i64>,
     read_lag: Option<i64>,
     details_unavailable: Option<&'a str>,
+    /// Queue mode's deliveries, for a lease in queue mode.
+    queue: Option<JsonQueue<'a>>,
+}
+
+#[derive(Serialize)]
+struct JsonQueue<'a> {
+    ordering: &'static str,
+    in_flight: u32,
+    oldest_in_flight_seconds: Option<f64>,
+    waiting: u32,
+    deliveries: u64,
+    redeliveries: u64,
+    dead_letters: u64,
+    dead_letter_topic: &'a str,
+}
+
+fn ordering_name(ordering: kafka_lease_client::Ordering) -> &'static str {
+    match ordering {
+        kafka_lease_client::Ordering::Partition => "partition",
+        kafka_lease_client::Ordering::Key => "key",
+        kafka_lease_client::Ordering::Unordered => "unordered",
+    }
+}
+
+/// A queue-mode lease's deliveries in a few words, for the table's NOTE column.
+fn queue_note(queue: &kafka_lease_client::QueueInfo) -> String {
+    let mut note = format!(
+        "queue ({} order): {} in flight",
+        ordering_name(queue.ordering),
+        queue.in_flight
+    );
+    if let Some(oldest) = queue.oldest_in_flight {
+        note.push_str(&format!(" (oldest {}s)", oldest.as_secs()));
+    }
+    note.push_str(&format!(
+        ", {} waiting, {} redelivered, {} dead letters",
+        queue.waiting, queue.redeliveries, queue.dead_letters
+    ));
+    note
 }
 
 /// The leases as one JSON array (pretty-printed), with its line feed: each lease an object
@@ -234,6 +273,16 @@ pub(crate) fn leases_json(leases: &[LeaseInfo], now: SystemTime) -> String {
             lag: l.lag,
             read_lag: l.read_lag,
             details_unavailable: l.details_unavailable.as_deref(),
+            queue: l.queue.as_ref().map(|q| JsonQueue {
+                ordering: ordering_name(q.ordering),
+                in_flight: q.in_flight,
+                oldest_in_flight_seconds: q.oldest_in_flight.map(|d| d.as_secs_f64()),
+                waiting: q.waiting,
+                deliveries: q.deliveries,
+                redeliveries: q.redeliveries,
+                dead_letters: q.dead_letters,
+                dead_letter_topic: &q.dead_letter_topic,
+            }),
         })
         .collect();
     let mut text = serde_json::to_string_pretty(&rows).unwrap_or_else(|_| "[]".into());
@@ -303,10 +352,11 @@ pub(crate) fn leases_table(leases: &[LeaseInfo], now: SystemTime) -> String {
                 number_cell(l.lag),
                 number_cell(l.read_lag),
                 expires,
-                l.details_unavailable
-                    .as_deref()
-                    .map(cell)
-                    .unwrap_or_default(),
+                match (&l.details_unavailable, &l.queue) {
+                    (Some(why), _) => cell(why),
+                    (None, Some(queue)) => queue_note(queue),
+                    (None, None) => String::new(),
+                },
             ]
         })
         .collect();
@@ -455,6 +505,21 @@ mod tests {
             details_unavailable: details.unwrap_or_default().into(),
             gateway_address: "10.0.0.7:50051".into(),
             member_id: String::new(),
+            queue: details
+                .is_none()
+                .then(|| kafka_lease_client::proto::QueueInfo {
+                    ordering: kafka_lease_client::proto::DeliveryOrder::Key as i32,
+                    in_flight: 3,
+                    oldest_in_flight: Some(prost_types::Duration {
+                        seconds: 12,
+                        nanos: 0,
+                    }),
+                    waiting: 40,
+                    deliveries: 90,
+                    redeliveries: 5,
+                    dead_letters: 1,
+                    dead_letter_topic: "dlq.g.orders".into(),
+                }),
         })
     }
 
@@ -475,12 +540,19 @@ mod tests {
             "GROUP  TOPIC   PARTITION  MEMBER     GATEWAY  TOKEN  POSITION  COMMITTED  LAG  \
              READ LAG  EXPIRES IN  NOTE"
         );
-        assert_eq!(
-            lines[1],
-            concat!(
+        assert!(
+            lines[1].starts_with(concat!(
                 "g      orders         11  worker\\n1  gw-a      1234         5          3",
-                "    6         4         20s"
-            )
+                "    6         4         20s  "
+            )),
+            "{table}"
+        );
+        assert!(
+            lines[1].ends_with(
+                "queue (key order): 3 in flight (oldest 12s), 40 waiting, 5 redelivered, \
+                 1 dead letters"
+            ),
+            "{table}"
         );
         assert!(
             lines[2].ends_with("-          -    -         -         20s  gw-b did not answer"),
@@ -490,7 +562,7 @@ mod tests {
         assert!(expired
             .lines()
             .nth(1)
-            .is_some_and(|l| l.ends_with("expired")));
+            .is_some_and(|l| l.contains(" expired  queue")));
         assert_eq!(leases_table(&[], now).lines().count(), 1);
     }
 
@@ -513,6 +585,11 @@ mod tests {
         assert_eq!(row["lag"], 6);
         assert_eq!(row["read_lag"], 4);
         assert_eq!(row["details_unavailable"], serde_json::Value::Null);
+        assert_eq!(row["queue"]["ordering"], "key");
+        assert_eq!(row["queue"]["in_flight"], 3);
+        assert_eq!(row["queue"]["oldest_in_flight_seconds"], 12.0);
+        assert_eq!(row["queue"]["redeliveries"], 5);
+        assert_eq!(row["queue"]["dead_letter_topic"], "dlq.g.orders");
         assert_eq!(leases_json(&[], now), "[]\n");
     }
 }

@@ -179,10 +179,17 @@ const (
 	// PERMISSION_DENIED. The caller's identity may not take this action here: the gateway's
 	// policy grants it no `action` on this group and topic, or the lease was acquired by
 	// another identity (a lease id is bound to the identity that acquired it).
-	// Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list),
+	// Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list,
+	// dead_letter),
 	// `group`, `topic` (where known).
 	// No RetryInfo.
 	ErrorReason_ACTION_DENIED ErrorReason = 23
+	// FAILED_PRECONDITION. The call does not fit the lease's mode: a Read, Seek or Commit (or
+	// Release's `commit_offset`) on a lease in queue mode, where the gateway commits; an
+	// Acknowledge on a lease no Deliver has put in queue mode.
+	// Metadata: `lease_ref`, `mode` ("queue" or "read").
+	// No RetryInfo.
+	ErrorReason_WRONG_MODE ErrorReason = 24
 )
 
 // Enum value maps for ErrorReason.
@@ -212,6 +219,7 @@ var (
 		21: "LEASE_REVOKED",
 		22: "NOT_AUTHENTICATED",
 		23: "ACTION_DENIED",
+		24: "WRONG_MODE",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED": 0,
@@ -238,6 +246,7 @@ var (
 		"LEASE_REVOKED":            21,
 		"NOT_AUTHENTICATED":        22,
 		"ACTION_DENIED":            23,
+		"WRONG_MODE":               24,
 	}
 )
 
@@ -272,7 +281,7 @@ var File_kafka_lease_v1_errors_proto protoreflect.FileDescriptor
 
 const file_kafka_lease_v1_errors_proto_rawDesc = "" +
 	"\n" +
-	"\x1bkafka_lease/v1/errors.proto\x12\x0ekafka_lease.v1*\x80\x04\n" +
+	"\x1bkafka_lease/v1/errors.proto\x12\x0ekafka_lease.v1*\x90\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rINVALID_FIELD\x10\x01\x12\x13\n" +
@@ -300,7 +309,9 @@ const file_kafka_lease_v1_errors_proto_rawDesc = "" +
 	"\rMEMBER_ACTIVE\x10\x14\x12\x11\n" +
 	"\rLEASE_REVOKED\x10\x15\x12\x15\n" +
 	"\x11NOT_AUTHENTICATED\x10\x16\x12\x11\n" +
-	"\rACTION_DENIED\x10\x17B\xa8\x01\n" +
+	"\rACTION_DENIED\x10\x17\x12\x0e\n" +
+	"\n" +
+	"WRONG_MODE\x10\x18B\xa8\x01\n" +
 	"\x17io.github.kafkalease.v1B\vErrorsProtoP\x01ZGgithub.com/kafka-lease/kafka-lease/clients/go/kafkaleasev1;kafkaleasev1\xa2\x02\x03KLX\xaa\x02\rKafkaLease.V1\xca\x02\rKafkaLease\\V1\xea\x02\x0eKafkaLease::V1b\x06proto3"
 
 var (

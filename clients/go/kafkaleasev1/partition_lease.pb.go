@@ -153,6 +153,182 @@ func (TimestampType) EnumDescriptor() ([]byte, []int) {
 	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{1}
 }
 
+// How a queue-mode lease's records may be handed out relative to each other.
+type DeliveryOrder int32
+
+const (
+	// Not set: DELIVERY_ORDER_PARTITION.
+	DeliveryOrder_DELIVERY_ORDER_UNSPECIFIED DeliveryOrder = 0
+	// One record at a time, in offset order: the next is delivered once the last is done (a
+	// Read's order, with per-record answers). The default.
+	DeliveryOrder_DELIVERY_ORDER_PARTITION DeliveryOrder = 1
+	// The records of one key one at a time, in offset order; records of different keys in
+	// parallel. A record being retried keeps its key waiting, so a poison record holds back
+	// its key, not the partition. Records without a key are ordered by nothing.
+	DeliveryOrder_DELIVERY_ORDER_KEY DeliveryOrder = 2
+	// Any record, in parallel.
+	DeliveryOrder_DELIVERY_ORDER_UNORDERED DeliveryOrder = 3
+)
+
+// Enum value maps for DeliveryOrder.
+var (
+	DeliveryOrder_name = map[int32]string{
+		0: "DELIVERY_ORDER_UNSPECIFIED",
+		1: "DELIVERY_ORDER_PARTITION",
+		2: "DELIVERY_ORDER_KEY",
+		3: "DELIVERY_ORDER_UNORDERED",
+	}
+	DeliveryOrder_value = map[string]int32{
+		"DELIVERY_ORDER_UNSPECIFIED": 0,
+		"DELIVERY_ORDER_PARTITION":   1,
+		"DELIVERY_ORDER_KEY":         2,
+		"DELIVERY_ORDER_UNORDERED":   3,
+	}
+)
+
+func (x DeliveryOrder) Enum() *DeliveryOrder {
+	p := new(DeliveryOrder)
+	*p = x
+	return p
+}
+
+func (x DeliveryOrder) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DeliveryOrder) Descriptor() protoreflect.EnumDescriptor {
+	return file_kafka_lease_v1_partition_lease_proto_enumTypes[2].Descriptor()
+}
+
+func (DeliveryOrder) Type() protoreflect.EnumType {
+	return &file_kafka_lease_v1_partition_lease_proto_enumTypes[2]
+}
+
+func (x DeliveryOrder) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DeliveryOrder.Descriptor instead.
+func (DeliveryOrder) EnumDescriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{2}
+}
+
+// What to do with a delivery.
+type AckType int32
+
+const (
+	// Not a type: INVALID_ARGUMENT.
+	AckType_ACK_TYPE_UNSPECIFIED AckType = 0
+	// Handled: the record is done.
+	AckType_ACK_TYPE_ACCEPT AckType = 1
+	// Not handled: deliver it again, after `retry_delay` (share groups' RELEASE). A retry of
+	// the `max_deliveries`-th delivery sends the record to the dead letter topic instead.
+	AckType_ACK_TYPE_RETRY AckType = 2
+	// Never to be handled: write it to the dead letter topic with `reason`.
+	AckType_ACK_TYPE_REJECT AckType = 3
+	// Still working: the delivery's deadline moves to now + the queue's `ack_deadline`.
+	AckType_ACK_TYPE_RENEW AckType = 4
+)
+
+// Enum value maps for AckType.
+var (
+	AckType_name = map[int32]string{
+		0: "ACK_TYPE_UNSPECIFIED",
+		1: "ACK_TYPE_ACCEPT",
+		2: "ACK_TYPE_RETRY",
+		3: "ACK_TYPE_REJECT",
+		4: "ACK_TYPE_RENEW",
+	}
+	AckType_value = map[string]int32{
+		"ACK_TYPE_UNSPECIFIED": 0,
+		"ACK_TYPE_ACCEPT":      1,
+		"ACK_TYPE_RETRY":       2,
+		"ACK_TYPE_REJECT":      3,
+		"ACK_TYPE_RENEW":       4,
+	}
+)
+
+func (x AckType) Enum() *AckType {
+	p := new(AckType)
+	*p = x
+	return p
+}
+
+func (x AckType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AckType) Descriptor() protoreflect.EnumDescriptor {
+	return file_kafka_lease_v1_partition_lease_proto_enumTypes[3].Descriptor()
+}
+
+func (AckType) Type() protoreflect.EnumType {
+	return &file_kafka_lease_v1_partition_lease_proto_enumTypes[3]
+}
+
+func (x AckType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AckType.Descriptor instead.
+func (AckType) EnumDescriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{3}
+}
+
+// What became of one acknowledgement.
+type AckOutcome int32
+
+const (
+	// Never sent.
+	AckOutcome_ACK_OUTCOME_UNSPECIFIED AckOutcome = 0
+	// Applied.
+	AckOutcome_ACK_OUTCOME_APPLIED AckOutcome = 1
+	// Changed nothing: the delivery is no longer in flight (its deadline passed, or another
+	// answer came first), or the record is done, or the offset was never delivered.
+	AckOutcome_ACK_OUTCOME_STALE AckOutcome = 2
+)
+
+// Enum value maps for AckOutcome.
+var (
+	AckOutcome_name = map[int32]string{
+		0: "ACK_OUTCOME_UNSPECIFIED",
+		1: "ACK_OUTCOME_APPLIED",
+		2: "ACK_OUTCOME_STALE",
+	}
+	AckOutcome_value = map[string]int32{
+		"ACK_OUTCOME_UNSPECIFIED": 0,
+		"ACK_OUTCOME_APPLIED":     1,
+		"ACK_OUTCOME_STALE":       2,
+	}
+)
+
+func (x AckOutcome) Enum() *AckOutcome {
+	p := new(AckOutcome)
+	*p = x
+	return p
+}
+
+func (x AckOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AckOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_kafka_lease_v1_partition_lease_proto_enumTypes[4].Descriptor()
+}
+
+func (AckOutcome) Type() protoreflect.EnumType {
+	return &file_kafka_lease_v1_partition_lease_proto_enumTypes[4]
+}
+
+func (x AckOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AckOutcome.Descriptor instead.
+func (AckOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{4}
+}
+
 // The request of Acquire.
 type AcquireRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2202,7 +2378,9 @@ type LeaseInfo struct {
 	GatewayAddress string `protobuf:"bytes,14,opt,name=gateway_address,json=gatewayAddress,proto3" json:"gateway_address,omitempty"`
 	// The member id of the subscription that holds the lease (Subscribe); empty for a lease
 	// taken with Acquire.
-	MemberId      string `protobuf:"bytes,15,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	MemberId string `protobuf:"bytes,15,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
+	// Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+	Queue         *QueueInfo `protobuf:"bytes,17,opt,name=queue,proto3" json:"queue,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2347,6 +2525,537 @@ func (x *LeaseInfo) GetMemberId() string {
 		return x.MemberId
 	}
 	return ""
+}
+
+func (x *LeaseInfo) GetQueue() *QueueInfo {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
+// A lease's queue mode, as ListLeases shows it.
+type QueueInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The ordering the queue was opened with.
+	Ordering DeliveryOrder `protobuf:"varint,1,opt,name=ordering,proto3,enum=kafka_lease.v1.DeliveryOrder" json:"ordering,omitempty"`
+	// Deliveries handed out and not answered.
+	InFlight uint32 `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// How long the oldest of them has been out; unset when none is.
+	OldestInFlight *durationpb.Duration `protobuf:"bytes,3,opt,name=oldest_in_flight,json=oldestInFlight,proto3" json:"oldest_in_flight,omitempty"`
+	// Records fetched and waiting to be handed out (a retry's delay included).
+	Waiting uint32 `protobuf:"varint,4,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	// Deliveries handed out since the queue opened on this lease.
+	Deliveries uint64 `protobuf:"varint,5,opt,name=deliveries,proto3" json:"deliveries,omitempty"`
+	// Of those, deliveries of a record delivered before (after a RETRY or a deadline, or
+	// counted by an earlier holder).
+	Redeliveries uint64 `protobuf:"varint,6,opt,name=redeliveries,proto3" json:"redeliveries,omitempty"`
+	// Records written to the dead letter topic since the queue opened on this lease.
+	DeadLetters uint64 `protobuf:"varint,7,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	// The dead letter topic.
+	DeadLetterTopic string `protobuf:"bytes,8,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *QueueInfo) Reset() {
+	*x = QueueInfo{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueInfo) ProtoMessage() {}
+
+func (x *QueueInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueInfo.ProtoReflect.Descriptor instead.
+func (*QueueInfo) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *QueueInfo) GetOrdering() DeliveryOrder {
+	if x != nil {
+		return x.Ordering
+	}
+	return DeliveryOrder_DELIVERY_ORDER_UNSPECIFIED
+}
+
+func (x *QueueInfo) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetOldestInFlight() *durationpb.Duration {
+	if x != nil {
+		return x.OldestInFlight
+	}
+	return nil
+}
+
+func (x *QueueInfo) GetWaiting() uint32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetDeliveries() uint64 {
+	if x != nil {
+		return x.Deliveries
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetRedeliveries() uint64 {
+	if x != nil {
+		return x.Redeliveries
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetDeadLetters() uint64 {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return 0
+}
+
+func (x *QueueInfo) GetDeadLetterTopic() string {
+	if x != nil {
+		return x.DeadLetterTopic
+	}
+	return ""
+}
+
+// The request of Deliver.
+type DeliverRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease id from AcquireResponse.lease_id (or a Subscribe's `assigned` event).
+	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// How records may be handed out relative to each other. Default DELIVERY_ORDER_PARTITION.
+	Ordering DeliveryOrder `protobuf:"varint,2,opt,name=ordering,proto3,enum=kafka_lease.v1.DeliveryOrder" json:"ordering,omitempty"`
+	// Most deliveries in flight (handed out, not answered) at once. Default 64 (when 0); at
+	// most 10000.
+	MaxInFlight uint32 `protobuf:"varint,3,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// Most bytes of records (keys, values, headers) in flight at once; a single record larger
+	// than this goes out alone. Default 4 MiB (when 0); at most 64 MiB. The gateway keeps
+	// the records in flight, and up to 1,024 records and 4 MiB more fetched ahead of them.
+	MaxInFlightBytes uint32 `protobuf:"varint,4,opt,name=max_in_flight_bytes,json=maxInFlightBytes,proto3" json:"max_in_flight_bytes,omitempty"`
+	// How long a delivery may go unanswered before it is delivered again. Default 30 s;
+	// allowed 1 s ..= 1 h. RENEW extends one delivery's.
+	AckDeadline *durationpb.Duration `protobuf:"bytes,5,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
+	// Deliveries after which a record that fails again goes to the dead letter topic. Default
+	// 5 (when 0); allowed 1 ..= 100. After a gateway crash a record may be delivered up to
+	// `max_in_flight` more times than this (attempts are committed about once a second).
+	MaxDeliveries uint32 `protobuf:"varint,6,opt,name=max_deliveries,json=maxDeliveries,proto3" json:"max_deliveries,omitempty"`
+	// Where rejected records go: a topic that must exist when the queue opens. Default
+	// "dlq.<group>.<topic>" (a shared prefix, so one prefixed ACL and one policy rule cover
+	// every group's). Not the lease's own topic. The caller needs the `dead_letter` action on
+	// the group and this topic.
+	DeadLetterTopic string `protobuf:"bytes,7,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeliverRequest) Reset() {
+	*x = DeliverRequest{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliverRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliverRequest) ProtoMessage() {}
+
+func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliverRequest.ProtoReflect.Descriptor instead.
+func (*DeliverRequest) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *DeliverRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *DeliverRequest) GetOrdering() DeliveryOrder {
+	if x != nil {
+		return x.Ordering
+	}
+	return DeliveryOrder_DELIVERY_ORDER_UNSPECIFIED
+}
+
+func (x *DeliverRequest) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *DeliverRequest) GetMaxInFlightBytes() uint32 {
+	if x != nil {
+		return x.MaxInFlightBytes
+	}
+	return 0
+}
+
+func (x *DeliverRequest) GetAckDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.AckDeadline
+	}
+	return nil
+}
+
+func (x *DeliverRequest) GetMaxDeliveries() uint32 {
+	if x != nil {
+		return x.MaxDeliveries
+	}
+	return 0
+}
+
+func (x *DeliverRequest) GetDeadLetterTopic() string {
+	if x != nil {
+		return x.DeadLetterTopic
+	}
+	return ""
+}
+
+// What Deliver streams: deliveries that are ready, in offset order within the response.
+type DeliverResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Never empty.
+	Deliveries []*Delivery `protobuf:"bytes,1,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
+	// The partition's high watermark as last seen by the gateway.
+	HighWatermark int64 `protobuf:"varint,2,opt,name=high_watermark,json=highWatermark,proto3" json:"high_watermark,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeliverResponse) Reset() {
+	*x = DeliverResponse{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliverResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliverResponse) ProtoMessage() {}
+
+func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliverResponse.ProtoReflect.Descriptor instead.
+func (*DeliverResponse) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DeliverResponse) GetDeliveries() []*Delivery {
+	if x != nil {
+		return x.Deliveries
+	}
+	return nil
+}
+
+func (x *DeliverResponse) GetHighWatermark() int64 {
+	if x != nil {
+		return x.HighWatermark
+	}
+	return 0
+}
+
+// One hand-out of a record, to be answered with Acknowledge before `deadline`.
+type Delivery struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The record, as a Read delivers it.
+	Record *KafkaRecord `protobuf:"bytes,1,opt,name=record,proto3" json:"record,omitempty"`
+	// 1 for the first delivery, one more for each after it, carried over when the partition
+	// moves to another holder. The acknowledgement names it.
+	Attempt uint32 `protobuf:"varint,2,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// When the gateway delivers the record again unless it is answered (or renewed).
+	Deadline      *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Delivery) Reset() {
+	*x = Delivery{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Delivery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Delivery) ProtoMessage() {}
+
+func (x *Delivery) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
+func (*Delivery) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *Delivery) GetRecord() *KafkaRecord {
+	if x != nil {
+		return x.Record
+	}
+	return nil
+}
+
+func (x *Delivery) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *Delivery) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+// The request of Acknowledge.
+type AcknowledgeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease id the deliveries came on.
+	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// Applied in order; at most 10000.
+	Acknowledgements []*Acknowledgement `protobuf:"bytes,2,rep,name=acknowledgements,proto3" json:"acknowledgements,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *AcknowledgeRequest) Reset() {
+	*x = AcknowledgeRequest{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcknowledgeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcknowledgeRequest) ProtoMessage() {}
+
+func (x *AcknowledgeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcknowledgeRequest.ProtoReflect.Descriptor instead.
+func (*AcknowledgeRequest) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *AcknowledgeRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *AcknowledgeRequest) GetAcknowledgements() []*Acknowledgement {
+	if x != nil {
+		return x.Acknowledgements
+	}
+	return nil
+}
+
+// The answer to one delivery.
+type Acknowledgement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The delivered record's offset.
+	Offset int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	// What to do with it. Required.
+	Type AckType `protobuf:"varint,2,opt,name=type,proto3,enum=kafka_lease.v1.AckType" json:"type,omitempty"`
+	// The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
+	// older delivery than the one in flight is STALE (an ACCEPT still counts).
+	Attempt uint32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// With RETRY: not before this much time has passed. At most 1 h.
+	RetryDelay *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_delay,json=retryDelay,proto3" json:"retry_delay,omitempty"`
+	// With REJECT or RETRY: why, written to the dead letter copy's `kafka-lease.reason`
+	// header. At most 1024 UTF-8 bytes.
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Acknowledgement) Reset() {
+	*x = Acknowledgement{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Acknowledgement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Acknowledgement) ProtoMessage() {}
+
+func (x *Acknowledgement) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Acknowledgement.ProtoReflect.Descriptor instead.
+func (*Acknowledgement) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *Acknowledgement) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *Acknowledgement) GetType() AckType {
+	if x != nil {
+		return x.Type
+	}
+	return AckType_ACK_TYPE_UNSPECIFIED
+}
+
+func (x *Acknowledgement) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *Acknowledgement) GetRetryDelay() *durationpb.Duration {
+	if x != nil {
+		return x.RetryDelay
+	}
+	return nil
+}
+
+func (x *Acknowledgement) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// The answer of Acknowledge: one outcome per acknowledgement, in the request's order.
+type AcknowledgeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Same length and order as AcknowledgeRequest.acknowledgements.
+	Outcomes      []AckOutcome `protobuf:"varint,1,rep,packed,name=outcomes,proto3,enum=kafka_lease.v1.AckOutcome" json:"outcomes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcknowledgeResponse) Reset() {
+	*x = AcknowledgeResponse{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcknowledgeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcknowledgeResponse) ProtoMessage() {}
+
+func (x *AcknowledgeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcknowledgeResponse.ProtoReflect.Descriptor instead.
+func (*AcknowledgeResponse) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *AcknowledgeResponse) GetOutcomes() []AckOutcome {
+	if x != nil {
+		return x.Outcomes
+	}
+	return nil
 }
 
 var File_kafka_lease_v1_partition_lease_proto protoreflect.FileDescriptor
@@ -2513,7 +3222,7 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\x06_topic\"o\n" +
 	"\x12ListLeasesResponse\x121\n" +
 	"\x06leases\x18\x01 \x03(\v2\x19.kafka_lease.v1.LeaseInfoR\x06leases\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x99\x05\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xca\x05\n" +
 	"\tLeaseInfo\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1c\n" +
@@ -2533,12 +3242,53 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\bread_lag\x18\x10 \x01(\x03H\x04R\areadLag\x88\x01\x01\x12/\n" +
 	"\x13details_unavailable\x18\r \x01(\tR\x12detailsUnavailable\x12'\n" +
 	"\x0fgateway_address\x18\x0e \x01(\tR\x0egatewayAddress\x12\x1b\n" +
-	"\tmember_id\x18\x0f \x01(\tR\bmemberIdB\v\n" +
+	"\tmember_id\x18\x0f \x01(\tR\bmemberId\x12/\n" +
+	"\x05queue\x18\x11 \x01(\v2\x19.kafka_lease.v1.QueueInfoR\x05queueB\v\n" +
 	"\t_positionB\x13\n" +
 	"\x11_committed_offsetB\x11\n" +
 	"\x0f_high_watermarkB\x06\n" +
 	"\x04_lagB\v\n" +
-	"\t_read_lag*_\n" +
+	"\t_read_lag\"\xd5\x02\n" +
+	"\tQueueInfo\x129\n" +
+	"\bordering\x18\x01 \x01(\x0e2\x1d.kafka_lease.v1.DeliveryOrderR\bordering\x12\x1b\n" +
+	"\tin_flight\x18\x02 \x01(\rR\binFlight\x12C\n" +
+	"\x10oldest_in_flight\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x0eoldestInFlight\x12\x18\n" +
+	"\awaiting\x18\x04 \x01(\rR\awaiting\x12\x1e\n" +
+	"\n" +
+	"deliveries\x18\x05 \x01(\x04R\n" +
+	"deliveries\x12\"\n" +
+	"\fredeliveries\x18\x06 \x01(\x04R\fredeliveries\x12!\n" +
+	"\fdead_letters\x18\a \x01(\x04R\vdeadLetters\x12*\n" +
+	"\x11dead_letter_topic\x18\b \x01(\tR\x0fdeadLetterTopic\"\xca\x02\n" +
+	"\x0eDeliverRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x129\n" +
+	"\bordering\x18\x02 \x01(\x0e2\x1d.kafka_lease.v1.DeliveryOrderR\bordering\x12\"\n" +
+	"\rmax_in_flight\x18\x03 \x01(\rR\vmaxInFlight\x12-\n" +
+	"\x13max_in_flight_bytes\x18\x04 \x01(\rR\x10maxInFlightBytes\x12<\n" +
+	"\fack_deadline\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\vackDeadline\x12%\n" +
+	"\x0emax_deliveries\x18\x06 \x01(\rR\rmaxDeliveries\x12*\n" +
+	"\x11dead_letter_topic\x18\a \x01(\tR\x0fdeadLetterTopic\"r\n" +
+	"\x0fDeliverResponse\x128\n" +
+	"\n" +
+	"deliveries\x18\x01 \x03(\v2\x18.kafka_lease.v1.DeliveryR\n" +
+	"deliveries\x12%\n" +
+	"\x0ehigh_watermark\x18\x02 \x01(\x03R\rhighWatermark\"\x91\x01\n" +
+	"\bDelivery\x123\n" +
+	"\x06record\x18\x01 \x01(\v2\x1b.kafka_lease.v1.KafkaRecordR\x06record\x12\x18\n" +
+	"\aattempt\x18\x02 \x01(\rR\aattempt\x126\n" +
+	"\bdeadline\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\"|\n" +
+	"\x12AcknowledgeRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12K\n" +
+	"\x10acknowledgements\x18\x02 \x03(\v2\x1f.kafka_lease.v1.AcknowledgementR\x10acknowledgements\"\xc4\x01\n" +
+	"\x0fAcknowledgement\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12+\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x17.kafka_lease.v1.AckTypeR\x04type\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\rR\aattempt\x12:\n" +
+	"\vretry_delay\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryDelay\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"M\n" +
+	"\x13AcknowledgeResponse\x126\n" +
+	"\boutcomes\x18\x01 \x03(\x0e2\x1a.kafka_lease.v1.AckOutcomeR\boutcomes*_\n" +
 	"\vOffsetReset\x12\x1c\n" +
 	"\x18OFFSET_RESET_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15OFFSET_RESET_EARLIEST\x10\x01\x12\x17\n" +
@@ -2546,7 +3296,23 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\rTimestampType\x12\x1e\n" +
 	"\x1aTIMESTAMP_TYPE_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aTIMESTAMP_TYPE_CREATE_TIME\x10\x01\x12\"\n" +
-	"\x1eTIMESTAMP_TYPE_LOG_APPEND_TIME\x10\x022\x81\x05\n" +
+	"\x1eTIMESTAMP_TYPE_LOG_APPEND_TIME\x10\x02*\x83\x01\n" +
+	"\rDeliveryOrder\x12\x1e\n" +
+	"\x1aDELIVERY_ORDER_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18DELIVERY_ORDER_PARTITION\x10\x01\x12\x16\n" +
+	"\x12DELIVERY_ORDER_KEY\x10\x02\x12\x1c\n" +
+	"\x18DELIVERY_ORDER_UNORDERED\x10\x03*u\n" +
+	"\aAckType\x12\x18\n" +
+	"\x14ACK_TYPE_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fACK_TYPE_ACCEPT\x10\x01\x12\x12\n" +
+	"\x0eACK_TYPE_RETRY\x10\x02\x12\x13\n" +
+	"\x0fACK_TYPE_REJECT\x10\x03\x12\x12\n" +
+	"\x0eACK_TYPE_RENEW\x10\x04*Y\n" +
+	"\n" +
+	"AckOutcome\x12\x1b\n" +
+	"\x17ACK_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ACK_OUTCOME_APPLIED\x10\x01\x12\x15\n" +
+	"\x11ACK_OUTCOME_STALE\x10\x022\xa7\x06\n" +
 	"\x15PartitionLeaseService\x12J\n" +
 	"\aAcquire\x12\x1e.kafka_lease.v1.AcquireRequest\x1a\x1f.kafka_lease.v1.AcquireResponse\x12C\n" +
 	"\x04Read\x12\x1b.kafka_lease.v1.ReadRequest\x1a\x1c.kafka_lease.v1.ReadResponse0\x01\x12A\n" +
@@ -2556,7 +3322,9 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\tSubscribe\x12 .kafka_lease.v1.SubscribeRequest\x1a!.kafka_lease.v1.SubscribeResponse0\x01\x12V\n" +
 	"\vListMembers\x12\".kafka_lease.v1.ListMembersRequest\x1a#.kafka_lease.v1.ListMembersResponse\x12S\n" +
 	"\n" +
-	"ListLeases\x12!.kafka_lease.v1.ListLeasesRequest\x1a\".kafka_lease.v1.ListLeasesResponseB\xb0\x01\n" +
+	"ListLeases\x12!.kafka_lease.v1.ListLeasesRequest\x1a\".kafka_lease.v1.ListLeasesResponse\x12L\n" +
+	"\aDeliver\x12\x1e.kafka_lease.v1.DeliverRequest\x1a\x1f.kafka_lease.v1.DeliverResponse0\x01\x12V\n" +
+	"\vAcknowledge\x12\".kafka_lease.v1.AcknowledgeRequest\x1a#.kafka_lease.v1.AcknowledgeResponseB\xb0\x01\n" +
 	"\x17io.github.kafkalease.v1B\x13PartitionLeaseProtoP\x01ZGgithub.com/kafka-lease/kafka-lease/clients/go/kafkaleasev1;kafkaleasev1\xa2\x02\x03KLX\xaa\x02\rKafkaLease.V1\xca\x02\rKafkaLease\\V1\xea\x02\x0eKafkaLease::V1b\x06proto3"
 
 var (
@@ -2571,92 +3339,118 @@ func file_kafka_lease_v1_partition_lease_proto_rawDescGZIP() []byte {
 	return file_kafka_lease_v1_partition_lease_proto_rawDescData
 }
 
-var file_kafka_lease_v1_partition_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_kafka_lease_v1_partition_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_kafka_lease_v1_partition_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_kafka_lease_v1_partition_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_kafka_lease_v1_partition_lease_proto_goTypes = []any{
 	(OffsetReset)(0),              // 0: kafka_lease.v1.OffsetReset
 	(TimestampType)(0),            // 1: kafka_lease.v1.TimestampType
-	(*AcquireRequest)(nil),        // 2: kafka_lease.v1.AcquireRequest
-	(*AcquireResponse)(nil),       // 3: kafka_lease.v1.AcquireResponse
-	(*ReadRequest)(nil),           // 4: kafka_lease.v1.ReadRequest
-	(*ReadResponse)(nil),          // 5: kafka_lease.v1.ReadResponse
-	(*KafkaRecord)(nil),           // 6: kafka_lease.v1.KafkaRecord
-	(*KafkaHeader)(nil),           // 7: kafka_lease.v1.KafkaHeader
-	(*SeekRequest)(nil),           // 8: kafka_lease.v1.SeekRequest
-	(*SeekResponse)(nil),          // 9: kafka_lease.v1.SeekResponse
-	(*CommitRequest)(nil),         // 10: kafka_lease.v1.CommitRequest
-	(*CommitResponse)(nil),        // 11: kafka_lease.v1.CommitResponse
-	(*ReleaseRequest)(nil),        // 12: kafka_lease.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),       // 13: kafka_lease.v1.ReleaseResponse
-	(*SubscribeRequest)(nil),      // 14: kafka_lease.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),     // 15: kafka_lease.v1.SubscribeResponse
-	(*Joined)(nil),                // 16: kafka_lease.v1.Joined
-	(*Assigned)(nil),              // 17: kafka_lease.v1.Assigned
-	(*SubscribedRecords)(nil),     // 18: kafka_lease.v1.SubscribedRecords
-	(*Revoking)(nil),              // 19: kafka_lease.v1.Revoking
-	(*Revoked)(nil),               // 20: kafka_lease.v1.Revoked
-	(*ListMembersRequest)(nil),    // 21: kafka_lease.v1.ListMembersRequest
-	(*ListMembersResponse)(nil),   // 22: kafka_lease.v1.ListMembersResponse
-	(*MemberInfo)(nil),            // 23: kafka_lease.v1.MemberInfo
-	(*ListLeasesRequest)(nil),     // 24: kafka_lease.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),    // 25: kafka_lease.v1.ListLeasesResponse
-	(*LeaseInfo)(nil),             // 26: kafka_lease.v1.LeaseInfo
-	(*durationpb.Duration)(nil),   // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 28: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 29: google.protobuf.Empty
+	(DeliveryOrder)(0),            // 2: kafka_lease.v1.DeliveryOrder
+	(AckType)(0),                  // 3: kafka_lease.v1.AckType
+	(AckOutcome)(0),               // 4: kafka_lease.v1.AckOutcome
+	(*AcquireRequest)(nil),        // 5: kafka_lease.v1.AcquireRequest
+	(*AcquireResponse)(nil),       // 6: kafka_lease.v1.AcquireResponse
+	(*ReadRequest)(nil),           // 7: kafka_lease.v1.ReadRequest
+	(*ReadResponse)(nil),          // 8: kafka_lease.v1.ReadResponse
+	(*KafkaRecord)(nil),           // 9: kafka_lease.v1.KafkaRecord
+	(*KafkaHeader)(nil),           // 10: kafka_lease.v1.KafkaHeader
+	(*SeekRequest)(nil),           // 11: kafka_lease.v1.SeekRequest
+	(*SeekResponse)(nil),          // 12: kafka_lease.v1.SeekResponse
+	(*CommitRequest)(nil),         // 13: kafka_lease.v1.CommitRequest
+	(*CommitResponse)(nil),        // 14: kafka_lease.v1.CommitResponse
+	(*ReleaseRequest)(nil),        // 15: kafka_lease.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),       // 16: kafka_lease.v1.ReleaseResponse
+	(*SubscribeRequest)(nil),      // 17: kafka_lease.v1.SubscribeRequest
+	(*SubscribeResponse)(nil),     // 18: kafka_lease.v1.SubscribeResponse
+	(*Joined)(nil),                // 19: kafka_lease.v1.Joined
+	(*Assigned)(nil),              // 20: kafka_lease.v1.Assigned
+	(*SubscribedRecords)(nil),     // 21: kafka_lease.v1.SubscribedRecords
+	(*Revoking)(nil),              // 22: kafka_lease.v1.Revoking
+	(*Revoked)(nil),               // 23: kafka_lease.v1.Revoked
+	(*ListMembersRequest)(nil),    // 24: kafka_lease.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),   // 25: kafka_lease.v1.ListMembersResponse
+	(*MemberInfo)(nil),            // 26: kafka_lease.v1.MemberInfo
+	(*ListLeasesRequest)(nil),     // 27: kafka_lease.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),    // 28: kafka_lease.v1.ListLeasesResponse
+	(*LeaseInfo)(nil),             // 29: kafka_lease.v1.LeaseInfo
+	(*QueueInfo)(nil),             // 30: kafka_lease.v1.QueueInfo
+	(*DeliverRequest)(nil),        // 31: kafka_lease.v1.DeliverRequest
+	(*DeliverResponse)(nil),       // 32: kafka_lease.v1.DeliverResponse
+	(*Delivery)(nil),              // 33: kafka_lease.v1.Delivery
+	(*AcknowledgeRequest)(nil),    // 34: kafka_lease.v1.AcknowledgeRequest
+	(*Acknowledgement)(nil),       // 35: kafka_lease.v1.Acknowledgement
+	(*AcknowledgeResponse)(nil),   // 36: kafka_lease.v1.AcknowledgeResponse
+	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),         // 39: google.protobuf.Empty
 }
 var file_kafka_lease_v1_partition_lease_proto_depIdxs = []int32{
-	27, // 0: kafka_lease.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	27, // 1: kafka_lease.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
+	37, // 0: kafka_lease.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	37, // 1: kafka_lease.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
 	0,  // 2: kafka_lease.v1.AcquireRequest.offset_reset:type_name -> kafka_lease.v1.OffsetReset
-	28, // 3: kafka_lease.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 4: kafka_lease.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
-	27, // 5: kafka_lease.v1.ReadRequest.max_wait:type_name -> google.protobuf.Duration
-	6,  // 6: kafka_lease.v1.ReadResponse.records:type_name -> kafka_lease.v1.KafkaRecord
-	7,  // 7: kafka_lease.v1.KafkaRecord.headers:type_name -> kafka_lease.v1.KafkaHeader
-	28, // 8: kafka_lease.v1.KafkaRecord.timestamp:type_name -> google.protobuf.Timestamp
+	38, // 3: kafka_lease.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	37, // 4: kafka_lease.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
+	37, // 5: kafka_lease.v1.ReadRequest.max_wait:type_name -> google.protobuf.Duration
+	9,  // 6: kafka_lease.v1.ReadResponse.records:type_name -> kafka_lease.v1.KafkaRecord
+	10, // 7: kafka_lease.v1.KafkaRecord.headers:type_name -> kafka_lease.v1.KafkaHeader
+	38, // 8: kafka_lease.v1.KafkaRecord.timestamp:type_name -> google.protobuf.Timestamp
 	1,  // 9: kafka_lease.v1.KafkaRecord.timestamp_type:type_name -> kafka_lease.v1.TimestampType
-	28, // 10: kafka_lease.v1.SeekRequest.timestamp:type_name -> google.protobuf.Timestamp
-	29, // 11: kafka_lease.v1.SeekRequest.earliest:type_name -> google.protobuf.Empty
-	29, // 12: kafka_lease.v1.SeekRequest.latest:type_name -> google.protobuf.Empty
-	29, // 13: kafka_lease.v1.SeekRequest.committed:type_name -> google.protobuf.Empty
-	27, // 14: kafka_lease.v1.SubscribeRequest.max_wait:type_name -> google.protobuf.Duration
+	38, // 10: kafka_lease.v1.SeekRequest.timestamp:type_name -> google.protobuf.Timestamp
+	39, // 11: kafka_lease.v1.SeekRequest.earliest:type_name -> google.protobuf.Empty
+	39, // 12: kafka_lease.v1.SeekRequest.latest:type_name -> google.protobuf.Empty
+	39, // 13: kafka_lease.v1.SeekRequest.committed:type_name -> google.protobuf.Empty
+	37, // 14: kafka_lease.v1.SubscribeRequest.max_wait:type_name -> google.protobuf.Duration
 	0,  // 15: kafka_lease.v1.SubscribeRequest.offset_reset:type_name -> kafka_lease.v1.OffsetReset
-	27, // 16: kafka_lease.v1.SubscribeRequest.revoke_grace:type_name -> google.protobuf.Duration
-	27, // 17: kafka_lease.v1.SubscribeRequest.session_grace:type_name -> google.protobuf.Duration
-	16, // 18: kafka_lease.v1.SubscribeResponse.joined:type_name -> kafka_lease.v1.Joined
-	17, // 19: kafka_lease.v1.SubscribeResponse.assigned:type_name -> kafka_lease.v1.Assigned
-	18, // 20: kafka_lease.v1.SubscribeResponse.records:type_name -> kafka_lease.v1.SubscribedRecords
-	19, // 21: kafka_lease.v1.SubscribeResponse.revoking:type_name -> kafka_lease.v1.Revoking
-	20, // 22: kafka_lease.v1.SubscribeResponse.revoked:type_name -> kafka_lease.v1.Revoked
-	6,  // 23: kafka_lease.v1.SubscribedRecords.records:type_name -> kafka_lease.v1.KafkaRecord
-	28, // 24: kafka_lease.v1.Revoking.deadline:type_name -> google.protobuf.Timestamp
-	23, // 25: kafka_lease.v1.ListMembersResponse.members:type_name -> kafka_lease.v1.MemberInfo
-	28, // 26: kafka_lease.v1.MemberInfo.joined_at:type_name -> google.protobuf.Timestamp
-	26, // 27: kafka_lease.v1.ListLeasesResponse.leases:type_name -> kafka_lease.v1.LeaseInfo
-	28, // 28: kafka_lease.v1.LeaseInfo.acquired_at:type_name -> google.protobuf.Timestamp
-	28, // 29: kafka_lease.v1.LeaseInfo.expires_at:type_name -> google.protobuf.Timestamp
-	2,  // 30: kafka_lease.v1.PartitionLeaseService.Acquire:input_type -> kafka_lease.v1.AcquireRequest
-	4,  // 31: kafka_lease.v1.PartitionLeaseService.Read:input_type -> kafka_lease.v1.ReadRequest
-	8,  // 32: kafka_lease.v1.PartitionLeaseService.Seek:input_type -> kafka_lease.v1.SeekRequest
-	10, // 33: kafka_lease.v1.PartitionLeaseService.Commit:input_type -> kafka_lease.v1.CommitRequest
-	12, // 34: kafka_lease.v1.PartitionLeaseService.Release:input_type -> kafka_lease.v1.ReleaseRequest
-	14, // 35: kafka_lease.v1.PartitionLeaseService.Subscribe:input_type -> kafka_lease.v1.SubscribeRequest
-	21, // 36: kafka_lease.v1.PartitionLeaseService.ListMembers:input_type -> kafka_lease.v1.ListMembersRequest
-	24, // 37: kafka_lease.v1.PartitionLeaseService.ListLeases:input_type -> kafka_lease.v1.ListLeasesRequest
-	3,  // 38: kafka_lease.v1.PartitionLeaseService.Acquire:output_type -> kafka_lease.v1.AcquireResponse
-	5,  // 39: kafka_lease.v1.PartitionLeaseService.Read:output_type -> kafka_lease.v1.ReadResponse
-	9,  // 40: kafka_lease.v1.PartitionLeaseService.Seek:output_type -> kafka_lease.v1.SeekResponse
-	11, // 41: kafka_lease.v1.PartitionLeaseService.Commit:output_type -> kafka_lease.v1.CommitResponse
-	13, // 42: kafka_lease.v1.PartitionLeaseService.Release:output_type -> kafka_lease.v1.ReleaseResponse
-	15, // 43: kafka_lease.v1.PartitionLeaseService.Subscribe:output_type -> kafka_lease.v1.SubscribeResponse
-	22, // 44: kafka_lease.v1.PartitionLeaseService.ListMembers:output_type -> kafka_lease.v1.ListMembersResponse
-	25, // 45: kafka_lease.v1.PartitionLeaseService.ListLeases:output_type -> kafka_lease.v1.ListLeasesResponse
-	38, // [38:46] is the sub-list for method output_type
-	30, // [30:38] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	37, // 16: kafka_lease.v1.SubscribeRequest.revoke_grace:type_name -> google.protobuf.Duration
+	37, // 17: kafka_lease.v1.SubscribeRequest.session_grace:type_name -> google.protobuf.Duration
+	19, // 18: kafka_lease.v1.SubscribeResponse.joined:type_name -> kafka_lease.v1.Joined
+	20, // 19: kafka_lease.v1.SubscribeResponse.assigned:type_name -> kafka_lease.v1.Assigned
+	21, // 20: kafka_lease.v1.SubscribeResponse.records:type_name -> kafka_lease.v1.SubscribedRecords
+	22, // 21: kafka_lease.v1.SubscribeResponse.revoking:type_name -> kafka_lease.v1.Revoking
+	23, // 22: kafka_lease.v1.SubscribeResponse.revoked:type_name -> kafka_lease.v1.Revoked
+	9,  // 23: kafka_lease.v1.SubscribedRecords.records:type_name -> kafka_lease.v1.KafkaRecord
+	38, // 24: kafka_lease.v1.Revoking.deadline:type_name -> google.protobuf.Timestamp
+	26, // 25: kafka_lease.v1.ListMembersResponse.members:type_name -> kafka_lease.v1.MemberInfo
+	38, // 26: kafka_lease.v1.MemberInfo.joined_at:type_name -> google.protobuf.Timestamp
+	29, // 27: kafka_lease.v1.ListLeasesResponse.leases:type_name -> kafka_lease.v1.LeaseInfo
+	38, // 28: kafka_lease.v1.LeaseInfo.acquired_at:type_name -> google.protobuf.Timestamp
+	38, // 29: kafka_lease.v1.LeaseInfo.expires_at:type_name -> google.protobuf.Timestamp
+	30, // 30: kafka_lease.v1.LeaseInfo.queue:type_name -> kafka_lease.v1.QueueInfo
+	2,  // 31: kafka_lease.v1.QueueInfo.ordering:type_name -> kafka_lease.v1.DeliveryOrder
+	37, // 32: kafka_lease.v1.QueueInfo.oldest_in_flight:type_name -> google.protobuf.Duration
+	2,  // 33: kafka_lease.v1.DeliverRequest.ordering:type_name -> kafka_lease.v1.DeliveryOrder
+	37, // 34: kafka_lease.v1.DeliverRequest.ack_deadline:type_name -> google.protobuf.Duration
+	33, // 35: kafka_lease.v1.DeliverResponse.deliveries:type_name -> kafka_lease.v1.Delivery
+	9,  // 36: kafka_lease.v1.Delivery.record:type_name -> kafka_lease.v1.KafkaRecord
+	38, // 37: kafka_lease.v1.Delivery.deadline:type_name -> google.protobuf.Timestamp
+	35, // 38: kafka_lease.v1.AcknowledgeRequest.acknowledgements:type_name -> kafka_lease.v1.Acknowledgement
+	3,  // 39: kafka_lease.v1.Acknowledgement.type:type_name -> kafka_lease.v1.AckType
+	37, // 40: kafka_lease.v1.Acknowledgement.retry_delay:type_name -> google.protobuf.Duration
+	4,  // 41: kafka_lease.v1.AcknowledgeResponse.outcomes:type_name -> kafka_lease.v1.AckOutcome
+	5,  // 42: kafka_lease.v1.PartitionLeaseService.Acquire:input_type -> kafka_lease.v1.AcquireRequest
+	7,  // 43: kafka_lease.v1.PartitionLeaseService.Read:input_type -> kafka_lease.v1.ReadRequest
+	11, // 44: kafka_lease.v1.PartitionLeaseService.Seek:input_type -> kafka_lease.v1.SeekRequest
+	13, // 45: kafka_lease.v1.PartitionLeaseService.Commit:input_type -> kafka_lease.v1.CommitRequest
+	15, // 46: kafka_lease.v1.PartitionLeaseService.Release:input_type -> kafka_lease.v1.ReleaseRequest
+	17, // 47: kafka_lease.v1.PartitionLeaseService.Subscribe:input_type -> kafka_lease.v1.SubscribeRequest
+	24, // 48: kafka_lease.v1.PartitionLeaseService.ListMembers:input_type -> kafka_lease.v1.ListMembersRequest
+	27, // 49: kafka_lease.v1.PartitionLeaseService.ListLeases:input_type -> kafka_lease.v1.ListLeasesRequest
+	31, // 50: kafka_lease.v1.PartitionLeaseService.Deliver:input_type -> kafka_lease.v1.DeliverRequest
+	34, // 51: kafka_lease.v1.PartitionLeaseService.Acknowledge:input_type -> kafka_lease.v1.AcknowledgeRequest
+	6,  // 52: kafka_lease.v1.PartitionLeaseService.Acquire:output_type -> kafka_lease.v1.AcquireResponse
+	8,  // 53: kafka_lease.v1.PartitionLeaseService.Read:output_type -> kafka_lease.v1.ReadResponse
+	12, // 54: kafka_lease.v1.PartitionLeaseService.Seek:output_type -> kafka_lease.v1.SeekResponse
+	14, // 55: kafka_lease.v1.PartitionLeaseService.Commit:output_type -> kafka_lease.v1.CommitResponse
+	16, // 56: kafka_lease.v1.PartitionLeaseService.Release:output_type -> kafka_lease.v1.ReleaseResponse
+	18, // 57: kafka_lease.v1.PartitionLeaseService.Subscribe:output_type -> kafka_lease.v1.SubscribeResponse
+	25, // 58: kafka_lease.v1.PartitionLeaseService.ListMembers:output_type -> kafka_lease.v1.ListMembersResponse
+	28, // 59: kafka_lease.v1.PartitionLeaseService.ListLeases:output_type -> kafka_lease.v1.ListLeasesResponse
+	32, // 60: kafka_lease.v1.PartitionLeaseService.Deliver:output_type -> kafka_lease.v1.DeliverResponse
+	36, // 61: kafka_lease.v1.PartitionLeaseService.Acknowledge:output_type -> kafka_lease.v1.AcknowledgeResponse
+	52, // [52:62] is the sub-list for method output_type
+	42, // [42:52] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_kafka_lease_v1_partition_lease_proto_init() }
@@ -2693,8 +3487,8 @@ func file_kafka_lease_v1_partition_lease_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kafka_lease_v1_partition_lease_proto_rawDesc), len(file_kafka_lease_v1_partition_lease_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   25,
+			NumEnums:      5,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -49,6 +49,8 @@ const (
 	PartitionLeaseService_Subscribe_FullMethodName   = "/kafka_lease.v1.PartitionLeaseService/Subscribe"
 	PartitionLeaseService_ListMembers_FullMethodName = "/kafka_lease.v1.PartitionLeaseService/ListMembers"
 	PartitionLeaseService_ListLeases_FullMethodName  = "/kafka_lease.v1.PartitionLeaseService/ListLeases"
+	PartitionLeaseService_Deliver_FullMethodName     = "/kafka_lease.v1.PartitionLeaseService/Deliver"
+	PartitionLeaseService_Acknowledge_FullMethodName = "/kafka_lease.v1.PartitionLeaseService/Acknowledge"
 )
 
 // PartitionLeaseServiceClient is the client API for PartitionLeaseService service.
@@ -152,6 +154,48 @@ type PartitionLeaseServiceClient interface {
 	// asked of at most 8 instances at once, each bounded by 2 s; a lease whose instance did
 	// not answer says why in `details_unavailable`.
 	ListLeases(ctx context.Context, in *ListLeasesRequest, opts ...grpc.CallOption) (*ListLeasesResponse, error)
+	// Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+	// Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+	// the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+	// flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+	// by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+	// its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+	// letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+	// RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+	//
+	// The gateway commits for the client: the committed offset is the lowest record not done,
+	// and the records done above it, with the attempts of those delivered and not done, travel
+	// in the commit's metadata beside the fencing token (fenced as every commit). The next
+	// holder of the partition, on any gateway, skips what is done and delivers the rest with
+	// their attempts carried over. It commits about once a second while something changed, and
+	// before Release ends the lease. A record is done once accepted, or once the broker has
+	// acknowledged its copy in the dead letter topic.
+	//
+	// The first Deliver puts the lease in queue mode for the rest of its life: from then on
+	// Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+	// (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+	// settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+	// in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+	// the lease alive, as a Read does. The stream ends as a Read's does.
+	//
+	// Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+	// NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+	// lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+	// group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+	// UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+	Deliver(ctx context.Context, in *DeliverRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DeliverResponse], error)
+	// Answers deliveries of a lease in queue mode, from any connection and through any
+	// gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+	// comes back in the same position: an answer for a delivery that is no longer in flight
+	// (its deadline passed and it was delivered again, or it is done) is STALE and changes
+	// nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+	// answers (the record was handled).
+	//
+	// Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+	// reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+	// lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+	// on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+	Acknowledge(ctx context.Context, in *AcknowledgeRequest, opts ...grpc.CallOption) (*AcknowledgeResponse, error)
 }
 
 type partitionLeaseServiceClient struct {
@@ -260,6 +304,35 @@ func (c *partitionLeaseServiceClient) ListLeases(ctx context.Context, in *ListLe
 	return out, nil
 }
 
+func (c *partitionLeaseServiceClient) Deliver(ctx context.Context, in *DeliverRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DeliverResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PartitionLeaseService_ServiceDesc.Streams[2], PartitionLeaseService_Deliver_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DeliverRequest, DeliverResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PartitionLeaseService_DeliverClient = grpc.ServerStreamingClient[DeliverResponse]
+
+func (c *partitionLeaseServiceClient) Acknowledge(ctx context.Context, in *AcknowledgeRequest, opts ...grpc.CallOption) (*AcknowledgeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcknowledgeResponse)
+	err := c.cc.Invoke(ctx, PartitionLeaseService_Acknowledge_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PartitionLeaseServiceServer is the server API for PartitionLeaseService service.
 // All implementations must embed UnimplementedPartitionLeaseServiceServer
 // for forward compatibility.
@@ -361,6 +434,48 @@ type PartitionLeaseServiceServer interface {
 	// asked of at most 8 instances at once, each bounded by 2 s; a lease whose instance did
 	// not answer says why in `details_unavailable`.
 	ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error)
+	// Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+	// Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+	// the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+	// flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+	// by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+	// its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+	// letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+	// RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+	//
+	// The gateway commits for the client: the committed offset is the lowest record not done,
+	// and the records done above it, with the attempts of those delivered and not done, travel
+	// in the commit's metadata beside the fencing token (fenced as every commit). The next
+	// holder of the partition, on any gateway, skips what is done and delivers the rest with
+	// their attempts carried over. It commits about once a second while something changed, and
+	// before Release ends the lease. A record is done once accepted, or once the broker has
+	// acknowledged its copy in the dead letter topic.
+	//
+	// The first Deliver puts the lease in queue mode for the rest of its life: from then on
+	// Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+	// (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+	// settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+	// in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+	// the lease alive, as a Read does. The stream ends as a Read's does.
+	//
+	// Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+	// NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+	// lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+	// group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+	// UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+	Deliver(*DeliverRequest, grpc.ServerStreamingServer[DeliverResponse]) error
+	// Answers deliveries of a lease in queue mode, from any connection and through any
+	// gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+	// comes back in the same position: an answer for a delivery that is no longer in flight
+	// (its deadline passed and it was delivered again, or it is done) is STALE and changes
+	// nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+	// answers (the record was handled).
+	//
+	// Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+	// reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+	// lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+	// on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+	Acknowledge(context.Context, *AcknowledgeRequest) (*AcknowledgeResponse, error)
 	mustEmbedUnimplementedPartitionLeaseServiceServer()
 }
 
@@ -394,6 +509,12 @@ func (UnimplementedPartitionLeaseServiceServer) ListMembers(context.Context, *Li
 }
 func (UnimplementedPartitionLeaseServiceServer) ListLeases(context.Context, *ListLeasesRequest) (*ListLeasesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListLeases not implemented")
+}
+func (UnimplementedPartitionLeaseServiceServer) Deliver(*DeliverRequest, grpc.ServerStreamingServer[DeliverResponse]) error {
+	return status.Error(codes.Unimplemented, "method Deliver not implemented")
+}
+func (UnimplementedPartitionLeaseServiceServer) Acknowledge(context.Context, *AcknowledgeRequest) (*AcknowledgeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Acknowledge not implemented")
 }
 func (UnimplementedPartitionLeaseServiceServer) mustEmbedUnimplementedPartitionLeaseServiceServer() {}
 func (UnimplementedPartitionLeaseServiceServer) testEmbeddedByValue()                               {}
@@ -546,6 +667,35 @@ func _PartitionLeaseService_ListLeases_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PartitionLeaseService_Deliver_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DeliverRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(PartitionLeaseServiceServer).Deliver(m, &grpc.GenericServerStream[DeliverRequest, DeliverResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PartitionLeaseService_DeliverServer = grpc.ServerStreamingServer[DeliverResponse]
+
+func _PartitionLeaseService_Acknowledge_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcknowledgeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PartitionLeaseServiceServer).Acknowledge(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PartitionLeaseService_Acknowledge_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PartitionLeaseServiceServer).Acknowledge(ctx, req.(*AcknowledgeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PartitionLeaseService_ServiceDesc is the grpc.ServiceDesc for PartitionLeaseService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -577,6 +727,10 @@ var PartitionLeaseService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ListLeases",
 			Handler:    _PartitionLeaseService_ListLeases_Handler,
 		},
+		{
+			MethodName: "Acknowledge",
+			Handler:    _PartitionLeaseService_Acknowledge_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -587,6 +741,11 @@ var PartitionLeaseService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Subscribe",
 			Handler:       _PartitionLeaseService_Subscribe_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Deliver",
+			Handler:       _PartitionLeaseService_Deliver_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -7,7 +7,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity
 
 use crate::connection::{Connection, Transport};
 use crate::convert::Reset;
-use crate::convert::{duration_to_proto, system_time_from_proto};
+use crate::convert::{duration_from_proto, duration_to_proto, system_time_from_proto};
 use crate::error::{Error, Result, StatusDetails};
 use crate::lease::Lease;
 use crate::subscription::{SubscribeOptions, Subscription};
@@ -467,6 +467,49 @@ pub struct LeaseInfo {
     pub gateway_address: Option<String>,
     /// The member id of the subscription holding the lease; `None` for an Acquire lease.
     pub member_id: Option<String>,
+    /// Its deliveries, for a lease in queue mode (a live detail).
+    pub queue: Option<QueueInfo>,
+}
+
+/// A queue-mode lease's deliveries, as ListLeases shows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueInfo {
+    /// The ordering the queue was opened with.
+    pub ordering: crate::Ordering,
+    /// Deliveries handed out and not answered.
+    pub in_flight: u32,
+    /// How long the oldest of them has been out.
+    pub oldest_in_flight: Option<Duration>,
+    /// Records fetched and waiting to be handed out.
+    pub waiting: u32,
+    /// Deliveries since the queue opened on this lease.
+    pub deliveries: u64,
+    /// Of those, deliveries of a record delivered before.
+    pub redeliveries: u64,
+    /// Records written to the dead letter topic.
+    pub dead_letters: u64,
+    /// The dead letter topic.
+    pub dead_letter_topic: String,
+}
+
+impl From<proto::QueueInfo> for QueueInfo {
+    fn from(info: proto::QueueInfo) -> Self {
+        QueueInfo {
+            ordering: match proto::DeliveryOrder::try_from(info.ordering) {
+                Ok(proto::DeliveryOrder::Key) => crate::Ordering::Key,
+                Ok(proto::DeliveryOrder::Unordered) => crate::Ordering::Unordered,
+                _ => crate::Ordering::Partition,
+            },
+            in_flight: info.in_flight,
+            oldest_in_flight: duration_from_proto(info.oldest_in_flight),
+            waiting: info.waiting,
+            deliveries: info.deliveries,
+            redeliveries: info.redeliveries,
+            dead_letters: info.dead_letters,
+            dead_letter_topic: info.dead_letter_topic,
+        }
+    }
 }
 
 impl From<proto::LeaseInfo> for LeaseInfo {
@@ -488,6 +531,7 @@ impl From<proto::LeaseInfo> for LeaseInfo {
             details_unavailable: Some(info.details_unavailable).filter(|s| !s.is_empty()),
             gateway_address: Some(info.gateway_address).filter(|s| !s.is_empty()),
             member_id: Some(info.member_id).filter(|s| !s.is_empty()),
+            queue: info.queue.map(QueueInfo::from),
         }
     }
 }
@@ -575,7 +619,24 @@ mod tests {
             details_unavailable: String::new(),
             gateway_address: "10.0.0.7:50051".into(),
             member_id: String::new(),
+            queue: Some(proto::QueueInfo {
+                ordering: proto::DeliveryOrder::Key as i32,
+                in_flight: 3,
+                oldest_in_flight: Some(prost_types::Duration {
+                    seconds: 2,
+                    nanos: 0,
+                }),
+                waiting: 7,
+                deliveries: 100,
+                redeliveries: 4,
+                dead_letters: 1,
+                dead_letter_topic: "dlq.g.t".into(),
+            }),
         });
+        let queue = info.queue.as_ref().expect("queue");
+        assert_eq!(queue.ordering, crate::Ordering::Key);
+        assert_eq!(queue.oldest_in_flight, Some(Duration::from_secs(2)));
+        assert_eq!((queue.in_flight, queue.redeliveries), (3, 4));
         assert_eq!(info.details_unavailable, None);
         assert_eq!(info.gateway_address.as_deref(), Some("10.0.0.7:50051"));
         assert_eq!(info.acquired_at, UNIX_EPOCH + Duration::from_secs(100));

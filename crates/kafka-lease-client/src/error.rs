@@ -95,6 +95,10 @@ pub enum Reason {
     /// topic, or the lease belongs to another identity (code PERMISSION_DENIED, metadata
     /// `identity`, `action`, `group`, `topic`).
     ActionDenied,
+    /// `WRONG_MODE`: the call does not fit the lease's mode: Read, Seek or Commit on a lease
+    /// in queue mode, Acknowledge on one that is not (code FAILED_PRECONDITION, metadata
+    /// `lease_ref`, `mode`).
+    WrongMode,
     /// A reason this version of the crate does not know, as the gateway spelled it.
     Unknown(String),
 }
@@ -128,6 +132,7 @@ impl Reason {
             Some(R::LeaseRevoked) => Reason::LeaseRevoked,
             Some(R::NotAuthenticated) => Reason::NotAuthenticated,
             Some(R::ActionDenied) => Reason::ActionDenied,
+            Some(R::WrongMode) => Reason::WrongMode,
             Some(R::Unspecified) | None => Reason::Unknown(name.to_owned()),
         }
     }
@@ -159,6 +164,7 @@ impl Reason {
             Reason::LeaseRevoked => R::LeaseRevoked,
             Reason::NotAuthenticated => R::NotAuthenticated,
             Reason::ActionDenied => R::ActionDenied,
+            Reason::WrongMode => R::WrongMode,
             Reason::Unknown(name) => return name,
         };
         known.as_str_name()

@@ -28,7 +28,7 @@ const DEFAULT_TTL: Duration = Duration::from_secs(10);
 ///
 /// Its `Debug` output leaves out the lease id, which is a bearer credential.
 pub struct Lease {
-    client: Connection,
+    pub(crate) client: Connection,
     lease_id: String,
     group: String,
     topic: String,

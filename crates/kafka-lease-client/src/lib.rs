@@ -78,6 +78,7 @@ mod connection;
 mod convert;
 mod error;
 mod lease;
+mod queue;
 mod stream;
 mod subscription;
 
@@ -85,11 +86,15 @@ mod subscription;
 pub use kafka_lease_proto::v1 as proto;
 
 pub use client::{
-    AcquireOptions, Client, ClientTls, LeaseFilter, LeaseInfo, DEFAULT_ACQUIRE_RETRIES,
+    AcquireOptions, Client, ClientTls, LeaseFilter, LeaseInfo, QueueInfo, DEFAULT_ACQUIRE_RETRIES,
 };
 pub use connection::{Credentials, Transport, DEFAULT_MAX_DECODING_MESSAGE_SIZE};
 pub use convert::Reset;
 pub use error::{Error, Reason, Result, StatusDetails, ERROR_DOMAIN};
 pub use lease::{Lease, ReadOptions, SeekOutcome, SeekTo};
+pub use queue::{
+    AckOutcome, ConsumeOptions, ConsumeStats, Deliveries, Delivery, HandlerError, Ordering,
+    QueueOptions,
+};
 pub use stream::{Batch, EpochFilter, Record, RecordStream};
 pub use subscription::{Partition, SubscribeOptions, Subscription, SubscriptionEvent};

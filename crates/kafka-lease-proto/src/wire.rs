@@ -8,7 +8,8 @@
 //! decodes an `Encoded<v1::ReadResponse>` as a `v1::ReadResponse`.
 //!
 //! The server generated in [`crate::encoded`] is `PartitionLeaseService` with
-//! [`EncodedReadResponse`] and [`EncodedSubscribeResponse`] in place of the two messages.
+//! [`EncodedReadResponse`], [`EncodedSubscribeResponse`] and [`EncodedDeliverResponse`] in place
+//! of the three messages.
 
 use std::marker::PhantomData;
 
@@ -27,6 +28,8 @@ pub struct Encoded<T> {
 pub type EncodedReadResponse = Encoded<crate::v1::ReadResponse>;
 /// The server's `SubscribeResponse`.
 pub type EncodedSubscribeResponse = Encoded<crate::v1::SubscribeResponse>;
+/// The server's `DeliverResponse`.
+pub type EncodedDeliverResponse = Encoded<crate::v1::DeliverResponse>;
 
 impl<T> Encoded<T> {
     /// The message whose encoding is `parts`, concatenated. The caller vouches that they

@@ -20,6 +20,9 @@ use crate::kafka::{Kafka, KafkaSettings};
 /// The sample topic's name and partition count.
 pub const DEMO_TOPIC: &str = "demo";
 pub const DEMO_PARTITIONS: i32 = 4;
+/// The dead letter topic queue mode defaults to for the walkthrough's group
+/// (`dlq.<group>.<topic>`), so a Deliver on a `demo-group` lease opens as it is.
+pub const DEMO_DEAD_LETTERS: &str = "dlq.demo-group.demo";
 
 /// A running mock cluster holding the sample topic. Dropping it stops the cluster.
 pub struct DevKafka {
@@ -49,6 +52,9 @@ impl DevKafka {
         cluster
             .create_topic(DEMO_TOPIC, DEMO_PARTITIONS, 1)
             .map_err(fail("creating the demo topic"))?;
+        cluster
+            .create_topic(DEMO_DEAD_LETTERS, 1, 1)
+            .map_err(fail("creating the demo dead letter topic"))?;
         let producer: FutureProducer = ClientConfig::new()
             .set("bootstrap.servers", cluster.bootstrap_servers())
             .set("linger.ms", "5")

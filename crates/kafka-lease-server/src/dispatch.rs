@@ -124,6 +124,12 @@ impl Dispatcher {
         (self.in_flight, self.in_flight_bytes)
     }
 
+    /// The attempt of `offset`'s delivery in flight, if it is in flight.
+    pub fn in_flight_attempt(&self, offset: i64) -> Option<u32> {
+        let record = self.records.get(&offset)?;
+        matches!(record.state, State::InFlight { .. }).then_some(record.attempts)
+    }
+
     /// Deliveries `offset` has had.
     pub fn attempts(&self, offset: i64) -> u32 {
         self.records.get(&offset).map_or(0, |r| r.attempts)

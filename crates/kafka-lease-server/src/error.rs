@@ -123,8 +123,21 @@ pub enum LeaseError {
         high: i64,
     },
 
-    #[error("superseded: a newer Read was opened on lease {lease_ref:?}")]
+    #[error("superseded: a newer Read or Deliver was opened on lease {lease_ref:?}")]
     Superseded { lease_ref: String },
+
+    /// A call that does not fit the lease's mode (queue mode, or not).
+    #[error("{message}")]
+    WrongMode {
+        lease_ref: String,
+        /// The lease's mode: "queue" or "read".
+        mode: &'static str,
+        message: String,
+    },
+
+    /// A Deliver named (or defaulted to) a dead letter topic that does not exist.
+    #[error("dead letter topic {topic:?} does not exist: create it, or name another in the Deliver's dead_letter_topic")]
+    DeadLetterTopicNotFound { topic: String },
 
     #[error("the gateway is shutting down; retry on another instance")]
     ShuttingDown,

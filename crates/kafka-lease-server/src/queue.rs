@@ -157,6 +157,21 @@ impl Queue {
         self.dispatcher.renew(offset, deadline)
     }
 
+    /// Whether records are due for the dead letter topic ([`Queue::take_dead_letters`]).
+    pub fn dead_letters_due(&self) -> bool {
+        !self.dead_letters.is_empty()
+    }
+
+    /// The attempt of `offset`'s delivery in flight, if it is in flight.
+    pub fn in_flight_attempt(&self, offset: i64) -> Option<u32> {
+        self.dispatcher.in_flight_attempt(offset)
+    }
+
+    /// Records in flight, and their bytes.
+    pub fn in_flight(&self) -> (usize, usize) {
+        self.dispatcher.in_flight()
+    }
+
     /// Deliveries `offset` has had.
     pub fn attempts(&self, offset: i64) -> u32 {
         self.dispatcher.attempts(offset)

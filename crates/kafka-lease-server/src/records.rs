@@ -8,7 +8,9 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_lease_proto::v1;
-use kafka_lease_proto::wire::{EncodedReadResponse, EncodedSubscribeResponse};
+use kafka_lease_proto::wire::{
+    EncodedDeliverResponse, EncodedReadResponse, EncodedSubscribeResponse,
+};
 use prost::encoding::{encode_varint, encoded_len_varint};
 use rdkafka::message::{Headers, Message};
 
@@ -289,11 +291,141 @@ impl EncodedRecords {
         EncodedSubscribeResponse::from_parts(vec![head.freeze(), records.freeze()])
     }
 
+    /// The records one by one, each as its own `KafkaRecord` field (key byte, length and
+    /// body), sharing the batch's buffer: what queue mode keeps per record.
+    pub fn into_records(self) -> Vec<OneRecord> {
+        let all = self.buf.freeze();
+        let mut records = Vec::with_capacity(self.count);
+        let mut at = 0;
+        while at < all.len() {
+            let mut rest = &all[at + 1..];
+            let before = rest.len();
+            let len = prost::encoding::decode_varint(&mut rest)
+                .expect("a record's length prefix, written by push") as usize;
+            let body_at = at + 1 + (before - rest.len());
+            let field = all.slice(at..body_at + len);
+            let (offset, key) = offset_and_key(&all[body_at..body_at + len]);
+            records.push(OneRecord { offset, key, field });
+            at = body_at + len;
+        }
+        records
+    }
+
     /// The records, decoded (for tests and tools; the Read path never decodes).
     pub fn decode(&self) -> Vec<v1::KafkaRecord> {
         let response: v1::ReadResponse = prost::Message::decode(Bytes::copy_from_slice(&self.buf))
             .expect("records encoded by push decode");
         response.records
+    }
+}
+
+/// One record of a batch, as [`EncodedRecords::into_records`] splits it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OneRecord {
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    /// The record as a length-delimited field 1: `ReadResponse.records` and
+    /// `Delivery.record` alike.
+    pub field: Bytes,
+}
+
+impl OneRecord {
+    /// The record, decoded (for a dead letter's copy).
+    pub fn decode(&self) -> v1::KafkaRecord {
+        let response: v1::ReadResponse =
+            prost::Message::decode(self.field.clone()).expect("a record encoded by push");
+        response.records.into_iter().next().unwrap_or_default()
+    }
+}
+
+/// The offset and key of a `KafkaRecord` body written by [`EncodedRecords::push`] (offset,
+/// then key: the first two fields when present).
+fn offset_and_key(mut body: &[u8]) -> (i64, Option<Vec<u8>>) {
+    use prost::encoding::{decode_key, decode_varint, WireType};
+    let mut offset = 0;
+    while !body.is_empty() {
+        let Ok((field, wire_type)) = decode_key(&mut body) else {
+            break;
+        };
+        match (field, wire_type) {
+            (1, WireType::Varint) => {
+                offset = decode_varint(&mut body).unwrap_or_default() as i64;
+            }
+            (2, WireType::LengthDelimited) => {
+                let len = decode_varint(&mut body).unwrap_or_default() as usize;
+                return (offset, body.get(..len).map(<[u8]>::to_vec));
+            }
+            // Past the key's place: the record has none.
+            _ => break,
+        }
+    }
+    (offset, None)
+}
+
+/// `DeliverResponse`'s fields: `deliveries`, and `Delivery`'s `record`, `attempt`,
+/// `deadline`; `high_watermark`.
+const DELIVER_DELIVERIES: u8 = 1;
+const DELIVER_HIGH_WATERMARK: u8 = 2;
+const DELIVERY_ATTEMPT: u8 = 2;
+const DELIVERY_DEADLINE: u8 = 3;
+
+/// A `DeliverResponse` built from records kept as [`OneRecord::field`]: each delivery's
+/// record goes out as the bytes fetched, not copied.
+#[derive(Debug, Default)]
+pub struct DeliverBatch {
+    parts: Vec<Bytes>,
+    count: usize,
+    wire_len: usize,
+}
+
+impl DeliverBatch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a delivery of `record` (a [`OneRecord::field`]), its `attempt`, and its
+    /// deadline as a `google.protobuf.Timestamp` (seconds, nanos).
+    pub fn push(&mut self, record: &Bytes, attempt: u32, deadline: (i64, i32)) {
+        let mut tail = BytesMut::with_capacity(24);
+        put_int(&mut tail, DELIVERY_ATTEMPT, i64::from(attempt));
+        let (seconds, nanos) = deadline;
+        let timestamp_len = int_field_len(seconds) + int_field_len(i64::from(nanos));
+        tail.put_u8(key(DELIVERY_DEADLINE, LENGTH_DELIMITED));
+        encode_varint(timestamp_len as u64, &mut tail);
+        put_int(&mut tail, 1, seconds);
+        put_int(&mut tail, 2, i64::from(nanos));
+        let body_len = record.len() + tail.len();
+        let mut head = BytesMut::with_capacity(11);
+        head.put_u8(key(DELIVER_DELIVERIES, LENGTH_DELIMITED));
+        encode_varint(body_len as u64, &mut head);
+        self.wire_len += head.len() + body_len;
+        self.parts.push(head.freeze());
+        self.parts.push(record.clone());
+        self.parts.push(tail.freeze());
+        self.count += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The bytes the deliveries take in the response.
+    pub fn wire_len(&self) -> usize {
+        self.wire_len
+    }
+
+    /// The deliveries as a `DeliverResponse`.
+    pub fn into_response(mut self, high_watermark: i64) -> EncodedDeliverResponse {
+        let mut fields = BytesMut::with_capacity(11);
+        put_int(&mut fields, DELIVER_HIGH_WATERMARK, high_watermark);
+        if !fields.is_empty() {
+            self.parts.push(fields.freeze());
+        }
+        EncodedDeliverResponse::from_parts(self.parts)
     }
 }
 
@@ -303,6 +435,68 @@ mod tests {
     use proptest::prelude::*;
     use prost::Message as _;
     use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+
+    #[test]
+    fn records_split_one_by_one_and_deliveries_decode_as_prost_encodes_them() {
+        let mut batch = EncodedRecords::new();
+        let with_key = OwnedMessage::new(
+            Some(b"v".to_vec()),
+            Some(b"k".to_vec()),
+            "t".into(),
+            rdkafka::Timestamp::CreateTime(1_700_000_000_123),
+            0,
+            7,
+            None,
+        );
+        let without_key = OwnedMessage::new(
+            None,
+            None,
+            "t".into(),
+            rdkafka::Timestamp::NotAvailable,
+            0,
+            8,
+            None,
+        );
+        batch.push(&Prepared::of(&with_key));
+        batch.push(&Prepared::of(&without_key));
+        let records = batch.into_records();
+        assert_eq!(records.len(), 2);
+        assert_eq!(
+            (records[0].offset, records[0].key.as_deref()),
+            (7, Some(&b"k"[..]))
+        );
+        assert_eq!((records[1].offset, records[1].key.as_deref()), (8, None));
+        assert_eq!(records[0].decode(), as_prost(&with_key));
+
+        let mut deliveries = DeliverBatch::new();
+        deliveries.push(&records[0].field, 3, (1_700_000_030, 5));
+        deliveries.push(&records[1].field, 1, (1_700_000_031, 0));
+        let wire_len = deliveries.wire_len();
+        let encoded = deliveries.into_response(42).to_bytes();
+        let expected = v1::DeliverResponse {
+            deliveries: vec![
+                v1::Delivery {
+                    record: Some(as_prost(&with_key)),
+                    attempt: 3,
+                    deadline: Some(prost_types::Timestamp {
+                        seconds: 1_700_000_030,
+                        nanos: 5,
+                    }),
+                },
+                v1::Delivery {
+                    record: Some(as_prost(&without_key)),
+                    attempt: 1,
+                    deadline: Some(prost_types::Timestamp {
+                        seconds: 1_700_000_031,
+                        nanos: 0,
+                    }),
+                },
+            ],
+            high_watermark: 42,
+        };
+        assert_eq!(encoded, expected.encode_to_vec());
+        assert_eq!(wire_len + 2, encoded.len());
+    }
 
     /// `message` as the previous Read path built it with prost.
     fn as_prost(message: &OwnedMessage) -> v1::KafkaRecord {

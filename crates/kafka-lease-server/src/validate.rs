@@ -96,11 +96,16 @@ pub fn group(value: &str) -> Result<(), LeaseError> {
 
 /// A Kafka topic name: 1..=249 characters of `[A-Za-z0-9._-]`, not `.` or `..`.
 pub fn topic(value: &str) -> Result<(), LeaseError> {
-    kafka_name("topic", "topic name", value)?;
+    topic_field("topic", value)
+}
+
+/// A topic name in request field `field` (the rules of [`topic`]).
+pub fn topic_field(field: &'static str, value: &str) -> Result<(), LeaseError> {
+    kafka_name(field, "topic name", value)?;
     if value == "." || value == ".." {
         return Err(invalid(
-            "topic",
-            format!("topic {} is not allowed", shown(value)),
+            field,
+            format!("{field} {} is not allowed", shown(value)),
         ));
     }
     Ok(())
@@ -272,6 +277,20 @@ pub fn count_in(
         v => Ok(v),
     }
 }
+
+/// Queue mode's limits (DeliverRequest, Acknowledge).
+pub const DEFAULT_MAX_IN_FLIGHT: u32 = 64;
+pub const MAX_MAX_IN_FLIGHT: u32 = 10_000;
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: u32 = 4 * 1024 * 1024;
+pub const MAX_MAX_IN_FLIGHT_BYTES: u32 = 64 * 1024 * 1024;
+pub const DEFAULT_ACK_DEADLINE: Duration = Duration::from_secs(30);
+pub const MIN_ACK_DEADLINE: Duration = Duration::from_secs(1);
+pub const MAX_ACK_DEADLINE: Duration = Duration::from_secs(3600);
+pub const DEFAULT_MAX_DELIVERIES: u32 = 5;
+pub const MAX_MAX_DELIVERIES: u32 = 100;
+pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
+pub const MAX_REASON_BYTES: usize = 1024;
+pub const MAX_ACKNOWLEDGEMENTS: usize = 10_000;
 
 /// ListLeases' `page_size`: 0 means the default.
 pub const DEFAULT_PAGE_SIZE: u32 = 1_000;

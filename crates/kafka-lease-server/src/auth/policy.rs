@@ -15,10 +15,13 @@ pub enum Action {
     Release,
     Subscribe,
     List,
+    /// Writing a queue's dead letters: checked against the group and the dead letter topic
+    /// when a Deliver opens queue mode.
+    DeadLetter,
 }
 
 impl Action {
-    pub const ALL: [Action; 7] = [
+    pub const ALL: [Action; 8] = [
         Action::Acquire,
         Action::Read,
         Action::Seek,
@@ -26,6 +29,7 @@ impl Action {
         Action::Release,
         Action::Subscribe,
         Action::List,
+        Action::DeadLetter,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -37,6 +41,7 @@ impl Action {
             Action::Release => "release",
             Action::Subscribe => "subscribe",
             Action::List => "list",
+            Action::DeadLetter => "dead_letter",
         }
     }
 
@@ -348,7 +353,7 @@ mod tests {
         );
         assert_eq!(
             allow(r#"["a"]"#, r#"["g"]"#, r#"["delete"]"#),
-            r#"allow[0].actions has "delete"; allowed: acquire, read, seek, commit, release, subscribe, list, or "*" for all"#
+            r#"allow[0].actions has "delete"; allowed: acquire, read, seek, commit, release, subscribe, list, dead_letter, or "*" for all"#
         );
         assert_eq!(
             Policy::parse("[gateways]\nidentities = [\"\"]")

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use crate::error::{EndReason, LeaseError};
 use crate::lease::{
-    lease_ref, serving_instance, Lease, ReadFrom, ReadLimits, ReadStream, SeekEpoch,
+    lease_ref, serving_instance, Ack, AckOutcome, DeliverSettings, DeliverStream, Lease, ReadFrom,
+    ReadLimits, ReadStream, SeekEpoch,
 };
 
 use super::{Gateway, SeekTarget};
@@ -106,6 +107,7 @@ impl Gateway {
     ) -> Result<ReadStream, LeaseError> {
         lease.fenced()?;
         lease.touch()?;
+        lease.not_in_queue_mode("Read")?;
         let from = from_offset.map(|offset| ReadFrom {
             offset,
             if_seek_epoch,
@@ -143,6 +145,7 @@ impl Gateway {
     ) -> Result<(i64, SeekEpoch), LeaseError> {
         lease.fenced()?;
         lease.touch()?;
+        lease.not_in_queue_mode("Seek")?;
         let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
         let (low, high) = self.kafka.watermarks(topic, partition).await?;
         lease.note_high_watermark(high);
@@ -186,6 +189,7 @@ impl Gateway {
         metadata: Option<&str>,
     ) -> Result<String, LeaseError> {
         lease.touch()?;
+        lease.not_in_queue_mode("Commit")?;
         let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
         let mut high = lease.cached_high_watermark();
         if offset > high {
@@ -214,9 +218,81 @@ impl Gateway {
         commit: Option<i64>,
     ) -> Result<Option<i64>, LeaseError> {
         if let Some(offset) = commit {
+            lease.not_in_queue_mode("Release with commit_offset")?;
             self.commit(lease, offset, None).await?;
         }
+        // In queue mode the gateway commits: what was done since its last commit, first.
+        lease.flush_queue().await?;
         self.end_lease(lease, EndReason::Released).await;
         Ok(commit)
+    }
+
+    /// The dead letter topic a Deliver on `lease` names, or the default rule's
+    /// (`dlq.<group>.<topic>`).
+    pub fn dead_letter_topic(lease: &Lease, asked: Option<&str>) -> Result<String, LeaseError> {
+        let topic = match asked {
+            Some(topic) => topic.to_string(),
+            None => format!("dlq.{}.{}", lease.key.group, lease.key.topic),
+        };
+        if asked.is_none() && topic.len() > crate::validate::MAX_NAME_LEN {
+            return Err(LeaseError::InvalidArgument {
+                field: "dead_letter_topic",
+                message: format!(
+                    "the default dead letter topic name {topic:?} (dlq.<group>.<topic>) is {} \
+                     characters, over Kafka's {}: name one in dead_letter_topic",
+                    topic.len(),
+                    crate::validate::MAX_NAME_LEN
+                ),
+            });
+        }
+        if topic == lease.key.topic {
+            return Err(LeaseError::InvalidArgument {
+                field: "dead_letter_topic",
+                message: format!(
+                    "dead_letter_topic {topic:?} is the lease's own topic: its dead letters \
+                     would be delivered again; name another topic"
+                ),
+            });
+        }
+        Ok(topic)
+    }
+
+    /// Opens a Deliver on a lease (see [`Lease::open_deliver`]): the first one checks that
+    /// the dead letter topic exists, and starts the queue from the progress the
+    /// partition's last commit carried.
+    pub async fn deliver(
+        &self,
+        lease: &Arc<Lease>,
+        settings: DeliverSettings,
+    ) -> Result<DeliverStream, LeaseError> {
+        lease.fenced()?;
+        lease.touch()?;
+        let progress = match lease.queue() {
+            Some(_) => crate::progress::Progress::new(0),
+            None => {
+                match self
+                    .kafka
+                    .partition_count(&settings.dead_letter_topic, None)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(LeaseError::TopicNotFound { topic }) => {
+                        return Err(LeaseError::DeadLetterTopicNotFound { topic })
+                    }
+                    Err(err) => return Err(err),
+                }
+                lease.committed_progress().await?
+            }
+        };
+        lease.open_deliver(settings, progress, self.kafka.dead_letters())
+    }
+
+    /// Applies answers to a lease's deliveries.
+    pub fn acknowledge(
+        &self,
+        lease: &Arc<Lease>,
+        acks: &[Ack],
+    ) -> Result<Vec<AckOutcome>, LeaseError> {
+        lease.acknowledge(acks)
     }
 }

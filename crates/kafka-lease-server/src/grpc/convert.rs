@@ -9,9 +9,11 @@ use kafka_lease_proto::v1;
 use kafka_lease_proto::wire::EncodedSubscribeResponse;
 
 use crate::coordination::LockKey;
+use crate::dispatch::{Order, Window};
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, ListedLease, Reset, SeekTarget};
-use crate::lease::{LeaseSnapshot, ReadLimits};
+use crate::lease::{Ack, AckKind, AckOutcome, LeaseSnapshot, QueueSnapshot, ReadLimits};
+use crate::queue::QueueSettings;
 use crate::subscribe::{Ended, SubscribeSpec, SubscriptionEvent};
 use crate::validate;
 
@@ -52,6 +54,174 @@ pub(crate) fn lease_info(listed: &ListedLease) -> v1::LeaseInfo {
         details_unavailable: String::new(),
         gateway_address: listed.holder.address.clone(),
         member_id: listed.holder.subscriber.clone(),
+        queue: local.and_then(|l| l.queue.as_ref()).map(queue_info),
+    }
+}
+
+fn queue_info(queue: &QueueSnapshot) -> v1::QueueInfo {
+    v1::QueueInfo {
+        ordering: delivery_order(queue.settings.queue.order) as i32,
+        in_flight: queue.in_flight as u32,
+        oldest_in_flight: queue.oldest_in_flight.map(proto_duration),
+        waiting: queue.waiting as u32,
+        deliveries: queue.deliveries,
+        redeliveries: queue.redeliveries,
+        dead_letters: queue.dead_letters,
+        dead_letter_topic: queue.settings.dead_letter_topic.clone(),
+    }
+}
+
+fn delivery_order(order: Order) -> v1::DeliveryOrder {
+    match order {
+        Order::Partition => v1::DeliveryOrder::Partition,
+        Order::Key => v1::DeliveryOrder::Key,
+        Order::Unordered => v1::DeliveryOrder::Unordered,
+    }
+}
+
+/// A Deliver's settings, validated, with the dead letter topic it names (`None`: the
+/// default rule's, which depends on the lease).
+pub(crate) fn deliver_spec(
+    req: &v1::DeliverRequest,
+) -> Result<(QueueSettings, Option<String>), LeaseError> {
+    validate::lease_id(&req.lease_id)?;
+    let order = match v1::DeliveryOrder::try_from(req.ordering) {
+        Ok(v1::DeliveryOrder::Unspecified | v1::DeliveryOrder::Partition) => Order::Partition,
+        Ok(v1::DeliveryOrder::Key) => Order::Key,
+        Ok(v1::DeliveryOrder::Unordered) => Order::Unordered,
+        Err(_) => {
+            return Err(LeaseError::InvalidArgument {
+                field: "ordering",
+                message: format!(
+                    "ordering {} is not a DeliveryOrder; allowed DELIVERY_ORDER_PARTITION (1, \
+                     the default), DELIVERY_ORDER_KEY (2), DELIVERY_ORDER_UNORDERED (3)",
+                    req.ordering
+                ),
+            })
+        }
+    };
+    let max_records = validate::count_in(
+        "max_in_flight",
+        req.max_in_flight,
+        validate::DEFAULT_MAX_IN_FLIGHT,
+        validate::MAX_MAX_IN_FLIGHT,
+    )? as usize;
+    let max_bytes = validate::count_in(
+        "max_in_flight_bytes",
+        req.max_in_flight_bytes,
+        validate::DEFAULT_MAX_IN_FLIGHT_BYTES,
+        validate::MAX_MAX_IN_FLIGHT_BYTES,
+    )? as usize;
+    let ack_deadline = validate::duration_in(
+        "ack_deadline",
+        req.ack_deadline.as_ref(),
+        validate::DEFAULT_ACK_DEADLINE,
+        validate::MIN_ACK_DEADLINE,
+        validate::MAX_ACK_DEADLINE,
+    )?;
+    let max_deliveries = validate::count_in(
+        "max_deliveries",
+        req.max_deliveries,
+        validate::DEFAULT_MAX_DELIVERIES,
+        validate::MAX_MAX_DELIVERIES,
+    )?;
+    let dead_letter_topic = if req.dead_letter_topic.is_empty() {
+        None
+    } else {
+        validate::topic_field("dead_letter_topic", &req.dead_letter_topic)?;
+        Some(req.dead_letter_topic.clone())
+    };
+    Ok((
+        QueueSettings {
+            order,
+            window: Window {
+                max_records,
+                max_bytes,
+            },
+            ack_deadline,
+            max_deliveries,
+        },
+        dead_letter_topic,
+    ))
+}
+
+/// An Acknowledge's answers, validated.
+pub(crate) fn acks_of(req: &v1::AcknowledgeRequest) -> Result<Vec<Ack>, LeaseError> {
+    validate::lease_id(&req.lease_id)?;
+    if req.acknowledgements.len() > validate::MAX_ACKNOWLEDGEMENTS {
+        return Err(LeaseError::InvalidArgument {
+            field: "acknowledgements",
+            message: format!(
+                "{} acknowledgements in one call; allowed at most {}",
+                req.acknowledgements.len(),
+                validate::MAX_ACKNOWLEDGEMENTS
+            ),
+        });
+    }
+    req.acknowledgements
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            if a.offset < 0 {
+                return Err(LeaseError::InvalidArgument {
+                    field: "offset",
+                    message: format!(
+                        "acknowledgements[{i}].offset {} is negative; an offset is 0 or more",
+                        a.offset
+                    ),
+                });
+            }
+            if a.reason.len() > validate::MAX_REASON_BYTES {
+                return Err(LeaseError::InvalidArgument {
+                    field: "reason",
+                    message: format!(
+                        "acknowledgements[{i}].reason is {} bytes; allowed at most {}",
+                        a.reason.len(),
+                        validate::MAX_REASON_BYTES
+                    ),
+                });
+            }
+            let kind = match v1::AckType::try_from(a.r#type) {
+                Ok(v1::AckType::Accept) => AckKind::Accept,
+                Ok(v1::AckType::Retry) => AckKind::Retry {
+                    delay: validate::duration_in(
+                        "retry_delay",
+                        a.retry_delay.as_ref(),
+                        std::time::Duration::ZERO,
+                        std::time::Duration::ZERO,
+                        validate::MAX_RETRY_DELAY,
+                    )?,
+                    reason: a.reason.clone(),
+                },
+                Ok(v1::AckType::Reject) => AckKind::Reject {
+                    reason: a.reason.clone(),
+                },
+                Ok(v1::AckType::Renew) => AckKind::Renew,
+                Ok(v1::AckType::Unspecified) | Err(_) => {
+                    return Err(LeaseError::InvalidArgument {
+                        field: "type",
+                        message: format!(
+                            "acknowledgements[{i}].type {} is not an answer; allowed \
+                             ACK_TYPE_ACCEPT (1), ACK_TYPE_RETRY (2), ACK_TYPE_REJECT (3), \
+                             ACK_TYPE_RENEW (4)",
+                            a.r#type
+                        ),
+                    })
+                }
+            };
+            Ok(Ack {
+                offset: a.offset,
+                attempt: (a.attempt != 0).then_some(a.attempt),
+                kind,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn ack_outcome(outcome: AckOutcome) -> i32 {
+    match outcome {
+        AckOutcome::Applied => v1::AckOutcome::Applied as i32,
+        AckOutcome::Stale => v1::AckOutcome::Stale as i32,
     }
 }
 

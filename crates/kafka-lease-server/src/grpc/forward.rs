@@ -34,7 +34,7 @@ use tonic_types::StatusExt;
 use kafka_lease_proto::encoded::partition_lease_service_client::PartitionLeaseServiceClient;
 use kafka_lease_proto::v1;
 use kafka_lease_proto::v1::gateway_peer_service_client::GatewayPeerServiceClient;
-use kafka_lease_proto::wire::EncodedReadResponse;
+use kafka_lease_proto::wire::{EncodedDeliverResponse, EncodedReadResponse};
 
 use super::status::{status_of, ERROR_DOMAIN};
 use crate::auth::Caller;
@@ -494,6 +494,9 @@ pub type Proxied<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 /// A Read's responses.
 pub type ReadResponses = Proxied<EncodedReadResponse>;
 
+/// A Deliver's responses.
+pub type DeliverResponses = Proxied<EncodedDeliverResponse>;
+
 /// How a proxied stream tells a failure of the other instance.
 #[derive(Debug)]
 pub enum Failure {
@@ -505,17 +508,18 @@ pub enum Failure {
 
 /// `stream`, ended with DEADLINE_EXCEEDED at `deadline` (the caller's `grpc-timeout`): tonic
 /// enforces a call's deadline only until its response headers, and a Read is a stream.
-pub fn until_deadline(
-    stream: ReadResponses,
+pub fn until_deadline<T: Send + 'static>(
+    stream: Proxied<T>,
     deadline: Option<tokio::time::Instant>,
-) -> ReadResponses {
+    call: &'static str,
+) -> Proxied<T> {
     let Some(deadline) = deadline else {
         return stream;
     };
     let state = (stream, Box::pin(tokio::time::sleep_until(deadline)), false);
     Box::pin(futures::stream::unfold(
         state,
-        |(mut stream, mut sleep, done)| async move {
+        move |(mut stream, mut sleep, done)| async move {
             if done {
                 return None;
             }
@@ -523,9 +527,9 @@ pub fn until_deadline(
                 biased;
                 item = stream.next() => item.map(|item| (item, (stream, sleep, false))),
                 () = &mut sleep => Some((
-                    Err(Status::deadline_exceeded(
-                        "the Read reached the caller's deadline (its grpc-timeout)",
-                    )),
+                    Err(Status::deadline_exceeded(format!(
+                        "the {call} reached the caller's deadline (its grpc-timeout)",
+                    ))),
                     (stream, sleep, true),
                 )),
             }

@@ -18,7 +18,7 @@ use crate::error::LeaseError;
 use crate::gateway::{Gateway, Resolved};
 use crate::lease::lease_ref;
 use crate::lease::ReadBatch;
-use crate::lease::{Lease, SeekEpoch};
+use crate::lease::{DeliverSettings, Lease, SeekEpoch};
 use crate::subscribe::Subscriptions;
 use crate::validate;
 
@@ -256,6 +256,7 @@ impl PartitionLeaseService for LeaseService {
                     until_deadline(
                         self.peers.proxy(route, answer.into_inner(), Failure::Lease),
                         deadline,
+                        "Read",
                     ),
                     long,
                 ))),
@@ -278,6 +279,7 @@ impl PartitionLeaseService for LeaseService {
             until_deadline(
                 Box::pin(stream.map(|item| item.map(ReadBatch::into_response).map_err(status_of))),
                 deadline,
+                "Read",
             ),
             long,
         )))
@@ -507,6 +509,100 @@ impl PartitionLeaseService for LeaseService {
                 .await
                 .map_err(status_of)?;
             Ok(Response::new(v1::ReleaseResponse { committed_offset }))
+        })
+        .await
+    }
+
+    type DeliverStream = super::forward::DeliverResponses;
+
+    async fn deliver(
+        &self,
+        request: Request<v1::DeliverRequest>,
+    ) -> Result<Response<Self::DeliverStream>, Status> {
+        observed("Deliver", async move {
+            let caller = self.caller(&request)?;
+            let (queue, dead_letter_topic) =
+                deliver_spec(request.get_ref()).map_err(status_of)?;
+            let long = self
+                .long_calls
+                .admit(request.remote_addr(), "Deliver")
+                .map_err(status_of)?;
+            let deadline = deadline_of(request.metadata());
+            let lease_id = request.get_ref().lease_id.clone();
+            let lease = match self.on_lease(&request, &caller, Action::Read, &lease_id)? {
+                Serve::Here(lease) => lease,
+                Serve::Forward(instance) => {
+                    let lease_ref = lease_ref(&lease_id).to_string();
+                    let route = self
+                        .peers
+                        .route(&lease_ref, &instance, true)
+                        .await
+                        .map_err(status_of)?;
+                    tracing::info!(peer = %instance, address = %route.address, %lease_ref, "proxying a Deliver from the serving instance");
+                    let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
+                    return match route.client().deliver(outgoing).await {
+                        Ok(answer) => Ok(Response::new(holding(
+                            until_deadline(
+                                self.peers.proxy(route, answer.into_inner(), Failure::Lease),
+                                deadline,
+                                "Deliver",
+                            ),
+                            long,
+                        ))),
+                        Err(status) => Err(self.peers.failed(&route, status).await),
+                    };
+                }
+            };
+            let dead_letter_topic =
+                Gateway::dead_letter_topic(&lease, dead_letter_topic.as_deref())
+                    .map_err(status_of)?;
+            self.auth
+                .check(&caller, Action::DeadLetter, &lease.key.group, &dead_letter_topic)
+                .map_err(status_of)?;
+            let settings = DeliverSettings {
+                queue,
+                dead_letter_topic,
+            };
+            let stream = self
+                .gateway
+                .deliver(&lease, settings)
+                .await
+                .map_err(status_of)?;
+            Ok(Response::new(holding(
+                until_deadline(Box::pin(stream.map(|item| item.map_err(status_of))), deadline, "Deliver"),
+                long,
+            )))
+        })
+        .await
+    }
+
+    async fn acknowledge(
+        &self,
+        request: Request<v1::AcknowledgeRequest>,
+    ) -> Result<Response<v1::AcknowledgeResponse>, Status> {
+        observed("Acknowledge", async move {
+            let caller = self.caller(&request)?;
+            let acks = acks_of(request.get_ref()).map_err(status_of)?;
+            let lease_id = request.get_ref().lease_id.clone();
+            let lease = match self.on_lease(&request, &caller, Action::Commit, &lease_id)? {
+                Serve::Here(lease) => lease,
+                Serve::Forward(instance) => {
+                    return self
+                        .forward(
+                            "Acknowledge",
+                            &instance,
+                            &lease_id,
+                            request,
+                            &caller,
+                            |mut c, r| async move { c.acknowledge(r).await },
+                        )
+                        .await
+                }
+            };
+            let outcomes = self.gateway.acknowledge(&lease, &acks).map_err(status_of)?;
+            Ok(Response::new(v1::AcknowledgeResponse {
+                outcomes: outcomes.into_iter().map(ack_outcome).collect(),
+            }))
         })
         .await
     }

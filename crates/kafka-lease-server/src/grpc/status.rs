@@ -139,6 +139,17 @@ pub(crate) fn status_at(err: LeaseError, now: SystemTime) -> Status {
             put("lease_ref", lease_ref.clone());
             (Code::Aborted, R::Superseded)
         }
+        LeaseError::WrongMode {
+            lease_ref, mode, ..
+        } => {
+            put("lease_ref", lease_ref.clone());
+            put("mode", (*mode).to_owned());
+            (Code::FailedPrecondition, R::WrongMode)
+        }
+        LeaseError::DeadLetterTopicNotFound { topic } => {
+            put("topic", topic.clone());
+            (Code::NotFound, R::TopicNotFound)
+        }
         LeaseError::ShuttingDown => {
             retry = Some(RETRY_DELAY);
             (Code::Unavailable, R::ShuttingDown)

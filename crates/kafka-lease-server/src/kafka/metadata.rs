@@ -9,6 +9,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::{Offset, TopicPartitionList};
 
+use super::dead_letters::DeadLetters;
 use super::errors::{blocking, retrying, unavailable, Failure};
 use super::group::GroupClient;
 use super::settings::{ClientLog, KafkaSettings, PARTITION_COUNT_MAX_AGE};
@@ -33,6 +34,7 @@ pub struct Kafka {
     groups: Arc<Mutex<HashMap<String, CachedGroup>>>,
     /// Topic → its partition count and when it was read (see [`Kafka::partition_count`]).
     partition_counts: Arc<Mutex<HashMap<String, (i32, tokio::time::Instant)>>>,
+    dead_letters: DeadLetters,
 }
 
 impl std::fmt::Debug for Kafka {
@@ -60,8 +62,10 @@ impl Kafka {
         tokio::spawn(serve_metadata_client_events(Arc::downgrade(&metadata)));
         let groups: Arc<Mutex<HashMap<String, CachedGroup>>> = Arc::default();
         tokio::spawn(close_idle_group_clients(Arc::downgrade(&groups)));
+        let settings = Arc::new(settings);
         Ok(Self {
-            settings: Arc::new(settings),
+            dead_letters: DeadLetters::new(settings.clone()),
+            settings,
             metadata,
             groups,
             partition_counts: Arc::default(),
@@ -70,6 +74,11 @@ impl Kafka {
 
     pub fn settings(&self) -> &KafkaSettings {
         &self.settings
+    }
+
+    /// The gateway's dead letter producer.
+    pub fn dead_letters(&self) -> &DeadLetters {
+        &self.dead_letters
     }
 
     /// Closes the group clients, for a gateway that stops: from now on what librdkafka

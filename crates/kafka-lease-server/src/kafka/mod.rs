@@ -24,13 +24,17 @@
 //!   time, ping) and the cache of group clients.
 //! - `feed`: [`PartitionFeed`], the Read path: a partition queue split off a group client
 //!   and batches filled from it ([`BatchLimits`]).
+//! - `dead_letters`: [`DeadLetters`], the gateway's one producer, for queue mode's dead
+//!   letter topics.
 
+mod dead_letters;
 mod errors;
 mod feed;
 mod group;
 mod metadata;
 pub mod settings;
 
+pub use dead_letters::{DeadLetter, DeadLetters};
 pub use feed::{BatchLimits, PartitionFeed};
 pub use group::{CommitGate, CommitPermit, CommitsSettled, GroupClient};
 pub use metadata::Kafka;

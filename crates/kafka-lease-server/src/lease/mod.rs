@@ -10,11 +10,18 @@
 //! repositions librdkafka to the lease position, whose seek purges what it pre-fetched.
 //!
 //! Files: this one (the lease, its state, commits, the fence, Seek, expiry), `id` (lease
-//! ids), `read` (the Read path: a batch filled from the feed and handed over).
+//! ids), `read` (the Read path: a batch filled from the feed and handed over), `deliver`
+//! (queue mode: the Deliver path, the answers to it, dead letters and the progress's
+//! commits).
 
+mod deliver;
 mod id;
 mod read;
 
+pub use deliver::{
+    headers as dead_letter_headers, Ack, AckKind, AckOutcome, DeliverSettings, DeliverStream,
+    QueueRun, QueueSnapshot, COMMIT_INTERVAL, LOOKAHEAD_BYTES, LOOKAHEAD_RECORDS,
+};
 pub use id::{lease_ref, new_lease_id, serving_instance, LeaseId};
 use read::Stop;
 pub use read::{ReadBatch, ReadFrom, ReadLimits, ReadStream};
@@ -108,6 +115,8 @@ pub struct Lease {
     /// The delivery counters of its group and topic, looked up once: the Read path only
     /// adds to them.
     delivered: crate::metrics::Delivered,
+    /// Queue mode, once a Deliver opened it (`deliver`).
+    queue: std::sync::OnceLock<Arc<QueueRun>>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -131,6 +140,8 @@ pub struct LeaseSnapshot {
     pub high_watermark: i64,
     pub expires_at: SystemTime,
     pub seek_epoch: SeekEpoch,
+    /// Its queue, in queue mode.
+    pub queue: Option<QueueSnapshot>,
 }
 
 impl LeaseSnapshot {
@@ -209,6 +220,7 @@ impl Lease {
             commit_gate: CommitGate::default(),
             commits: watch::channel(0).0,
             delivered,
+            queue: std::sync::OnceLock::new(),
         })
     }
 
@@ -411,6 +423,8 @@ impl Lease {
     }
 
     pub fn snapshot(&self) -> LeaseSnapshot {
+        // Before the state lock: a lease's locks are taken state first, the queue's after.
+        let queue = self.queue.get().map(|run| run.snapshot());
         let state = self.state();
         let remaining = if state.read_open {
             self.ttl
@@ -430,6 +444,7 @@ impl Lease {
             high_watermark: state.high_watermark,
             expires_at: SystemTime::now() + remaining,
             seek_epoch: state.seek_epoch,
+            queue,
         }
     }
 

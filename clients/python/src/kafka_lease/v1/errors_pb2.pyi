@@ -30,6 +30,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     LEASE_REVOKED: _ClassVar[ErrorReason]
     NOT_AUTHENTICATED: _ClassVar[ErrorReason]
     ACTION_DENIED: _ClassVar[ErrorReason]
+    WRONG_MODE: _ClassVar[ErrorReason]
 ERROR_REASON_UNSPECIFIED: ErrorReason
 INVALID_FIELD: ErrorReason
 TOPIC_NOT_FOUND: ErrorReason
@@ -54,3 +55,4 @@ MEMBER_ACTIVE: ErrorReason
 LEASE_REVOKED: ErrorReason
 NOT_AUTHENTICATED: ErrorReason
 ACTION_DENIED: ErrorReason
+WRONG_MODE: ErrorReason

@@ -23,12 +23,45 @@ class TimestampType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIMESTAMP_TYPE_UNSPECIFIED: _ClassVar[TimestampType]
     TIMESTAMP_TYPE_CREATE_TIME: _ClassVar[TimestampType]
     TIMESTAMP_TYPE_LOG_APPEND_TIME: _ClassVar[TimestampType]
+
+class DeliveryOrder(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DELIVERY_ORDER_UNSPECIFIED: _ClassVar[DeliveryOrder]
+    DELIVERY_ORDER_PARTITION: _ClassVar[DeliveryOrder]
+    DELIVERY_ORDER_KEY: _ClassVar[DeliveryOrder]
+    DELIVERY_ORDER_UNORDERED: _ClassVar[DeliveryOrder]
+
+class AckType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACK_TYPE_UNSPECIFIED: _ClassVar[AckType]
+    ACK_TYPE_ACCEPT: _ClassVar[AckType]
+    ACK_TYPE_RETRY: _ClassVar[AckType]
+    ACK_TYPE_REJECT: _ClassVar[AckType]
+    ACK_TYPE_RENEW: _ClassVar[AckType]
+
+class AckOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACK_OUTCOME_UNSPECIFIED: _ClassVar[AckOutcome]
+    ACK_OUTCOME_APPLIED: _ClassVar[AckOutcome]
+    ACK_OUTCOME_STALE: _ClassVar[AckOutcome]
 OFFSET_RESET_UNSPECIFIED: OffsetReset
 OFFSET_RESET_EARLIEST: OffsetReset
 OFFSET_RESET_LATEST: OffsetReset
 TIMESTAMP_TYPE_UNSPECIFIED: TimestampType
 TIMESTAMP_TYPE_CREATE_TIME: TimestampType
 TIMESTAMP_TYPE_LOG_APPEND_TIME: TimestampType
+DELIVERY_ORDER_UNSPECIFIED: DeliveryOrder
+DELIVERY_ORDER_PARTITION: DeliveryOrder
+DELIVERY_ORDER_KEY: DeliveryOrder
+DELIVERY_ORDER_UNORDERED: DeliveryOrder
+ACK_TYPE_UNSPECIFIED: AckType
+ACK_TYPE_ACCEPT: AckType
+ACK_TYPE_RETRY: AckType
+ACK_TYPE_REJECT: AckType
+ACK_TYPE_RENEW: AckType
+ACK_OUTCOME_UNSPECIFIED: AckOutcome
+ACK_OUTCOME_APPLIED: AckOutcome
+ACK_OUTCOME_STALE: AckOutcome
 
 class AcquireRequest(_message.Message):
     __slots__ = ("group", "topic", "partition", "member", "ttl", "wait", "offset_reset")
@@ -341,7 +374,7 @@ class ListLeasesResponse(_message.Message):
     def __init__(self, leases: _Optional[_Iterable[_Union[LeaseInfo, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class LeaseInfo(_message.Message):
-    __slots__ = ("group", "topic", "partition", "member", "fencing_token", "acquired_at", "expires_at", "gateway", "position", "committed_offset", "high_watermark", "lag", "read_lag", "details_unavailable", "gateway_address", "member_id")
+    __slots__ = ("group", "topic", "partition", "member", "fencing_token", "acquired_at", "expires_at", "gateway", "position", "committed_offset", "high_watermark", "lag", "read_lag", "details_unavailable", "gateway_address", "member_id", "queue")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +391,7 @@ class LeaseInfo(_message.Message):
     DETAILS_UNAVAILABLE_FIELD_NUMBER: _ClassVar[int]
     GATEWAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     partition: int
@@ -374,4 +408,89 @@ class LeaseInfo(_message.Message):
     details_unavailable: str
     gateway_address: str
     member_id: str
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., member: _Optional[str] = ..., fencing_token: _Optional[int] = ..., acquired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gateway: _Optional[str] = ..., position: _Optional[int] = ..., committed_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., read_lag: _Optional[int] = ..., details_unavailable: _Optional[str] = ..., gateway_address: _Optional[str] = ..., member_id: _Optional[str] = ...) -> None: ...
+    queue: QueueInfo
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., member: _Optional[str] = ..., fencing_token: _Optional[int] = ..., acquired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gateway: _Optional[str] = ..., position: _Optional[int] = ..., committed_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., read_lag: _Optional[int] = ..., details_unavailable: _Optional[str] = ..., gateway_address: _Optional[str] = ..., member_id: _Optional[str] = ..., queue: _Optional[_Union[QueueInfo, _Mapping]] = ...) -> None: ...
+
+class QueueInfo(_message.Message):
+    __slots__ = ("ordering", "in_flight", "oldest_in_flight", "waiting", "deliveries", "redeliveries", "dead_letters", "dead_letter_topic")
+    ORDERING_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ordering: DeliveryOrder
+    in_flight: int
+    oldest_in_flight: _duration_pb2.Duration
+    waiting: int
+    deliveries: int
+    redeliveries: int
+    dead_letters: int
+    dead_letter_topic: str
+    def __init__(self, ordering: _Optional[_Union[DeliveryOrder, str]] = ..., in_flight: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., waiting: _Optional[int] = ..., deliveries: _Optional[int] = ..., redeliveries: _Optional[int] = ..., dead_letters: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ...) -> None: ...
+
+class DeliverRequest(_message.Message):
+    __slots__ = ("lease_id", "ordering", "max_in_flight", "max_in_flight_bytes", "ack_deadline", "max_deliveries", "dead_letter_topic")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ORDERING_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACK_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    ordering: DeliveryOrder
+    max_in_flight: int
+    max_in_flight_bytes: int
+    ack_deadline: _duration_pb2.Duration
+    max_deliveries: int
+    dead_letter_topic: str
+    def __init__(self, lease_id: _Optional[str] = ..., ordering: _Optional[_Union[DeliveryOrder, str]] = ..., max_in_flight: _Optional[int] = ..., max_in_flight_bytes: _Optional[int] = ..., ack_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_deliveries: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ...) -> None: ...
+
+class DeliverResponse(_message.Message):
+    __slots__ = ("deliveries", "high_watermark")
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
+    high_watermark: int
+    def __init__(self, deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ..., high_watermark: _Optional[int] = ...) -> None: ...
+
+class Delivery(_message.Message):
+    __slots__ = ("record", "attempt", "deadline")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    record: KafkaRecord
+    attempt: int
+    deadline: _timestamp_pb2.Timestamp
+    def __init__(self, record: _Optional[_Union[KafkaRecord, _Mapping]] = ..., attempt: _Optional[int] = ..., deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class AcknowledgeRequest(_message.Message):
+    __slots__ = ("lease_id", "acknowledgements")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGEMENTS_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    acknowledgements: _containers.RepeatedCompositeFieldContainer[Acknowledgement]
+    def __init__(self, lease_id: _Optional[str] = ..., acknowledgements: _Optional[_Iterable[_Union[Acknowledgement, _Mapping]]] = ...) -> None: ...
+
+class Acknowledgement(_message.Message):
+    __slots__ = ("offset", "type", "attempt", "retry_delay", "reason")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RETRY_DELAY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    type: AckType
+    attempt: int
+    retry_delay: _duration_pb2.Duration
+    reason: str
+    def __init__(self, offset: _Optional[int] = ..., type: _Optional[_Union[AckType, str]] = ..., attempt: _Optional[int] = ..., retry_delay: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AcknowledgeResponse(_message.Message):
+    __slots__ = ("outcomes",)
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
+    outcomes: _containers.RepeatedScalarFieldContainer[AckOutcome]
+    def __init__(self, outcomes: _Optional[_Iterable[_Union[AckOutcome, str]]] = ...) -> None: ...

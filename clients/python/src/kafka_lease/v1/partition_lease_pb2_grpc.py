@@ -75,6 +75,16 @@ class PartitionLeaseServiceStub:
                 request_serializer=kafka__lease_dot_v1_dot_partition__lease__pb2.ListLeasesRequest.SerializeToString,
                 response_deserializer=kafka__lease_dot_v1_dot_partition__lease__pb2.ListLeasesResponse.FromString,
                 _registered_method=True)
+        self.Deliver = channel.unary_stream(
+                '/kafka_lease.v1.PartitionLeaseService/Deliver',
+                request_serializer=kafka__lease_dot_v1_dot_partition__lease__pb2.DeliverRequest.SerializeToString,
+                response_deserializer=kafka__lease_dot_v1_dot_partition__lease__pb2.DeliverResponse.FromString,
+                _registered_method=True)
+        self.Acknowledge = channel.unary_unary(
+                '/kafka_lease.v1.PartitionLeaseService/Acknowledge',
+                request_serializer=kafka__lease_dot_v1_dot_partition__lease__pb2.AcknowledgeRequest.SerializeToString,
+                response_deserializer=kafka__lease_dot_v1_dot_partition__lease__pb2.AcknowledgeResponse.FromString,
+                _registered_method=True)
 
 
 class PartitionLeaseServiceServicer:
@@ -216,6 +226,58 @@ class PartitionLeaseServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Deliver(self, request, context):
+        """Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+        Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+        the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+        flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+        by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+        its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+        letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+        RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+
+        The gateway commits for the client: the committed offset is the lowest record not done,
+        and the records done above it, with the attempts of those delivered and not done, travel
+        in the commit's metadata beside the fencing token (fenced as every commit). The next
+        holder of the partition, on any gateway, skips what is done and delivers the rest with
+        their attempts carried over. It commits about once a second while something changed, and
+        before Release ends the lease. A record is done once accepted, or once the broker has
+        acknowledged its copy in the dead letter topic.
+
+        The first Deliver puts the lease in queue mode for the rest of its life: from then on
+        Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+        (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+        settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+        in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+        the lease alive, as a Read does. The stream ends as a Read's does.
+
+        Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+        NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+        lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+        group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+        UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Acknowledge(self, request, context):
+        """Answers deliveries of a lease in queue mode, from any connection and through any
+        gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+        comes back in the same position: an answer for a delivery that is no longer in flight
+        (its deadline passed and it was delivered again, or it is done) is STALE and changes
+        nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+        answers (the record was handled).
+
+        Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+        reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+        lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+        on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PartitionLeaseServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -258,6 +320,16 @@ def add_PartitionLeaseServiceServicer_to_server(servicer, server):
                     servicer.ListLeases,
                     request_deserializer=kafka__lease_dot_v1_dot_partition__lease__pb2.ListLeasesRequest.FromString,
                     response_serializer=kafka__lease_dot_v1_dot_partition__lease__pb2.ListLeasesResponse.SerializeToString,
+            ),
+            'Deliver': grpc.unary_stream_rpc_method_handler(
+                    servicer.Deliver,
+                    request_deserializer=kafka__lease_dot_v1_dot_partition__lease__pb2.DeliverRequest.FromString,
+                    response_serializer=kafka__lease_dot_v1_dot_partition__lease__pb2.DeliverResponse.SerializeToString,
+            ),
+            'Acknowledge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Acknowledge,
+                    request_deserializer=kafka__lease_dot_v1_dot_partition__lease__pb2.AcknowledgeRequest.FromString,
+                    response_serializer=kafka__lease_dot_v1_dot_partition__lease__pb2.AcknowledgeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -477,6 +549,60 @@ class PartitionLeaseService:
             '/kafka_lease.v1.PartitionLeaseService/ListLeases',
             kafka__lease_dot_v1_dot_partition__lease__pb2.ListLeasesRequest.SerializeToString,
             kafka__lease_dot_v1_dot_partition__lease__pb2.ListLeasesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deliver(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kafka_lease.v1.PartitionLeaseService/Deliver',
+            kafka__lease_dot_v1_dot_partition__lease__pb2.DeliverRequest.SerializeToString,
+            kafka__lease_dot_v1_dot_partition__lease__pb2.DeliverResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Acknowledge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kafka_lease.v1.PartitionLeaseService/Acknowledge',
+            kafka__lease_dot_v1_dot_partition__lease__pb2.AcknowledgeRequest.SerializeToString,
+            kafka__lease_dot_v1_dot_partition__lease__pb2.AcknowledgeResponse.FromString,
             options,
             channel_credentials,
             insecure,

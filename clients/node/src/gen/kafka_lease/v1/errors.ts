@@ -213,11 +213,20 @@ export enum ErrorReason {
    * ACTION_DENIED - PERMISSION_DENIED. The caller's identity may not take this action here: the gateway's
    * policy grants it no `action` on this group and topic, or the lease was acquired by
    * another identity (a lease id is bound to the identity that acquired it).
-   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list),
+   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list,
+   * dead_letter),
    * `group`, `topic` (where known).
    * No RetryInfo.
    */
   ACTION_DENIED = 23,
+  /**
+   * WRONG_MODE - FAILED_PRECONDITION. The call does not fit the lease's mode: a Read, Seek or Commit (or
+   * Release's `commit_offset`) on a lease in queue mode, where the gateway commits; an
+   * Acknowledge on a lease no Deliver has put in queue mode.
+   * Metadata: `lease_ref`, `mode` ("queue" or "read").
+   * No RetryInfo.
+   */
+  WRONG_MODE = 24,
   UNRECOGNIZED = -1,
 }
 
@@ -295,6 +304,9 @@ export function errorReasonFromJSON(object: any): ErrorReason {
     case 23:
     case "ACTION_DENIED":
       return ErrorReason.ACTION_DENIED;
+    case 24:
+    case "WRONG_MODE":
+      return ErrorReason.WRONG_MODE;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -352,6 +364,8 @@ export function errorReasonToJSON(object: ErrorReason): string {
       return "NOT_AUTHENTICATED";
     case ErrorReason.ACTION_DENIED:
       return "ACTION_DENIED";
+    case ErrorReason.WRONG_MODE:
+      return "WRONG_MODE";
     case ErrorReason.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";

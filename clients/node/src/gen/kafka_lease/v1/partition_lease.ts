@@ -141,6 +141,169 @@ export function timestampTypeToJSON(object: TimestampType): string {
   }
 }
 
+/** How a queue-mode lease's records may be handed out relative to each other. */
+export enum DeliveryOrder {
+  /** DELIVERY_ORDER_UNSPECIFIED - Not set: DELIVERY_ORDER_PARTITION. */
+  DELIVERY_ORDER_UNSPECIFIED = 0,
+  /**
+   * DELIVERY_ORDER_PARTITION - One record at a time, in offset order: the next is delivered once the last is done (a
+   * Read's order, with per-record answers). The default.
+   */
+  DELIVERY_ORDER_PARTITION = 1,
+  /**
+   * DELIVERY_ORDER_KEY - The records of one key one at a time, in offset order; records of different keys in
+   * parallel. A record being retried keeps its key waiting, so a poison record holds back
+   * its key, not the partition. Records without a key are ordered by nothing.
+   */
+  DELIVERY_ORDER_KEY = 2,
+  /** DELIVERY_ORDER_UNORDERED - Any record, in parallel. */
+  DELIVERY_ORDER_UNORDERED = 3,
+  UNRECOGNIZED = -1,
+}
+
+export function deliveryOrderFromJSON(object: any): DeliveryOrder {
+  switch (object) {
+    case 0:
+    case "DELIVERY_ORDER_UNSPECIFIED":
+      return DeliveryOrder.DELIVERY_ORDER_UNSPECIFIED;
+    case 1:
+    case "DELIVERY_ORDER_PARTITION":
+      return DeliveryOrder.DELIVERY_ORDER_PARTITION;
+    case 2:
+    case "DELIVERY_ORDER_KEY":
+      return DeliveryOrder.DELIVERY_ORDER_KEY;
+    case 3:
+    case "DELIVERY_ORDER_UNORDERED":
+      return DeliveryOrder.DELIVERY_ORDER_UNORDERED;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return DeliveryOrder.UNRECOGNIZED;
+  }
+}
+
+export function deliveryOrderToJSON(object: DeliveryOrder): string {
+  switch (object) {
+    case DeliveryOrder.DELIVERY_ORDER_UNSPECIFIED:
+      return "DELIVERY_ORDER_UNSPECIFIED";
+    case DeliveryOrder.DELIVERY_ORDER_PARTITION:
+      return "DELIVERY_ORDER_PARTITION";
+    case DeliveryOrder.DELIVERY_ORDER_KEY:
+      return "DELIVERY_ORDER_KEY";
+    case DeliveryOrder.DELIVERY_ORDER_UNORDERED:
+      return "DELIVERY_ORDER_UNORDERED";
+    case DeliveryOrder.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+/** What to do with a delivery. */
+export enum AckType {
+  /** ACK_TYPE_UNSPECIFIED - Not a type: INVALID_ARGUMENT. */
+  ACK_TYPE_UNSPECIFIED = 0,
+  /** ACK_TYPE_ACCEPT - Handled: the record is done. */
+  ACK_TYPE_ACCEPT = 1,
+  /**
+   * ACK_TYPE_RETRY - Not handled: deliver it again, after `retry_delay` (share groups' RELEASE). A retry of
+   * the `max_deliveries`-th delivery sends the record to the dead letter topic instead.
+   */
+  ACK_TYPE_RETRY = 2,
+  /** ACK_TYPE_REJECT - Never to be handled: write it to the dead letter topic with `reason`. */
+  ACK_TYPE_REJECT = 3,
+  /** ACK_TYPE_RENEW - Still working: the delivery's deadline moves to now + the queue's `ack_deadline`. */
+  ACK_TYPE_RENEW = 4,
+  UNRECOGNIZED = -1,
+}
+
+export function ackTypeFromJSON(object: any): AckType {
+  switch (object) {
+    case 0:
+    case "ACK_TYPE_UNSPECIFIED":
+      return AckType.ACK_TYPE_UNSPECIFIED;
+    case 1:
+    case "ACK_TYPE_ACCEPT":
+      return AckType.ACK_TYPE_ACCEPT;
+    case 2:
+    case "ACK_TYPE_RETRY":
+      return AckType.ACK_TYPE_RETRY;
+    case 3:
+    case "ACK_TYPE_REJECT":
+      return AckType.ACK_TYPE_REJECT;
+    case 4:
+    case "ACK_TYPE_RENEW":
+      return AckType.ACK_TYPE_RENEW;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return AckType.UNRECOGNIZED;
+  }
+}
+
+export function ackTypeToJSON(object: AckType): string {
+  switch (object) {
+    case AckType.ACK_TYPE_UNSPECIFIED:
+      return "ACK_TYPE_UNSPECIFIED";
+    case AckType.ACK_TYPE_ACCEPT:
+      return "ACK_TYPE_ACCEPT";
+    case AckType.ACK_TYPE_RETRY:
+      return "ACK_TYPE_RETRY";
+    case AckType.ACK_TYPE_REJECT:
+      return "ACK_TYPE_REJECT";
+    case AckType.ACK_TYPE_RENEW:
+      return "ACK_TYPE_RENEW";
+    case AckType.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
+/** What became of one acknowledgement. */
+export enum AckOutcome {
+  /** ACK_OUTCOME_UNSPECIFIED - Never sent. */
+  ACK_OUTCOME_UNSPECIFIED = 0,
+  /** ACK_OUTCOME_APPLIED - Applied. */
+  ACK_OUTCOME_APPLIED = 1,
+  /**
+   * ACK_OUTCOME_STALE - Changed nothing: the delivery is no longer in flight (its deadline passed, or another
+   * answer came first), or the record is done, or the offset was never delivered.
+   */
+  ACK_OUTCOME_STALE = 2,
+  UNRECOGNIZED = -1,
+}
+
+export function ackOutcomeFromJSON(object: any): AckOutcome {
+  switch (object) {
+    case 0:
+    case "ACK_OUTCOME_UNSPECIFIED":
+      return AckOutcome.ACK_OUTCOME_UNSPECIFIED;
+    case 1:
+    case "ACK_OUTCOME_APPLIED":
+      return AckOutcome.ACK_OUTCOME_APPLIED;
+    case 2:
+    case "ACK_OUTCOME_STALE":
+      return AckOutcome.ACK_OUTCOME_STALE;
+    case -1:
+    case "UNRECOGNIZED":
+    default:
+      return AckOutcome.UNRECOGNIZED;
+  }
+}
+
+export function ackOutcomeToJSON(object: AckOutcome): string {
+  switch (object) {
+    case AckOutcome.ACK_OUTCOME_UNSPECIFIED:
+      return "ACK_OUTCOME_UNSPECIFIED";
+    case AckOutcome.ACK_OUTCOME_APPLIED:
+      return "ACK_OUTCOME_APPLIED";
+    case AckOutcome.ACK_OUTCOME_STALE:
+      return "ACK_OUTCOME_STALE";
+    case AckOutcome.UNRECOGNIZED:
+    default:
+      return "UNRECOGNIZED";
+  }
+}
+
 /** The request of Acquire. */
 export interface AcquireRequest {
   /** Kafka consumer-group id: 1..=249 characters of [A-Za-z0-9._-]. Required. */
@@ -655,6 +818,131 @@ export interface LeaseInfo {
    * taken with Acquire.
    */
   memberId: string;
+  /** Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise. */
+  queue?: QueueInfo | undefined;
+}
+
+/** A lease's queue mode, as ListLeases shows it. */
+export interface QueueInfo {
+  /** The ordering the queue was opened with. */
+  ordering: DeliveryOrder;
+  /** Deliveries handed out and not answered. */
+  inFlight: number;
+  /** How long the oldest of them has been out; unset when none is. */
+  oldestInFlight?:
+    | Duration
+    | undefined;
+  /** Records fetched and waiting to be handed out (a retry's delay included). */
+  waiting: number;
+  /** Deliveries handed out since the queue opened on this lease. */
+  deliveries: bigint;
+  /**
+   * Of those, deliveries of a record delivered before (after a RETRY or a deadline, or
+   * counted by an earlier holder).
+   */
+  redeliveries: bigint;
+  /** Records written to the dead letter topic since the queue opened on this lease. */
+  deadLetters: bigint;
+  /** The dead letter topic. */
+  deadLetterTopic: string;
+}
+
+/** The request of Deliver. */
+export interface DeliverRequest {
+  /** The lease id from AcquireResponse.lease_id (or a Subscribe's `assigned` event). */
+  leaseId: string;
+  /** How records may be handed out relative to each other. Default DELIVERY_ORDER_PARTITION. */
+  ordering: DeliveryOrder;
+  /**
+   * Most deliveries in flight (handed out, not answered) at once. Default 64 (when 0); at
+   * most 10000.
+   */
+  maxInFlight: number;
+  /**
+   * Most bytes of records (keys, values, headers) in flight at once; a single record larger
+   * than this goes out alone. Default 4 MiB (when 0); at most 64 MiB. The gateway keeps
+   * the records in flight, and up to 1,024 records and 4 MiB more fetched ahead of them.
+   */
+  maxInFlightBytes: number;
+  /**
+   * How long a delivery may go unanswered before it is delivered again. Default 30 s;
+   * allowed 1 s ..= 1 h. RENEW extends one delivery's.
+   */
+  ackDeadline?:
+    | Duration
+    | undefined;
+  /**
+   * Deliveries after which a record that fails again goes to the dead letter topic. Default
+   * 5 (when 0); allowed 1 ..= 100. After a gateway crash a record may be delivered up to
+   * `max_in_flight` more times than this (attempts are committed about once a second).
+   */
+  maxDeliveries: number;
+  /**
+   * Where rejected records go: a topic that must exist when the queue opens. Default
+   * "dlq.<group>.<topic>" (a shared prefix, so one prefixed ACL and one policy rule cover
+   * every group's). Not the lease's own topic. The caller needs the `dead_letter` action on
+   * the group and this topic.
+   */
+  deadLetterTopic: string;
+}
+
+/** What Deliver streams: deliveries that are ready, in offset order within the response. */
+export interface DeliverResponse {
+  /** Never empty. */
+  deliveries: Delivery[];
+  /** The partition's high watermark as last seen by the gateway. */
+  highWatermark: bigint;
+}
+
+/** One hand-out of a record, to be answered with Acknowledge before `deadline`. */
+export interface Delivery {
+  /** The record, as a Read delivers it. */
+  record?:
+    | KafkaRecord
+    | undefined;
+  /**
+   * 1 for the first delivery, one more for each after it, carried over when the partition
+   * moves to another holder. The acknowledgement names it.
+   */
+  attempt: number;
+  /** When the gateway delivers the record again unless it is answered (or renewed). */
+  deadline?: Timestamp | undefined;
+}
+
+/** The request of Acknowledge. */
+export interface AcknowledgeRequest {
+  /** The lease id the deliveries came on. */
+  leaseId: string;
+  /** Applied in order; at most 10000. */
+  acknowledgements: Acknowledgement[];
+}
+
+/** The answer to one delivery. */
+export interface Acknowledgement {
+  /** The delivered record's offset. */
+  offset: bigint;
+  /** What to do with it. Required. */
+  type: AckType;
+  /**
+   * The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
+   * older delivery than the one in flight is STALE (an ACCEPT still counts).
+   */
+  attempt: number;
+  /** With RETRY: not before this much time has passed. At most 1 h. */
+  retryDelay?:
+    | Duration
+    | undefined;
+  /**
+   * With REJECT or RETRY: why, written to the dead letter copy's `kafka-lease.reason`
+   * header. At most 1024 UTF-8 bytes.
+   */
+  reason: string;
+}
+
+/** The answer of Acknowledge: one outcome per acknowledgement, in the request's order. */
+export interface AcknowledgeResponse {
+  /** Same length and order as AcknowledgeRequest.acknowledgements. */
+  outcomes: AckOutcome[];
 }
 
 function createBaseAcquireRequest(): AcquireRequest {
@@ -4044,6 +4332,7 @@ function createBaseLeaseInfo(): LeaseInfo {
     detailsUnavailable: "",
     gatewayAddress: "",
     memberId: "",
+    queue: undefined,
   };
 }
 
@@ -4114,6 +4403,9 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
     }
     if (message.memberId !== "") {
       writer.uint32(122).string(message.memberId);
+    }
+    if (message.queue !== undefined) {
+      QueueInfo.encode(message.queue, writer.uint32(138).fork()).join();
     }
     return writer;
   },
@@ -4259,6 +4551,14 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
             message.memberId = reader.string();
             continue;
           }
+          case 17: {
+            if (tag !== 138) {
+              break;
+            }
+
+            message.queue = QueueInfo.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4325,6 +4625,7 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
         : isSet(object.member_id)
         ? globalThis.String(object.member_id)
         : "",
+      queue: isSet(object.queue) ? QueueInfo.fromJSON(object.queue) : undefined,
     };
   },
 
@@ -4378,6 +4679,9 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
     if (message.memberId !== "") {
       obj.memberId = message.memberId;
     }
+    if (message.queue !== undefined) {
+      obj.queue = QueueInfo.toJSON(message.queue);
+    }
     return obj;
   },
 
@@ -4414,6 +4718,950 @@ export const LeaseInfo: MessageFns<LeaseInfo> = {
     message.detailsUnavailable = object.detailsUnavailable ?? "";
     message.gatewayAddress = object.gatewayAddress ?? "";
     message.memberId = object.memberId ?? "";
+    message.queue = (object.queue !== undefined && object.queue !== null)
+      ? QueueInfo.fromPartial(object.queue)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseQueueInfo(): QueueInfo {
+  return {
+    ordering: 0,
+    inFlight: 0,
+    oldestInFlight: undefined,
+    waiting: 0,
+    deliveries: 0n,
+    redeliveries: 0n,
+    deadLetters: 0n,
+    deadLetterTopic: "",
+  };
+}
+
+export const QueueInfo: MessageFns<QueueInfo> = {
+  encode(message: QueueInfo, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.ordering !== 0) {
+      writer.uint32(8).int32(message.ordering);
+    }
+    if (message.inFlight !== 0) {
+      writer.uint32(16).uint32(message.inFlight);
+    }
+    if (message.oldestInFlight !== undefined) {
+      Duration.encode(message.oldestInFlight, writer.uint32(26).fork()).join();
+    }
+    if (message.waiting !== 0) {
+      writer.uint32(32).uint32(message.waiting);
+    }
+    if (message.deliveries !== 0n) {
+      if (BigInt.asUintN(64, message.deliveries) !== message.deliveries) {
+        throw new globalThis.Error("value provided for field message.deliveries of type uint64 too large");
+      }
+      writer.uint32(40).uint64(message.deliveries);
+    }
+    if (message.redeliveries !== 0n) {
+      if (BigInt.asUintN(64, message.redeliveries) !== message.redeliveries) {
+        throw new globalThis.Error("value provided for field message.redeliveries of type uint64 too large");
+      }
+      writer.uint32(48).uint64(message.redeliveries);
+    }
+    if (message.deadLetters !== 0n) {
+      if (BigInt.asUintN(64, message.deadLetters) !== message.deadLetters) {
+        throw new globalThis.Error("value provided for field message.deadLetters of type uint64 too large");
+      }
+      writer.uint32(56).uint64(message.deadLetters);
+    }
+    if (message.deadLetterTopic !== "") {
+      writer.uint32(66).string(message.deadLetterTopic);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueueInfo {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueueInfo();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.ordering = reader.int32() as any;
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.inFlight = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.oldestInFlight = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.waiting = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.deliveries = reader.uint64() as bigint;
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.redeliveries = reader.uint64() as bigint;
+            continue;
+          }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.deadLetters = reader.uint64() as bigint;
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.deadLetterTopic = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueueInfo {
+    return {
+      ordering: isSet(object.ordering) ? deliveryOrderFromJSON(object.ordering) : 0,
+      inFlight: isSet(object.inFlight)
+        ? globalThis.Number(object.inFlight)
+        : isSet(object.in_flight)
+        ? globalThis.Number(object.in_flight)
+        : 0,
+      oldestInFlight: isSet(object.oldestInFlight)
+        ? Duration.fromJSON(object.oldestInFlight)
+        : isSet(object.oldest_in_flight)
+        ? Duration.fromJSON(object.oldest_in_flight)
+        : undefined,
+      waiting: isSet(object.waiting) ? globalThis.Number(object.waiting) : 0,
+      deliveries: isSet(object.deliveries) ? BigInt(object.deliveries) : 0n,
+      redeliveries: isSet(object.redeliveries) ? BigInt(object.redeliveries) : 0n,
+      deadLetters: isSet(object.deadLetters)
+        ? BigInt(object.deadLetters)
+        : isSet(object.dead_letters)
+        ? BigInt(object.dead_letters)
+        : 0n,
+      deadLetterTopic: isSet(object.deadLetterTopic)
+        ? globalThis.String(object.deadLetterTopic)
+        : isSet(object.dead_letter_topic)
+        ? globalThis.String(object.dead_letter_topic)
+        : "",
+    };
+  },
+
+  toJSON(message: QueueInfo): unknown {
+    const obj: any = {};
+    if (message.ordering !== 0) {
+      obj.ordering = deliveryOrderToJSON(message.ordering);
+    }
+    if (message.inFlight !== 0) {
+      obj.inFlight = Math.round(message.inFlight);
+    }
+    if (message.oldestInFlight !== undefined) {
+      obj.oldestInFlight = Duration.toJSON(message.oldestInFlight);
+    }
+    if (message.waiting !== 0) {
+      obj.waiting = Math.round(message.waiting);
+    }
+    if (message.deliveries !== 0n) {
+      obj.deliveries = message.deliveries.toString();
+    }
+    if (message.redeliveries !== 0n) {
+      obj.redeliveries = message.redeliveries.toString();
+    }
+    if (message.deadLetters !== 0n) {
+      obj.deadLetters = message.deadLetters.toString();
+    }
+    if (message.deadLetterTopic !== "") {
+      obj.deadLetterTopic = message.deadLetterTopic;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueueInfo>, I>>(base?: I): QueueInfo {
+    return QueueInfo.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueueInfo>, I>>(object: I): QueueInfo {
+    const message = createBaseQueueInfo();
+    message.ordering = object.ordering ?? 0;
+    message.inFlight = object.inFlight ?? 0;
+    message.oldestInFlight = (object.oldestInFlight !== undefined && object.oldestInFlight !== null)
+      ? Duration.fromPartial(object.oldestInFlight)
+      : undefined;
+    message.waiting = object.waiting ?? 0;
+    message.deliveries = (object.deliveries !== undefined && object.deliveries !== null)
+      ? BigInt(object.deliveries)
+      : 0n;
+    message.redeliveries = (object.redeliveries !== undefined && object.redeliveries !== null)
+      ? BigInt(object.redeliveries)
+      : 0n;
+    message.deadLetters = (object.deadLetters !== undefined && object.deadLetters !== null)
+      ? BigInt(object.deadLetters)
+      : 0n;
+    message.deadLetterTopic = object.deadLetterTopic ?? "";
+    return message;
+  },
+};
+
+function createBaseDeliverRequest(): DeliverRequest {
+  return {
+    leaseId: "",
+    ordering: 0,
+    maxInFlight: 0,
+    maxInFlightBytes: 0,
+    ackDeadline: undefined,
+    maxDeliveries: 0,
+    deadLetterTopic: "",
+  };
+}
+
+export const DeliverRequest: MessageFns<DeliverRequest> = {
+  encode(message: DeliverRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.leaseId !== "") {
+      writer.uint32(10).string(message.leaseId);
+    }
+    if (message.ordering !== 0) {
+      writer.uint32(16).int32(message.ordering);
+    }
+    if (message.maxInFlight !== 0) {
+      writer.uint32(24).uint32(message.maxInFlight);
+    }
+    if (message.maxInFlightBytes !== 0) {
+      writer.uint32(32).uint32(message.maxInFlightBytes);
+    }
+    if (message.ackDeadline !== undefined) {
+      Duration.encode(message.ackDeadline, writer.uint32(42).fork()).join();
+    }
+    if (message.maxDeliveries !== 0) {
+      writer.uint32(48).uint32(message.maxDeliveries);
+    }
+    if (message.deadLetterTopic !== "") {
+      writer.uint32(58).string(message.deadLetterTopic);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeliverRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeliverRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.leaseId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.ordering = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.maxInFlight = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.maxInFlightBytes = reader.uint32();
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.ackDeadline = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.maxDeliveries = reader.uint32();
+            continue;
+          }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.deadLetterTopic = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeliverRequest {
+    return {
+      leaseId: isSet(object.leaseId)
+        ? globalThis.String(object.leaseId)
+        : isSet(object.lease_id)
+        ? globalThis.String(object.lease_id)
+        : "",
+      ordering: isSet(object.ordering) ? deliveryOrderFromJSON(object.ordering) : 0,
+      maxInFlight: isSet(object.maxInFlight)
+        ? globalThis.Number(object.maxInFlight)
+        : isSet(object.max_in_flight)
+        ? globalThis.Number(object.max_in_flight)
+        : 0,
+      maxInFlightBytes: isSet(object.maxInFlightBytes)
+        ? globalThis.Number(object.maxInFlightBytes)
+        : isSet(object.max_in_flight_bytes)
+        ? globalThis.Number(object.max_in_flight_bytes)
+        : 0,
+      ackDeadline: isSet(object.ackDeadline)
+        ? Duration.fromJSON(object.ackDeadline)
+        : isSet(object.ack_deadline)
+        ? Duration.fromJSON(object.ack_deadline)
+        : undefined,
+      maxDeliveries: isSet(object.maxDeliveries)
+        ? globalThis.Number(object.maxDeliveries)
+        : isSet(object.max_deliveries)
+        ? globalThis.Number(object.max_deliveries)
+        : 0,
+      deadLetterTopic: isSet(object.deadLetterTopic)
+        ? globalThis.String(object.deadLetterTopic)
+        : isSet(object.dead_letter_topic)
+        ? globalThis.String(object.dead_letter_topic)
+        : "",
+    };
+  },
+
+  toJSON(message: DeliverRequest): unknown {
+    const obj: any = {};
+    if (message.leaseId !== "") {
+      obj.leaseId = message.leaseId;
+    }
+    if (message.ordering !== 0) {
+      obj.ordering = deliveryOrderToJSON(message.ordering);
+    }
+    if (message.maxInFlight !== 0) {
+      obj.maxInFlight = Math.round(message.maxInFlight);
+    }
+    if (message.maxInFlightBytes !== 0) {
+      obj.maxInFlightBytes = Math.round(message.maxInFlightBytes);
+    }
+    if (message.ackDeadline !== undefined) {
+      obj.ackDeadline = Duration.toJSON(message.ackDeadline);
+    }
+    if (message.maxDeliveries !== 0) {
+      obj.maxDeliveries = Math.round(message.maxDeliveries);
+    }
+    if (message.deadLetterTopic !== "") {
+      obj.deadLetterTopic = message.deadLetterTopic;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeliverRequest>, I>>(base?: I): DeliverRequest {
+    return DeliverRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeliverRequest>, I>>(object: I): DeliverRequest {
+    const message = createBaseDeliverRequest();
+    message.leaseId = object.leaseId ?? "";
+    message.ordering = object.ordering ?? 0;
+    message.maxInFlight = object.maxInFlight ?? 0;
+    message.maxInFlightBytes = object.maxInFlightBytes ?? 0;
+    message.ackDeadline = (object.ackDeadline !== undefined && object.ackDeadline !== null)
+      ? Duration.fromPartial(object.ackDeadline)
+      : undefined;
+    message.maxDeliveries = object.maxDeliveries ?? 0;
+    message.deadLetterTopic = object.deadLetterTopic ?? "";
+    return message;
+  },
+};
+
+function createBaseDeliverResponse(): DeliverResponse {
+  return { deliveries: [], highWatermark: 0n };
+}
+
+export const DeliverResponse: MessageFns<DeliverResponse> = {
+  encode(message: DeliverResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    for (const v of message.deliveries) {
+      Delivery.encode(v!, writer.uint32(10).fork()).join();
+    }
+    if (message.highWatermark !== 0n) {
+      if (BigInt.asIntN(64, message.highWatermark) !== message.highWatermark) {
+        throw new globalThis.Error("value provided for field message.highWatermark of type int64 too large");
+      }
+      writer.uint32(16).int64(message.highWatermark);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): DeliverResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDeliverResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.deliveries.push(Delivery.decode(reader, reader.uint32()));
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.highWatermark = reader.int64() as bigint;
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): DeliverResponse {
+    return {
+      deliveries: globalThis.Array.isArray(object?.deliveries)
+        ? object.deliveries.map((e: any) => Delivery.fromJSON(e))
+        : [],
+      highWatermark: isSet(object.highWatermark)
+        ? BigInt(object.highWatermark)
+        : isSet(object.high_watermark)
+        ? BigInt(object.high_watermark)
+        : 0n,
+    };
+  },
+
+  toJSON(message: DeliverResponse): unknown {
+    const obj: any = {};
+    if (message.deliveries?.length) {
+      obj.deliveries = message.deliveries.map((e) => Delivery.toJSON(e));
+    }
+    if (message.highWatermark !== 0n) {
+      obj.highWatermark = message.highWatermark.toString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<DeliverResponse>, I>>(base?: I): DeliverResponse {
+    return DeliverResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<DeliverResponse>, I>>(object: I): DeliverResponse {
+    const message = createBaseDeliverResponse();
+    message.deliveries = object.deliveries?.map((e) => Delivery.fromPartial(e)) || [];
+    message.highWatermark = (object.highWatermark !== undefined && object.highWatermark !== null)
+      ? BigInt(object.highWatermark)
+      : 0n;
+    return message;
+  },
+};
+
+function createBaseDelivery(): Delivery {
+  return { record: undefined, attempt: 0, deadline: undefined };
+}
+
+export const Delivery: MessageFns<Delivery> = {
+  encode(message: Delivery, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.record !== undefined) {
+      KafkaRecord.encode(message.record, writer.uint32(10).fork()).join();
+    }
+    if (message.attempt !== 0) {
+      writer.uint32(16).uint32(message.attempt);
+    }
+    if (message.deadline !== undefined) {
+      Timestamp.encode(message.deadline, writer.uint32(26).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Delivery {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseDelivery();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.record = KafkaRecord.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.attempt = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.deadline = Timestamp.decode(reader, reader.uint32());
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Delivery {
+    return {
+      record: isSet(object.record) ? KafkaRecord.fromJSON(object.record) : undefined,
+      attempt: isSet(object.attempt) ? globalThis.Number(object.attempt) : 0,
+      deadline: isSet(object.deadline) ? fromJsonTimestamp(object.deadline) : undefined,
+    };
+  },
+
+  toJSON(message: Delivery): unknown {
+    const obj: any = {};
+    if (message.record !== undefined) {
+      obj.record = KafkaRecord.toJSON(message.record);
+    }
+    if (message.attempt !== 0) {
+      obj.attempt = Math.round(message.attempt);
+    }
+    if (message.deadline !== undefined) {
+      obj.deadline = fromTimestamp(message.deadline).toISOString();
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Delivery>, I>>(base?: I): Delivery {
+    return Delivery.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Delivery>, I>>(object: I): Delivery {
+    const message = createBaseDelivery();
+    message.record = (object.record !== undefined && object.record !== null)
+      ? KafkaRecord.fromPartial(object.record)
+      : undefined;
+    message.attempt = object.attempt ?? 0;
+    message.deadline = (object.deadline !== undefined && object.deadline !== null)
+      ? Timestamp.fromPartial(object.deadline)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseAcknowledgeRequest(): AcknowledgeRequest {
+  return { leaseId: "", acknowledgements: [] };
+}
+
+export const AcknowledgeRequest: MessageFns<AcknowledgeRequest> = {
+  encode(message: AcknowledgeRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.leaseId !== "") {
+      writer.uint32(10).string(message.leaseId);
+    }
+    for (const v of message.acknowledgements) {
+      Acknowledgement.encode(v!, writer.uint32(18).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): AcknowledgeRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseAcknowledgeRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.leaseId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.acknowledgements.push(Acknowledgement.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): AcknowledgeRequest {
+    return {
+      leaseId: isSet(object.leaseId)
+        ? globalThis.String(object.leaseId)
+        : isSet(object.lease_id)
+        ? globalThis.String(object.lease_id)
+        : "",
+      acknowledgements: globalThis.Array.isArray(object?.acknowledgements)
+        ? object.acknowledgements.map((e: any) => Acknowledgement.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: AcknowledgeRequest): unknown {
+    const obj: any = {};
+    if (message.leaseId !== "") {
+      obj.leaseId = message.leaseId;
+    }
+    if (message.acknowledgements?.length) {
+      obj.acknowledgements = message.acknowledgements.map((e) => Acknowledgement.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<AcknowledgeRequest>, I>>(base?: I): AcknowledgeRequest {
+    return AcknowledgeRequest.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<AcknowledgeRequest>, I>>(object: I): AcknowledgeRequest {
+    const message = createBaseAcknowledgeRequest();
+    message.leaseId = object.leaseId ?? "";
+    message.acknowledgements = object.acknowledgements?.map((e) => Acknowledgement.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseAcknowledgement(): Acknowledgement {
+  return { offset: 0n, type: 0, attempt: 0, retryDelay: undefined, reason: "" };
+}
+
+export const Acknowledgement: MessageFns<Acknowledgement> = {
+  encode(message: Acknowledgement, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.offset !== 0n) {
+      if (BigInt.asIntN(64, message.offset) !== message.offset) {
+        throw new globalThis.Error("value provided for field message.offset of type int64 too large");
+      }
+      writer.uint32(8).int64(message.offset);
+    }
+    if (message.type !== 0) {
+      writer.uint32(16).int32(message.type);
+    }
+    if (message.attempt !== 0) {
+      writer.uint32(24).uint32(message.attempt);
+    }
+    if (message.retryDelay !== undefined) {
+      Duration.encode(message.retryDelay, writer.uint32(34).fork()).join();
+    }
+    if (message.reason !== "") {
+      writer.uint32(42).string(message.reason);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): Acknowledgement {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseAcknowledgement();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.offset = reader.int64() as bigint;
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.type = reader.int32() as any;
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.attempt = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.retryDelay = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.reason = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): Acknowledgement {
+    return {
+      offset: isSet(object.offset) ? BigInt(object.offset) : 0n,
+      type: isSet(object.type) ? ackTypeFromJSON(object.type) : 0,
+      attempt: isSet(object.attempt) ? globalThis.Number(object.attempt) : 0,
+      retryDelay: isSet(object.retryDelay)
+        ? Duration.fromJSON(object.retryDelay)
+        : isSet(object.retry_delay)
+        ? Duration.fromJSON(object.retry_delay)
+        : undefined,
+      reason: isSet(object.reason) ? globalThis.String(object.reason) : "",
+    };
+  },
+
+  toJSON(message: Acknowledgement): unknown {
+    const obj: any = {};
+    if (message.offset !== 0n) {
+      obj.offset = message.offset.toString();
+    }
+    if (message.type !== 0) {
+      obj.type = ackTypeToJSON(message.type);
+    }
+    if (message.attempt !== 0) {
+      obj.attempt = Math.round(message.attempt);
+    }
+    if (message.retryDelay !== undefined) {
+      obj.retryDelay = Duration.toJSON(message.retryDelay);
+    }
+    if (message.reason !== "") {
+      obj.reason = message.reason;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<Acknowledgement>, I>>(base?: I): Acknowledgement {
+    return Acknowledgement.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<Acknowledgement>, I>>(object: I): Acknowledgement {
+    const message = createBaseAcknowledgement();
+    message.offset = (object.offset !== undefined && object.offset !== null) ? BigInt(object.offset) : 0n;
+    message.type = object.type ?? 0;
+    message.attempt = object.attempt ?? 0;
+    message.retryDelay = (object.retryDelay !== undefined && object.retryDelay !== null)
+      ? Duration.fromPartial(object.retryDelay)
+      : undefined;
+    message.reason = object.reason ?? "";
+    return message;
+  },
+};
+
+function createBaseAcknowledgeResponse(): AcknowledgeResponse {
+  return { outcomes: [] };
+}
+
+export const AcknowledgeResponse: MessageFns<AcknowledgeResponse> = {
+  encode(message: AcknowledgeResponse, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.outcomes.length !== 0) {
+      writer.uint32(10).fork();
+      for (const v of message.outcomes) {
+        writer.int32(v);
+      }
+      writer.join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): AcknowledgeResponse {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseAcknowledgeResponse();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag === 8) {
+              message.outcomes.push(reader.int32() as any);
+
+              continue;
+            }
+
+            if (tag === 10) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.outcomes.push(reader.int32() as any);
+              }
+
+              continue;
+            }
+
+            break;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): AcknowledgeResponse {
+    return {
+      outcomes: globalThis.Array.isArray(object?.outcomes)
+        ? object.outcomes.map((e: any) => ackOutcomeFromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: AcknowledgeResponse): unknown {
+    const obj: any = {};
+    if (message.outcomes?.length) {
+      obj.outcomes = message.outcomes.map((e) => ackOutcomeToJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<AcknowledgeResponse>, I>>(base?: I): AcknowledgeResponse {
+    return AcknowledgeResponse.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<AcknowledgeResponse>, I>>(object: I): AcknowledgeResponse {
+    const message = createBaseAcknowledgeResponse();
+    message.outcomes = object.outcomes?.map((e) => e) || [];
     return message;
   },
 };
@@ -4596,6 +5844,68 @@ export const PartitionLeaseServiceService = {
     responseSerialize: (value: ListLeasesResponse): Buffer => Buffer.from(ListLeasesResponse.encode(value).finish()),
     responseDeserialize: (value: Buffer): ListLeasesResponse => ListLeasesResponse.decode(value),
   },
+  /**
+   * Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+   * Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+   * the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+   * flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+   * by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+   * its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+   * letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+   * RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+   *
+   * The gateway commits for the client: the committed offset is the lowest record not done,
+   * and the records done above it, with the attempts of those delivered and not done, travel
+   * in the commit's metadata beside the fencing token (fenced as every commit). The next
+   * holder of the partition, on any gateway, skips what is done and delivers the rest with
+   * their attempts carried over. It commits about once a second while something changed, and
+   * before Release ends the lease. A record is done once accepted, or once the broker has
+   * acknowledged its copy in the dead letter topic.
+   *
+   * The first Deliver puts the lease in queue mode for the rest of its life: from then on
+   * Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+   * (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+   * settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+   * in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+   * the lease alive, as a Read does. The stream ends as a Read's does.
+   *
+   * Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+   * NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+   * lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+   * group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+   * UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+   */
+  deliver: {
+    path: "/kafka_lease.v1.PartitionLeaseService/Deliver" as const,
+    requestStream: false as const,
+    responseStream: true as const,
+    requestSerialize: (value: DeliverRequest): Buffer => Buffer.from(DeliverRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): DeliverRequest => DeliverRequest.decode(value),
+    responseSerialize: (value: DeliverResponse): Buffer => Buffer.from(DeliverResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): DeliverResponse => DeliverResponse.decode(value),
+  },
+  /**
+   * Answers deliveries of a lease in queue mode, from any connection and through any
+   * gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+   * comes back in the same position: an answer for a delivery that is no longer in flight
+   * (its deadline passed and it was delivered again, or it is done) is STALE and changes
+   * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+   * answers (the record was handled).
+   *
+   * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+   * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+   * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+   * on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+   */
+  acknowledge: {
+    path: "/kafka_lease.v1.PartitionLeaseService/Acknowledge" as const,
+    requestStream: false as const,
+    responseStream: false as const,
+    requestSerialize: (value: AcknowledgeRequest): Buffer => Buffer.from(AcknowledgeRequest.encode(value).finish()),
+    requestDeserialize: (value: Buffer): AcknowledgeRequest => AcknowledgeRequest.decode(value),
+    responseSerialize: (value: AcknowledgeResponse): Buffer => Buffer.from(AcknowledgeResponse.encode(value).finish()),
+    responseDeserialize: (value: Buffer): AcknowledgeResponse => AcknowledgeResponse.decode(value),
+  },
 } as const;
 
 export interface PartitionLeaseServiceServer extends UntypedServiceImplementation {
@@ -4710,6 +6020,52 @@ export interface PartitionLeaseServiceServer extends UntypedServiceImplementatio
    * not answer says why in `details_unavailable`.
    */
   listLeases: handleUnaryCall<ListLeasesRequest, ListLeasesResponse>;
+  /**
+   * Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+   * Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+   * the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+   * flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+   * by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+   * its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+   * letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+   * RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+   *
+   * The gateway commits for the client: the committed offset is the lowest record not done,
+   * and the records done above it, with the attempts of those delivered and not done, travel
+   * in the commit's metadata beside the fencing token (fenced as every commit). The next
+   * holder of the partition, on any gateway, skips what is done and delivers the rest with
+   * their attempts carried over. It commits about once a second while something changed, and
+   * before Release ends the lease. A record is done once accepted, or once the broker has
+   * acknowledged its copy in the dead letter topic.
+   *
+   * The first Deliver puts the lease in queue mode for the rest of its life: from then on
+   * Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+   * (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+   * settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+   * in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+   * the lease alive, as a Read does. The stream ends as a Read's does.
+   *
+   * Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+   * NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+   * lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+   * group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+   * UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+   */
+  deliver: handleServerStreamingCall<DeliverRequest, DeliverResponse>;
+  /**
+   * Answers deliveries of a lease in queue mode, from any connection and through any
+   * gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+   * comes back in the same position: an answer for a delivery that is no longer in flight
+   * (its deadline passed and it was delivered again, or it is done) is STALE and changes
+   * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+   * answers (the record was handled).
+   *
+   * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+   * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+   * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+   * on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+   */
+  acknowledge: handleUnaryCall<AcknowledgeRequest, AcknowledgeResponse>;
 }
 
 export interface PartitionLeaseServiceClient extends Client {
@@ -4910,6 +6266,71 @@ export interface PartitionLeaseServiceClient extends Client {
     metadata: Metadata,
     options: Partial<CallOptions>,
     callback: (error: ServiceError | null, response: ListLeasesResponse) => void,
+  ): ClientUnaryCall;
+  /**
+   * Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+   * Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+   * the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+   * flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+   * by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+   * its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+   * letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+   * RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+   *
+   * The gateway commits for the client: the committed offset is the lowest record not done,
+   * and the records done above it, with the attempts of those delivered and not done, travel
+   * in the commit's metadata beside the fencing token (fenced as every commit). The next
+   * holder of the partition, on any gateway, skips what is done and delivers the rest with
+   * their attempts carried over. It commits about once a second while something changed, and
+   * before Release ends the lease. A record is done once accepted, or once the broker has
+   * acknowledged its copy in the dead letter topic.
+   *
+   * The first Deliver puts the lease in queue mode for the rest of its life: from then on
+   * Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+   * (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+   * settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+   * in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+   * the lease alive, as a Read does. The stream ends as a Read's does.
+   *
+   * Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+   * NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+   * lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+   * group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+   * UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+   */
+  deliver(request: DeliverRequest, options?: Partial<CallOptions>): ClientReadableStream<DeliverResponse>;
+  deliver(
+    request: DeliverRequest,
+    metadata?: Metadata,
+    options?: Partial<CallOptions>,
+  ): ClientReadableStream<DeliverResponse>;
+  /**
+   * Answers deliveries of a lease in queue mode, from any connection and through any
+   * gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+   * comes back in the same position: an answer for a delivery that is no longer in flight
+   * (its deadline passed and it was delivered again, or it is done) is STALE and changes
+   * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+   * answers (the record was handled).
+   *
+   * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+   * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+   * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+   * on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+   */
+  acknowledge(
+    request: AcknowledgeRequest,
+    callback: (error: ServiceError | null, response: AcknowledgeResponse) => void,
+  ): ClientUnaryCall;
+  acknowledge(
+    request: AcknowledgeRequest,
+    metadata: Metadata,
+    callback: (error: ServiceError | null, response: AcknowledgeResponse) => void,
+  ): ClientUnaryCall;
+  acknowledge(
+    request: AcknowledgeRequest,
+    metadata: Metadata,
+    options: Partial<CallOptions>,
+    callback: (error: ServiceError | null, response: AcknowledgeResponse) => void,
   ): ClientUnaryCall;
 }
 

@@ -307,7 +307,8 @@ public enum ErrorReason
    * PERMISSION_DENIED. The caller's identity may not take this action here: the gateway's
    * policy grants it no `action` on this group and topic, or the lease was acquired by
    * another identity (a lease id is bound to the identity that acquired it).
-   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list),
+   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list,
+   * dead_letter),
    * `group`, `topic` (where known).
    * No RetryInfo.
    * </pre>
@@ -315,6 +316,18 @@ public enum ErrorReason
    * <code>ACTION_DENIED = 23;</code>
    */
   ACTION_DENIED(23),
+  /**
+   * <pre>
+   * FAILED_PRECONDITION. The call does not fit the lease's mode: a Read, Seek or Commit (or
+   * Release's `commit_offset`) on a lease in queue mode, where the gateway commits; an
+   * Acknowledge on a lease no Deliver has put in queue mode.
+   * Metadata: `lease_ref`, `mode` ("queue" or "read").
+   * No RetryInfo.
+   * </pre>
+   *
+   * <code>WRONG_MODE = 24;</code>
+   */
+  WRONG_MODE(24),
   UNRECOGNIZED(-1),
   ;
 
@@ -603,7 +616,8 @@ public enum ErrorReason
    * PERMISSION_DENIED. The caller's identity may not take this action here: the gateway's
    * policy grants it no `action` on this group and topic, or the lease was acquired by
    * another identity (a lease id is bound to the identity that acquired it).
-   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list),
+   * Metadata: `identity`, `action` (acquire, read, seek, commit, release, subscribe, list,
+   * dead_letter),
    * `group`, `topic` (where known).
    * No RetryInfo.
    * </pre>
@@ -611,6 +625,18 @@ public enum ErrorReason
    * <code>ACTION_DENIED = 23;</code>
    */
   public static final int ACTION_DENIED_VALUE = 23;
+  /**
+   * <pre>
+   * FAILED_PRECONDITION. The call does not fit the lease's mode: a Read, Seek or Commit (or
+   * Release's `commit_offset`) on a lease in queue mode, where the gateway commits; an
+   * Acknowledge on a lease no Deliver has put in queue mode.
+   * Metadata: `lease_ref`, `mode` ("queue" or "read").
+   * No RetryInfo.
+   * </pre>
+   *
+   * <code>WRONG_MODE = 24;</code>
+   */
+  public static final int WRONG_MODE_VALUE = 24;
 
 
   public final int getNumber() {
@@ -661,6 +687,7 @@ public enum ErrorReason
       case 21: return LEASE_REVOKED;
       case 22: return NOT_AUTHENTICATED;
       case 23: return ACTION_DENIED;
+      case 24: return WRONG_MODE;
       default: return null;
     }
   }

@@ -36,7 +36,7 @@ public final class ErrorsProto extends com.google.protobuf.GeneratedFile {
   static {
     java.lang.String[] descriptorData = {
       "\n\033kafka_lease/v1/errors.proto\022\016kafka_lea" +
-      "se.v1*\200\004\n\013ErrorReason\022\034\n\030ERROR_REASON_UN" +
+      "se.v1*\220\004\n\013ErrorReason\022\034\n\030ERROR_REASON_UN" +
       "SPECIFIED\020\000\022\021\n\rINVALID_FIELD\020\001\022\023\n\017TOPIC_" +
       "NOT_FOUND\020\002\022\027\n\023PARTITION_NOT_FOUND\020\003\022\023\n\017" +
       "LEASE_NOT_FOUND\020\004\022\022\n\016PARTITION_BUSY\020\005\022\021\n" +
@@ -49,11 +49,11 @@ public final class ErrorsProto extends com.google.protobuf.GeneratedFile {
       "LIMIT_REACHED\020\022\022\027\n\023GATEWAY_UNREACHABLE\020\023" +
       "\022\021\n\rMEMBER_ACTIVE\020\024\022\021\n\rLEASE_REVOKED\020\025\022\025" +
       "\n\021NOT_AUTHENTICATED\020\026\022\021\n\rACTION_DENIED\020\027" +
-      "B\250\001\n\027io.github.kafkalease.v1B\013ErrorsProt" +
-      "oP\001ZGgithub.com/kafka-lease/kafka-lease/" +
-      "clients/go/kafkaleasev1;kafkaleasev1\242\002\003K" +
-      "LX\252\002\rKafkaLease.V1\312\002\rKafkaLease\\V1\352\002\016Kaf" +
-      "kaLease::V1b\006proto3"
+      "\022\016\n\nWRONG_MODE\020\030B\250\001\n\027io.github.kafkaleas" +
+      "e.v1B\013ErrorsProtoP\001ZGgithub.com/kafka-le" +
+      "ase/kafka-lease/clients/go/kafkaleasev1;" +
+      "kafkaleasev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rKaf" +
+      "kaLease\\V1\352\002\016KafkaLease::V1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,

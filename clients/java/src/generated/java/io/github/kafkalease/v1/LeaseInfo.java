@@ -659,6 +659,44 @@ private static final long serialVersionUID = 0L;
     }
   }
 
+  public static final int QUEUE_FIELD_NUMBER = 17;
+  private io.github.kafkalease.v1.QueueInfo queue_;
+  /**
+   * <pre>
+   * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+   * @return Whether the queue field is set.
+   */
+  @java.lang.Override
+  public boolean hasQueue() {
+    return ((bitField0_ & 0x00000080) != 0);
+  }
+  /**
+   * <pre>
+   * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+   * @return The queue.
+   */
+  @java.lang.Override
+  public io.github.kafkalease.v1.QueueInfo getQueue() {
+    return queue_ == null ? io.github.kafkalease.v1.QueueInfo.getDefaultInstance() : queue_;
+  }
+  /**
+   * <pre>
+   * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+   */
+  @java.lang.Override
+  public io.github.kafkalease.v1.QueueInfoOrBuilder getQueueOrBuilder() {
+    return queue_ == null ? io.github.kafkalease.v1.QueueInfo.getDefaultInstance() : queue_;
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -721,6 +759,9 @@ private static final long serialVersionUID = 0L;
     if (((bitField0_ & 0x00000040) != 0)) {
       output.writeInt64(16, readLag_);
     }
+    if (((bitField0_ & 0x00000080) != 0)) {
+      output.writeMessage(17, getQueue());
+    }
     getUnknownFields().writeTo(output);
   }
   private int computeSerializedSize_0() {
@@ -781,6 +822,10 @@ private static final long serialVersionUID = 0L;
     if (((bitField0_ & 0x00000040) != 0)) {
       size += com.google.protobuf.CodedOutputStream
         .computeInt64Size(16, readLag_);
+    }
+    if (((bitField0_ & 0x00000080) != 0)) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeMessageSize(17, getQueue());
     }
     return size;
   }
@@ -859,6 +904,11 @@ private static final long serialVersionUID = 0L;
         .equals(other.getGatewayAddress())) return false;
     if (!getMemberId()
         .equals(other.getMemberId())) return false;
+    if (hasQueue() != other.hasQueue()) return false;
+    if (hasQueue()) {
+      if (!getQueue()
+          .equals(other.getQueue())) return false;
+    }
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -922,6 +972,10 @@ private static final long serialVersionUID = 0L;
     hash = (53 * hash) + getGatewayAddress().hashCode();
     hash = (37 * hash) + MEMBER_ID_FIELD_NUMBER;
     hash = (53 * hash) + getMemberId().hashCode();
+    if (hasQueue()) {
+      hash = (37 * hash) + QUEUE_FIELD_NUMBER;
+      hash = (53 * hash) + getQueue().hashCode();
+    }
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
     return hash;
@@ -1058,6 +1112,7 @@ private static final long serialVersionUID = 0L;
               .alwaysUseFieldBuilders) {
         internalGetAcquiredAtFieldBuilder();
         internalGetExpiresAtFieldBuilder();
+        internalGetQueueFieldBuilder();
       }
     }
     @java.lang.Override
@@ -1088,6 +1143,11 @@ private static final long serialVersionUID = 0L;
       detailsUnavailable_ = "";
       gatewayAddress_ = "";
       memberId_ = "";
+      queue_ = null;
+      if (queueBuilder_ != null) {
+        queueBuilder_.dispose();
+        queueBuilder_ = null;
+      }
       return this;
     }
 
@@ -1181,6 +1241,12 @@ private static final long serialVersionUID = 0L;
       if (((from_bitField0_ & 0x00008000) != 0)) {
         result.memberId_ = memberId_;
       }
+      if (((from_bitField0_ & 0x00010000) != 0)) {
+        result.queue_ = queueBuilder_ == null
+            ? queue_
+            : queueBuilder_.build();
+        to_bitField0_ |= 0x00000080;
+      }
       result.bitField0_ |= to_bitField0_;
     }
 
@@ -1257,6 +1323,9 @@ private static final long serialVersionUID = 0L;
         memberId_ = other.memberId_;
         bitField0_ |= 0x00008000;
         onChanged();
+      }
+      if (other.hasQueue()) {
+        mergeQueue(other.getQueue());
       }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
@@ -1366,6 +1435,13 @@ private static final long serialVersionUID = 0L;
               bitField0_ |= 0x00001000;
               break;
             } // case 128
+            case 138: {
+              input.readMessage(
+                  internalGetQueueFieldBuilder().getBuilder(),
+                  extensionRegistry);
+              bitField0_ |= 0x00010000;
+              break;
+            } // case 138
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -2774,6 +2850,161 @@ private static final long serialVersionUID = 0L;
       bitField0_ |= 0x00008000;
       onChanged();
       return this;
+    }
+
+    private io.github.kafkalease.v1.QueueInfo queue_;
+    private com.google.protobuf.SingleFieldBuilder<
+        io.github.kafkalease.v1.QueueInfo, io.github.kafkalease.v1.QueueInfo.Builder, io.github.kafkalease.v1.QueueInfoOrBuilder> queueBuilder_;
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     * @return Whether the queue field is set.
+     */
+    public boolean hasQueue() {
+      return ((bitField0_ & 0x00010000) != 0);
+    }
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     * @return The queue.
+     */
+    public io.github.kafkalease.v1.QueueInfo getQueue() {
+      if (queueBuilder_ == null) {
+        return queue_ == null ? io.github.kafkalease.v1.QueueInfo.getDefaultInstance() : queue_;
+      } else {
+        return queueBuilder_.getMessage();
+      }
+    }
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     */
+    public Builder setQueue(io.github.kafkalease.v1.QueueInfo value) {
+      if (queueBuilder_ == null) {
+        java.util.Objects.requireNonNull(value);
+        queue_ = value;
+      } else {
+        queueBuilder_.setMessage(value);
+      }
+      bitField0_ |= 0x00010000;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     */
+    public Builder setQueue(
+        io.github.kafkalease.v1.QueueInfo.Builder builderForValue) {
+      if (queueBuilder_ == null) {
+        queue_ = builderForValue.build();
+      } else {
+        queueBuilder_.setMessage(builderForValue.build());
+      }
+      bitField0_ |= 0x00010000;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     */
+    public Builder mergeQueue(io.github.kafkalease.v1.QueueInfo value) {
+      if (queueBuilder_ == null) {
+        if (((bitField0_ & 0x00010000) != 0) &&
+          queue_ != null &&
+          queue_ != io.github.kafkalease.v1.QueueInfo.getDefaultInstance()) {
+          getQueueBuilder().mergeFrom(value);
+        } else {
+          queue_ = value;
+        }
+      } else {
+        queueBuilder_.mergeFrom(value);
+      }
+      if (queue_ != null) {
+        bitField0_ |= 0x00010000;
+        onChanged();
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     */
+    public Builder clearQueue() {
+      bitField0_ = (bitField0_ & ~0x00010000);
+      queue_ = null;
+      if (queueBuilder_ != null) {
+        queueBuilder_.dispose();
+        queueBuilder_ = null;
+      }
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     */
+    public io.github.kafkalease.v1.QueueInfo.Builder getQueueBuilder() {
+      bitField0_ |= 0x00010000;
+      onChanged();
+      return internalGetQueueFieldBuilder().getBuilder();
+    }
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     */
+    public io.github.kafkalease.v1.QueueInfoOrBuilder getQueueOrBuilder() {
+      if (queueBuilder_ != null) {
+        return queueBuilder_.getMessageOrBuilder();
+      } else {
+        return queue_ == null ?
+            io.github.kafkalease.v1.QueueInfo.getDefaultInstance() : queue_;
+      }
+    }
+    /**
+     * <pre>
+     * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+     */
+    private com.google.protobuf.SingleFieldBuilder<
+        io.github.kafkalease.v1.QueueInfo, io.github.kafkalease.v1.QueueInfo.Builder, io.github.kafkalease.v1.QueueInfoOrBuilder> 
+        internalGetQueueFieldBuilder() {
+      if (queueBuilder_ == null) {
+        queueBuilder_ = new com.google.protobuf.SingleFieldBuilder<
+            io.github.kafkalease.v1.QueueInfo, io.github.kafkalease.v1.QueueInfo.Builder, io.github.kafkalease.v1.QueueInfoOrBuilder>(
+                getQueue(),
+                getParentForChildren(),
+                isClean());
+        queue_ = null;
+      }
+      return queueBuilder_;
     }
 
     // @@protoc_insertion_point(builder_scope:kafka_lease.v1.LeaseInfo)

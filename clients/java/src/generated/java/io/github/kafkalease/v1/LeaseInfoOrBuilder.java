@@ -347,4 +347,31 @@ public interface LeaseInfoOrBuilder extends
    */
   com.google.protobuf.ByteString
       getMemberIdBytes();
+
+  /**
+   * <pre>
+   * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+   * @return Whether the queue field is set.
+   */
+  boolean hasQueue();
+  /**
+   * <pre>
+   * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+   * @return The queue.
+   */
+  io.github.kafkalease.v1.QueueInfo getQueue();
+  /**
+   * <pre>
+   * Live, for a lease in queue mode (Deliver): its deliveries. Unset otherwise.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueInfo queue = 17;</code>
+   */
+  io.github.kafkalease.v1.QueueInfoOrBuilder getQueueOrBuilder();
 }

@@ -151,6 +151,41 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
   static final 
     com.google.protobuf.GeneratedMessage.FieldAccessorTable
       internal_static_kafka_lease_v1_LeaseInfo_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_QueueInfo_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_QueueInfo_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_DeliverRequest_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_DeliverRequest_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_DeliverResponse_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_DeliverResponse_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_Delivery_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_Delivery_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_AcknowledgeRequest_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_AcknowledgeRequest_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_Acknowledgement_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_Acknowledgement_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_AcknowledgeResponse_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_AcknowledgeResponse_fieldAccessorTable;
 
   public static com.google.protobuf.Descriptors.FileDescriptor
       getDescriptor() {
@@ -249,7 +284,7 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "\n\tpage_size\030\003 \001(\r\022\022\n\npage_token\030\004 \001(\tB\010\n" +
       "\006_groupB\010\n\006_topic\"X\n\022ListLeasesResponse\022" +
       ")\n\006leases\030\001 \003(\0132\031.kafka_lease.v1.LeaseIn" +
-      "fo\022\027\n\017next_page_token\030\002 \001(\t\"\344\003\n\tLeaseInf" +
+      "fo\022\027\n\017next_page_token\030\002 \001(\t\"\216\004\n\tLeaseInf" +
       "o\022\r\n\005group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tparti" +
       "tion\030\003 \001(\005\022\016\n\006member\030\004 \001(\t\022\025\n\rfencing_to" +
       "ken\030\005 \001(\004\022/\n\013acquired_at\030\006 \001(\0132\032.google." +
@@ -260,14 +295,49 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "\003H\002\210\001\001\022\020\n\003lag\030\014 \001(\003H\003\210\001\001\022\025\n\010read_lag\030\020 \001" +
       "(\003H\004\210\001\001\022\033\n\023details_unavailable\030\r \001(\t\022\027\n\017" +
       "gateway_address\030\016 \001(\t\022\021\n\tmember_id\030\017 \001(\t" +
-      "B\013\n\t_positionB\023\n\021_committed_offsetB\021\n\017_h" +
-      "igh_watermarkB\006\n\004_lagB\013\n\t_read_lag*_\n\013Of" +
-      "fsetReset\022\034\n\030OFFSET_RESET_UNSPECIFIED\020\000\022" +
-      "\031\n\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSET_RES" +
-      "ET_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIMESTAM" +
-      "P_TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_TYPE_C" +
-      "REATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_APPEN" +
-      "D_TIME\020\0022\201\005\n\025PartitionLeaseService\022J\n\007Ac" +
+      "\022(\n\005queue\030\021 \001(\0132\031.kafka_lease.v1.QueueIn" +
+      "foB\013\n\t_positionB\023\n\021_committed_offsetB\021\n\017" +
+      "_high_watermarkB\006\n\004_lagB\013\n\t_read_lag\"\360\001\n" +
+      "\tQueueInfo\022/\n\010ordering\030\001 \001(\0162\035.kafka_lea" +
+      "se.v1.DeliveryOrder\022\021\n\tin_flight\030\002 \001(\r\0223" +
+      "\n\020oldest_in_flight\030\003 \001(\0132\031.google.protob" +
+      "uf.Duration\022\017\n\007waiting\030\004 \001(\r\022\022\n\ndeliveri" +
+      "es\030\005 \001(\004\022\024\n\014redeliveries\030\006 \001(\004\022\024\n\014dead_l" +
+      "etters\030\007 \001(\004\022\031\n\021dead_letter_topic\030\010 \001(\t\"" +
+      "\353\001\n\016DeliverRequest\022\020\n\010lease_id\030\001 \001(\t\022/\n\010" +
+      "ordering\030\002 \001(\0162\035.kafka_lease.v1.Delivery" +
+      "Order\022\025\n\rmax_in_flight\030\003 \001(\r\022\033\n\023max_in_f" +
+      "light_bytes\030\004 \001(\r\022/\n\014ack_deadline\030\005 \001(\0132" +
+      "\031.google.protobuf.Duration\022\026\n\016max_delive" +
+      "ries\030\006 \001(\r\022\031\n\021dead_letter_topic\030\007 \001(\t\"W\n" +
+      "\017DeliverResponse\022,\n\ndeliveries\030\001 \003(\0132\030.k" +
+      "afka_lease.v1.Delivery\022\026\n\016high_watermark" +
+      "\030\002 \001(\003\"v\n\010Delivery\022+\n\006record\030\001 \001(\0132\033.kaf" +
+      "ka_lease.v1.KafkaRecord\022\017\n\007attempt\030\002 \001(\r" +
+      "\022,\n\010deadline\030\003 \001(\0132\032.google.protobuf.Tim" +
+      "estamp\"a\n\022AcknowledgeRequest\022\020\n\010lease_id" +
+      "\030\001 \001(\t\0229\n\020acknowledgements\030\002 \003(\0132\037.kafka" +
+      "_lease.v1.Acknowledgement\"\231\001\n\017Acknowledg" +
+      "ement\022\016\n\006offset\030\001 \001(\003\022%\n\004type\030\002 \001(\0162\027.ka" +
+      "fka_lease.v1.AckType\022\017\n\007attempt\030\003 \001(\r\022.\n" +
+      "\013retry_delay\030\004 \001(\0132\031.google.protobuf.Dur" +
+      "ation\022\016\n\006reason\030\005 \001(\t\"C\n\023AcknowledgeResp" +
+      "onse\022,\n\010outcomes\030\001 \003(\0162\032.kafka_lease.v1." +
+      "AckOutcome*_\n\013OffsetReset\022\034\n\030OFFSET_RESE" +
+      "T_UNSPECIFIED\020\000\022\031\n\025OFFSET_RESET_EARLIEST" +
+      "\020\001\022\027\n\023OFFSET_RESET_LATEST\020\002*s\n\rTimestamp" +
+      "Type\022\036\n\032TIMESTAMP_TYPE_UNSPECIFIED\020\000\022\036\n\032" +
+      "TIMESTAMP_TYPE_CREATE_TIME\020\001\022\"\n\036TIMESTAM" +
+      "P_TYPE_LOG_APPEND_TIME\020\002*\203\001\n\rDeliveryOrd" +
+      "er\022\036\n\032DELIVERY_ORDER_UNSPECIFIED\020\000\022\034\n\030DE" +
+      "LIVERY_ORDER_PARTITION\020\001\022\026\n\022DELIVERY_ORD" +
+      "ER_KEY\020\002\022\034\n\030DELIVERY_ORDER_UNORDERED\020\003*u" +
+      "\n\007AckType\022\030\n\024ACK_TYPE_UNSPECIFIED\020\000\022\023\n\017A" +
+      "CK_TYPE_ACCEPT\020\001\022\022\n\016ACK_TYPE_RETRY\020\002\022\023\n\017" +
+      "ACK_TYPE_REJECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004*Y\n" +
+      "\nAckOutcome\022\033\n\027ACK_OUTCOME_UNSPECIFIED\020\000" +
+      "\022\027\n\023ACK_OUTCOME_APPLIED\020\001\022\025\n\021ACK_OUTCOME" +
+      "_STALE\020\0022\247\006\n\025PartitionLeaseService\022J\n\007Ac" +
       "quire\022\036.kafka_lease.v1.AcquireRequest\032\037." +
       "kafka_lease.v1.AcquireResponse\022C\n\004Read\022\033" +
       ".kafka_lease.v1.ReadRequest\032\034.kafka_leas" +
@@ -283,11 +353,16 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "ersRequest\032#.kafka_lease.v1.ListMembersR" +
       "esponse\022S\n\nListLeases\022!.kafka_lease.v1.L" +
       "istLeasesRequest\032\".kafka_lease.v1.ListLe" +
-      "asesResponseB\260\001\n\027io.github.kafkalease.v1" +
-      "B\023PartitionLeaseProtoP\001ZGgithub.com/kafk" +
-      "a-lease/kafka-lease/clients/go/kafkaleas" +
-      "ev1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002" +
-      "\rKafkaLease\\V1\352\002\016KafkaLease::V1b\006proto3"
+      "asesResponse\022L\n\007Deliver\022\036.kafka_lease.v1" +
+      ".DeliverRequest\032\037.kafka_lease.v1.Deliver" +
+      "Response0\001\022V\n\013Acknowledge\022\".kafka_lease." +
+      "v1.AcknowledgeRequest\032#.kafka_lease.v1.A" +
+      "cknowledgeResponseB\260\001\n\027io.github.kafkale" +
+      "ase.v1B\023PartitionLeaseProtoP\001ZGgithub.co" +
+      "m/kafka-lease/kafka-lease/clients/go/kaf" +
+      "kaleasev1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLeas" +
+      "e.V1\312\002\rKafkaLease\\V1\352\002\016KafkaLease::V1b\006p" +
+      "roto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -445,7 +520,49 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
     internal_static_kafka_lease_v1_LeaseInfo_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_LeaseInfo_descriptor,
-        new java.lang.String[] { "Group", "Topic", "Partition", "Member", "FencingToken", "AcquiredAt", "ExpiresAt", "Gateway", "Position", "CommittedOffset", "HighWatermark", "Lag", "ReadLag", "DetailsUnavailable", "GatewayAddress", "MemberId", });
+        new java.lang.String[] { "Group", "Topic", "Partition", "Member", "FencingToken", "AcquiredAt", "ExpiresAt", "Gateway", "Position", "CommittedOffset", "HighWatermark", "Lag", "ReadLag", "DetailsUnavailable", "GatewayAddress", "MemberId", "Queue", });
+    internal_static_kafka_lease_v1_QueueInfo_descriptor =
+      getDescriptor().getMessageType(25);
+    internal_static_kafka_lease_v1_QueueInfo_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_QueueInfo_descriptor,
+        new java.lang.String[] { "Ordering", "InFlight", "OldestInFlight", "Waiting", "Deliveries", "Redeliveries", "DeadLetters", "DeadLetterTopic", });
+    internal_static_kafka_lease_v1_DeliverRequest_descriptor =
+      getDescriptor().getMessageType(26);
+    internal_static_kafka_lease_v1_DeliverRequest_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_DeliverRequest_descriptor,
+        new java.lang.String[] { "LeaseId", "Ordering", "MaxInFlight", "MaxInFlightBytes", "AckDeadline", "MaxDeliveries", "DeadLetterTopic", });
+    internal_static_kafka_lease_v1_DeliverResponse_descriptor =
+      getDescriptor().getMessageType(27);
+    internal_static_kafka_lease_v1_DeliverResponse_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_DeliverResponse_descriptor,
+        new java.lang.String[] { "Deliveries", "HighWatermark", });
+    internal_static_kafka_lease_v1_Delivery_descriptor =
+      getDescriptor().getMessageType(28);
+    internal_static_kafka_lease_v1_Delivery_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_Delivery_descriptor,
+        new java.lang.String[] { "Record", "Attempt", "Deadline", });
+    internal_static_kafka_lease_v1_AcknowledgeRequest_descriptor =
+      getDescriptor().getMessageType(29);
+    internal_static_kafka_lease_v1_AcknowledgeRequest_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_AcknowledgeRequest_descriptor,
+        new java.lang.String[] { "LeaseId", "Acknowledgements", });
+    internal_static_kafka_lease_v1_Acknowledgement_descriptor =
+      getDescriptor().getMessageType(30);
+    internal_static_kafka_lease_v1_Acknowledgement_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_Acknowledgement_descriptor,
+        new java.lang.String[] { "Offset", "Type", "Attempt", "RetryDelay", "Reason", });
+    internal_static_kafka_lease_v1_AcknowledgeResponse_descriptor =
+      getDescriptor().getMessageType(31);
+    internal_static_kafka_lease_v1_AcknowledgeResponse_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_AcknowledgeResponse_descriptor,
+        new java.lang.String[] { "Outcomes", });
     descriptor.resolveAllFeaturesImmutable();
     com.google.protobuf.DurationProto.getDescriptor();
     com.google.protobuf.EmptyProto.getDescriptor();

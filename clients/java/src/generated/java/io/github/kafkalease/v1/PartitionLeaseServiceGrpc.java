@@ -263,6 +263,68 @@ public final class PartitionLeaseServiceGrpc {
     return getListLeasesMethod;
   }
 
+  private static volatile io.grpc.MethodDescriptor<io.github.kafkalease.v1.DeliverRequest,
+      io.github.kafkalease.v1.DeliverResponse> getDeliverMethod;
+
+  @io.grpc.stub.annotations.RpcMethod(
+      fullMethodName = SERVICE_NAME + '/' + "Deliver",
+      requestType = io.github.kafkalease.v1.DeliverRequest.class,
+      responseType = io.github.kafkalease.v1.DeliverResponse.class,
+      methodType = io.grpc.MethodDescriptor.MethodType.SERVER_STREAMING)
+  public static io.grpc.MethodDescriptor<io.github.kafkalease.v1.DeliverRequest,
+      io.github.kafkalease.v1.DeliverResponse> getDeliverMethod() {
+    io.grpc.MethodDescriptor<io.github.kafkalease.v1.DeliverRequest, io.github.kafkalease.v1.DeliverResponse> getDeliverMethod;
+    if ((getDeliverMethod = PartitionLeaseServiceGrpc.getDeliverMethod) == null) {
+      synchronized (PartitionLeaseServiceGrpc.class) {
+        if ((getDeliverMethod = PartitionLeaseServiceGrpc.getDeliverMethod) == null) {
+          PartitionLeaseServiceGrpc.getDeliverMethod = getDeliverMethod =
+              io.grpc.MethodDescriptor.<io.github.kafkalease.v1.DeliverRequest, io.github.kafkalease.v1.DeliverResponse>newBuilder()
+              .setType(io.grpc.MethodDescriptor.MethodType.SERVER_STREAMING)
+              .setFullMethodName(generateFullMethodName(SERVICE_NAME, "Deliver"))
+              .setSampledToLocalTracing(true)
+              .setRequestMarshaller(io.grpc.protobuf.ProtoUtils.marshaller(
+                  io.github.kafkalease.v1.DeliverRequest.getDefaultInstance()))
+              .setResponseMarshaller(io.grpc.protobuf.ProtoUtils.marshaller(
+                  io.github.kafkalease.v1.DeliverResponse.getDefaultInstance()))
+              .setSchemaDescriptor(new PartitionLeaseServiceMethodDescriptorSupplier("Deliver"))
+              .build();
+        }
+      }
+    }
+    return getDeliverMethod;
+  }
+
+  private static volatile io.grpc.MethodDescriptor<io.github.kafkalease.v1.AcknowledgeRequest,
+      io.github.kafkalease.v1.AcknowledgeResponse> getAcknowledgeMethod;
+
+  @io.grpc.stub.annotations.RpcMethod(
+      fullMethodName = SERVICE_NAME + '/' + "Acknowledge",
+      requestType = io.github.kafkalease.v1.AcknowledgeRequest.class,
+      responseType = io.github.kafkalease.v1.AcknowledgeResponse.class,
+      methodType = io.grpc.MethodDescriptor.MethodType.UNARY)
+  public static io.grpc.MethodDescriptor<io.github.kafkalease.v1.AcknowledgeRequest,
+      io.github.kafkalease.v1.AcknowledgeResponse> getAcknowledgeMethod() {
+    io.grpc.MethodDescriptor<io.github.kafkalease.v1.AcknowledgeRequest, io.github.kafkalease.v1.AcknowledgeResponse> getAcknowledgeMethod;
+    if ((getAcknowledgeMethod = PartitionLeaseServiceGrpc.getAcknowledgeMethod) == null) {
+      synchronized (PartitionLeaseServiceGrpc.class) {
+        if ((getAcknowledgeMethod = PartitionLeaseServiceGrpc.getAcknowledgeMethod) == null) {
+          PartitionLeaseServiceGrpc.getAcknowledgeMethod = getAcknowledgeMethod =
+              io.grpc.MethodDescriptor.<io.github.kafkalease.v1.AcknowledgeRequest, io.github.kafkalease.v1.AcknowledgeResponse>newBuilder()
+              .setType(io.grpc.MethodDescriptor.MethodType.UNARY)
+              .setFullMethodName(generateFullMethodName(SERVICE_NAME, "Acknowledge"))
+              .setSampledToLocalTracing(true)
+              .setRequestMarshaller(io.grpc.protobuf.ProtoUtils.marshaller(
+                  io.github.kafkalease.v1.AcknowledgeRequest.getDefaultInstance()))
+              .setResponseMarshaller(io.grpc.protobuf.ProtoUtils.marshaller(
+                  io.github.kafkalease.v1.AcknowledgeResponse.getDefaultInstance()))
+              .setSchemaDescriptor(new PartitionLeaseServiceMethodDescriptorSupplier("Acknowledge"))
+              .build();
+        }
+      }
+    }
+    return getAcknowledgeMethod;
+  }
+
   /**
    * Creates a new async stub that supports all call types for the service
    */
@@ -476,6 +538,60 @@ public final class PartitionLeaseServiceGrpc {
         io.grpc.stub.StreamObserver<io.github.kafkalease.v1.ListLeasesResponse> responseObserver) {
       io.grpc.stub.ServerCalls.asyncUnimplementedUnaryCall(getListLeasesMethod(), responseObserver);
     }
+
+    /**
+     * <pre>
+     * Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+     * Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+     * the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+     * flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+     * by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+     * its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+     * letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+     * RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+     * The gateway commits for the client: the committed offset is the lowest record not done,
+     * and the records done above it, with the attempts of those delivered and not done, travel
+     * in the commit's metadata beside the fencing token (fenced as every commit). The next
+     * holder of the partition, on any gateway, skips what is done and delivers the rest with
+     * their attempts carried over. It commits about once a second while something changed, and
+     * before Release ends the lease. A record is done once accepted, or once the broker has
+     * acknowledged its copy in the dead letter topic.
+     * The first Deliver puts the lease in queue mode for the rest of its life: from then on
+     * Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+     * (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+     * settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+     * in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+     * the lease alive, as a Read does. The stream ends as a Read's does.
+     * Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+     * NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+     * lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+     * group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+     * UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    default void deliver(io.github.kafkalease.v1.DeliverRequest request,
+        io.grpc.stub.StreamObserver<io.github.kafkalease.v1.DeliverResponse> responseObserver) {
+      io.grpc.stub.ServerCalls.asyncUnimplementedUnaryCall(getDeliverMethod(), responseObserver);
+    }
+
+    /**
+     * <pre>
+     * Answers deliveries of a lease in queue mode, from any connection and through any
+     * gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+     * comes back in the same position: an answer for a delivery that is no longer in flight
+     * (its deadline passed and it was delivered again, or it is done) is STALE and changes
+     * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+     * answers (the record was handled).
+     * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+     * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+     * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+     * on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    default void acknowledge(io.github.kafkalease.v1.AcknowledgeRequest request,
+        io.grpc.stub.StreamObserver<io.github.kafkalease.v1.AcknowledgeResponse> responseObserver) {
+      io.grpc.stub.ServerCalls.asyncUnimplementedUnaryCall(getAcknowledgeMethod(), responseObserver);
+    }
   }
 
   /**
@@ -666,6 +782,62 @@ public final class PartitionLeaseServiceGrpc {
       io.grpc.stub.ClientCalls.asyncUnaryCall(
           getChannel().newCall(getListLeasesMethod(), getCallOptions()), request, responseObserver);
     }
+
+    /**
+     * <pre>
+     * Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+     * Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+     * the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+     * flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+     * by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+     * its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+     * letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+     * RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+     * The gateway commits for the client: the committed offset is the lowest record not done,
+     * and the records done above it, with the attempts of those delivered and not done, travel
+     * in the commit's metadata beside the fencing token (fenced as every commit). The next
+     * holder of the partition, on any gateway, skips what is done and delivers the rest with
+     * their attempts carried over. It commits about once a second while something changed, and
+     * before Release ends the lease. A record is done once accepted, or once the broker has
+     * acknowledged its copy in the dead letter topic.
+     * The first Deliver puts the lease in queue mode for the rest of its life: from then on
+     * Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+     * (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+     * settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+     * in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+     * the lease alive, as a Read does. The stream ends as a Read's does.
+     * Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+     * NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+     * lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+     * group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+     * UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    public void deliver(io.github.kafkalease.v1.DeliverRequest request,
+        io.grpc.stub.StreamObserver<io.github.kafkalease.v1.DeliverResponse> responseObserver) {
+      io.grpc.stub.ClientCalls.asyncServerStreamingCall(
+          getChannel().newCall(getDeliverMethod(), getCallOptions()), request, responseObserver);
+    }
+
+    /**
+     * <pre>
+     * Answers deliveries of a lease in queue mode, from any connection and through any
+     * gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+     * comes back in the same position: an answer for a delivery that is no longer in flight
+     * (its deadline passed and it was delivered again, or it is done) is STALE and changes
+     * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+     * answers (the record was handled).
+     * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+     * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+     * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+     * on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    public void acknowledge(io.github.kafkalease.v1.AcknowledgeRequest request,
+        io.grpc.stub.StreamObserver<io.github.kafkalease.v1.AcknowledgeResponse> responseObserver) {
+      io.grpc.stub.ClientCalls.asyncUnaryCall(
+          getChannel().newCall(getAcknowledgeMethod(), getCallOptions()), request, responseObserver);
+    }
   }
 
   /**
@@ -838,6 +1010,62 @@ public final class PartitionLeaseServiceGrpc {
       return io.grpc.stub.ClientCalls.blockingV2UnaryCall(
           getChannel(), getListLeasesMethod(), getCallOptions(), request);
     }
+
+    /**
+     * <pre>
+     * Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+     * Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+     * the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+     * flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+     * by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+     * its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+     * letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+     * RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+     * The gateway commits for the client: the committed offset is the lowest record not done,
+     * and the records done above it, with the attempts of those delivered and not done, travel
+     * in the commit's metadata beside the fencing token (fenced as every commit). The next
+     * holder of the partition, on any gateway, skips what is done and delivers the rest with
+     * their attempts carried over. It commits about once a second while something changed, and
+     * before Release ends the lease. A record is done once accepted, or once the broker has
+     * acknowledged its copy in the dead letter topic.
+     * The first Deliver puts the lease in queue mode for the rest of its life: from then on
+     * Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+     * (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+     * settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+     * in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+     * the lease alive, as a Read does. The stream ends as a Read's does.
+     * Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+     * NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+     * lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+     * group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+     * UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    @io.grpc.ExperimentalApi("https://github.com/grpc/grpc-java/issues/10918")
+    public io.grpc.stub.BlockingClientCall<?, io.github.kafkalease.v1.DeliverResponse>
+        deliver(io.github.kafkalease.v1.DeliverRequest request) {
+      return io.grpc.stub.ClientCalls.blockingV2ServerStreamingCall(
+          getChannel(), getDeliverMethod(), getCallOptions(), request);
+    }
+
+    /**
+     * <pre>
+     * Answers deliveries of a lease in queue mode, from any connection and through any
+     * gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+     * comes back in the same position: an answer for a delivery that is no longer in flight
+     * (its deadline passed and it was delivered again, or it is done) is STALE and changes
+     * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+     * answers (the record was handled).
+     * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+     * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+     * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+     * on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    public io.github.kafkalease.v1.AcknowledgeResponse acknowledge(io.github.kafkalease.v1.AcknowledgeRequest request) throws io.grpc.StatusException {
+      return io.grpc.stub.ClientCalls.blockingV2UnaryCall(
+          getChannel(), getAcknowledgeMethod(), getCallOptions(), request);
+    }
   }
 
   /**
@@ -1008,6 +1236,61 @@ public final class PartitionLeaseServiceGrpc {
       return io.grpc.stub.ClientCalls.blockingUnaryCall(
           getChannel(), getListLeasesMethod(), getCallOptions(), request);
     }
+
+    /**
+     * <pre>
+     * Queue mode: hands the lease's records out one by one, as deliveries, each answered with
+     * Acknowledge: ACCEPT (done), RETRY (deliver it again, after a delay if given), REJECT (to
+     * the dead letter topic, with a reason) or RENEW (more time). Several records may be in
+     * flight at once (`max_in_flight`), in the order `ordering` allows. A delivery not answered
+     * by its `deadline` is delivered again, with its `attempt` one higher; a record that fails
+     * its `max_deliveries`-th delivery (a RETRY, or its deadline passing) goes to the dead
+     * letter topic. The verbs are those of Kafka's share groups (KIP-932): RETRY is their
+     * RELEASE (named so here beside the Release call), and `attempt` their delivery count.
+     * The gateway commits for the client: the committed offset is the lowest record not done,
+     * and the records done above it, with the attempts of those delivered and not done, travel
+     * in the commit's metadata beside the fencing token (fenced as every commit). The next
+     * holder of the partition, on any gateway, skips what is done and delivers the rest with
+     * their attempts carried over. It commits about once a second while something changed, and
+     * before Release ends the lease. A record is done once accepted, or once the broker has
+     * acknowledged its copy in the dead letter topic.
+     * The first Deliver puts the lease in queue mode for the rest of its life: from then on
+     * Read, Seek and Commit (and Release's `commit_offset`) are FAILED_PRECONDITION
+     * (WRONG_MODE). A later Deliver (a client reopening a broken stream) must ask for the same
+     * settings, and supersedes the open one, which ends with ABORTED (SUPERSEDED); deliveries
+     * in flight stay in flight, and may be answered from any connection. An open Deliver keeps
+     * the lease alive, as a Read does. The stream ends as a Read's does.
+     * Errors: INVALID_ARGUMENT (a setting out of range, or not the queue's: INVALID_FIELD);
+     * NOT_FOUND (the dead letter topic does not exist: TOPIC_NOT_FOUND, naming it; or the
+     * lease: LEASE_NOT_FOUND); PERMISSION_DENIED (the policy grants no `dead_letter` on the
+     * group and the dead letter topic: ACTION_DENIED); FAILED_PRECONDITION (LEASE_*);
+     * UNAVAILABLE (Kafka unreachable, GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    public java.util.Iterator<io.github.kafkalease.v1.DeliverResponse> deliver(
+        io.github.kafkalease.v1.DeliverRequest request) {
+      return io.grpc.stub.ClientCalls.blockingServerStreamingCall(
+          getChannel(), getDeliverMethod(), getCallOptions(), request);
+    }
+
+    /**
+     * <pre>
+     * Answers deliveries of a lease in queue mode, from any connection and through any
+     * gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+     * comes back in the same position: an answer for a delivery that is no longer in flight
+     * (its deadline passed and it was delivered again, or it is done) is STALE and changes
+     * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+     * answers (the record was handled).
+     * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+     * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+     * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+     * on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    public io.github.kafkalease.v1.AcknowledgeResponse acknowledge(io.github.kafkalease.v1.AcknowledgeRequest request) {
+      return io.grpc.stub.ClientCalls.blockingUnaryCall(
+          getChannel(), getAcknowledgeMethod(), getCallOptions(), request);
+    }
   }
 
   /**
@@ -1123,6 +1406,26 @@ public final class PartitionLeaseServiceGrpc {
       return io.grpc.stub.ClientCalls.futureUnaryCall(
           getChannel().newCall(getListLeasesMethod(), getCallOptions()), request);
     }
+
+    /**
+     * <pre>
+     * Answers deliveries of a lease in queue mode, from any connection and through any
+     * gateway instance. Each acknowledgement is applied on its own, in order, and its outcome
+     * comes back in the same position: an answer for a delivery that is no longer in flight
+     * (its deadline passed and it was delivered again, or it is done) is STALE and changes
+     * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
+     * answers (the record was handled).
+     * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
+     * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
+     * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
+     * on the lease); NOT_FOUND (LEASE_NOT_FOUND); UNAVAILABLE (GATEWAY_UNREACHABLE).
+     * </pre>
+     */
+    public com.google.common.util.concurrent.ListenableFuture<io.github.kafkalease.v1.AcknowledgeResponse> acknowledge(
+        io.github.kafkalease.v1.AcknowledgeRequest request) {
+      return io.grpc.stub.ClientCalls.futureUnaryCall(
+          getChannel().newCall(getAcknowledgeMethod(), getCallOptions()), request);
+    }
   }
 
   private static final int METHODID_ACQUIRE = 0;
@@ -1133,6 +1436,8 @@ public final class PartitionLeaseServiceGrpc {
   private static final int METHODID_SUBSCRIBE = 5;
   private static final int METHODID_LIST_MEMBERS = 6;
   private static final int METHODID_LIST_LEASES = 7;
+  private static final int METHODID_DELIVER = 8;
+  private static final int METHODID_ACKNOWLEDGE = 9;
 
   private static final class MethodHandlers<Req, Resp> implements
       io.grpc.stub.ServerCalls.UnaryMethod<Req, Resp>,
@@ -1182,6 +1487,14 @@ public final class PartitionLeaseServiceGrpc {
         case METHODID_LIST_LEASES:
           serviceImpl.listLeases((io.github.kafkalease.v1.ListLeasesRequest) request,
               (io.grpc.stub.StreamObserver<io.github.kafkalease.v1.ListLeasesResponse>) responseObserver);
+          break;
+        case METHODID_DELIVER:
+          serviceImpl.deliver((io.github.kafkalease.v1.DeliverRequest) request,
+              (io.grpc.stub.StreamObserver<io.github.kafkalease.v1.DeliverResponse>) responseObserver);
+          break;
+        case METHODID_ACKNOWLEDGE:
+          serviceImpl.acknowledge((io.github.kafkalease.v1.AcknowledgeRequest) request,
+              (io.grpc.stub.StreamObserver<io.github.kafkalease.v1.AcknowledgeResponse>) responseObserver);
           break;
         default:
           throw new AssertionError();
@@ -1257,6 +1570,20 @@ public final class PartitionLeaseServiceGrpc {
               io.github.kafkalease.v1.ListLeasesRequest,
               io.github.kafkalease.v1.ListLeasesResponse>(
                 service, METHODID_LIST_LEASES)))
+        .addMethod(
+          getDeliverMethod(),
+          io.grpc.stub.ServerCalls.asyncServerStreamingCall(
+            new MethodHandlers<
+              io.github.kafkalease.v1.DeliverRequest,
+              io.github.kafkalease.v1.DeliverResponse>(
+                service, METHODID_DELIVER)))
+        .addMethod(
+          getAcknowledgeMethod(),
+          io.grpc.stub.ServerCalls.asyncUnaryCall(
+            new MethodHandlers<
+              io.github.kafkalease.v1.AcknowledgeRequest,
+              io.github.kafkalease.v1.AcknowledgeResponse>(
+                service, METHODID_ACKNOWLEDGE)))
         .build();
   }
 
@@ -1313,6 +1640,8 @@ public final class PartitionLeaseServiceGrpc {
               .addMethod(getSubscribeMethod())
               .addMethod(getListMembersMethod())
               .addMethod(getListLeasesMethod())
+              .addMethod(getDeliverMethod())
+              .addMethod(getAcknowledgeMethod())
               .build();
         }
       }

@@ -1,0 +1,572 @@
+//! Queue mode: a lease's records as [`Delivery`]s answered one by one
+//! ([`Lease::deliveries`]), and a consumer that runs a handler per record with a concurrency
+//! setting ([`Lease::consume`]).
+//!
+//! Answers are batched: each lease sends at most one Acknowledge at a time, and the answers
+//! made meanwhile go together in the next one, so a busy consumer sends few calls and an idle
+//! one answers at once.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+
+use crate::connection::Connection;
+use crate::convert::{duration_to_proto, system_time_from_proto};
+use crate::error::{Error, Result};
+use crate::lease::Lease;
+use crate::stream::Record;
+use kafka_lease_proto::v1 as proto;
+
+/// How many times in a row a broken Deliver is reopened before the error reaches the caller.
+const DEFAULT_RECONNECT_ATTEMPTS: u32 = 8;
+
+/// How a queue's records may be handed out relative to each other.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Ordering {
+    /// One record at a time, in offset order (the default).
+    #[default]
+    Partition,
+    /// The records of one key one at a time, in offset order; keys in parallel. A record
+    /// being retried holds back its key only.
+    Key,
+    /// Any record, in parallel.
+    Unordered,
+}
+
+/// A queue's settings. Everything left unset takes the gateway's default; a lease keeps the
+/// settings of its first Deliver.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueOptions {
+    ordering: Ordering,
+    max_in_flight: u32,
+    max_in_flight_bytes: u32,
+    ack_deadline: Option<Duration>,
+    max_deliveries: u32,
+    dead_letter_topic: String,
+    reconnect_attempts: Option<u32>,
+}
+
+impl QueueOptions {
+    /// The gateway's defaults: partition order, 64 in flight, a 30 s ack deadline, 5
+    /// deliveries, dead letters to `dlq.<group>.<topic>`.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How records may be handed out relative to each other.
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.ordering = ordering;
+        self
+    }
+
+    /// Most deliveries unanswered at once (1 ..= 10,000; default 64).
+    pub fn max_in_flight(mut self, records: u32) -> Self {
+        self.max_in_flight = records;
+        self
+    }
+
+    /// Most bytes of records unanswered at once (default 4 MiB; at most 64 MiB).
+    pub fn max_in_flight_bytes(mut self, bytes: u32) -> Self {
+        self.max_in_flight_bytes = bytes;
+        self
+    }
+
+    /// How long a delivery may go unanswered before it is delivered again (1 s ..= 1 h;
+    /// default 30 s).
+    pub fn ack_deadline(mut self, deadline: Duration) -> Self {
+        self.ack_deadline = Some(deadline);
+        self
+    }
+
+    /// Deliveries after which a failing record goes to the dead letter topic (1 ..= 100;
+    /// default 5).
+    pub fn max_deliveries(mut self, deliveries: u32) -> Self {
+        self.max_deliveries = deliveries;
+        self
+    }
+
+    /// The dead letter topic (default `dlq.<group>.<topic>`); it must exist.
+    pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
+        self.dead_letter_topic = topic.into();
+        self
+    }
+
+    /// How many times in a row a broken Deliver is reopened (default 8).
+    pub fn reconnect_attempts(mut self, attempts: u32) -> Self {
+        self.reconnect_attempts = Some(attempts);
+        self
+    }
+
+    fn request(&self, lease_id: &str) -> proto::DeliverRequest {
+        proto::DeliverRequest {
+            lease_id: lease_id.to_string(),
+            ordering: match self.ordering {
+                Ordering::Partition => proto::DeliveryOrder::Partition,
+                Ordering::Key => proto::DeliveryOrder::Key,
+                Ordering::Unordered => proto::DeliveryOrder::Unordered,
+            } as i32,
+            max_in_flight: self.max_in_flight,
+            max_in_flight_bytes: self.max_in_flight_bytes,
+            ack_deadline: self.ack_deadline.map(duration_to_proto),
+            max_deliveries: self.max_deliveries,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+        }
+    }
+}
+
+/// What became of an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckOutcome {
+    /// Applied.
+    Applied,
+    /// Changed nothing: the delivery was no longer in flight (its deadline passed, or it was
+    /// answered already), or the record is done.
+    Stale,
+}
+
+type Pending = (proto::Acknowledgement, oneshot::Sender<Result<AckOutcome>>);
+
+/// A lease's answers on their way: one Acknowledge at a time, the rest batched behind it.
+#[derive(Debug, Clone)]
+struct Acks {
+    tx: mpsc::UnboundedSender<Pending>,
+}
+
+impl Acks {
+    fn start(client: Connection, lease_id: String) -> Acks {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Pending>();
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                while batch.len() < 10_000 {
+                    match rx.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                let (acks, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+                let request = proto::AcknowledgeRequest {
+                    lease_id: lease_id.clone(),
+                    acknowledgements: acks,
+                };
+                match client.raw().acknowledge(request).await {
+                    Ok(response) => {
+                        let outcomes = response.into_inner().outcomes;
+                        for (i, reply) in replies.into_iter().enumerate() {
+                            let applied =
+                                outcomes.get(i).copied() == Some(proto::AckOutcome::Applied as i32);
+                            let _ = reply.send(Ok(if applied {
+                                AckOutcome::Applied
+                            } else {
+                                AckOutcome::Stale
+                            }));
+                        }
+                    }
+                    Err(status) => {
+                        for reply in replies {
+                            let _ = reply.send(Err(Error::from(status.clone())));
+                        }
+                    }
+                }
+            }
+        });
+        Acks { tx }
+    }
+
+    async fn send(&self, ack: proto::Acknowledgement) -> Result<AckOutcome> {
+        let (reply, answer) = oneshot::channel();
+        self.tx.send((ack, reply)).map_err(|_| {
+            Error::from(tonic::Status::cancelled(
+                "the lease's acknowledgements stopped",
+            ))
+        })?;
+        answer.await.map_err(|_| {
+            Error::from(tonic::Status::cancelled(
+                "the lease's acknowledgements stopped",
+            ))
+        })?
+    }
+}
+
+/// One hand-out of a record: answer it with [`accept`](Self::accept),
+/// [`retry`](Self::retry), [`reject`](Self::reject), or [`renew`](Self::renew) it, before
+/// its [`deadline`](Self::deadline).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The record.
+    pub record: Record,
+    /// 1 for the first delivery, one more for each after it (carried over handovers).
+    pub attempt: u32,
+    /// When the gateway delivers the record again unless it is answered.
+    pub deadline: SystemTime,
+    acks: Acks,
+}
+
+impl Delivery {
+    /// The record's offset.
+    pub fn offset(&self) -> i64 {
+        self.record.offset
+    }
+
+    fn answer(&self, kind: proto::AckType) -> proto::Acknowledgement {
+        proto::Acknowledgement {
+            offset: self.record.offset,
+            r#type: kind as i32,
+            attempt: self.attempt,
+            retry_delay: None,
+            reason: String::new(),
+        }
+    }
+
+    /// Handled: the record is done.
+    pub async fn accept(&self) -> Result<AckOutcome> {
+        self.acks.send(self.answer(proto::AckType::Accept)).await
+    }
+
+    /// Not handled: deliver it again after `delay` (at its last delivery, it goes to the
+    /// dead letter topic with `reason`).
+    pub async fn retry(&self, delay: Duration, reason: impl Into<String>) -> Result<AckOutcome> {
+        let mut ack = self.answer(proto::AckType::Retry);
+        ack.retry_delay = Some(duration_to_proto(delay));
+        ack.reason = reason.into();
+        self.acks.send(ack).await
+    }
+
+    /// Never to be handled: to the dead letter topic now, with `reason`.
+    pub async fn reject(&self, reason: impl Into<String>) -> Result<AckOutcome> {
+        let mut ack = self.answer(proto::AckType::Reject);
+        ack.reason = reason.into();
+        self.acks.send(ack).await
+    }
+
+    /// Still working: the deadline moves to now + the queue's ack deadline.
+    pub async fn renew(&self) -> Result<AckOutcome> {
+        self.acks.send(self.answer(proto::AckType::Renew)).await
+    }
+}
+
+type DeliverStream = tonic::codec::Streaming<proto::DeliverResponse>;
+
+/// A lease's deliveries, from [`Lease::deliveries`]. Reopens itself when the stream breaks
+/// (deliveries in flight stay in flight meanwhile, and can still be answered).
+#[derive(Debug)]
+pub struct Deliveries {
+    client: Connection,
+    request: proto::DeliverRequest,
+    inner: Option<DeliverStream>,
+    ready: VecDeque<Delivery>,
+    acks: Acks,
+    attempts: u32,
+}
+
+impl Deliveries {
+    /// The next delivery; `None` once the lease was released.
+    pub async fn next(&mut self) -> Option<Result<Delivery>> {
+        let mut failures = 0;
+        loop {
+            if let Some(delivery) = self.ready.pop_front() {
+                return Some(Ok(delivery));
+            }
+            let inner = match &mut self.inner {
+                Some(inner) => inner,
+                None => match self.client.raw().deliver(self.request.clone()).await {
+                    Ok(response) => self.inner.insert(response.into_inner()),
+                    Err(status) => {
+                        let err = Error::from(status);
+                        failures += 1;
+                        if err.is_retryable() && failures <= self.attempts {
+                            tokio::time::sleep(backoff(failures)).await;
+                            continue;
+                        }
+                        return Some(Err(err));
+                    }
+                },
+            };
+            match inner.next().await {
+                Some(Ok(response)) => {
+                    failures = 0;
+                    for delivery in response.deliveries {
+                        let Some(record) = delivery.record else {
+                            continue;
+                        };
+                        self.ready.push_back(Delivery {
+                            record: Record::from(record),
+                            attempt: delivery.attempt,
+                            deadline: system_time_from_proto(delivery.deadline)
+                                .unwrap_or(SystemTime::UNIX_EPOCH),
+                            acks: self.acks.clone(),
+                        });
+                    }
+                }
+                None => return None,
+                Some(Err(status)) => {
+                    self.inner = None;
+                    let err = Error::from(status);
+                    failures += 1;
+                    if err.is_retryable() && failures <= self.attempts {
+                        tokio::time::sleep(backoff(failures)).await;
+                        continue;
+                    }
+                    return Some(Err(err));
+                }
+            }
+        }
+    }
+}
+
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(100 << failures.min(5))
+}
+
+/// Why a handler did not handle a record, and what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerError {
+    /// Deliver it again: after `delay`, or after the consumer's backoff for its attempt.
+    Retry {
+        /// Not before this; `None`: the consumer's backoff.
+        delay: Option<Duration>,
+        /// Why, for the dead letter if this was its last delivery.
+        reason: String,
+    },
+    /// To the dead letter topic now.
+    Reject {
+        /// Why, for the dead letter.
+        reason: String,
+    },
+}
+
+impl HandlerError {
+    /// Deliver it again after the consumer's backoff.
+    pub fn retry(reason: impl Into<String>) -> Self {
+        HandlerError::Retry {
+            delay: None,
+            reason: reason.into(),
+        }
+    }
+
+    /// Deliver it again after `delay`.
+    pub fn retry_after(delay: Duration, reason: impl Into<String>) -> Self {
+        HandlerError::Retry {
+            delay: Some(delay),
+            reason: reason.into(),
+        }
+    }
+
+    /// To the dead letter topic now.
+    pub fn reject(reason: impl Into<String>) -> Self {
+        HandlerError::Reject {
+            reason: reason.into(),
+        }
+    }
+}
+
+impl<E: std::error::Error> From<E> for HandlerError {
+    /// Any error retries, after the consumer's backoff.
+    fn from(err: E) -> Self {
+        HandlerError::retry(err.to_string())
+    }
+}
+
+/// How [`Lease::consume`] runs the handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumeOptions {
+    queue: QueueOptions,
+    concurrency: usize,
+    backoff: (Duration, Duration),
+    drain: Duration,
+}
+
+impl ConsumeOptions {
+    /// `concurrency` handlers at once (and as many deliveries in flight, unless the queue
+    /// options say otherwise), a backoff of 100 ms doubling up to 30 s, 10 s to drain.
+    pub fn new(queue: QueueOptions, concurrency: usize) -> Self {
+        ConsumeOptions {
+            queue,
+            concurrency: concurrency.max(1),
+            backoff: (Duration::from_millis(100), Duration::from_secs(30)),
+            drain: Duration::from_secs(10),
+        }
+    }
+
+    /// The delay of a retry without one: `initial`, doubling with each attempt, at most
+    /// `max`.
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.backoff = (initial, max);
+        self
+    }
+
+    /// At shutdown, how long handlers running may take to finish; the records of those
+    /// that do not are handed back (retried at once).
+    pub fn drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
+    }
+
+    fn delay(&self, attempt: u32) -> Duration {
+        let (initial, max) = self.backoff;
+        initial
+            .saturating_mul(1 << attempt.saturating_sub(1).min(20))
+            .min(max)
+    }
+}
+
+/// What a [`Lease::consume`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumeStats {
+    /// Records the handler handled (accepted).
+    pub accepted: u64,
+    /// Handler failures answered with a retry.
+    pub retried: u64,
+    /// Records the handler rejected.
+    pub rejected: u64,
+    /// Records handed back at shutdown, unfinished.
+    pub handed_back: u64,
+}
+
+impl Lease {
+    /// Puts the lease in queue mode (on the first call) and opens its deliveries.
+    ///
+    /// # Errors
+    /// As the Deliver call: [`Error::InvalidArgument`](crate::Error::InvalidArgument) for
+    /// settings out of range, [`Error::NotFound`](crate::Error::NotFound) when the dead
+    /// letter topic does not exist, the lease errors as for every call.
+    pub async fn deliveries(&self, options: QueueOptions) -> Result<Deliveries> {
+        let request = options.request(self.lease_id());
+        let first = self.client.raw().deliver(request.clone()).await?;
+        Ok(Deliveries {
+            client: self.client.clone(),
+            request,
+            inner: Some(first.into_inner()),
+            ready: VecDeque::new(),
+            acks: Acks::start(self.client.clone(), self.lease_id().to_string()),
+            attempts: options
+                .reconnect_attempts
+                .unwrap_or(DEFAULT_RECONNECT_ATTEMPTS),
+        })
+    }
+
+    /// Runs `handler` on every record of the lease, up to `options`' concurrency at once,
+    /// until `shutdown` completes or the lease ends. `Ok(())` accepts the record; an error
+    /// retries it (after its delay or the backoff) or rejects it to the dead letter topic;
+    /// after the queue's `max_deliveries` a failing record goes there too.
+    ///
+    /// At shutdown it stops taking deliveries, gives running handlers the drain time, and
+    /// hands back the records of those still running. Then release the lease: Release
+    /// commits what was done.
+    ///
+    /// # Errors
+    /// What opening the deliveries fails with, or the error that ended them (the lease
+    /// ended, or a broken stream could not be reopened).
+    pub async fn consume<F, Fut>(
+        &self,
+        options: ConsumeOptions,
+        shutdown: impl Future<Output = ()>,
+        handler: F,
+    ) -> Result<ConsumeStats>
+    where
+        F: Fn(Record, u32) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
+    {
+        let mut queue = options.queue.clone();
+        if queue.max_in_flight == 0 {
+            queue.max_in_flight = options.concurrency.min(10_000) as u32;
+        }
+        let mut deliveries = self.deliveries(queue).await?;
+        let handler = Arc::new(handler);
+        let options = Arc::new(options);
+        let mut stats = ConsumeStats::default();
+        let mut running: JoinSet<(Answer, Delivery)> = JoinSet::new();
+        let mut out: HashMap<tokio::task::Id, Delivery> = HashMap::new();
+        tokio::pin!(shutdown);
+        let mut ended = None;
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                Some(joined) = running.join_next_with_id() => {
+                    if let Ok((id, (answer, delivery))) = joined {
+                        out.remove(&id);
+                        answer.send(&delivery, &options, &mut stats).await;
+                    }
+                }
+                next = deliveries.next(), if running.len() < options.concurrency => match next {
+                    None => break,
+                    Some(Err(err)) => { ended = Some(err); break }
+                    Some(Ok(delivery)) => {
+                        let handler = handler.clone();
+                        let record = delivery.record.clone();
+                        let attempt = delivery.attempt;
+                        let kept = delivery.clone();
+                        let handle = running.spawn(async move {
+                            let answer = match handler(record, attempt).await {
+                                Ok(()) => Answer::Accept,
+                                Err(err) => Answer::Failed(err),
+                            };
+                            (answer, delivery)
+                        });
+                        out.insert(handle.id(), kept);
+                    }
+                }
+            }
+        }
+        // Drain: running handlers get the drain time; then their records go back.
+        let drained = tokio::time::timeout(options.drain, async {
+            while let Some(joined) = running.join_next_with_id().await {
+                if let Ok((id, (answer, delivery))) = joined {
+                    out.remove(&id);
+                    answer.send(&delivery, &options, &mut stats).await;
+                }
+            }
+        })
+        .await;
+        if drained.is_err() {
+            running.abort_all();
+            for (_, delivery) in out.drain() {
+                if delivery
+                    .retry(Duration::ZERO, "the consumer shut down before handling it")
+                    .await
+                    .is_ok()
+                {
+                    stats.handed_back += 1;
+                }
+            }
+        }
+        match ended {
+            Some(err) => Err(err),
+            None => Ok(stats),
+        }
+    }
+}
+
+/// A handler's outcome, to send.
+enum Answer {
+    Accept,
+    Failed(HandlerError),
+}
+
+impl Answer {
+    async fn send(self, delivery: &Delivery, options: &ConsumeOptions, stats: &mut ConsumeStats) {
+        let sent = match self {
+            Answer::Accept => {
+                stats.accepted += 1;
+                delivery.accept().await
+            }
+            Answer::Failed(HandlerError::Retry { delay, reason }) => {
+                stats.retried += 1;
+                let delay = delay.unwrap_or_else(|| options.delay(delivery.attempt));
+                delivery.retry(delay, reason).await
+            }
+            Answer::Failed(HandlerError::Reject { reason }) => {
+                stats.rejected += 1;
+                delivery.reject(reason).await
+            }
+        };
+        // A lost answer costs a redelivery after the deadline, never a record: nothing to do.
+        let _ = sent;
+    }
+}

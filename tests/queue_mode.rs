@@ -1,0 +1,662 @@
+//! Queue mode end to end, on two real gateway processes, real Kafka and real Consul: leases
+//! taken on gateway A and served through B (forwarded), records answered one by one, a
+//! poison record reaching the dead letter topic with every header while the other keys go
+//! on, key order under random failures and delays, a stale answer from an old holder
+//! refused, deadlines redelivering, and the calls that do not fit the mode refused.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kafka_lease_client::{
+    proto, AckOutcome, AcquireOptions, Client, ConsumeOptions, Error, HandlerError, Ordering,
+    QueueOptions, ReadOptions, Reason,
+};
+use kafka_lease_testkit::{unique_name, Services};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use support::TestRecord;
+use support::{create_topic, kafka_committed, produce, producer, unique_prefix, GatewayProcess};
+use tokio::time::Instant;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn two_gateways(services: &Services) -> (GatewayProcess, GatewayProcess) {
+    let prefix = unique_prefix();
+    let a = GatewayProcess::start(services, &prefix, &unique_name("gw-a"), &[]).await;
+    let b = GatewayProcess::start(services, &prefix, &unique_name("gw-b"), &[]).await;
+    (a, b)
+}
+
+fn keyed(key: &str, value: &str) -> TestRecord {
+    TestRecord {
+        key: Some(key.as_bytes().to_vec()),
+        value: Some(value.as_bytes().to_vec()),
+        ..TestRecord::default()
+    }
+}
+
+/// A dead letter as the test reads it back.
+#[derive(Debug)]
+struct Letter {
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+    timestamp: Option<i64>,
+    headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Letter {
+    fn header(&self, key: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, v)| v.as_ref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+}
+
+/// Every record of partition 0 of `topic` once `count` are there (or what is there at the
+/// deadline).
+fn read_all(services: &Services, topic: &str, count: usize) -> Vec<Letter> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &services.kafka_bootstrap)
+        .set("group.id", unique_name("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut list = TopicPartitionList::new();
+    list.add_partition_offset(topic, 0, Offset::Beginning)
+        .expect("partition");
+    consumer.assign(&list).expect("assign");
+    let until = Instant::now() + Duration::from_secs(30);
+    let mut letters = Vec::new();
+    while letters.len() < count && Instant::now() < until {
+        if let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) {
+            letters.push(Letter {
+                key: message.key().map(<[u8]>::to_vec),
+                value: message.payload().map(<[u8]>::to_vec),
+                timestamp: message.timestamp().to_millis(),
+                headers: message
+                    .headers()
+                    .map(|h| {
+                        h.iter()
+                            .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            });
+        }
+    }
+    letters
+}
+
+/// When each record was handled: (offset, attempt, succeeded, at).
+type Journal = Arc<Mutex<Vec<(i64, u32, bool, Instant)>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poison_record_reaches_the_dead_letters_with_every_header_while_other_keys_go_on() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    let mut records = Vec::new();
+    for i in 0..30 {
+        let key = match i {
+            3 | 10 | 20 => "poison".to_string(),
+            _ => format!("k{}", i % 5),
+        };
+        records.push(keyed(&key, &format!("v{i}")));
+    }
+    // The poison record carries headers and a timestamp of its own, which its copy keeps.
+    records[3] = TestRecord {
+        key: Some(b"poison".to_vec()),
+        value: Some(b"bad".to_vec()),
+        headers: vec![
+            ("trace".into(), Some(b"t-1".to_vec())),
+            ("empty".into(), None),
+        ],
+        timestamp_ms: Some(1_700_000_000_123),
+    };
+    produce(&producer(&services), &topic, 0, &records).await;
+
+    let group = unique_name("g");
+    // One channel over both instances, as behind a balancer: each call lands on either, and
+    // the one that does not serve the lease forwards it.
+    let client = Client::connect_balanced([a.endpoint(), b.endpoint()]).expect("endpoints");
+    let lease_b = client
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+        .expect("acquire");
+    let token = lease_b.fencing_token();
+    let journal: Journal = Arc::default();
+    let seen = journal.clone();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let consumer = tokio::spawn(async move {
+        lease_b
+            .consume(
+                ConsumeOptions::new(
+                    QueueOptions::new()
+                        .ordering(Ordering::Key)
+                        .max_deliveries(3)
+                        .dead_letter_topic(dead_letters.clone()),
+                    8,
+                )
+                .backoff(Duration::from_millis(20), Duration::from_millis(50)),
+                async {
+                    let _ = stopped.await;
+                },
+                move |record, attempt| {
+                    let seen = seen.clone();
+                    async move {
+                        let bad = record.value.as_deref() == Some(b"bad");
+                        seen.lock().expect("journal").push((
+                            record.offset,
+                            attempt,
+                            !bad,
+                            Instant::now(),
+                        ));
+                        if bad {
+                            Err(HandlerError::retry("the handler cannot take this value"))
+                        } else {
+                            Ok(())
+                        }
+                    }
+                },
+            )
+            .await
+            .map(|stats| (stats, dead_letters, lease_b))
+    });
+    // Until the poison key's last record is handled: it comes after the dead letter.
+    let until = Instant::now() + DEADLINE;
+    loop {
+        let done = journal
+            .lock()
+            .expect("journal")
+            .iter()
+            .filter(|(_, _, ok, _)| *ok)
+            .count();
+        if done == 29 {
+            break;
+        }
+        assert!(Instant::now() < until, "29 records handled; got {done}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(());
+    let (stats, dead_letters, lease_b) = consumer.await.expect("consumer").expect("consume");
+    println!("{stats:?}");
+    let journal = journal.lock().expect("journal").clone();
+    let poison: Vec<(i64, u32, bool)> = journal
+        .iter()
+        .filter(|(offset, ..)| *offset == 3)
+        .map(|(o, a, ok, _)| (*o, *a, *ok))
+        .collect();
+    assert_eq!(
+        poison,
+        [(3, 1, false), (3, 2, false), (3, 3, false)],
+        "three deliveries of the poison record, then no more"
+    );
+    let last_poison_try = journal
+        .iter()
+        .filter(|(offset, ..)| *offset == 3)
+        .map(|(.., at)| *at)
+        .max()
+        .expect("tries");
+    let first_at = |offset: i64| {
+        journal
+            .iter()
+            .find(|(o, ..)| *o == offset)
+            .map(|(.., at)| *at)
+            .expect("handled")
+    };
+    assert!(
+        first_at(10) > last_poison_try && first_at(20) > first_at(10),
+        "later records of the poison key wait for it"
+    );
+    let others_before: usize = journal
+        .iter()
+        .filter(|(o, _, ok, at)| *ok && ![3, 10, 20].contains(o) && *at < last_poison_try)
+        .count();
+    assert!(
+        others_before >= 20,
+        "the other keys go on while the poison key waits: {others_before} handled before its last try"
+    );
+    // The copy in the dead letter topic.
+    let letters = read_all(&services, &dead_letters, 1);
+    assert_eq!(letters.len(), 1, "one dead letter");
+    let letter = &letters[0];
+    assert_eq!(letter.key.as_deref(), Some(&b"poison"[..]));
+    assert_eq!(letter.value.as_deref(), Some(&b"bad"[..]));
+    assert_eq!(letter.timestamp, Some(1_700_000_000_123));
+    assert_eq!(
+        &letter.headers[..2],
+        &[
+            ("trace".to_string(), Some(b"t-1".to_vec())),
+            ("empty".to_string(), None),
+        ]
+    );
+    assert_eq!(
+        letter.header("kafka-lease.topic").as_deref(),
+        Some(topic.as_str())
+    );
+    assert_eq!(letter.header("kafka-lease.partition").as_deref(), Some("0"));
+    assert_eq!(letter.header("kafka-lease.offset").as_deref(), Some("3"));
+    assert_eq!(
+        letter.header("kafka-lease.group").as_deref(),
+        Some(group.as_str())
+    );
+    assert_eq!(letter.header("kafka-lease.attempts").as_deref(), Some("3"));
+    assert_eq!(
+        letter.header("kafka-lease.reason").as_deref(),
+        Some("the handler cannot take this value")
+    );
+    assert_eq!(
+        letter.header("kafka-lease.fencing-token"),
+        Some(token.to_string())
+    );
+    // Release commits what is done: everything, the dead letter included.
+    lease_b.release().await.expect("release");
+    let (offset, metadata) = kafka_committed(&services, &group, &topic, 0).expect("committed");
+    assert_eq!(offset, 30, "committed: {metadata}");
+    assert!(
+        metadata.starts_with(&format!("kafka-lease token={token};q1=")),
+        "{metadata}"
+    );
+}
+
+/// One handling: (offset, attempt, succeeded, started, ended).
+type Handled = Arc<Mutex<Vec<(i64, u32, bool, Instant, Instant)>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_order_holds_under_failures_and_every_record_is_handled() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    // The scenario: 20,000 records over 500 keys, 64 in flight, random handler
+    // delays, 10 % of attempts failing.
+    const RECORDS: usize = 20_000;
+    const KEYS: u64 = 500;
+    let key_of = |i: u64| {
+        format!(
+            "key-{}",
+            (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % KEYS
+        )
+    };
+    let records: Vec<TestRecord> = (0..RECORDS as u64)
+        .map(|i| keyed(&key_of(i), &format!("v{i}")))
+        .collect();
+    produce(&producer(&services), &topic, 0, &records).await;
+    let group = unique_name("g");
+    let lease = b
+        .client()
+        .await
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+        .expect("acquire");
+    let journal: Handled = Arc::default();
+    let seen = journal.clone();
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = handled.clone();
+    let stop = async move {
+        while counter.load(std::sync::atomic::Ordering::SeqCst) < RECORDS {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let started = Instant::now();
+    let ok_count = handled.clone();
+    let stats = lease
+        .consume(
+            ConsumeOptions::new(
+                QueueOptions::new()
+                    .ordering(Ordering::Key)
+                    .max_deliveries(20)
+                    .dead_letter_topic(dead_letters),
+                64,
+            )
+            .backoff(Duration::from_millis(1), Duration::from_millis(10)),
+            stop,
+            move |record, attempt| {
+                let seen = seen.clone();
+                let ok_count = ok_count.clone();
+                async move {
+                    let begun = Instant::now();
+                    // A pseudo-random delay and a 10 % failure, by offset and attempt.
+                    let roll = ((record.offset as u64 * 31 + u64::from(attempt))
+                        .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                        >> 40)
+                        % 100;
+                    tokio::time::sleep(Duration::from_micros(roll * 20)).await;
+                    let ok = roll >= 10;
+                    if ok {
+                        ok_count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    seen.lock().expect("journal").push((
+                        record.offset,
+                        attempt,
+                        ok,
+                        begun,
+                        Instant::now(),
+                    ));
+                    if ok {
+                        Ok(())
+                    } else {
+                        Err(HandlerError::retry("a transient failure"))
+                    }
+                }
+            },
+        )
+        .await
+        .expect("consume");
+    println!("{stats:?} in {:?}", started.elapsed());
+    lease.release().await.expect("release");
+    let journal = journal.lock().expect("journal").clone();
+    // Per key: one handling at a time (the next starts after the last one ended), and the
+    // first successful handling of its records in offset order.
+    let mut by_key: HashMap<String, Vec<(Instant, Instant, i64, bool)>> = HashMap::new();
+    for (offset, _, ok, begun, ended) in &journal {
+        by_key
+            .entry(key_of(*offset as u64))
+            .or_default()
+            .push((*begun, *ended, *offset, *ok));
+    }
+    for (key, mut handlings) in by_key {
+        handlings.sort();
+        let mut done_up_to = -1;
+        for pair in handlings.windows(2) {
+            let ((_, ended, before, _), (begun, _, offset, _)) = (pair[0], pair[1]);
+            assert!(
+                begun >= ended,
+                "key {key}: offset {offset} was handled while offset {before} still was"
+            );
+        }
+        for (_, _, offset, ok) in handlings {
+            if ok && offset > done_up_to {
+                done_up_to = offset;
+            } else if ok {
+                panic!("key {key}: offset {offset} succeeded after offset {done_up_to}");
+            }
+        }
+    }
+    let succeeded: std::collections::BTreeSet<i64> = journal
+        .iter()
+        .filter(|(_, _, ok, ..)| *ok)
+        .map(|(offset, ..)| *offset)
+        .collect();
+    assert_eq!(
+        succeeded.len(),
+        RECORDS,
+        "every record handled at least once"
+    );
+    let duplicates = journal.iter().filter(|(_, _, ok, ..)| *ok).count() - RECORDS;
+    let failures = journal.iter().filter(|(_, _, ok, ..)| !*ok).count();
+    println!("{failures} failed attempts retried, {duplicates} records handled twice");
+    assert!(
+        failures > RECORDS / 20,
+        "the 10 % failures happened: {failures}"
+    );
+    assert_eq!(stats.accepted as usize, RECORDS + duplicates);
+    let (offset, _) = kafka_committed(&services, &group, &topic, 0).expect("committed");
+    assert_eq!(offset, RECORDS as i64);
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_answer_from_the_old_holder_is_refused_and_attempts_carry_over() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    let records: Vec<TestRecord> = (0..5).map(|i| keyed("k", &format!("v{i}"))).collect();
+    produce(&producer(&services), &topic, 0, &records).await;
+    let group = unique_name("g");
+    let options = QueueOptions::new()
+        .ordering(Ordering::Unordered)
+        .dead_letter_topic(dead_letters.clone());
+
+    let (client_a, client_b) = (a.client().await, b.client().await);
+    let old = client_a
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+        .expect("acquire");
+    let mut deliveries = old.deliveries(options.clone()).await.expect("deliver");
+    let mut first = Vec::new();
+    while first.len() < 5 {
+        first.push(deliveries.next().await.expect("open").expect("delivery"));
+    }
+    assert!(first.iter().all(|d| d.attempt == 1));
+    // Record 0 done; the others in flight when the lease goes.
+    assert_eq!(
+        first[0].accept().await.expect("accept"),
+        AckOutcome::Applied
+    );
+    assert_eq!(
+        first[0].accept().await.expect("again"),
+        AckOutcome::Stale,
+        "an answer for a record done changes nothing"
+    );
+    old.release().await.expect("release");
+    let committed = kafka_committed(&services, &group, &topic, 0).expect("committed");
+    assert_eq!(committed.0, 1, "{committed:?}");
+
+    // The next holder, on the other gateway: the rest again, attempts carried over.
+    let next = client_b
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+        .expect("the next holder");
+    assert!(next.fencing_token() > first[0].attempt as u64);
+    let mut again = next.deliveries(options).await.expect("deliver");
+    let mut second = Vec::new();
+    while second.len() < 4 {
+        second.push(again.next().await.expect("open").expect("delivery"));
+    }
+    let got: Vec<(i64, u32)> = second.iter().map(|d| (d.offset(), d.attempt)).collect();
+    assert_eq!(got, [(1, 2), (2, 2), (3, 2), (4, 2)]);
+    // The old holder's answers are refused and change nothing.
+    let stale = first[1].accept().await.expect_err("refused");
+    assert_eq!(stale.reason(), Some(Reason::LeaseReleased), "{stale}");
+    let stale = first[2].reject("old").await.expect_err("refused");
+    assert_eq!(stale.reason(), Some(Reason::LeaseReleased), "{stale}");
+    // The new holder's deliveries are still in flight, and its answers apply.
+    for delivery in &second {
+        assert_eq!(
+            delivery.accept().await.expect("accept"),
+            AckOutcome::Applied
+        );
+    }
+    next.release().await.expect("release");
+    assert_eq!(
+        kafka_committed(&services, &group, &topic, 0).map(|c| c.0),
+        Some(5)
+    );
+    assert!(
+        read_all(&services, &dead_letters, 1).is_empty(),
+        "the stale reject wrote nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_unanswered_past_its_deadline_comes_again_and_renew_holds_it() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, _b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    produce(
+        &producer(&services),
+        &topic,
+        0,
+        &[keyed("a", "0"), keyed("b", "1")],
+    )
+    .await;
+    let client = a.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic).partition(0))
+        .await
+        .expect("acquire");
+    let mut deliveries = lease
+        .deliveries(
+            QueueOptions::new()
+                .ordering(Ordering::Unordered)
+                .ack_deadline(Duration::from_secs(1))
+                .dead_letter_topic(dead_letters),
+        )
+        .await
+        .expect("deliver");
+    let one = deliveries.next().await.expect("open").expect("delivery");
+    let two = deliveries.next().await.expect("open").expect("delivery");
+    assert_eq!((one.offset(), two.offset()), (0, 1));
+    let sent = Instant::now();
+    // Renew one of them twice across its deadline; leave the other.
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(two.renew().await.expect("renew"), AckOutcome::Applied);
+    }
+    let again = deliveries.next().await.expect("open").expect("redelivery");
+    assert_eq!((again.offset(), again.attempt), (0, 2));
+    assert!(sent.elapsed() >= Duration::from_secs(1));
+    // The first delivery's answers are stale now, but its accept still counts.
+    assert_eq!(
+        one.retry(Duration::ZERO, "late").await.expect("retry"),
+        AckOutcome::Stale
+    );
+    assert_eq!(one.accept().await.expect("accept"), AckOutcome::Applied);
+    assert_eq!(again.accept().await.expect("accept"), AckOutcome::Stale);
+    assert_eq!(two.accept().await.expect("accept"), AckOutcome::Applied);
+    lease.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_that_do_not_fit_the_mode_and_bad_settings_are_refused_clearly() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    produce(&producer(&services), &topic, 0, &[keyed("a", "0")]).await;
+    let group = unique_name("g");
+    let client = a.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+        .expect("acquire");
+    // Through B, which forwards every call to A.
+    let via_b = b.client().await;
+    let deliver_via_b = |dead_letter_topic: &str| {
+        let mut raw = via_b.raw();
+        let request = proto::DeliverRequest {
+            lease_id: lease.lease_id().to_string(),
+            ordering: proto::DeliveryOrder::Key as i32,
+            dead_letter_topic: dead_letter_topic.to_string(),
+            ..Default::default()
+        };
+        async move { raw.deliver(request).await.map_err(Error::from) }
+    };
+
+    // The default dead letter topic does not exist: a clear error at open, naming it.
+    let err = deliver_via_b("").await.expect_err("no such topic");
+    assert_eq!(err.reason(), Some(Reason::TopicNotFound), "{err}");
+    assert!(
+        err.to_string().contains(&format!("dlq.{group}.{topic}")),
+        "{err}"
+    );
+    let mut raw_b = via_b.raw();
+    let err = raw_b
+        .acknowledge(proto::AcknowledgeRequest {
+            lease_id: lease.lease_id().to_string(),
+            acknowledgements: vec![proto::Acknowledgement {
+                offset: 0,
+                r#type: proto::AckType::Accept as i32,
+                ..Default::default()
+            }],
+        })
+        .await
+        .map_err(Error::from)
+        .expect_err("not in queue mode");
+    assert_eq!(err.reason(), Some(Reason::WrongMode), "{err}");
+    let err = lease
+        .deliveries(QueueOptions::new().dead_letter_topic(&topic))
+        .await
+        .expect_err("own topic");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    let err = lease
+        .deliveries(
+            QueueOptions::new()
+                .max_deliveries(101)
+                .dead_letter_topic(&dead_letters),
+        )
+        .await
+        .expect_err("range");
+    assert!(err.to_string().contains("max_deliveries 101"), "{err}");
+    // Nothing above changed the lease's mode, so a Read still works.
+    let mut read = lease.records(ReadOptions::new()).await.expect("read");
+    assert!(read.next_batch().await.is_some());
+    drop(read);
+
+    let options = QueueOptions::new()
+        .ordering(Ordering::Key)
+        .dead_letter_topic(&dead_letters);
+    let mut deliveries = deliver_via_b(&dead_letters)
+        .await
+        .expect("deliver via B")
+        .into_inner();
+    let first = deliveries
+        .message()
+        .await
+        .expect("open")
+        .expect("a response");
+    assert_eq!(first.deliveries.len(), 1);
+    assert!(b
+        .log()
+        .contains("proxying a Deliver from the serving instance"));
+    // Now Read, Seek and Commit are refused; a Deliver with other settings too.
+    let err = lease.records(ReadOptions::new()).await.expect_err("read");
+    assert_eq!(err.reason(), Some(Reason::WrongMode), "{err}");
+    let err = raw_b
+        .commit(proto::CommitRequest {
+            lease_id: lease.lease_id().to_string(),
+            offset: 1,
+            metadata: None,
+        })
+        .await
+        .map_err(Error::from)
+        .expect_err("commit");
+    assert_eq!(err.reason(), Some(Reason::WrongMode), "{err}");
+    let err = lease
+        .deliveries(options.clone().ordering(Ordering::Unordered))
+        .await
+        .expect_err("other settings");
+    assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+    // The same settings reopen, superseding the open stream; the delivery made on it is
+    // still in flight, and answered here.
+    let mut reopened = lease.deliveries(options).await.expect("reopen");
+    let superseded = deliveries
+        .message()
+        .await
+        .map_err(Error::from)
+        .expect_err("superseded");
+    assert_eq!(
+        superseded.reason(),
+        Some(Reason::Superseded),
+        "{superseded}"
+    );
+    let answered = raw_b
+        .acknowledge(proto::AcknowledgeRequest {
+            lease_id: lease.lease_id().to_string(),
+            acknowledgements: vec![proto::Acknowledgement {
+                offset: 0,
+                r#type: proto::AckType::Accept as i32,
+                attempt: 1,
+                ..Default::default()
+            }],
+        })
+        .await
+        .expect("acknowledge via B")
+        .into_inner();
+    assert_eq!(answered.outcomes, [proto::AckOutcome::Applied as i32]);
+    lease.release().await.expect("release");
+    assert!(
+        reopened.next().await.is_none(),
+        "a released lease's Deliver ends with OK"
+    );
+}
