@@ -12,7 +12,8 @@
 //!   a test of one channel at the scale the gateway allows (issue 31): many leases, each with
 //!   a Read open, plus many Acquires waiting, and short calls on the same channel answering
 //!   at once; the fixture gives it a topic of [`SCALE_PARTITIONS`] partitions (deleted when
-//!   the suite ends) and the gateway's metrics endpoint.
+//!   the suite ends) and the gateway's metrics endpoint. Its `queue` entry is a topic for
+//!   queue mode (issue 28): keyed records, one `poison` value, and a dead letter topic.
 //! - `example.sh` runs the example with `KAFKA_LEASE_ADDR`, `KAFKA_LEASE_GROUP` and
 //!   `KAFKA_LEASE_TOPIC`: it prints `processed <topic> <partition> <offset>` per record it
 //!   processed and committed, and on SIGTERM ends cleanly with exit 0.
@@ -42,6 +43,11 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(20);
 /// the one-channel tests lease (4 groups x 250 = the gateway's 1,000 leases per connection,
 /// `--max-leases-per-connection`, as tests/long_calls.rs).
 const SCALE_PARTITIONS: i32 = 250;
+
+/// Records of the fixture's queue topic (partition 0, keys `k<i % 4>`, values `v<i>`), and
+/// the offset whose value is `poison` instead.
+const QUEUE_RECORDS: usize = 40;
+const QUEUE_POISON: usize = 13;
 
 /// The records every language checks, and where they are.
 struct Fixture {
@@ -130,6 +136,22 @@ impl Fixture {
                 "timestamp_ms": record.timestamp_ms,
             }));
         }
+        // Queue mode's topic: keyed records, one of them a poison value the suites' handlers
+        // fail on, and a dead letter topic for it.
+        let queue_topic = create_topic(services, 1).await;
+        let queue_records: Vec<TestRecord> = (0..QUEUE_RECORDS)
+            .map(|i| TestRecord {
+                key: Some(format!("k{}", i % 4).into_bytes()),
+                value: Some(if i == QUEUE_POISON {
+                    b"poison".to_vec()
+                } else {
+                    format!("v{i}").into_bytes()
+                }),
+                ..TestRecord::default()
+            })
+            .collect();
+        produce(&producer, &queue_topic, 0, &queue_records).await;
+        let dead_letter_topic = create_topic(services, 1).await;
         let scale_topic = create_topic(services, SCALE_PARTITIONS).await;
         futures::future::join_all(
             (0..SCALE_PARTITIONS).map(|p| produce_n(&producer, &scale_topic, p, 1)),
@@ -143,6 +165,13 @@ impl Fixture {
                 "missing_topic": unique_name("no-such-topic"),
                 "records": records,
                 "scale": {"topic": scale_topic, "partitions": SCALE_PARTITIONS},
+                "queue": {
+                    "topic": queue_topic,
+                    "dead_letter_topic": dead_letter_topic,
+                    "records": QUEUE_RECORDS,
+                    "keys": 4,
+                    "poison_offset": QUEUE_POISON,
+                },
                 "metrics_url": gateway.metrics_endpoint(),
             }),
             scale_topic,
