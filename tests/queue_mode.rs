@@ -19,7 +19,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use support::TestRecord;
-use support::{create_topic, kafka_committed, produce, producer, unique_prefix, GatewayProcess};
+use support::{
+    create_topic, kafka_committed, metric_value, produce, producer, scrape, unique_prefix,
+    GatewayProcess,
+};
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -480,7 +483,13 @@ async fn a_stale_answer_from_the_old_holder_is_refused_and_attempts_carry_over()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_unanswered_past_its_deadline_comes_again_and_renew_holds_it() {
     let services = kafka_lease_testkit::require_services!();
-    let (a, _b) = two_gateways(&services).await;
+    let a = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("gw-a"),
+        &["--metrics-listen", "127.0.0.1:0"],
+    )
+    .await;
     let topic = create_topic(&services, 1).await;
     let dead_letters = create_topic(&services, 1).await;
     produce(
@@ -524,6 +533,44 @@ async fn a_delivery_unanswered_past_its_deadline_comes_again_and_renew_holds_it(
     assert_eq!(one.accept().await.expect("accept"), AckOutcome::Applied);
     assert_eq!(again.accept().await.expect("accept"), AckOutcome::Stale);
     assert_eq!(two.accept().await.expect("accept"), AckOutcome::Applied);
+    // The metrics tell the same story: three deliveries, one of them again after the
+    // deadline, the stale answers counted as such, and the in-flight gauge back at 0.
+    let samples = scrape(&a.metrics_endpoint()).await;
+    let value = |name: &str, labels: &[(&str, &str)]| metric_value(&samples, name, labels);
+    let topic_label = [("topic", topic.as_str())];
+    assert_eq!(
+        value("kafka_lease_queue_deliveries_total", &topic_label),
+        3.0
+    );
+    assert_eq!(
+        value(
+            "kafka_lease_queue_redeliveries_total",
+            &[("topic", topic.as_str()), ("cause", "deadline")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        value(
+            "kafka_lease_queue_answers_total",
+            &[("type", "retry"), ("outcome", "stale")]
+        ),
+        1.0
+    );
+    assert!(
+        value(
+            "kafka_lease_queue_answers_total",
+            &[("type", "renew"), ("outcome", "applied")]
+        ) >= 2.0
+    );
+    assert_eq!(
+        value(
+            "kafka_lease_queue_ack_seconds_count",
+            &[("topic", topic.as_str()), ("type", "accept")]
+        ),
+        1.0,
+        "only the accept of the delivery in flight has a latency"
+    );
+    assert_eq!(value("kafka_lease_queue_in_flight", &topic_label), 0.0);
     lease.release().await.expect("release");
 }
 
@@ -658,5 +705,233 @@ async fn calls_that_do_not_fit_the_mode_and_bad_settings_are_refused_clearly() {
     assert!(
         reopened.next().await.is_none(),
         "a released lease's Deliver ends with OK"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_of_the_serving_gateway_loses_nothing_and_repeats_only_what_was_in_flight() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    const RECORDS: i64 = 2_000;
+    let records: Vec<TestRecord> = (0..RECORDS)
+        .map(|i| keyed(&format!("k{}", i % 50), &format!("v{i}")))
+        .collect();
+    produce(&producer(&services), &topic, 0, &records).await;
+    let group = unique_name("g");
+    let options = QueueOptions::new()
+        .ordering(Ordering::Unordered)
+        .max_in_flight(64)
+        .dead_letter_topic(dead_letters);
+
+    // On A: everything answered but record 0 (stuck in flight: the watermark stays at 0 and
+    // the rest is done above it), until 1,500 are done; then the next 63 deliveries stay
+    // in flight too.
+    let lease = a
+        .client()
+        .await
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .partition(0)
+                .ttl(Duration::from_secs(5)),
+        )
+        .await
+        .expect("acquire on A");
+    let first_token = lease.fencing_token();
+    let mut deliveries = lease.deliveries(options.clone()).await.expect("deliver");
+    let mut accepted = std::collections::BTreeSet::new();
+    let mut held = std::collections::BTreeSet::new();
+    while held.len() < 64 {
+        let delivery = deliveries.next().await.expect("open").expect("delivery");
+        assert_eq!(delivery.attempt, 1);
+        if delivery.offset() == 0 || accepted.len() >= 1_500 {
+            held.insert(delivery.offset());
+        } else {
+            assert_eq!(
+                delivery.accept().await.expect("accept"),
+                AckOutcome::Applied
+            );
+            accepted.insert(delivery.offset());
+        }
+    }
+    // A quiet moment longer than the commit interval: everything answered is committed.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (base, metadata) = kafka_committed(&services, &group, &topic, 0).expect("committed");
+    assert_eq!(base, 0, "record 0 is not done: {metadata}");
+    println!(
+        "committed before the crash: {} bytes of metadata",
+        metadata.len()
+    );
+    let crashed = Instant::now();
+    a.signal("KILL");
+
+    // The partition moves to B: what was done is not delivered again, what was in flight
+    // is, with its attempt carried over; nothing is lost.
+    let next = b
+        .client()
+        .await
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .partition(0)
+                .wait(DEADLINE),
+        )
+        .await
+        .expect("the next holder on B");
+    println!("the partition moved {:?} after SIGKILL", crashed.elapsed());
+    assert!(next.fencing_token() > first_token);
+    let mut again = next.deliveries(options).await.expect("deliver on B");
+    let mut repeated_done = 0;
+    let mut seen_again = std::collections::BTreeSet::new();
+    while accepted.len() + seen_again.len() < RECORDS as usize {
+        let delivery = tokio::time::timeout(DEADLINE, again.next())
+            .await
+            .expect("deliveries go on")
+            .expect("open")
+            .expect("delivery");
+        let offset = delivery.offset();
+        if accepted.contains(&offset) {
+            repeated_done += 1;
+        }
+        let expected_attempt = if held.contains(&offset) { 2 } else { 1 };
+        assert_eq!(delivery.attempt, expected_attempt, "offset {offset}");
+        assert_eq!(
+            delivery.accept().await.expect("accept"),
+            AckOutcome::Applied
+        );
+        seen_again.insert(offset);
+    }
+    assert_eq!(repeated_done, 0, "records done and committed came again");
+    assert!(
+        held.is_subset(&seen_again),
+        "every record in flight at the crash came again"
+    );
+    next.release().await.expect("release");
+    assert_eq!(
+        kafka_committed(&services, &group, &topic, 0).map(|c| c.0),
+        Some(RECORDS)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_record_throttles_deliveries_before_the_metadata_budget_then_all_runs_again() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, _b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    // Every other record has key "a"; the others have 50 keys of their own. Record 0 is never
+    // answered: in key order every later "a" record waits behind it, undone, while the
+    // others are done, so each "a" record is a gap the progress must carry: 3,000 gaps,
+    // twice what the budget holds.
+    const RECORDS: i64 = 6_000;
+    let records: Vec<TestRecord> = (0..RECORDS)
+        .map(|i| {
+            let key = if i % 2 == 0 {
+                "a".to_string()
+            } else {
+                format!("b{}", i % 50)
+            };
+            keyed(&key, &format!("v{i}"))
+        })
+        .collect();
+    produce(&producer(&services), &topic, 0, &records).await;
+    let group = unique_name("g");
+    let lease = a
+        .client()
+        .await
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+        .expect("acquire");
+    let mut deliveries = lease
+        .deliveries(
+            QueueOptions::new()
+                .ordering(Ordering::Key)
+                .max_in_flight(5_000)
+                .ack_deadline(Duration::from_secs(3))
+                .max_deliveries(2)
+                .dead_letter_topic(dead_letters.clone()),
+        )
+        .await
+        .expect("deliver");
+    // Watch the commits: their metadata, and how many records were done at each.
+    let watching = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watch = {
+        let (services, group, topic, watching) = (
+            services.clone(),
+            group.clone(),
+            topic.clone(),
+            watching.clone(),
+        );
+        tokio::spawn(async move {
+            let mut largest = 0;
+            while watching.load(std::sync::atomic::Ordering::SeqCst) {
+                let (services, group, topic) = (services.clone(), group.clone(), topic.clone());
+                let committed = tokio::task::spawn_blocking(move || {
+                    kafka_committed(&services, &group, &topic, 0)
+                })
+                .await
+                .expect("committed");
+                if let Some((_, metadata)) = committed {
+                    largest = largest.max(metadata.len());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            largest
+        })
+    };
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut done_before_dead_letter = None;
+    let started = Instant::now();
+    let mut tries_of_zero = 0;
+    while done.load(std::sync::atomic::Ordering::SeqCst) < RECORDS as usize - 1 {
+        let next = tokio::time::timeout(Duration::from_millis(200), deliveries.next()).await;
+        if let Ok(next) = next {
+            let delivery = next.expect("open").expect("delivery");
+            if delivery.offset() == 0 {
+                tries_of_zero += 1;
+                continue;
+            }
+            if done_before_dead_letter.is_none() && delivery.offset() % 2 == 0 {
+                // The first "a" record after record 0: its dead letter is written.
+                done_before_dead_letter = Some(done.load(std::sync::atomic::Ordering::SeqCst));
+            }
+            let done = done.clone();
+            tokio::spawn(async move {
+                assert_eq!(
+                    delivery.accept().await.expect("accept"),
+                    AckOutcome::Applied
+                );
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        assert!(started.elapsed() < DEADLINE * 2, "all records done in time");
+    }
+    println!("all done in {:?}", started.elapsed());
+    watching.store(false, std::sync::atomic::Ordering::SeqCst);
+    lease.release().await.expect("release");
+    let largest = watch.await.expect("watcher");
+    let done_before = done_before_dead_letter.expect("record 0's key-mates came after it");
+    println!(
+        "record 0 delivered {tries_of_zero} times; {done_before} records done before its dead \
+         letter; the largest commit metadata {largest} bytes"
+    );
+    assert_eq!(tries_of_zero, 2);
+    assert!(
+        largest <= 4096 && largest > 2_500,
+        "the progress grew toward its budget and stayed within it: {largest} bytes"
+    );
+    assert!(
+        (500..(RECORDS as usize / 2 - 1)).contains(&done_before),
+        "new deliveries were throttled while record 0 was stuck: {done_before} done"
+    );
+    let letters = read_all(&services, &dead_letters, 1);
+    assert_eq!(letters.len(), 1);
+    assert_eq!(
+        letters[0].header("kafka-lease.offset").as_deref(),
+        Some("0")
+    );
+    assert_eq!(
+        kafka_committed(&services, &group, &topic, 0).map(|c| c.0),
+        Some(RECORDS)
     );
 }

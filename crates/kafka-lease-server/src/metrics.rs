@@ -45,6 +45,22 @@ pub const RECORDS_DELIVERED: &str = "kafka_lease_records_delivered_total";
 pub const BYTES_DELIVERED: &str = "kafka_lease_bytes_delivered_total";
 /// Kafka operations that failed, by `operation`.
 pub const KAFKA_ERRORS: &str = "kafka_lease_kafka_errors_total";
+/// Queue mode, by `group` and `topic`: deliveries handed to Delivers; of those, deliveries
+/// again by `cause` (`retry`: answered RETRY; `deadline`: unanswered past the ack deadline;
+/// `handover`: delivered by an earlier holder, whose commit counted the attempt); records
+/// written to the dead letter topic by `cause` (`rejected`, `max_deliveries`); and seconds
+/// from a delivery to its answer (ACCEPT, RETRY or REJECT), by `type`.
+pub const QUEUE_DELIVERIES: &str = "kafka_lease_queue_deliveries_total";
+pub const QUEUE_REDELIVERIES: &str = "kafka_lease_queue_redeliveries_total";
+pub const QUEUE_DEAD_LETTERS: &str = "kafka_lease_queue_dead_letters_total";
+pub const QUEUE_ACK_SECONDS: &str = "kafka_lease_queue_ack_seconds";
+/// Answers to deliveries, by `type` (accept, retry, reject, renew) and `outcome` (applied,
+/// stale).
+pub const QUEUE_ANSWERS: &str = "kafka_lease_queue_answers_total";
+/// Per queue-mode lease served here, by `group`, `topic`, `partition`: deliveries in flight,
+/// and the age in seconds of the oldest (0 when none is).
+pub const QUEUE_IN_FLIGHT: &str = "kafka_lease_queue_in_flight";
+pub const QUEUE_OLDEST_SECONDS: &str = "kafka_lease_queue_oldest_in_flight_seconds";
 
 /// Histogram buckets for request and Consul latencies, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -113,6 +129,38 @@ fn describe() {
         "encoded size of the records handed to Reads, by group and topic"
     );
     describe_counter!(KAFKA_ERRORS, "Kafka operations that failed, by operation");
+    describe_counter!(
+        QUEUE_DELIVERIES,
+        "queue mode: deliveries handed to Delivers, by group and topic"
+    );
+    describe_counter!(
+        QUEUE_REDELIVERIES,
+        "queue mode: deliveries of a record delivered before, by group, topic and cause \
+         (retry, deadline, handover)"
+    );
+    describe_counter!(
+        QUEUE_DEAD_LETTERS,
+        "queue mode: records written to the dead letter topic, by group, topic and cause \
+         (rejected, max_deliveries)"
+    );
+    describe_histogram!(
+        QUEUE_ACK_SECONDS,
+        Unit::Seconds,
+        "queue mode: seconds from a delivery to its answer, by group, topic and type"
+    );
+    describe_counter!(
+        QUEUE_ANSWERS,
+        "queue mode: answers to deliveries, by type and outcome (applied, stale)"
+    );
+    describe_gauge!(
+        QUEUE_IN_FLIGHT,
+        "queue mode: deliveries in flight, per lease served here"
+    );
+    describe_gauge!(
+        QUEUE_OLDEST_SECONDS,
+        Unit::Seconds,
+        "queue mode: age of the oldest delivery in flight, per lease served here"
+    );
     // Series a dashboard or an alert reads are there from the start, at zero, rather than
     // appearing with their first event (the error counters, labelled by an operation that
     // is known only when it fails, are the exception).
@@ -140,6 +188,68 @@ impl Delivered {
             bytes: metrics::counter!(BYTES_DELIVERED, &labels),
         }
     }
+}
+
+/// Queue mode's counters of one group and topic, looked up once per queue.
+#[derive(Clone)]
+pub struct QueueCounters {
+    pub deliveries: metrics::Counter,
+    pub redelivered_retry: metrics::Counter,
+    pub redelivered_deadline: metrics::Counter,
+    pub redelivered_handover: metrics::Counter,
+    pub dead_letters_rejected: metrics::Counter,
+    pub dead_letters_max_deliveries: metrics::Counter,
+    pub ack_accept: metrics::Histogram,
+    pub ack_retry: metrics::Histogram,
+    pub ack_reject: metrics::Histogram,
+}
+
+impl QueueCounters {
+    pub fn of(group: &str, topic: &str) -> QueueCounters {
+        let labels = |extra: (&'static str, &'static str)| {
+            [
+                ("group", group.to_string()),
+                ("topic", topic.to_string()),
+                (extra.0, extra.1.to_string()),
+            ]
+        };
+        let plain = [("group", group.to_string()), ("topic", topic.to_string())];
+        QueueCounters {
+            deliveries: metrics::counter!(QUEUE_DELIVERIES, &plain),
+            redelivered_retry: metrics::counter!(QUEUE_REDELIVERIES, &labels(("cause", "retry"))),
+            redelivered_deadline: metrics::counter!(
+                QUEUE_REDELIVERIES,
+                &labels(("cause", "deadline"))
+            ),
+            redelivered_handover: metrics::counter!(
+                QUEUE_REDELIVERIES,
+                &labels(("cause", "handover"))
+            ),
+            dead_letters_rejected: metrics::counter!(
+                QUEUE_DEAD_LETTERS,
+                &labels(("cause", "rejected"))
+            ),
+            dead_letters_max_deliveries: metrics::counter!(
+                QUEUE_DEAD_LETTERS,
+                &labels(("cause", "max_deliveries"))
+            ),
+            ack_accept: metrics::histogram!(QUEUE_ACK_SECONDS, &labels(("type", "accept"))),
+            ack_retry: metrics::histogram!(QUEUE_ACK_SECONDS, &labels(("type", "retry"))),
+            ack_reject: metrics::histogram!(QUEUE_ACK_SECONDS, &labels(("type", "reject"))),
+        }
+    }
+}
+
+impl std::fmt::Debug for QueueCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueCounters").finish_non_exhaustive()
+    }
+}
+
+/// Counts one answer to a delivery.
+pub fn record_answer(kind: &'static str, applied: bool) {
+    let outcome = if applied { "applied" } else { "stale" };
+    metrics::counter!(QUEUE_ANSWERS, "type" => kind, "outcome" => outcome).increment(1);
 }
 
 impl std::fmt::Debug for Delivered {

@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use crate::gateway::Gateway;
 use crate::metrics::{
     MetricsError, ACQUIRES_WAITING, LEASES, LEASE_COMMITTED, LEASE_LAG, LEASE_POSITION,
-    LEASE_READ_LAG,
+    LEASE_READ_LAG, QUEUE_IN_FLIGHT, QUEUE_OLDEST_SECONDS,
 };
 
 /// Serves `GET /metrics` on `listener` until the task is dropped: the gauges sampled from
@@ -60,6 +60,8 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, MetricsError> {
 struct Sampler {
     seen_groups: Mutex<HashSet<(String, String)>>,
     seen_leases: Mutex<HashSet<(String, String, i32)>>,
+    /// The queue-mode leases among them, whose queue gauges go to 0 when they end.
+    seen_queues: Mutex<HashSet<(String, String, i32)>>,
 }
 
 impl Sampler {
@@ -68,6 +70,7 @@ impl Sampler {
         let mut groups: HashSet<(String, String)> = HashSet::new();
         let mut counts: std::collections::HashMap<(String, String), usize> = Default::default();
         let mut keys = HashSet::new();
+        let mut queues = HashSet::new();
         for (key, snapshot) in &leases {
             *counts
                 .entry((key.group.clone(), key.topic.clone()))
@@ -85,6 +88,12 @@ impl Sampler {
                 metrics::gauge!(LEASE_LAG, &labels).set(lag as f64);
             }
             metrics::gauge!(LEASE_READ_LAG, &labels).set(snapshot.read_lag() as f64);
+            if let Some(queue) = &snapshot.queue {
+                metrics::gauge!(QUEUE_IN_FLIGHT, &labels).set(queue.in_flight as f64);
+                metrics::gauge!(QUEUE_OLDEST_SECONDS, &labels)
+                    .set(queue.oldest_in_flight.map_or(0.0, |age| age.as_secs_f64()));
+                queues.insert((key.group.clone(), key.topic.clone(), key.partition));
+            }
             keys.insert((key.group.clone(), key.topic.clone(), key.partition));
         }
         for ((group, topic), n) in &counts {
@@ -108,6 +117,17 @@ impl Sampler {
             metrics::gauge!(LEASE_READ_LAG, &labels).set(0.0);
         }
         *seen = keys;
+        let mut seen = self.seen_queues.lock().unwrap_or_else(|p| p.into_inner());
+        for (group, topic, partition) in seen.difference(&queues) {
+            let labels = [
+                ("group", group.clone()),
+                ("topic", topic.clone()),
+                ("partition", partition.to_string()),
+            ];
+            metrics::gauge!(QUEUE_IN_FLIGHT, &labels).set(0.0);
+            metrics::gauge!(QUEUE_OLDEST_SECONDS, &labels).set(0.0);
+        }
+        *seen = queues;
         metrics::gauge!(ACQUIRES_WAITING).set(gateway.waiting_acquires() as f64);
     }
 }

@@ -104,6 +104,10 @@ struct RunState {
     out_at: HashMap<i64, Instant>,
     /// Why a record was retried or rejected, for its dead letter.
     reasons: HashMap<i64, String>,
+    /// Records answered RETRY, until delivered again (a redelivery's cause).
+    retried: std::collections::HashSet<i64>,
+    /// Records answered REJECT, until their dead letter is written (its cause).
+    rejected: std::collections::HashSet<i64>,
     /// The progress changed since the last commit.
     dirty: bool,
     deliveries: u64,
@@ -118,6 +122,8 @@ impl RunState {
         }
         self.out_at.remove(&offset);
         self.reasons.remove(&offset);
+        self.retried.remove(&offset);
+        self.rejected.remove(&offset);
         self.dirty = true;
     }
 }
@@ -125,6 +131,7 @@ impl RunState {
 /// A lease's queue mode (see the module docs).
 pub struct QueueRun {
     settings: DeliverSettings,
+    counters: crate::metrics::QueueCounters,
     state: Mutex<RunState>,
     /// Deliveries may be ready: records fetched, room in the window, a deadline or delay.
     ready: Notify,
@@ -146,9 +153,14 @@ impl std::fmt::Debug for QueueRun {
 
 impl QueueRun {
     /// A queue from `progress`, fetching from its base.
-    pub(super) fn new(settings: DeliverSettings, progress: Progress) -> Self {
+    pub(super) fn new(
+        settings: DeliverSettings,
+        progress: Progress,
+        counters: crate::metrics::QueueCounters,
+    ) -> Self {
         let next_fetch = progress.base();
         QueueRun {
+            counters,
             state: Mutex::new(RunState {
                 queue: Queue::new(settings.queue, progress),
                 bodies: BTreeMap::new(),
@@ -156,6 +168,8 @@ impl QueueRun {
                 next_fetch,
                 out_at: HashMap::new(),
                 reasons: HashMap::new(),
+                retried: Default::default(),
+                rejected: Default::default(),
                 dirty: false,
                 deliveries: 0,
                 redeliveries: 0,
@@ -233,10 +247,21 @@ impl QueueRun {
                 };
                 let deadline = SystemTime::now() + delivery.deadline.saturating_duration_since(now);
                 batch.push(&record.field, delivery.attempt, timestamp_parts(deadline));
-                state.out_at.insert(delivery.offset, now);
+                let delivered_here_before = state.out_at.insert(delivery.offset, now).is_some();
+                // The attempt counts in the progress: the next commit carries it.
+                state.dirty = true;
                 state.deliveries += 1;
+                self.counters.deliveries.increment(1);
                 if delivery.attempt > 1 {
                     state.redeliveries += 1;
+                    let cause = if state.retried.remove(&delivery.offset) {
+                        &self.counters.redelivered_retry
+                    } else if delivered_here_before {
+                        &self.counters.redelivered_deadline
+                    } else {
+                        &self.counters.redelivered_handover
+                    };
+                    cause.increment(1);
                 }
             }
             state.queue.dead_letters_due()
@@ -263,34 +288,53 @@ impl QueueRun {
                     let in_flight = state.queue.in_flight_attempt(ack.offset);
                     let this_delivery =
                         in_flight.is_some_and(|a| ack.attempt.is_none_or(|asked| asked == a));
-                    let applied = match &ack.kind {
+                    let sent_at = state.out_at.get(&ack.offset).copied();
+                    let latency = |histogram: &metrics::Histogram| {
+                        if let Some(at) = sent_at.filter(|_| this_delivery) {
+                            histogram.record(now.saturating_duration_since(at).as_secs_f64());
+                        }
+                    };
+                    let (kind, applied) = match &ack.kind {
                         // A record never delivered (here or by an earlier holder) is not
                         // the client's to answer.
-                        AckKind::Accept if state.queue.attempts(ack.offset) == 0 => false,
+                        AckKind::Accept if state.queue.attempts(ack.offset) == 0 => {
+                            ("accept", false)
+                        }
                         AckKind::Accept => {
                             let done = state.queue.accept(ack.offset);
                             if done {
+                                latency(&self.counters.ack_accept);
                                 state.done(ack.offset);
                             }
-                            done
+                            ("accept", done)
                         }
-                        _ if !this_delivery => false,
+                        AckKind::Retry { .. } if !this_delivery => ("retry", false),
+                        AckKind::Reject { .. } if !this_delivery => ("reject", false),
+                        AckKind::Renew if !this_delivery => ("renew", false),
                         AckKind::Retry { delay, reason } => {
                             if !reason.is_empty() {
                                 state.reasons.insert(ack.offset, reason.clone());
                             }
+                            latency(&self.counters.ack_retry);
                             state.out_at.remove(&ack.offset);
-                            state.queue.retry(ack.offset, now + *delay)
+                            state.retried.insert(ack.offset);
+                            ("retry", state.queue.retry(ack.offset, now + *delay))
                         }
                         AckKind::Reject { reason } => {
                             state.reasons.insert(ack.offset, reason.clone());
+                            latency(&self.counters.ack_reject);
                             state.out_at.remove(&ack.offset);
-                            state.queue.reject(ack.offset)
+                            state.rejected.insert(ack.offset);
+                            ("reject", state.queue.reject(ack.offset))
                         }
-                        AckKind::Renew => state
-                            .queue
-                            .renew(ack.offset, now + self.settings.queue.ack_deadline),
+                        AckKind::Renew => (
+                            "renew",
+                            state
+                                .queue
+                                .renew(ack.offset, now + self.settings.queue.ack_deadline),
+                        ),
                     };
+                    crate::metrics::record_answer(kind, applied);
                     if applied {
                         AckOutcome::Applied
                     } else {
@@ -388,7 +432,11 @@ impl Lease {
             .queue
             .get_or_init(|| {
                 opened = true;
-                Arc::new(QueueRun::new(settings.clone(), progress))
+                Arc::new(QueueRun::new(
+                    settings.clone(),
+                    progress,
+                    crate::metrics::QueueCounters::of(&self.key.group, &self.key.topic),
+                ))
             })
             .clone();
         if run.settings != settings {
@@ -609,6 +657,11 @@ async fn write_dead_letter(
     {
         let mut state = run.state();
         if state.queue.dead_lettered(offset) {
+            if state.rejected.contains(&offset) {
+                run.counters.dead_letters_rejected.increment(1);
+            } else {
+                run.counters.dead_letters_max_deliveries.increment(1);
+            }
             state.done(offset);
             state.dead_letters += 1;
         }
@@ -791,6 +844,7 @@ mod tests {
                 dead_letter_topic: "dlq".into(),
             },
             Progress::new(0),
+            crate::metrics::QueueCounters::of("g", "t"),
         )
     }
 
