@@ -151,8 +151,9 @@ async fn a_poison_record_reaches_the_dead_letters_with_every_header_while_other_
                 async {
                     let _ = stopped.await;
                 },
-                move |record, attempt| {
+                move |record, info| {
                     let seen = seen.clone();
+                    let attempt = info.attempt;
                     async move {
                         let bad = record.value.as_deref() == Some(b"bad");
                         seen.lock().expect("journal").push((
@@ -321,9 +322,10 @@ async fn key_order_holds_under_failures_and_every_record_is_handled() {
             )
             .backoff(Duration::from_millis(1), Duration::from_millis(10)),
             stop,
-            move |record, attempt| {
+            move |record, info| {
                 let seen = seen.clone();
                 let ok_count = ok_count.clone();
+                let attempt = info.attempt;
                 async move {
                     let begun = Instant::now();
                     // A pseudo-random delay and a 10 % failure, by offset and attempt.
@@ -934,4 +936,198 @@ async fn a_stuck_record_throttles_deliveries_before_the_metadata_budget_then_all
         kafka_committed(&services, &group, &topic, 0).map(|c| c.0),
         Some(RECORDS)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_on_two_gateways_share_a_topic_in_queue_mode_and_a_member_leaving_loses_nothing() {
+    use kafka_lease_client::SubscribeOptions;
+    let services = kafka_lease_testkit::require_services!();
+    let (a, b) = two_gateways(&services).await;
+    const PARTITIONS: i32 = 4;
+    const PER_PARTITION: usize = 300;
+    let topic = create_topic(&services, PARTITIONS).await;
+    let group = unique_name("g");
+    // The default dead letter topic: dlq.<group>.<topic>.
+    let dead_letters = format!("dlq.{group}.{topic}");
+    kafka_lease_testkit::create_topic(&services.kafka_bootstrap, &dead_letters, 1)
+        .await
+        .expect("dead letter topic");
+    let producer = producer(&services);
+    for partition in 0..PARTITIONS {
+        let records: Vec<TestRecord> = (0..PER_PARTITION)
+            .map(|i| {
+                let value = if partition == 2 && i == 100 {
+                    "poison".to_string()
+                } else {
+                    format!("v{i}")
+                };
+                keyed(&format!("k{}", i % 7), &value)
+            })
+            .collect();
+        produce(&producer, &topic, partition, &records).await;
+    }
+    let handled: Arc<Mutex<HashMap<(i32, i64), u32>>> = Arc::default();
+    let member = |gateway: &GatewayProcess, name: &str, stop: tokio::sync::oneshot::Receiver<()>| {
+        let (endpoint, group, topic, name) = (
+            gateway.endpoint(),
+            group.clone(),
+            topic.clone(),
+            name.to_string(),
+        );
+        let handled = handled.clone();
+        tokio::spawn(async move {
+            let client = Client::connect(endpoint).await.expect("connect");
+            let subscription = client
+                .subscribe(
+                    SubscribeOptions::new(&group, [&topic])
+                        .member_id(&name)
+                        .queue(
+                            QueueOptions::new()
+                                .ordering(Ordering::Key)
+                                .max_in_flight(32)
+                                .max_deliveries(2),
+                        ),
+                )
+                .await
+                .expect("subscribe");
+            subscription
+                .consume(
+                    ConsumeOptions::new(QueueOptions::new(), 32)
+                        .backoff(Duration::from_millis(5), Duration::from_millis(20)),
+                    async {
+                        let _ = stop.await;
+                    },
+                    move |record, info| {
+                        let handled = handled.clone();
+                        async move {
+                            if record.value.as_deref() == Some(b"poison") {
+                                return Err(HandlerError::reject("poison"));
+                            }
+                            tokio::time::sleep(Duration::from_millis(1)).await;
+                            *handled
+                                .lock()
+                                .expect("handled")
+                                .entry((info.partition, record.offset))
+                                .or_default() += 1;
+                            Ok(())
+                        }
+                    },
+                )
+                .await
+        })
+    };
+    let (stop_one, one_stopped) = tokio::sync::oneshot::channel();
+    let (stop_two, two_stopped) = tokio::sync::oneshot::channel();
+    let one = member(&a, "one", one_stopped);
+    let two = member(&b, "two", two_stopped);
+    // Member two leaves once a third of the records are handled; one takes its partitions.
+    let total = PARTITIONS as usize * PER_PARTITION - 1;
+    let until = Instant::now() + DEADLINE * 2;
+    let count = || handled.lock().expect("handled").len();
+    while count() < total / 3 {
+        assert!(Instant::now() < until, "a third handled: {}", count());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_two.send(());
+    let two_stats = two.await.expect("member two").expect("consume");
+    println!("member two left after {two_stats:?}");
+    while count() < total {
+        assert!(Instant::now() < until, "all handled: {}", count());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop_one.send(());
+    let one_stats = one.await.expect("member one").expect("consume");
+    println!("member one: {one_stats:?}");
+    let handled = handled.lock().expect("handled").clone();
+    let twice = handled.values().filter(|n| **n > 1).count();
+    println!("{} records handled, {twice} of them twice", handled.len());
+    assert_eq!(handled.len(), total, "every record but the poison one handled");
+    assert_eq!(one_stats.rejected + two_stats.rejected, 1);
+    let letters = read_all(&services, &dead_letters, 1);
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0].header("kafka-lease.partition").as_deref(), Some("2"));
+    assert_eq!(letters[0].header("kafka-lease.offset").as_deref(), Some("100"));
+    // Both left: their leases were released, committing everything done.
+    for partition in 0..PARTITIONS {
+        let committed = kafka_lease_testkit::wait_for(
+            "the leases' final commits",
+            Duration::from_secs(30),
+            || {
+                let (services, group, topic) = (&services, &group, &topic);
+                async move {
+                    kafka_committed(services, group, topic, partition)
+                        .filter(|(offset, _)| *offset == PER_PARTITION as i64)
+                }
+            },
+        )
+        .await;
+        assert_eq!(committed.0, PER_PARTITION as i64);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_shutting_down_hands_back_its_unfinished_work_at_once() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, _b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    produce(
+        &producer(&services),
+        &topic,
+        0,
+        &(0..10).map(|i| keyed("k", &format!("v{i}"))).collect::<Vec<_>>(),
+    )
+    .await;
+    let lease = a
+        .client()
+        .await
+        .acquire(AcquireOptions::new(unique_name("g"), &topic).partition(0))
+        .await
+        .expect("acquire");
+    let queue = QueueOptions::new()
+        .ordering(Ordering::Unordered)
+        .max_in_flight(5)
+        .dead_letter_topic(dead_letters);
+    // Three handlers that never finish, two more deliveries waiting in the client.
+    let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let running = started.clone();
+    let stats = lease
+        .consume(
+            ConsumeOptions::new(queue.clone(), 3).drain(Duration::from_millis(300)),
+            async move {
+                while running.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                // Let the other two deliveries reach the client.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            },
+            move |_record, _info| {
+                let started = started.clone();
+                async move {
+                    started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    std::future::pending::<()>().await;
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .expect("consume");
+    assert_eq!(stats.handed_back, 5, "{stats:?}");
+    // The next consumer gets them at once, not after their 30 s deadline.
+    let begun = Instant::now();
+    let mut deliveries = lease.deliveries(queue).await.expect("deliver");
+    let mut again = Vec::new();
+    while again.len() < 5 {
+        let delivery = tokio::time::timeout(Duration::from_secs(5), deliveries.next())
+            .await
+            .expect("handed-back records come again at once")
+            .expect("open")
+            .expect("delivery");
+        again.push((delivery.offset(), delivery.attempt));
+        delivery.accept().await.expect("accept");
+    }
+    again.sort();
+    assert_eq!(again, (0..5).map(|o| (o, 2)).collect::<Vec<_>>());
+    println!("handed back and delivered again in {:?}", begun.elapsed());
+    lease.release().await.expect("release");
 }

@@ -213,7 +213,8 @@ impl Member {
                     Err(status) => return ended(format!("{status:?}")),
                 };
                 match event {
-                    Event::Joined(_) => {}
+                    // Not in queue mode: no deliveries events.
+                    Event::Joined(_) | Event::Deliveries(_) => {}
                     Event::Assigned(a) => {
                         next.insert(a.lease_id.clone(), a.offset);
                         tracker.update(|s| {

@@ -102,6 +102,7 @@ impl TestMember {
                 };
                 match event {
                     Event::Joined(joined) => log.push(format!("joined {}", joined.member_id)),
+                    Event::Deliveries(d) => log.push(format!("deliveries of {}", d.partition)),
                     Event::Assigned(a) => {
                         counter.fetch_add(1, Ordering::SeqCst);
                         log.push(format!("assigned {} at {}", a.partition, a.offset));

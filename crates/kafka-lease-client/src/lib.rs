@@ -93,8 +93,8 @@ pub use convert::Reset;
 pub use error::{Error, Reason, Result, StatusDetails, ERROR_DOMAIN};
 pub use lease::{Lease, ReadOptions, SeekOutcome, SeekTo};
 pub use queue::{
-    AckOutcome, ConsumeOptions, ConsumeStats, Deliveries, Delivery, HandlerError, Ordering,
-    QueueOptions,
+    AckOutcome, ConsumeOptions, ConsumeStats, Deliveries, Delivery, DeliveryInfo, HandlerError,
+    Ordering, QueueOptions,
 };
 pub use stream::{Batch, EpochFilter, Record, RecordStream};
 pub use subscription::{Partition, SubscribeOptions, Subscription, SubscriptionEvent};

@@ -43,7 +43,7 @@ pub enum Ordering {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct QueueOptions {
     ordering: Ordering,
-    max_in_flight: u32,
+    pub(crate) max_in_flight: u32,
     max_in_flight_bytes: u32,
     ack_deadline: Option<Duration>,
     max_deliveries: u32,
@@ -102,6 +102,19 @@ impl QueueOptions {
         self
     }
 
+    /// The settings as a Subscribe's `queue`.
+    pub(crate) fn settings(&self) -> proto::QueueSettings {
+        let request = self.request("");
+        proto::QueueSettings {
+            ordering: request.ordering,
+            max_in_flight: request.max_in_flight,
+            max_in_flight_bytes: request.max_in_flight_bytes,
+            ack_deadline: request.ack_deadline,
+            max_deliveries: request.max_deliveries,
+            dead_letter_topic: request.dead_letter_topic,
+        }
+    }
+
     fn request(&self, lease_id: &str) -> proto::DeliverRequest {
         proto::DeliverRequest {
             lease_id: lease_id.to_string(),
@@ -133,12 +146,12 @@ type Pending = (proto::Acknowledgement, oneshot::Sender<Result<AckOutcome>>);
 
 /// A lease's answers on their way: one Acknowledge at a time, the rest batched behind it.
 #[derive(Debug, Clone)]
-struct Acks {
+pub(crate) struct Acks {
     tx: mpsc::UnboundedSender<Pending>,
 }
 
 impl Acks {
-    fn start(client: Connection, lease_id: String) -> Acks {
+    pub(crate) fn start(client: Connection, lease_id: String) -> Acks {
         let (tx, mut rx) = mpsc::unbounded_channel::<Pending>();
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
@@ -193,6 +206,20 @@ impl Acks {
     }
 }
 
+/// Where a delivery came from, as a handler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeliveryInfo {
+    /// The record's topic.
+    pub topic: String,
+    /// The record's partition.
+    pub partition: i32,
+    /// 1 for the first delivery, one more for each after it.
+    pub attempt: u32,
+    /// When the gateway delivers the record again unless it is answered.
+    pub deadline: SystemTime,
+}
+
 /// One hand-out of a record: answer it with [`accept`](Self::accept),
 /// [`retry`](Self::retry), [`reject`](Self::reject), or [`renew`](Self::renew) it, before
 /// its [`deadline`](Self::deadline).
@@ -200,6 +227,10 @@ impl Acks {
 pub struct Delivery {
     /// The record.
     pub record: Record,
+    /// Its topic.
+    pub topic: String,
+    /// Its partition.
+    pub partition: i32,
     /// 1 for the first delivery, one more for each after it (carried over handovers).
     pub attempt: u32,
     /// When the gateway delivers the record again unless it is answered.
@@ -208,9 +239,36 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// A delivery as the wire carries it, answered through `acks`.
+    pub(crate) fn from_proto(
+        delivery: proto::Delivery,
+        topic: &str,
+        partition: i32,
+        acks: &Acks,
+    ) -> Option<Delivery> {
+        Some(Delivery {
+            record: Record::from(delivery.record?),
+            topic: topic.to_string(),
+            partition,
+            attempt: delivery.attempt,
+            deadline: system_time_from_proto(delivery.deadline).unwrap_or(SystemTime::UNIX_EPOCH),
+            acks: acks.clone(),
+        })
+    }
+
     /// The record's offset.
     pub fn offset(&self) -> i64 {
         self.record.offset
+    }
+
+    /// Where it came from, for a handler.
+    pub fn info(&self) -> DeliveryInfo {
+        DeliveryInfo {
+            topic: self.topic.clone(),
+            partition: self.partition,
+            attempt: self.attempt,
+            deadline: self.deadline,
+        }
     }
 
     fn answer(&self, kind: proto::AckType) -> proto::Acknowledgement {
@@ -257,11 +315,15 @@ type DeliverStream = tonic::codec::Streaming<proto::DeliverResponse>;
 #[derive(Debug)]
 pub struct Deliveries {
     client: Connection,
+    topic: String,
+    partition: i32,
     request: proto::DeliverRequest,
     inner: Option<DeliverStream>,
     ready: VecDeque<Delivery>,
     acks: Acks,
     attempts: u32,
+    /// Closed by a consumer's shutdown: not reopened.
+    closed: bool,
 }
 
 impl Deliveries {
@@ -271,6 +333,9 @@ impl Deliveries {
         loop {
             if let Some(delivery) = self.ready.pop_front() {
                 return Some(Ok(delivery));
+            }
+            if self.closed {
+                return None;
             }
             let inner = match &mut self.inner {
                 Some(inner) => inner,
@@ -291,16 +356,14 @@ impl Deliveries {
                 Some(Ok(response)) => {
                     failures = 0;
                     for delivery in response.deliveries {
-                        let Some(record) = delivery.record else {
-                            continue;
-                        };
-                        self.ready.push_back(Delivery {
-                            record: Record::from(record),
-                            attempt: delivery.attempt,
-                            deadline: system_time_from_proto(delivery.deadline)
-                                .unwrap_or(SystemTime::UNIX_EPOCH),
-                            acks: self.acks.clone(),
-                        });
+                        if let Some(delivery) = Delivery::from_proto(
+                            delivery,
+                            &self.topic,
+                            self.partition,
+                            &self.acks,
+                        ) {
+                            self.ready.push_back(delivery);
+                        }
                     }
                 }
                 None => return None,
@@ -375,10 +438,10 @@ impl<E: std::error::Error> From<E> for HandlerError {
 /// How [`Lease::consume`] runs the handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsumeOptions {
-    queue: QueueOptions,
-    concurrency: usize,
+    pub(crate) queue: QueueOptions,
+    pub(crate) concurrency: usize,
     backoff: (Duration, Duration),
-    drain: Duration,
+    pub(crate) drain: Duration,
 }
 
 impl ConsumeOptions {
@@ -440,6 +503,8 @@ impl Lease {
         let first = self.client.raw().deliver(request.clone()).await?;
         Ok(Deliveries {
             client: self.client.clone(),
+            topic: self.topic().to_string(),
+            partition: self.partition(),
             request,
             inner: Some(first.into_inner()),
             ready: VecDeque::new(),
@@ -447,6 +512,7 @@ impl Lease {
             attempts: options
                 .reconnect_attempts
                 .unwrap_or(DEFAULT_RECONNECT_ATTEMPTS),
+            closed: false,
         })
     }
 
@@ -469,7 +535,7 @@ impl Lease {
         handler: F,
     ) -> Result<ConsumeStats>
     where
-        F: Fn(Record, u32) -> Fut + Send + Sync + 'static,
+        F: Fn(Record, DeliveryInfo) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
     {
         let mut queue = options.queue.clone();
@@ -477,6 +543,57 @@ impl Lease {
             queue.max_in_flight = options.concurrency.min(10_000) as u32;
         }
         let mut deliveries = self.deliveries(queue).await?;
+        consume_from(&mut deliveries, options, shutdown, handler).await
+    }
+}
+
+/// How often a draining consumer renews the deliveries its handlers still run.
+const RENEW_WHILE_DRAINING: Duration = Duration::from_secs(2);
+
+/// Gives a delivery back to the gateway, to be delivered again at once; whether the
+/// gateway took it.
+async fn hand_back(delivery: &Delivery) -> bool {
+    delivery
+        .retry(Duration::ZERO, "the consumer shut down before handling it")
+        .await
+        .is_ok_and(|outcome| outcome == AckOutcome::Applied)
+}
+
+/// Where a consumer takes its deliveries from: a lease's, or a subscription's.
+pub(crate) trait DeliverySource: Send {
+    /// The next delivery; `None` when there are no more.
+    fn next_delivery(&mut self) -> impl Future<Output = Option<Result<Delivery>>> + Send;
+
+    /// Stops the deliveries: the stream is closed, and the deliveries received but not
+    /// taken are returned.
+    fn close(&mut self) -> Vec<Delivery>;
+}
+
+impl DeliverySource for Deliveries {
+    fn next_delivery(&mut self) -> impl Future<Output = Option<Result<Delivery>>> + Send {
+        self.next()
+    }
+
+    fn close(&mut self) -> Vec<Delivery> {
+        self.closed = true;
+        self.inner = None;
+        self.ready.drain(..).collect()
+    }
+}
+
+/// Runs `handler` on the deliveries of `source` (see [`Lease::consume`]).
+pub(crate) async fn consume_from<F, Fut>(
+    source: &mut impl DeliverySource,
+    options: ConsumeOptions,
+    shutdown: impl Future<Output = ()>,
+    handler: F,
+) -> Result<ConsumeStats>
+where
+    F: Fn(Record, DeliveryInfo) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
+{
+    {
+        let deliveries = source;
         let handler = Arc::new(handler);
         let options = Arc::new(options);
         let mut stats = ConsumeStats::default();
@@ -494,16 +611,16 @@ impl Lease {
                         answer.send(&delivery, &options, &mut stats).await;
                     }
                 }
-                next = deliveries.next(), if running.len() < options.concurrency => match next {
+                next = deliveries.next_delivery(), if running.len() < options.concurrency => match next {
                     None => break,
                     Some(Err(err)) => { ended = Some(err); break }
                     Some(Ok(delivery)) => {
                         let handler = handler.clone();
                         let record = delivery.record.clone();
-                        let attempt = delivery.attempt;
+                        let info = delivery.info();
                         let kept = delivery.clone();
                         let handle = running.spawn(async move {
-                            let answer = match handler(record, attempt).await {
+                            let answer = match handler(record, info).await {
                                 Ok(()) => Answer::Accept,
                                 Err(err) => Answer::Failed(err),
                             };
@@ -514,26 +631,39 @@ impl Lease {
                 }
             }
         }
-        // Drain: running handlers get the drain time; then their records go back.
-        let drained = tokio::time::timeout(options.drain, async {
-            while let Some(joined) = running.join_next_with_id().await {
-                if let Ok((id, (answer, delivery))) = joined {
-                    out.remove(&id);
-                    answer.send(&delivery, &options, &mut stats).await;
-                }
+        // No more deliveries: the stream closes first, so that what is handed back is not
+        // delivered again onto it. The deliveries received and not started go back at once.
+        for delivery in deliveries.close() {
+            if hand_back(&delivery).await {
+                stats.handed_back += 1;
             }
-        })
-        .await;
-        if drained.is_err() {
-            running.abort_all();
-            for (_, delivery) in out.drain() {
-                if delivery
-                    .retry(Duration::ZERO, "the consumer shut down before handling it")
-                    .await
-                    .is_ok()
-                {
-                    stats.handed_back += 1;
+        }
+        // Drain: running handlers get the drain time, their deliveries renewed meanwhile
+        // (which also keeps the lease alive with its stream closed); then what is still
+        // running goes back.
+        let drain_until = tokio::time::Instant::now() + options.drain;
+        let mut renew = tokio::time::interval(RENEW_WHILE_DRAINING);
+        renew.tick().await;
+        while !running.is_empty() {
+            tokio::select! {
+                joined = running.join_next_with_id() => {
+                    if let Some(Ok((id, (answer, delivery)))) = joined {
+                        out.remove(&id);
+                        answer.send(&delivery, &options, &mut stats).await;
+                    }
                 }
+                _ = renew.tick() => {
+                    for delivery in out.values() {
+                        let _ = delivery.renew().await;
+                    }
+                }
+                () = tokio::time::sleep_until(drain_until) => break,
+            }
+        }
+        running.abort_all();
+        for (_, delivery) in out.drain() {
+            if hand_back(&delivery).await {
+                stats.handed_back += 1;
             }
         }
         match ended {
@@ -544,13 +674,13 @@ impl Lease {
 }
 
 /// A handler's outcome, to send.
-enum Answer {
+pub(crate) enum Answer {
     Accept,
     Failed(HandlerError),
 }
 
 impl Answer {
-    async fn send(self, delivery: &Delivery, options: &ConsumeOptions, stats: &mut ConsumeStats) {
+    pub(crate) async fn send(self, delivery: &Delivery, options: &ConsumeOptions, stats: &mut ConsumeStats) {
         let sent = match self {
             Answer::Accept => {
                 stats.accepted += 1;

@@ -10,6 +10,12 @@ use crate::convert::Reset;
 use crate::convert::{duration_to_proto, system_time_from_proto};
 use crate::error::{Error, Reason, Result};
 use crate::lease::{SeekOutcome, SeekTo};
+use crate::queue::{
+    consume_from, Acks, ConsumeOptions, ConsumeStats, Delivery, DeliveryInfo, DeliverySource,
+    HandlerError, QueueOptions,
+};
+use crate::stream::Record;
+use std::future::Future;
 use crate::stream::Batch;
 use kafka_lease_proto::v1 as proto;
 use proto::subscribe_response::Event;
@@ -90,6 +96,14 @@ impl SubscribeOptions {
     /// with the same member id and topics (through any gateway) to take it over (default 0).
     pub fn session_grace(mut self, grace: Duration) -> Self {
         self.request.session_grace = Some(duration_to_proto(grace));
+        self
+    }
+
+    /// Queue mode for every lease the member is assigned: their records come as
+    /// [`SubscriptionEvent::Deliveries`], to answer one by one, and the gateway commits.
+    /// `max_in_flight` and `max_in_flight_bytes` are shared by all the member's leases.
+    pub fn queue(mut self, queue: QueueOptions) -> Self {
+        self.request.queue = Some(queue.settings());
         self
     }
 
@@ -188,6 +202,14 @@ pub enum SubscriptionEvent {
         /// Its records, in offset order.
         batch: Batch,
     },
+    /// Deliveries of one of the member's leases, in queue mode ([`SubscribeOptions::queue`]):
+    /// answer each one.
+    Deliveries {
+        /// The lease.
+        partition: Partition,
+        /// Its deliveries.
+        deliveries: Vec<Delivery>,
+    },
     /// The lease is moving to another member: no records of it follow. Commit what was
     /// processed before `deadline`; the lease is released after that commit, or then.
     Revoking {
@@ -208,16 +230,39 @@ pub enum SubscriptionEvent {
 }
 
 /// A member of a group, from [`Client::subscribe`](crate::Client::subscribe). The member
-/// stays in the group while this lives; dropping it leaves (its leases are released).
+/// stays in the group while this lives; dropping it leaves (its leases are released, after
+/// the session grace if one was set).
+///
+/// When the stream breaks (the connection failed, the gateway it went through stopped) and
+/// the subscription has a session grace, it subscribes again by itself with the same member
+/// id, through the same channel (so through another gateway behind a balancer), for as long
+/// as the grace lasts: the gateway that holds the member answers with every lease it still
+/// holds (`Assigned` again, at its resume point, or `Revoking`), and the events go on. With
+/// no session grace the member left with the stream, and the break is the caller's error.
 #[derive(Debug)]
 pub struct Subscription {
     client: Connection,
     epochs: Epochs,
     /// The fencing token of each lease, from its `assigned` event.
     tokens: std::collections::HashMap<String, u64>,
-    stream: Streaming<proto::SubscribeResponse>,
+    /// The answers of each lease's deliveries, in queue mode.
+    acks: std::collections::HashMap<String, Acks>,
+    /// `None` once closed by a consumer's shutdown.
+    stream: Option<Streaming<proto::SubscribeResponse>>,
+    /// The Subscribe, to send again after a break (with the member id the gateway gave).
+    request: proto::SubscribeRequest,
     member_id: String,
     gateway: String,
+    /// Deliveries of the last `deliveries` event not yet taken by a consumer.
+    pending: std::collections::VecDeque<Delivery>,
+}
+
+/// How long a subscription may try to come back after its stream broke: its session grace.
+fn session_grace(request: &proto::SubscribeRequest) -> Duration {
+    request
+        .session_grace
+        .and_then(|d| Duration::try_from(d).ok())
+        .unwrap_or_default()
 }
 
 impl Subscription {
@@ -225,26 +270,50 @@ impl Subscription {
         client: &Connection,
         options: SubscribeOptions,
     ) -> Result<Subscription> {
-        let mut stream = client
-            .raw()
-            .subscribe(options.into_request())
-            .await?
-            .into_inner();
-        match stream.message().await? {
-            Some(proto::SubscribeResponse {
-                event: Some(Event::Joined(joined)),
-            }) => Ok(Subscription {
-                client: client.clone(),
-                epochs: Epochs::default(),
-                tokens: std::collections::HashMap::new(),
-                stream,
-                member_id: joined.member_id,
-                gateway: joined.gateway,
-            }),
-            other => Err(Error::from(tonic::Status::internal(format!(
-                "the subscription's first event was not `joined`: {other:?}"
-            )))),
+        let mut request = options.into_request();
+        let (stream, joined) = join(client, &request).await?;
+        request.member_id = joined.member_id.clone();
+        Ok(Subscription {
+            client: client.clone(),
+            epochs: Epochs::default(),
+            tokens: std::collections::HashMap::new(),
+            acks: std::collections::HashMap::new(),
+            stream: Some(stream),
+            request,
+            member_id: joined.member_id,
+            gateway: joined.gateway,
+            pending: std::collections::VecDeque::new(),
+        })
+    }
+
+    /// After the stream broke with `err`: subscribes again, with backoff, while the session
+    /// grace lasts; the error when it cannot.
+    async fn rejoin(&mut self, err: Error) -> Result<()> {
+        let grace = session_grace(&self.request);
+        if grace.is_zero() || !breaks_the_stream(&err) {
+            return Err(err);
         }
+        let until = tokio::time::Instant::now() + grace;
+        let mut pause = Duration::from_millis(50);
+        let mut last = err;
+        while tokio::time::Instant::now() + pause < until {
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(1));
+            match join(&self.client, &self.request).await {
+                Ok((stream, joined)) => {
+                    self.stream = Some(stream);
+                    self.gateway = joined.gateway;
+                    return Ok(());
+                }
+                // The gateway may not have noticed the old stream's end yet: it still sees
+                // the member attached. It will, within the grace.
+                Err(e) if e.reason() == Some(Reason::MemberActive) || breaks_the_stream(&e) => {
+                    last = e;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
     }
 
     /// Whether a batch of `lease_id` at `epoch` is of a position a seek through one of
@@ -271,10 +340,13 @@ impl Subscription {
     /// ended it otherwise (the gateway shutting down, a transport failure: subscribe again).
     pub async fn next_event(&mut self) -> Option<Result<SubscriptionEvent>> {
         loop {
-            let response = match self.stream.message().await {
+            let response = match self.stream.as_mut()?.message().await {
                 Ok(Some(response)) => response,
                 Ok(None) => return None,
-                Err(status) => return Some(Err(Error::from(status))),
+                Err(status) => match self.rejoin(Error::from(status)).await {
+                    Ok(()) => continue,
+                    Err(err) => return Some(Err(err)),
+                },
             };
             // Only `assigned` carries the fencing token: the others' handles get it from there.
             if let Some(Event::Assigned(a)) = &response.event {
@@ -304,6 +376,24 @@ impl Subscription {
                         seek_epoch: r.seek_epoch,
                     }),
                 },
+                Some(Event::Deliveries(d)) => {
+                    let acks = self
+                        .acks
+                        .entry(d.lease_id.clone())
+                        .or_insert_with(|| Acks::start(self.client.clone(), d.lease_id.clone()))
+                        .clone();
+                    let (topic, partition) = (d.topic.clone(), d.partition);
+                    SubscriptionEvent::Deliveries {
+                        partition: handle(d.lease_id, d.topic, d.partition),
+                        deliveries: d
+                            .deliveries
+                            .into_iter()
+                            .filter_map(|delivery| {
+                                Delivery::from_proto(delivery, &topic, partition, &acks)
+                            })
+                            .collect(),
+                    }
+                }
                 Some(Event::Revoking(r)) => SubscriptionEvent::Revoking {
                     partition: handle(r.lease_id, r.topic, r.partition),
                     deadline: system_time_from_proto(r.deadline).unwrap_or(SystemTime::now()),
@@ -315,6 +405,7 @@ impl Subscription {
                         .remove(&r.lease_id);
                     let partition = handle(r.lease_id, r.topic, r.partition);
                     self.tokens.remove(partition.lease_id());
+                    self.acks.remove(partition.lease_id());
                     SubscriptionEvent::Revoked {
                         partition,
                         reason: Reason::from_name(&r.reason),
@@ -326,5 +417,97 @@ impl Subscription {
             };
             return Some(Ok(event));
         }
+    }
+}
+
+impl Subscription {
+    /// Runs `handler` on every delivery of the member's leases, as
+    /// [`Lease::consume`](crate::Lease::consume) does for one lease, until `shutdown`
+    /// completes or the subscription ends; the subscription must have been opened with
+    /// [`SubscribeOptions::queue`]. Assignments and revocations are followed by the gateway:
+    /// a revoked lease's deliveries in flight are still answered, and it moves once none
+    /// is. At shutdown, after the drain, the member leaves (its leases are released,
+    /// committing what was done, after its session grace if it has one).
+    ///
+    /// # Errors
+    /// The error that ended the subscription.
+    pub async fn consume<F, Fut>(
+        mut self,
+        options: ConsumeOptions,
+        shutdown: impl Future<Output = ()>,
+        handler: F,
+    ) -> Result<ConsumeStats>
+    where
+        F: Fn(Record, DeliveryInfo) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), HandlerError>> + Send + 'static,
+    {
+        consume_from(&mut self, options, shutdown, handler).await
+    }
+}
+
+impl DeliverySource for Subscription {
+    fn close(&mut self) -> Vec<Delivery> {
+        // The member leaves with its stream (after its session grace, if it has one); its
+        // leases are released then, committing what was done. Until then the answers of
+        // the deliveries still running reach their leases.
+        self.stream = None;
+        self.pending.drain(..).collect()
+    }
+
+    fn next_delivery(&mut self) -> impl Future<Output = Option<Result<Delivery>>> + Send {
+        async move {
+            loop {
+                if let Some(delivery) = self.pending.pop_front() {
+                    return Some(Ok(delivery));
+                }
+                match self.next_event().await? {
+                    Ok(SubscriptionEvent::Deliveries { deliveries, .. }) => {
+                        self.pending.extend(deliveries);
+                    }
+                    Ok(_) => {}
+                    Err(err) => return Some(Err(err)),
+                }
+            }
+        }
+    }
+}
+
+/// Sends the Subscribe and reads its `joined`.
+async fn join(
+    client: &Connection,
+    request: &proto::SubscribeRequest,
+) -> Result<(Streaming<proto::SubscribeResponse>, proto::Joined)> {
+    let mut stream = client.raw().subscribe(request.clone()).await?.into_inner();
+    match stream.message().await? {
+        Some(proto::SubscribeResponse {
+            event: Some(Event::Joined(joined)),
+        }) => Ok((stream, joined)),
+        other => Err(Error::from(tonic::Status::internal(format!(
+            "the subscription's first event was not `joined`: {other:?}"
+        )))),
+    }
+}
+
+/// Whether `err` says the stream broke (the connection, or the gateway it went through), not
+/// that the member or the request is refused.
+fn breaks_the_stream(err: &Error) -> bool {
+    match err {
+        Error::Transport(_) => true,
+        Error::Unavailable { details, .. } => {
+            // A gateway shutting down ends the stream; another one takes the member over.
+            details.reason().is_none()
+                || matches!(
+                    details.reason(),
+                    Some(Reason::ShuttingDown | Reason::GatewayUnreachable)
+                )
+        }
+        Error::Other { status, details } => {
+            details.reason().is_none()
+                && matches!(
+                    status.code(),
+                    tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+                )
+        }
+        _ => false,
     }
 }

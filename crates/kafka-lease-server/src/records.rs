@@ -369,12 +369,21 @@ const DELIVER_HIGH_WATERMARK: u8 = 2;
 const DELIVERY_ATTEMPT: u8 = 2;
 const DELIVERY_DEADLINE: u8 = 3;
 
-/// A `DeliverResponse` built from records kept as [`OneRecord::field`]: each delivery's
-/// record goes out as the bytes fetched, not copied.
+/// `SubscribeResponse.deliveries` (the oneof's `SubscribedDeliveries`) and its fields.
+const SUBSCRIBE_DELIVERIES: u8 = 6;
+const SUBSCRIBED_DELIVERIES_LEASE_ID: u8 = 1;
+const SUBSCRIBED_DELIVERIES_TOPIC: u8 = 2;
+const SUBSCRIBED_DELIVERIES_PARTITION: u8 = 3;
+const SUBSCRIBED_DELIVERIES_HIGH_WATERMARK: u8 = 4;
+const SUBSCRIBED_DELIVERIES: u8 = 5;
+
+/// Deliveries built from records kept as [`OneRecord::field`], for a `DeliverResponse` or a
+/// Subscribe's `deliveries` event: each delivery's record goes out as the bytes fetched, not
+/// copied.
 #[derive(Debug, Default)]
 pub struct DeliverBatch {
-    parts: Vec<Bytes>,
-    count: usize,
+    /// Each delivery: its record's field, and the `attempt` and `deadline` fields after it.
+    deliveries: Vec<(Bytes, Bytes)>,
     wire_len: usize,
 }
 
@@ -394,23 +403,16 @@ impl DeliverBatch {
         encode_varint(timestamp_len as u64, &mut tail);
         put_int(&mut tail, 1, seconds);
         put_int(&mut tail, 2, i64::from(nanos));
-        let body_len = record.len() + tail.len();
-        let mut head = BytesMut::with_capacity(11);
-        head.put_u8(key(DELIVER_DELIVERIES, LENGTH_DELIMITED));
-        encode_varint(body_len as u64, &mut head);
-        self.wire_len += head.len() + body_len;
-        self.parts.push(head.freeze());
-        self.parts.push(record.clone());
-        self.parts.push(tail.freeze());
-        self.count += 1;
+        self.wire_len += delimited_len(record.len() + tail.len());
+        self.deliveries.push((record.clone(), tail.freeze()));
     }
 
     pub fn len(&self) -> usize {
-        self.count
+        self.deliveries.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.deliveries.is_empty()
     }
 
     /// The bytes the deliveries take in the response.
@@ -418,14 +420,61 @@ impl DeliverBatch {
         self.wire_len
     }
 
+    /// The deliveries as repeated field `field`, each a key, a length and its parts.
+    fn into_parts(self, field: u8, mut head: BytesMut) -> Vec<Bytes> {
+        let mut parts = Vec::with_capacity(1 + self.deliveries.len() * 3);
+        for (record, tail) in self.deliveries {
+            head.put_u8(key(field, LENGTH_DELIMITED));
+            encode_varint((record.len() + tail.len()) as u64, &mut head);
+            parts.push(head.split().freeze());
+            parts.push(record);
+            parts.push(tail);
+        }
+        parts
+    }
+
     /// The deliveries as a `DeliverResponse`.
-    pub fn into_response(mut self, high_watermark: i64) -> EncodedDeliverResponse {
+    pub fn into_response(self, high_watermark: i64) -> EncodedDeliverResponse {
+        let heads = BytesMut::with_capacity(self.deliveries.len() * 4);
+        let mut parts = self.into_parts(DELIVER_DELIVERIES, heads);
         let mut fields = BytesMut::with_capacity(11);
         put_int(&mut fields, DELIVER_HIGH_WATERMARK, high_watermark);
         if !fields.is_empty() {
-            self.parts.push(fields.freeze());
+            parts.push(fields.freeze());
         }
-        EncodedDeliverResponse::from_parts(self.parts)
+        EncodedDeliverResponse::from_parts(parts)
+    }
+
+    /// The deliveries as a `SubscribeResponse` with a `deliveries` event.
+    pub fn into_subscribed(
+        self,
+        lease_id: &str,
+        topic: &str,
+        partition: i32,
+        high_watermark: i64,
+    ) -> EncodedSubscribeResponse {
+        let mut fields = BytesMut::with_capacity(32 + lease_id.len() + topic.len());
+        if !lease_id.is_empty() {
+            put_delimited(&mut fields, SUBSCRIBED_DELIVERIES_LEASE_ID, lease_id.as_bytes());
+        }
+        if !topic.is_empty() {
+            put_delimited(&mut fields, SUBSCRIBED_DELIVERIES_TOPIC, topic.as_bytes());
+        }
+        put_int(&mut fields, SUBSCRIBED_DELIVERIES_PARTITION, i64::from(partition));
+        put_int(
+            &mut fields,
+            SUBSCRIBED_DELIVERIES_HIGH_WATERMARK,
+            high_watermark,
+        );
+        let event_len = fields.len() + self.wire_len;
+        let mut head = BytesMut::with_capacity(1 + 10 + fields.len());
+        head.put_u8(key(SUBSCRIBE_DELIVERIES, LENGTH_DELIMITED));
+        encode_varint(event_len as u64, &mut head);
+        head.put_slice(&fields);
+        let heads = BytesMut::with_capacity(self.deliveries.len() * 4);
+        let mut parts = vec![head.freeze()];
+        parts.extend(self.into_parts(SUBSCRIBED_DELIVERIES, heads));
+        EncodedSubscribeResponse::from_parts(parts)
     }
 }
 
@@ -496,6 +545,23 @@ mod tests {
         };
         assert_eq!(encoded, expected.encode_to_vec());
         assert_eq!(wire_len + 2, encoded.len());
+
+        let mut again = DeliverBatch::new();
+        again.push(&records[0].field, 3, (1_700_000_030, 5));
+        again.push(&records[1].field, 1, (1_700_000_031, 0));
+        let event = again.into_subscribed("r.s", "t", 4, 42).to_bytes();
+        let expected = v1::SubscribeResponse {
+            event: Some(v1::subscribe_response::Event::Deliveries(
+                v1::SubscribedDeliveries {
+                    lease_id: "r.s".into(),
+                    topic: "t".into(),
+                    partition: 4,
+                    high_watermark: 42,
+                    deliveries: expected.deliveries,
+                },
+            )),
+        };
+        assert_eq!(event, expected.encode_to_vec());
     }
 
     /// `message` as the previous Read path built it with prost.

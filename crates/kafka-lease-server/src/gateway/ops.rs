@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::error::{EndReason, LeaseError};
 use crate::lease::{
     lease_ref, serving_instance, Ack, AckOutcome, DeliverSettings, DeliverStream, Lease, ReadFrom,
-    ReadLimits, ReadStream, SeekEpoch,
+    ReadLimits, ReadStream, SeekEpoch, SharedWindow,
 };
 
 use super::{Gateway, SeekTarget};
@@ -230,9 +230,18 @@ impl Gateway {
     /// The dead letter topic a Deliver on `lease` names, or the default rule's
     /// (`dlq.<group>.<topic>`).
     pub fn dead_letter_topic(lease: &Lease, asked: Option<&str>) -> Result<String, LeaseError> {
+        Self::dead_letter_topic_of(&lease.key.group, &lease.key.topic, asked)
+    }
+
+    /// The dead letter topic of `group`'s queue on `topic`: `asked`, or the default rule's.
+    pub fn dead_letter_topic_of(
+        group: &str,
+        source: &str,
+        asked: Option<&str>,
+    ) -> Result<String, LeaseError> {
         let topic = match asked {
             Some(topic) => topic.to_string(),
-            None => format!("dlq.{}.{}", lease.key.group, lease.key.topic),
+            None => format!("dlq.{group}.{source}"),
         };
         if asked.is_none() && topic.len() > crate::validate::MAX_NAME_LEN {
             return Err(LeaseError::InvalidArgument {
@@ -245,7 +254,7 @@ impl Gateway {
                 ),
             });
         }
-        if topic == lease.key.topic {
+        if topic == source {
             return Err(LeaseError::InvalidArgument {
                 field: "dead_letter_topic",
                 message: format!(
@@ -264,27 +273,30 @@ impl Gateway {
         &self,
         lease: &Arc<Lease>,
         settings: DeliverSettings,
+        shared: Option<Arc<SharedWindow>>,
     ) -> Result<DeliverStream, LeaseError> {
         lease.fenced()?;
         lease.touch()?;
         let progress = match lease.queue() {
             Some(_) => crate::progress::Progress::new(0),
             None => {
-                match self
-                    .kafka
-                    .partition_count(&settings.dead_letter_topic, None)
-                    .await
-                {
-                    Ok(_) => {}
-                    Err(LeaseError::TopicNotFound { topic }) => {
-                        return Err(LeaseError::DeadLetterTopicNotFound { topic })
-                    }
-                    Err(err) => return Err(err),
-                }
+                self.check_dead_letter_topic(&settings.dead_letter_topic)
+                    .await?;
                 lease.committed_progress().await?
             }
         };
-        lease.open_deliver(settings, progress, self.kafka.dead_letters())
+        lease.open_deliver(settings, progress, self.kafka.dead_letters(), shared)
+    }
+
+    /// Fails with NOT_FOUND, naming it, unless dead letter topic `topic` exists.
+    pub async fn check_dead_letter_topic(&self, topic: &str) -> Result<(), LeaseError> {
+        match self.kafka.partition_count(topic, None).await {
+            Ok(_) => Ok(()),
+            Err(LeaseError::TopicNotFound { topic }) => {
+                Err(LeaseError::DeadLetterTopicNotFound { topic })
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// Applies answers to a lease's deliveries.

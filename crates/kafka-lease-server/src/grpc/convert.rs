@@ -14,7 +14,7 @@ use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, ListedLease, Reset, SeekTarget};
 use crate::lease::{Ack, AckKind, AckOutcome, LeaseSnapshot, QueueSnapshot, ReadLimits};
 use crate::queue::QueueSettings;
-use crate::subscribe::{Ended, SubscribeSpec, SubscriptionEvent};
+use crate::subscribe::{Ended, SubscribeQueue, SubscribeSpec, SubscriptionEvent};
 use crate::validate;
 
 use super::status::*;
@@ -85,6 +85,21 @@ pub(crate) fn deliver_spec(
     req: &v1::DeliverRequest,
 ) -> Result<(QueueSettings, Option<String>), LeaseError> {
     validate::lease_id(&req.lease_id)?;
+    queue_settings_of(&v1::QueueSettings {
+        ordering: req.ordering,
+        max_in_flight: req.max_in_flight,
+        max_in_flight_bytes: req.max_in_flight_bytes,
+        ack_deadline: req.ack_deadline,
+        max_deliveries: req.max_deliveries,
+        dead_letter_topic: req.dead_letter_topic.clone(),
+    })
+}
+
+/// Queue settings (a Deliver's, or a Subscribe's `queue`), validated, with the dead letter
+/// topic they name.
+pub(crate) fn queue_settings_of(
+    req: &v1::QueueSettings,
+) -> Result<(QueueSettings, Option<String>), LeaseError> {
     let order = match v1::DeliveryOrder::try_from(req.ordering) {
         Ok(v1::DeliveryOrder::Unspecified | v1::DeliveryOrder::Partition) => Order::Partition,
         Ok(v1::DeliveryOrder::Key) => Order::Key,
@@ -363,6 +378,17 @@ pub(crate) fn subscribe_spec(req: &v1::SubscribeRequest) -> Result<SubscribeSpec
             MAX_SESSION_GRACE,
         )?,
         owner: None,
+        queue: match &req.queue {
+            None => None,
+            Some(queue) => {
+                let (settings, asked_dead_letter_topic) = queue_settings_of(queue)?;
+                Some(SubscribeQueue {
+                    settings,
+                    asked_dead_letter_topic,
+                    dead_letter_topics: Default::default(),
+                })
+            }
+        },
     })
 }
 
@@ -394,6 +420,19 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
                 partition,
                 batch.seek_epoch.get(),
                 batch.high_watermark,
+            )
+        }
+        SubscriptionEvent::Deliveries {
+            lease_id,
+            topic,
+            partition,
+            delivered,
+        } => {
+            return delivered.batch.into_subscribed(
+                lease_id.as_str(),
+                &topic,
+                partition,
+                delivered.high_watermark,
             )
         }
         SubscriptionEvent::Revoking {

@@ -304,6 +304,20 @@ impl PartitionLeaseService for LeaseService {
                 .map_err(status_of)?;
         }
         spec.owner = caller.identity.clone();
+        if let Some(queue) = &mut spec.queue {
+            for topic in &spec.topics {
+                let dead_letters = Gateway::dead_letter_topic_of(
+                    &spec.group,
+                    topic,
+                    queue.asked_dead_letter_topic.as_deref(),
+                )
+                .map_err(status_of)?;
+                self.auth
+                    .check(&caller, Action::DeadLetter, &spec.group, &dead_letters)
+                    .map_err(status_of)?;
+                queue.dead_letter_topics.insert(topic.clone(), dead_letters);
+            }
+        }
         let long = self
             .long_calls
             .admit(request.remote_addr(), "Subscribe")
@@ -565,11 +579,18 @@ impl PartitionLeaseService for LeaseService {
             };
             let stream = self
                 .gateway
-                .deliver(&lease, settings)
+                .deliver(&lease, settings, None)
                 .await
                 .map_err(status_of)?;
             Ok(Response::new(holding(
-                until_deadline(Box::pin(stream.map(|item| item.map_err(status_of))), deadline, "Deliver"),
+                until_deadline(
+                    Box::pin(stream.map(|item| {
+                        item.map(crate::lease::Delivered::into_response)
+                            .map_err(status_of)
+                    })),
+                    deadline,
+                    "Deliver",
+                ),
                 long,
             )))
         })

@@ -48,6 +48,57 @@ const RESPONSE_BYTES: usize = 1024 * 1024;
 /// How long the keeper waits before writing a dead letter again after a failure.
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
 
+/// A window of deliveries shared by several queues (a Subscribe member's leases): how many
+/// records and bytes may be in flight across them all.
+#[derive(Debug)]
+pub struct SharedWindow {
+    max_records: usize,
+    max_bytes: usize,
+    used: Mutex<(usize, usize)>,
+    /// Room was freed: queues waiting for it look again.
+    freed: Notify,
+}
+
+impl SharedWindow {
+    pub fn new(max_records: usize, max_bytes: usize) -> Arc<Self> {
+        Arc::new(SharedWindow {
+            max_records,
+            max_bytes,
+            used: Mutex::new((0, 0)),
+            freed: Notify::new(),
+        })
+    }
+
+    fn used(&self) -> MutexGuard<'_, (usize, usize)> {
+        self.used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether one more record may go out beyond what is counted and `extra` (records and
+    /// bytes taken but not counted yet); one always may when none is out.
+    fn has_room(&self, extra: (usize, usize)) -> bool {
+        let (records, bytes) = *self.used();
+        let (records, bytes) = (records + extra.0, bytes + extra.1);
+        records == 0 || (records < self.max_records && bytes < self.max_bytes)
+    }
+
+    /// Records and bytes went out (positive) or came back (negative).
+    fn change(&self, records: isize, bytes: isize) {
+        {
+            let mut used = self.used();
+            used.0 = used.0.saturating_add_signed(records);
+            used.1 = used.1.saturating_add_signed(bytes);
+        }
+        if records < 0 || bytes < 0 {
+            self.freed.notify_waiters();
+        }
+    }
+
+    /// Records in flight across the queues.
+    pub fn in_flight(&self) -> usize {
+        self.used().0
+    }
+}
+
 /// A queue's settings as the first Deliver gave them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeliverSettings {
@@ -110,6 +161,8 @@ struct RunState {
     rejected: std::collections::HashSet<i64>,
     /// The progress changed since the last commit.
     dirty: bool,
+    /// The lease ended: what it had in flight went back to the shared window.
+    closed: bool,
     deliveries: u64,
     redeliveries: u64,
     dead_letters: u64,
@@ -132,6 +185,8 @@ impl RunState {
 pub struct QueueRun {
     settings: DeliverSettings,
     counters: crate::metrics::QueueCounters,
+    /// The window shared with other queues (a Subscribe member's), if any.
+    shared: Option<Arc<SharedWindow>>,
     state: Mutex<RunState>,
     /// Deliveries may be ready: records fetched, room in the window, a deadline or delay.
     ready: Notify,
@@ -157,10 +212,12 @@ impl QueueRun {
         settings: DeliverSettings,
         progress: Progress,
         counters: crate::metrics::QueueCounters,
+        shared: Option<Arc<SharedWindow>>,
     ) -> Self {
         let next_fetch = progress.base();
         QueueRun {
             counters,
+            shared,
             state: Mutex::new(RunState {
                 queue: Queue::new(settings.queue, progress),
                 bodies: BTreeMap::new(),
@@ -171,6 +228,7 @@ impl QueueRun {
                 retried: Default::default(),
                 rejected: Default::default(),
                 dirty: false,
+                closed: false,
                 deliveries: 0,
                 redeliveries: 0,
                 dead_letters: 0,
@@ -233,12 +291,59 @@ impl QueueRun {
         self.ready.notify_waiters();
     }
 
+    /// Runs `change` on the state, and tells the shared window what it did to the records
+    /// in flight.
+    fn in_window<T>(&self, change: impl FnOnce(&mut RunState) -> T) -> T {
+        let mut state = self.state();
+        let before = state.queue.in_flight();
+        let out = change(&mut state);
+        let after = state.queue.in_flight();
+        if let (Some(shared), false) = (&self.shared, state.closed) {
+            if before != after {
+                shared.change(
+                    after.0 as isize - before.0 as isize,
+                    after.1 as isize - before.1 as isize,
+                );
+            }
+        }
+        out
+    }
+
+    /// The lease ended: what it had in flight goes back to the shared window.
+    fn close(&self) {
+        let mut state = self.state();
+        if state.closed {
+            return;
+        }
+        state.closed = true;
+        let (records, bytes) = state.queue.in_flight();
+        if let Some(shared) = &self.shared {
+            shared.change(-(records as isize), -(bytes as isize));
+        }
+    }
+
+    /// Records in flight.
+    pub fn in_flight(&self) -> usize {
+        self.state().queue.in_flight().0
+    }
+
     /// The deliveries the queue lets go at `now`, as one response's worth.
     fn take_ready(&self, now: Instant) -> DeliverBatch {
         let mut batch = DeliverBatch::new();
-        let letters_due = {
-            let mut state = self.state();
+        let letters_due = self.in_window(|state| {
+            let before = state.queue.in_flight();
             while batch.len() < RESPONSE_RECORDS && batch.wire_len() < RESPONSE_BYTES {
+                if let Some(shared) = &self.shared {
+                    // With what this batch took already, not yet counted in the window.
+                    let now_out = state.queue.in_flight();
+                    let extra = (
+                        now_out.0.saturating_sub(before.0),
+                        now_out.1.saturating_sub(before.1),
+                    );
+                    if !shared.has_room(extra) {
+                        break;
+                    }
+                }
                 let Some(delivery) = state.queue.next(now) else {
                     break;
                 };
@@ -265,7 +370,7 @@ impl QueueRun {
                 }
             }
             state.queue.dead_letters_due()
-        };
+        });
         if letters_due {
             self.letters.notify_waiters();
         }
@@ -280,8 +385,7 @@ impl QueueRun {
     /// Applies `acks` in order.
     fn apply(&self, acks: &[Ack], now: Instant) -> Vec<AckOutcome> {
         let mut letters = false;
-        let outcomes = {
-            let mut state = self.state();
+        let outcomes = self.in_window(|state| {
             let outcomes = acks
                 .iter()
                 .map(|ack| {
@@ -344,7 +448,7 @@ impl QueueRun {
                 .collect();
             letters = letters || state.queue.dead_letters_due();
             outcomes
-        };
+        });
         self.ready.notify_waiters();
         self.room.notify_waiters();
         if letters {
@@ -426,6 +530,7 @@ impl Lease {
         settings: DeliverSettings,
         progress: Progress,
         dead_letters: &DeadLetters,
+        shared: Option<Arc<SharedWindow>>,
     ) -> Result<DeliverStream, LeaseError> {
         let mut opened = false;
         let run = self
@@ -436,6 +541,7 @@ impl Lease {
                     settings.clone(),
                     progress,
                     crate::metrics::QueueCounters::of(&self.key.group, &self.key.topic),
+                    shared,
                 ))
             })
             .clone();
@@ -577,6 +683,11 @@ async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
 
 /// The keeper (see the module docs): until the lease ends.
 async fn keep(lease: Arc<Lease>, run: Arc<QueueRun>, dead_letters: DeadLetters) {
+    keep_until_the_end(&lease, &run, &dead_letters).await;
+    run.close();
+}
+
+async fn keep_until_the_end(lease: &Arc<Lease>, run: &Arc<QueueRun>, dead_letters: &DeadLetters) {
     let mut interrupts = lease.interrupts.subscribe();
     let mut last_commit = Instant::now();
     loop {
@@ -588,13 +699,13 @@ async fn keep(lease: Arc<Lease>, run: Arc<QueueRun>, dead_letters: DeadLetters) 
         }
         let due = run.state().queue.take_dead_letters();
         for offset in due {
-            if !write_dead_letter(&lease, &run, &dead_letters, offset).await {
+            if !write_dead_letter(lease, run, dead_letters, offset).await {
                 return;
             }
         }
         if last_commit.elapsed() >= COMMIT_INTERVAL {
             last_commit = Instant::now();
-            if let Err(err) = commit_progress(&lease, &run).await {
+            if let Err(err) = commit_progress(lease, run).await {
                 if lease.is_ended() {
                     return;
                 }
@@ -720,6 +831,20 @@ fn dead_letter_of(
     }
 }
 
+/// One response's worth of deliveries of a lease.
+#[derive(Debug)]
+pub struct Delivered {
+    pub batch: DeliverBatch,
+    pub high_watermark: i64,
+}
+
+impl Delivered {
+    /// As a Deliver call sends it.
+    pub fn into_response(self) -> EncodedDeliverResponse {
+        self.batch.into_response(self.high_watermark)
+    }
+}
+
 /// What one step of a Deliver produced.
 enum Step {
     Batch(DeliverBatch),
@@ -735,6 +860,13 @@ async fn step(lease: Arc<Lease>, run: Arc<QueueRun>, generation: u64) -> Step {
         let ready = run.ready.notified();
         tokio::pin!(ready);
         ready.as_mut().enable();
+        let freed = async {
+            match &run.shared {
+                Some(shared) => shared.freed.notified().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(freed);
         if let Some(stop) = lease.read_stop(&lease.state(), generation) {
             return Step::Stop(stop);
         }
@@ -749,6 +881,7 @@ async fn step(lease: Arc<Lease>, run: Arc<QueueRun>, generation: u64) -> Step {
         let wake = run.next_wake();
         tokio::select! {
             () = ready => {}
+            () = freed => {}
             () = sleep_until_some(wake) => {}
             _ = interrupts.changed() => {}
         }
@@ -788,7 +921,7 @@ impl Drop for DeliverStream {
 }
 
 impl futures::Stream for DeliverStream {
-    type Item = Result<EncodedDeliverResponse, LeaseError>;
+    type Item = Result<Delivered, LeaseError>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
@@ -817,8 +950,11 @@ impl futures::Stream for DeliverStream {
                 let bytes = batch.wire_len() as u64;
                 this.lease.delivered.records.increment(records);
                 this.lease.delivered.bytes.increment(bytes);
-                let high = this.lease.cached_high_watermark();
-                Poll::Ready(Some(Ok(batch.into_response(high))))
+                let high_watermark = this.lease.cached_high_watermark();
+                Poll::Ready(Some(Ok(Delivered {
+                    batch,
+                    high_watermark,
+                })))
             }
         }
     }
@@ -845,6 +981,7 @@ mod tests {
             },
             Progress::new(0),
             crate::metrics::QueueCounters::of("g", "t"),
+            None,
         )
     }
 

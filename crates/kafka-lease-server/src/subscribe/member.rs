@@ -20,7 +20,7 @@ use crate::balance;
 use crate::coordination::{LockKey, MemberRecord, TopicView};
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, Gateway, Granted};
-use crate::lease::{Lease, LeaseId, ReadBatch};
+use crate::lease::{DeliverSettings, Delivered, Lease, LeaseId, ReadBatch, SharedWindow};
 
 use super::members::MemberClaim;
 use super::stream::watch_topic;
@@ -48,6 +48,8 @@ const RELEASING: &str = "\u{0}releasing";
 /// A subscription lease's TTL beyond its revoke grace: while the subscription reads it, its
 /// open Read keeps it alive; this bounds a lease whose subscription task is gone.
 const LEASE_TTL_MARGIN: Duration = Duration::from_secs(10);
+/// How often a revoke in queue mode looks whether the lease's deliveries are all answered.
+const REVOKE_POLL: Duration = Duration::from_millis(20);
 /// How long an ending subscription waits for its attempts in flight, to release what they
 /// took.
 const CLEANUP_WAIT: Duration = Duration::from_secs(5);
@@ -78,8 +80,12 @@ impl Held {
     /// Whether nothing was handed to the client since its last commit on this lease (or
     /// nothing at all): a revoke then has nothing to wait for.
     fn idle(&self) -> bool {
-        self.handed
-            .is_none_or(|end| self.lease.committed() == Some(end))
+        match self.lease.queue() {
+            Some(queue) => queue.in_flight() == 0,
+            None => self
+                .handed
+                .is_none_or(|end| self.lease.committed() == Some(end)),
+        }
     }
 }
 
@@ -100,13 +106,19 @@ enum Done {
 /// One lease's Read in the merged stream.
 type LeaseRead = Pin<Box<dyn Stream<Item = ReadItem> + Send>>;
 
-/// What a lease's Read gives the member: a batch or its error, then `None` when it ends by
-/// itself.
+/// A batch of one lease: records of a Read, or deliveries of a queue.
+enum LeaseBatch {
+    Read(ReadBatch),
+    Deliveries(Delivered),
+}
+
+/// What a lease's Read (or Deliver, in queue mode) gives the member: a batch or its error,
+/// then `None` when it ends by itself.
 struct ReadItem {
     topic: String,
     partition: i32,
     lease_id: LeaseId,
-    item: Option<Result<ReadBatch, LeaseError>>,
+    item: Option<Result<LeaseBatch, LeaseError>>,
 }
 
 pub(super) struct Member {
@@ -138,6 +150,8 @@ pub(super) struct Member {
     merged: SelectAll<LeaseRead>,
     /// The newest view of each topic.
     views: HashMap<String, TopicView>,
+    /// In queue mode, the window of deliveries the member's leases share.
+    window: Option<Arc<SharedWindow>>,
 }
 
 impl Member {
@@ -166,6 +180,12 @@ impl Member {
             .collect();
         let (done, done_rx) = mpsc::unbounded_channel();
         let (attach, attach_rx) = mpsc::unbounded_channel();
+        let window = spec.queue.as_ref().map(|queue| {
+            SharedWindow::new(
+                queue.settings.window.max_records,
+                queue.settings.window.max_bytes,
+            )
+        });
         let member = Member {
             attach,
             attach_rx,
@@ -186,6 +206,7 @@ impl Member {
             not_before: HashMap::new(),
             merged: SelectAll::new(),
             views: HashMap::new(),
+            window,
         };
         tokio::spawn(member.run());
     }
@@ -279,7 +300,7 @@ impl Member {
             return;
         }
         match item {
-            Some(Ok(batch)) => {
+            Some(Ok(LeaseBatch::Read(batch))) => {
                 if let Some(permit) = permit.take() {
                     if let (Some(held), Some(last)) = (
                         self.held.get_mut(&(topic.clone(), partition)),
@@ -292,6 +313,16 @@ impl Member {
                         topic,
                         partition,
                         batch,
+                    });
+                }
+            }
+            Some(Ok(LeaseBatch::Deliveries(delivered))) => {
+                if let Some(permit) = permit.take() {
+                    permit.send(SubscriptionEvent::Deliveries {
+                        lease_id,
+                        topic,
+                        partition,
+                        delivered,
                     });
                 }
             }
@@ -501,18 +532,51 @@ impl Member {
         partition: i32,
         lease: &Arc<Lease>,
     ) -> Result<JoinHandle<()>, LeaseError> {
-        let read = lease.open_read(self.spec.limits, None)?;
         let (tx, rx) = mpsc::channel(1);
-        let pump = tokio::spawn(async move {
-            let mut read = read;
-            while let Some(item) = read.next().await {
-                let last = item.is_err();
-                if tx.send(Some(item)).await.is_err() || last {
-                    return;
-                }
+        let pump = match &self.spec.queue {
+            None => {
+                let read = lease.open_read(self.spec.limits, None)?;
+                tokio::spawn(async move {
+                    let mut read = read;
+                    while let Some(item) = read.next().await {
+                        let last = item.is_err();
+                        if tx.send(Some(item.map(LeaseBatch::Read))).await.is_err() || last {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(None).await;
+                })
             }
-            let _ = tx.send(None).await;
-        });
+            Some(queue) => {
+                let settings = DeliverSettings {
+                    queue: queue.settings,
+                    dead_letter_topic: queue
+                        .dead_letter_topics
+                        .get(topic)
+                        .cloned()
+                        .unwrap_or_default(),
+                };
+                let (gateway, lease, window) =
+                    (self.gateway.clone(), lease.clone(), self.window.clone());
+                tokio::spawn(async move {
+                    let mut deliveries = match gateway.deliver(&lease, settings, window).await {
+                        Ok(deliveries) => deliveries,
+                        Err(err) => {
+                            let _ = tx.send(Some(Err(err))).await;
+                            return;
+                        }
+                    };
+                    while let Some(item) = deliveries.next().await {
+                        let last = item.is_err();
+                        let item = item.map(LeaseBatch::Deliveries);
+                        if tx.send(Some(item)).await.is_err() || last {
+                            return;
+                        }
+                    }
+                    let _ = tx.send(None).await;
+                })
+            }
+        };
         let (lease_id, topic) = (lease.id.clone(), topic.to_string());
         let read: LeaseRead = Box::pin(ReceiverStream::new(rx).map(move |item| ReadItem {
             topic: topic.clone(),
@@ -733,8 +797,20 @@ impl Member {
         let (topic, lease_id, lease) =
             (topic.to_string(), held.lease_id.clone(), held.lease.clone());
         tokio::spawn(async move {
-            if !idle {
-                let _ = tokio::time::timeout(grace, commits.changed()).await;
+            match lease.queue().cloned() {
+                // Queue mode: the client answers what is in flight; the release commits.
+                Some(queue) => {
+                    let _ = tokio::time::timeout(grace, async {
+                        while queue.in_flight() > 0 && !lease.is_ended() {
+                            tokio::time::sleep(REVOKE_POLL).await;
+                        }
+                    })
+                    .await;
+                }
+                None if !idle => {
+                    let _ = tokio::time::timeout(grace, commits.changed()).await;
+                }
+                None => {}
             }
             let _ = gateway.release(&lease, None).await;
             let _ = done.send(Done::Released {

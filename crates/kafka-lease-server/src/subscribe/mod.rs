@@ -30,7 +30,8 @@ use tokio::sync::mpsc;
 use crate::coordination::{unix_ms, MemberRecord};
 use crate::error::LeaseError;
 use crate::gateway::{Gateway, Granted, Reset};
-use crate::lease::{LeaseId, ReadBatch, ReadLimits};
+use crate::lease::{Delivered, LeaseId, ReadBatch, ReadLimits};
+use crate::queue::QueueSettings;
 
 mod member;
 mod members;
@@ -60,6 +61,20 @@ pub struct SubscribeSpec {
     /// The caller's identity, when it has one: the member's leases answer only it, and
     /// only it may take the member over.
     pub owner: Option<String>,
+    /// Queue mode for every lease of the member, when asked for.
+    pub queue: Option<SubscribeQueue>,
+}
+
+/// A Subscribe's queue mode: the settings of each lease's queue (its window is the one the
+/// member's leases share), and the dead letter topic of each topic.
+#[derive(Clone, Debug)]
+pub struct SubscribeQueue {
+    pub settings: QueueSettings,
+    /// The dead letter topic the request named, for every topic; `None`: each topic's
+    /// default (`dlq.<group>.<topic>`).
+    pub asked_dead_letter_topic: Option<String>,
+    /// Topic → its dead letter topic, resolved before the member starts.
+    pub dead_letter_topics: std::collections::HashMap<String, String>,
 }
 
 /// A new stream for a detached member: its task's way back to a client.
@@ -97,6 +112,12 @@ pub enum SubscriptionEvent {
         topic: String,
         partition: i32,
         batch: ReadBatch,
+    },
+    Deliveries {
+        lease_id: LeaseId,
+        topic: String,
+        partition: i32,
+        delivered: Delivered,
     },
     Revoking {
         lease_id: LeaseId,
@@ -160,6 +181,11 @@ impl Subscriptions {
         }
         for topic in &spec.topics {
             self.gateway.kafka().partition_count(topic, None).await?;
+        }
+        if let Some(queue) = &spec.queue {
+            for topic in queue.dead_letter_topics.values() {
+                self.gateway.check_dead_letter_topic(topic).await?;
+            }
         }
         if spec.member_id.is_empty() {
             spec.member_id = new_member_id();
