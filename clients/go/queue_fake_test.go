@@ -1,6 +1,7 @@
 package kafkalease_test
 
-// Queue mode against the in-process fake gateway: batched answers, reopened Delivers.
+// Queue mode against the in-process fake gateway: batched answers, reopened Delivers, the
+// consumer's error policy.
 
 import (
 	"context"
@@ -253,6 +254,72 @@ func TestDeliverReopensWithTheSameSettingsUntilTheLeaseEnds(t *testing.T) {
 	for i, req := range f.delivers {
 		if !proto.Equal(req, want) {
 			t.Fatalf("deliver %d: %v, want %v", i, req, want)
+		}
+	}
+}
+
+func TestConsumeAnswersAsTheErrorPolicySays(t *testing.T) {
+	ctx := testContext(t, 20*time.Second)
+	f := newQueueFake()
+	f.deliver = func(_ int, s kafkaleasev1.PartitionLeaseService_DeliverServer) error {
+		for _, resp := range []*kafkaleasev1.DeliverResponse{deliveries(1, 0, 1), deliveries(3, 2), deliveries(1, 3, 4, 5)} {
+			if err := s.Send(resp); err != nil {
+				return err
+			}
+		}
+		<-s.Context().Done()
+		return nil
+	}
+	lease, err := startFake(t, f).Acquire(ctx, "g", "t", kafkalease.AcquireOptions{})
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	consumeCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		for len(f.allAcks()) < 6 && consumeCtx.Err() == nil {
+			time.Sleep(10 * time.Millisecond)
+		}
+		stop()
+	}()
+	stats, err := lease.Consume(consumeCtx, kafkalease.ConsumeOptions{Concurrency: 2, Backoff: 50 * time.Millisecond, MaxBackoff: 150 * time.Millisecond},
+		func(_ context.Context, d *kafkalease.Delivery) error {
+			switch d.Offset() {
+			case 1:
+				return kafkalease.Reject("bad record")
+			case 2:
+				return errors.New("boom") // attempt 3: 50 ms doubled twice, capped at 150 ms
+			case 3:
+				return fmt.Errorf("later: %w", kafkalease.RetryAfter(5*time.Second, "busy"))
+			case 4:
+				return &kafkalease.HandlerError{Failure: kafkalease.Failure{Reject: true}, Err: errors.New("cause")}
+			}
+			return nil
+		})
+	if err != nil {
+		t.Fatalf("consume: %v", err)
+	}
+	if stats != (kafkalease.ConsumeStats{Accepted: 2, Retried: 2, Rejected: 2}) {
+		t.Fatalf("stats %+v", stats)
+	}
+	if f.delivers[0].GetMaxInFlight() != 2 {
+		t.Fatalf("max in flight %d, want the concurrency", f.delivers[0].GetMaxInFlight())
+	}
+	byOffset := map[int64]*kafkaleasev1.Acknowledgement{}
+	for _, a := range f.allAcks() {
+		byOffset[a.GetOffset()] = a
+	}
+	want := map[int64]*kafkaleasev1.Acknowledgement{
+		0: {Offset: 0, Type: kafkaleasev1.AckType_ACK_TYPE_ACCEPT, Attempt: 1},
+		1: {Offset: 1, Type: kafkaleasev1.AckType_ACK_TYPE_REJECT, Attempt: 1, Reason: "bad record"},
+		2: {Offset: 2, Type: kafkaleasev1.AckType_ACK_TYPE_RETRY, Attempt: 3, RetryDelay: durationpb.New(150 * time.Millisecond), Reason: "boom"},
+		3: {Offset: 3, Type: kafkaleasev1.AckType_ACK_TYPE_RETRY, Attempt: 1, RetryDelay: durationpb.New(5 * time.Second), Reason: "busy"},
+		4: {Offset: 4, Type: kafkaleasev1.AckType_ACK_TYPE_REJECT, Attempt: 1, Reason: "reject: cause"},
+		5: {Offset: 5, Type: kafkaleasev1.AckType_ACK_TYPE_ACCEPT, Attempt: 1},
+	}
+	for o, w := range want {
+		if !proto.Equal(byOffset[o], w) {
+			t.Errorf("ack of %d: %v, want %v", o, byOffset[o], w)
 		}
 	}
 }
