@@ -176,8 +176,10 @@ func (s *Subscription) open() error {
 					s.endStream()
 				}
 				s.stream, s.endStream = stream, cancel
-				s.memberID = joined.GetMemberId()
-				s.req.MemberId = s.memberID
+				if s.memberID == "" { // a resubscribe asks for it: it stays
+					s.memberID = joined.GetMemberId()
+					s.req.MemberId = s.memberID
+				}
 				gateway := joined.GetGateway()
 				s.gateway.Store(&gateway)
 				return nil
