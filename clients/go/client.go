@@ -15,8 +15,12 @@
 //		err = lease.Commit(ctx, rec.Offset+1)
 //	}
 //
+// Queue mode hands a lease's records out one by one, each accepted, retried or rejected to
+// a dead letter topic: Lease.Deliveries, or Lease.Consume with a handler.
+//
 // Cancelling the context given to Records or Subscribe ends the stream; ending a
-// subscription leaves the group.
+// subscription leaves the group. A subscription with a SessionGrace resubscribes by itself
+// when its stream breaks.
 package kafkalease
 
 import (

@@ -28,8 +28,10 @@ type Error struct {
 	Code codes.Code
 	// The status message, for people.
 	Message string
-	// The ErrorInfo reason: an kafkaleasev1.ErrorReason name such as "PARTITION_BUSY";
-	// empty when the status carried none (a broken connection).
+	// The ErrorInfo reason: an kafkaleasev1.ErrorReason name such as "PARTITION_BUSY", or
+	// "WRONG_MODE" (FAILED_PRECONDITION: Read, Seek or Commit on a lease in queue mode, or
+	// an answer to a delivery on a lease that is not); empty when the status carried none
+	// (a broken connection).
 	Reason string
 	// The ErrorInfo metadata (numbers in decimal, times in RFC 3339), e.g. "holder_member",
 	// "partition", "field", "low" and "high". Never nil.

@@ -63,7 +63,7 @@ func (f *fakeGateway) Seek(_ context.Context, req *kafkaleasev1.SeekRequest) (*k
 }
 
 // startFake serves f on loopback and connects a client to it.
-func startFake(t *testing.T, f *fakeGateway) *kafkalease.Client {
+func startFake(t *testing.T, f kafkaleasev1.PartitionLeaseServiceServer) *kafkalease.Client {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

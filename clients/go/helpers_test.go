@@ -30,6 +30,16 @@ type fixture struct {
 		Topic      string `json:"topic"`
 		Partitions int    `json:"partitions"`
 	} `json:"scale"`
+	// A topic for queue mode: partition 0 holds Records records, key "k<i % Keys>" and
+	// value "v<i>", except the one at PoisonOffset, whose value is "poison"; and an existing
+	// dead letter topic.
+	Queue struct {
+		Topic           string `json:"topic"`
+		DeadLetterTopic string `json:"dead_letter_topic"`
+		Records         int    `json:"records"`
+		Keys            int    `json:"keys"`
+		PoisonOffset    int64  `json:"poison_offset"`
+	} `json:"queue"`
 	// The gateway's Prometheus endpoint.
 	MetricsURL string `json:"metrics_url"`
 }

@@ -38,6 +38,8 @@ type Lease struct {
 	Gateway string
 	// The TTL as granted.
 	TTL time.Duration
+
+	acks *acker // its queue's answers (Deliveries, Consume)
 }
 
 func newLease(c *Client, r *kafkaleasev1.AcquireResponse, group string, ttl time.Duration) *Lease {
@@ -52,6 +54,7 @@ func newLease(c *Client, r *kafkaleasev1.AcquireResponse, group string, ttl time
 		Gateway:       r.GetGateway(),
 		TTL:           ttl,
 	}
+	l.acks = &acker{client: c, leaseID: l.id}
 	if l.Group == "" {
 		l.Group = group
 	}
@@ -88,6 +91,7 @@ func (l *leaseCalls) SeekEpoch() uint64 { return l.epochs.newest.Load() }
 
 // Commit stores offset (the next offset to read: last processed + 1) as the group's
 // committed offset, fenced by the lease. It also moves the lease's resume point there.
+// FAILED_PRECONDITION (WRONG_MODE) on a lease in queue mode: the gateway commits for it.
 func (l *leaseCalls) Commit(ctx context.Context, offset int64) error {
 	return l.commit(ctx, offset, nil)
 }
@@ -156,7 +160,7 @@ type SeekResult struct {
 // Seek repositions the lease. Once it returns, the lease's open Read hands out no record
 // from before the seek: the next one is at SeekResult.Offset (or the next existing one).
 // Commits nothing. OUT_OF_RANGE (OFFSET_OUT_OF_RANGE, Metadata "low" and "high") for an
-// offset outside the log.
+// offset outside the log; FAILED_PRECONDITION (WRONG_MODE) on a lease in queue mode.
 func (l *leaseCalls) Seek(ctx context.Context, to SeekTo) (SeekResult, error) {
 	req := &kafkaleasev1.SeekRequest{LeaseId: l.id}
 	if to.set != nil {
@@ -172,13 +176,15 @@ func (l *leaseCalls) Seek(ctx context.Context, to SeekTo) (SeekResult, error) {
 
 // Release ends the lease: its open Read ends (the iteration stops with no error) and
 // another client can acquire the partition at once. NOT_FOUND (LEASE_NOT_FOUND) if it had
-// ended already.
+// ended already. A lease in queue mode commits its queue's progress first (what is done),
+// and its open Deliveries end with no error.
 func (l *leaseCalls) Release(ctx context.Context) error {
 	return l.release(ctx, nil)
 }
 
 // ReleaseWithCommit commits offset (fenced, as Commit) and then ends the lease. If the
-// commit is rejected the lease is kept.
+// commit is rejected the lease is kept. Not for a lease in queue mode (WRONG_MODE): use
+// Release.
 func (l *leaseCalls) ReleaseWithCommit(ctx context.Context, offset int64) error {
 	return l.release(ctx, &offset)
 }

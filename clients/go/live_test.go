@@ -408,3 +408,107 @@ func TestSubscribe(t *testing.T) {
 		}
 	}
 }
+
+// g. A subscription through a relay whose connections are cut goes on by itself: it
+// resubscribes as the same member (the id the gateway gave it), the gateway announces its
+// leases again at their resume points (the commit made before the cut), and their records
+// come again from there to the end.
+func TestSubscriptionResubscribesAfterTheConnectionIsCut(t *testing.T) {
+	_, fx, addr := live(t)
+	ctx := testContext(t, time.Minute)
+	r := startRelay(t, addr)
+	client, err := kafkalease.NewClient(r.addr())
+	if err != nil {
+		t.Fatalf("client: %v", err)
+	}
+	defer func() { _ = client.Close() }()
+	group := fx.freshGroup()
+	sub, err := client.Subscribe(ctx, group, []string{fx.Topic}, kafkalease.SubscribeOptions{Member: "go-resubscribe", SessionGrace: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	defer func() { _ = sub.Close() }()
+	memberID := sub.MemberID()
+	if memberID == "" {
+		t.Fatal("no member id from `joined`")
+	}
+
+	ends := map[int32]int64{0: int64(len(fx.partition(0))), 1: int64(len(fx.partition(1)))}
+	leases := map[int32]*kafkalease.SubscribedLease{}
+	committed := map[int32]int64{}
+	cut := false
+	// After the cut: the offset each lease was announced again at, and the next offset of
+	// its records since.
+	again := map[int32]int64{}
+	next := map[int32]int64{}
+	done := func() bool {
+		for p, end := range ends {
+			if n, ok := next[p]; !ok || n != end {
+				return false
+			}
+		}
+		return true
+	}
+	for ev, err := range sub.Events() {
+		if err != nil {
+			t.Fatalf("the subscription ended (cut: %t): %v", cut, err)
+		}
+		switch ev := ev.(type) {
+		case *kafkalease.Assigned:
+			p := ev.Lease.Partition
+			if !cut {
+				leases[p] = ev.Lease
+				continue
+			}
+			if leases[p] != ev.Lease || ev.Offset != committed[p] {
+				t.Fatalf("after the cut: %v assigned at %d, want the same lease at %d", ev.Lease, ev.Offset, committed[p])
+			}
+			again[p], next[p] = ev.Offset, ev.Offset
+		case *kafkalease.Records:
+			p := ev.Lease.Partition
+			want := fx.partition(p)
+			for _, rec := range ev.Records {
+				checkRecord(t, want[rec.Offset], rec)
+			}
+			if !cut {
+				if len(leases) == 2 {
+					// Commit this batch, then cut every connection: the rest of the old stream
+					// (records gRPC had received already) comes first, then the new one's.
+					n, _ := ev.NextOffset()
+					if err := ev.Lease.Commit(ctx, n); err != nil {
+						t.Fatalf("commit: %v", err)
+					}
+					committed[p] = n
+					r.cut()
+					cut = true
+				}
+				continue
+			}
+			if _, ok := again[p]; !ok {
+				continue // the old stream's
+			}
+			if ev.Records[0].Offset != next[p] {
+				t.Fatalf("partition %d: records from %d, want %d", p, ev.Records[0].Offset, next[p])
+			}
+			next[p], _ = ev.NextOffset()
+		default:
+			t.Fatalf("unexpected event %#v", ev)
+		}
+		if done() {
+			break
+		}
+	}
+	if !done() {
+		t.Fatalf("the events stopped: announced again at %v, read up to %v", again, next)
+	}
+	if r.accepted.Load() < 2 || sub.MemberID() != memberID {
+		t.Fatalf("%d connections, member %q (was %q)", r.accepted.Load(), sub.MemberID(), memberID)
+	}
+	members, err := client.ListMembers(ctx, group, "")
+	if err != nil {
+		t.Fatalf("list members: %v", err)
+	}
+	if len(members) != 1 || members[0].GetMemberId() != memberID || len(members[0].GetPartitions()) != 2 {
+		t.Fatalf("members %v", members)
+	}
+}

@@ -14,8 +14,8 @@ import (
 	"github.com/kafka-lease/kafka-lease/clients/go/kafkaleasev1"
 )
 
-// DefaultReconnectAttempts is how many times in a row a broken Read is reopened before its
-// error reaches the caller.
+// DefaultReconnectAttempts is how many times in a row a broken Read (or Deliver) is reopened
+// before its error reaches the caller.
 const DefaultReconnectAttempts = 8
 
 const (
@@ -112,8 +112,9 @@ type ReadOptions struct {
 // one. When the stream breaks (connection lost, or UNAVAILABLE with the gateway's
 // RetryInfo) it is reopened from the offset after the last record handed out. Any other
 // error is yielded once, with a zero Record, and ends the iteration: an *Error, e.g.
-// FAILED_PRECONDITION (LEASE_EXPIRED, LEASE_LOST) or ABORTED (SUPERSEDED: a newer Read on
-// the lease took over); one that unwraps to ctx.Err() when ctx ended.
+// FAILED_PRECONDITION (LEASE_EXPIRED, LEASE_LOST; WRONG_MODE on a lease in queue mode) or
+// ABORTED (SUPERSEDED: a newer Read on the lease took over); one that unwraps to ctx.Err()
+// when ctx ended.
 func (l *Lease) Records(ctx context.Context, opts ReadOptions) iter.Seq2[Record, error] {
 	return func(yield func(Record, error) bool) {
 		r := l.newReader(opts)

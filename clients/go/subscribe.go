@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"iter"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -35,9 +36,17 @@ type SubscribeOptions struct {
 	// (5 s); allowed 0 ..= 60 s.
 	RevokeGrace *time.Duration
 	// How long the member keeps its leases after its stream ends, for a Subscribe with the
-	// same MemberID and topics to take it over; 0 (the default): leave at once.
+	// same MemberID and topics to take it over (at most 5 min); 0 (the default): leave at
+	// once. It is also how long the subscription resubscribes by itself after its stream
+	// broke: with 0 it does not, and a broken stream ends it.
 	SessionGrace time.Duration
 }
+
+// memberActiveWindow is how long after its stream broke a subscription retries a resubscribe
+// refused with MEMBER_ACTIVE: the gateway may not have noticed yet that the old stream, its
+// own, is gone (at once for a closed connection, at its next keepalive for a silent one).
+// Past it, another live stream holds the member.
+const memberActiveWindow = 30 * time.Second
 
 // Subscription is a member of a group, from Client.Subscribe: the gateways share the
 // topics' partitions among the group's members and send this one its leases, their records
@@ -45,15 +54,29 @@ type SubscribeOptions struct {
 // ends: Close, or the cancellation of the context given to Subscribe (its leases are then
 // released, after SessionGrace).
 //
+// When its stream breaks (the connection drops, or the gateway answers UNAVAILABLE with a
+// RetryInfo, as when an instance shuts down) and SessionGrace is set, the subscription
+// subscribes again by itself, with the same member id and settings, with backoff, for as
+// long as the grace lasts, and its events go on: the gateway takes the member over with the
+// leases it still holds, each announced again (Assigned at its resume point, the last
+// commit, so records after it come again; or Revoking). See Next.
+//
 // Next (or Events) is for one goroutine; the leases it hands out may be used from any.
 type Subscription struct {
-	ctx      context.Context
-	cancel   context.CancelFunc
-	stream   grpc.ServerStreamingClient[kafkaleasev1.SubscribeResponse]
-	client   *Client
+	ctx    context.Context
+	cancel context.CancelFunc
+	stream grpc.ServerStreamingClient[kafkaleasev1.SubscribeResponse]
+	// Ends the stream (Close ends them all).
+	endStream context.CancelFunc
+	client    *Client
+	// The request, with the member id of `joined`, for a resubscribe.
+	req      *kafkaleasev1.SubscribeRequest
+	grace    time.Duration
 	memberID string
-	gateway  string
+	gateway  atomic.Pointer[string]
 	leases   map[string]*SubscribedLease
+	// The error that ended the subscription, returned by every later Next.
+	err error
 }
 
 // Event is one event of a subscription: *Assigned, *Records, *Revoking or *Revoked.
@@ -131,15 +154,35 @@ func (c *Client) Subscribe(ctx context.Context, group string, topics []string, o
 		req.SessionGrace = durationpb.New(opts.SessionGrace)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	stream, err := c.raw.Subscribe(sctx, req)
+	s := &Subscription{ctx: sctx, cancel: cancel, client: c, req: req, grace: opts.SessionGrace,
+		leases: map[string]*SubscribedLease{}}
+	if err := s.open(); err != nil {
+		cancel()
+		return nil, wrap(ctx, err)
+	}
+	return s, nil
+}
+
+// open sends the Subscribe and waits for `joined`; the member id it names is the one a
+// resubscribe asks for.
+func (s *Subscription) open() error {
+	ctx, cancel := context.WithCancel(s.ctx)
+	stream, err := s.client.raw.Subscribe(ctx, s.req)
 	if err == nil {
 		var first *kafkaleasev1.SubscribeResponse
 		if first, err = stream.Recv(); err == nil {
-			joined := first.GetJoined()
-			if joined != nil {
-				return &Subscription{ctx: sctx, cancel: cancel, stream: stream, client: c,
-					memberID: joined.GetMemberId(), gateway: joined.GetGateway(),
-					leases: map[string]*SubscribedLease{}}, nil
+			if joined := first.GetJoined(); joined != nil {
+				if s.endStream != nil {
+					s.endStream()
+				}
+				s.stream, s.endStream = stream, cancel
+				if s.memberID == "" { // a resubscribe asks for it: it stays
+					s.memberID = joined.GetMemberId()
+					s.req.MemberId = s.memberID
+				}
+				gateway := joined.GetGateway()
+				s.gateway.Store(&gateway)
+				return nil
 			}
 			err = status.Errorf(codes.Internal, "the subscription's first event was not `joined`: %v", first)
 		} else if err == io.EOF {
@@ -147,14 +190,51 @@ func (c *Client) Subscribe(ctx context.Context, group string, topics []string, o
 		}
 	}
 	cancel()
-	return nil, wrap(ctx, err)
+	return err
+}
+
+// resubscribe subscribes again after the stream broke with cause, with backoff, within the
+// session grace; the error that ends the subscription otherwise.
+func (s *Subscription) resubscribe(cause error) error {
+	if s.ctx.Err() != nil {
+		return ctxError(s.ctx)
+	}
+	if s.grace <= 0 || !streamBroke(cause) {
+		return wrap(s.ctx, cause)
+	}
+	broke := time.Now()
+	until := broke.Add(s.grace)
+	last := cause
+	for failures := 0; ; failures++ {
+		backoff := min(firstBackoff<<min(failures, 6), maxBackoff)
+		if time.Now().Add(backoff).After(until) {
+			return wrap(s.ctx, last)
+		}
+		if sleep(s.ctx, backoff) != nil {
+			return ctxError(s.ctx)
+		}
+		err := s.open()
+		if err == nil {
+			return nil
+		}
+		if s.ctx.Err() != nil {
+			return ctxError(s.ctx)
+		}
+		last = err
+		// MEMBER_ACTIVE early on: the gateway has not seen the old stream, ours, end yet.
+		ownStream := IsReason(ParseError(err), kafkaleasev1.ErrorReason_MEMBER_ACTIVE) && time.Since(broke) < memberActiveWindow
+		if !streamBroke(err) && !ownStream {
+			return wrap(s.ctx, err)
+		}
+	}
 }
 
 // MemberID is this member's id (the one asked for, or the gateway's).
 func (s *Subscription) MemberID() string { return s.memberID }
 
-// Gateway is the gateway instance serving the subscription.
-func (s *Subscription) Gateway() string { return s.gateway }
+// Gateway is the gateway instance serving the subscription (the newest, after a
+// resubscribe).
+func (s *Subscription) Gateway() string { return *s.gateway.Load() }
 
 // Close ends the subscription: the member leaves the group and its leases are released
 // (after SessionGrace). Next then fails with an error that unwraps to context.Canceled.
@@ -164,16 +244,35 @@ func (s *Subscription) Close() error {
 }
 
 // Next waits for the next event. It returns io.EOF when the gateway ended the stream with
-// OK, an *Error when it ended otherwise (subscribe again), or one that unwraps to
-// context.Canceled after Close.
+// OK, an *Error when it ended otherwise, or one that unwraps to context.Canceled after
+// Close; the subscription is over then.
+//
+// A broken stream is not an error while SessionGrace allows a resubscribe (see
+// Subscription): Next subscribes again and goes on with the new stream's events. The
+// leases still held come again as Assigned (the same *SubscribedLease, Offset at its resume
+// point: records after the last commit are delivered again) or Revoking; a lease that
+// ended while the stream was down is not announced (calls on it fail with a lease-ended
+// error). A resubscribe refused for other reasons than the connection ends the
+// subscription with that error: INVALID_ARGUMENT, PERMISSION_DENIED, ALREADY_EXISTS
+// (MEMBER_ACTIVE: another live stream holds the member; retried for 30 s at most, as the
+// gateway may not have seen the old stream end), as does the end of the grace (the last
+// error).
 func (s *Subscription) Next() (Event, error) {
+	if s.err != nil {
+		return nil, s.err
+	}
 	for {
 		resp, err := s.stream.Recv()
 		if err == io.EOF {
+			s.err = io.EOF
 			return nil, io.EOF
 		}
 		if err != nil {
-			return nil, wrap(s.ctx, err)
+			if err := s.resubscribe(err); err != nil {
+				s.err = err
+				return nil, err
+			}
+			continue
 		}
 		switch ev := resp.GetEvent().(type) {
 		case *kafkaleasev1.SubscribeResponse_Assigned:
@@ -197,7 +296,7 @@ func (s *Subscription) Next() (Event, error) {
 			delete(s.leases, r.GetLeaseId())
 			return &Revoked{Lease: l, Reason: r.GetReason(), Message: r.GetMessage()}, nil
 		}
-		// A later `joined` (a takeover) or an event this version does not know: skipped.
+		// An event this version does not know: skipped.
 	}
 }
 
