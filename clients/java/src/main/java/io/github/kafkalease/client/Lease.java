@@ -104,6 +104,15 @@ public final class Lease extends LeaseHandle implements AutoCloseable {
         options.reconnectAttempts());
   }
 
+  /**
+   * A consumer that runs {@code handler} on the lease's deliveries, up to {@link
+   * ConsumeOptions#of}'s concurrency at once, until {@link QueueConsumer#shutdown} or the lease
+   * ends: {@link QueueConsumer#run} runs it. See {@link QueueConsumer}.
+   */
+  public QueueConsumer consumer(ConsumeOptions options, DeliveryHandler handler) {
+    return new QueueConsumer(this, options, handler);
+  }
+
   /** The lease's answers: one batching sender per lease, whatever Deliver they came on. */
   private synchronized Acks acks() {
     if (acks == null) {
