@@ -17,6 +17,11 @@ import io.github.kafkalease.v1.AcknowledgeResponse;
 import io.github.kafkalease.v1.Acknowledgement;
 import io.github.kafkalease.v1.AcquireRequest;
 import io.github.kafkalease.v1.AcquireResponse;
+import io.github.kafkalease.v1.Assigned;
+import io.github.kafkalease.v1.Joined;
+import io.github.kafkalease.v1.SubscribeRequest;
+import io.github.kafkalease.v1.SubscribeResponse;
+import io.github.kafkalease.v1.SubscribedRecords;
 import io.github.kafkalease.v1.DeliverRequest;
 import io.github.kafkalease.v1.DeliverResponse;
 import io.github.kafkalease.v1.DeliveryOrder;
@@ -62,6 +67,8 @@ class FakeGatewayTest {
   private volatile BiConsumer<DeliverRequest, StreamObserver<DeliverResponse>> onDeliver;
   private final List<AcknowledgeRequest> acknowledges = new CopyOnWriteArrayList<>();
   private volatile BiConsumer<AcknowledgeRequest, StreamObserver<AcknowledgeResponse>> onAcknowledge;
+  private final List<SubscribeRequest> subscribes = new CopyOnWriteArrayList<>();
+  private volatile BiConsumer<SubscribeRequest, StreamObserver<SubscribeResponse>> onSubscribe;
 
   private void start() throws Exception {
     server =
@@ -105,6 +112,13 @@ class FakeGatewayTest {
                       AcknowledgeRequest req, StreamObserver<AcknowledgeResponse> out) {
                     acknowledges.add(req);
                     onAcknowledge.accept(req, out);
+                  }
+
+                  @Override
+                  public void subscribe(
+                      SubscribeRequest req, StreamObserver<SubscribeResponse> out) {
+                    subscribes.add(req);
+                    onSubscribe.accept(req, out);
                   }
 
                   @Override
@@ -573,5 +587,130 @@ class FakeGatewayTest {
 
   private int answered() {
     return acknowledges.stream().mapToInt(AcknowledgeRequest::getAcknowledgementsCount).sum();
+  }
+
+  static SubscribeResponse joined(String memberId) {
+    return SubscribeResponse.newBuilder()
+        .setJoined(Joined.newBuilder().setMemberId(memberId).setGateway("gw-" + memberId))
+        .build();
+  }
+
+  static SubscribeResponse assigned(String leaseId, int partition, long offset) {
+    return SubscribeResponse.newBuilder()
+        .setAssigned(
+            Assigned.newBuilder()
+                .setLeaseId(leaseId)
+                .setTopic("t")
+                .setPartition(partition)
+                .setFencingToken(7)
+                .setOffset(offset))
+        .build();
+  }
+
+  static SubscribeResponse records(String leaseId, int partition, long... offsets) {
+    SubscribedRecords.Builder b =
+        SubscribedRecords.newBuilder().setLeaseId(leaseId).setTopic("t").setPartition(partition);
+    for (long o : offsets) {
+      b.addRecords(KafkaRecord.newBuilder().setOffset(o));
+    }
+    return SubscribeResponse.newBuilder().setRecords(b).build();
+  }
+
+  @Test
+  void aBrokenSubscriptionSubscribesAgainAsTheSameMember() throws Exception {
+    start();
+    onSubscribe =
+        (req, out) -> {
+          switch (subscribes.size()) {
+            case 1 -> {
+              out.onNext(joined("made-up-7"));
+              out.onNext(assigned("L1", 0, 0));
+              out.onNext(records("L1", 0, 0, 1));
+              out.onError(Status.UNAVAILABLE.withDescription("connection reset").asRuntimeException());
+            }
+            case 2 -> // the gateway has not noticed the old stream's end yet
+                out.onError(
+                    gatewayError(Code.ALREADY_EXISTS, "MEMBER_ACTIVE", Map.of("member_id", "made-up-7"), null));
+            case 3 ->
+                out.onError(
+                    gatewayError(Code.UNAVAILABLE, "GATEWAY_UNREACHABLE", Map.of(), Duration.ofMillis(10)));
+            case 4 -> {
+              out.onNext(joined("made-up-7"));
+              out.onNext(assigned("L1", 0, 2));
+              out.onNext(records("L1", 0, 2));
+              out.onError(
+                  gatewayError(Code.INVALID_ARGUMENT, "INVALID_FIELD", Map.of("field", "topics"), null));
+            }
+            default -> out.onError(Status.INTERNAL.asRuntimeException());
+          }
+        };
+    try (Subscription sub =
+        client.subscribe(
+            SubscribeOptions.of("g", "t").maxRecords(7).sessionGrace(Duration.ofSeconds(30)))) {
+      assertEquals("made-up-7", sub.memberId());
+      var first = (SubscriptionEvent.Assigned) sub.poll(Duration.ofSeconds(5));
+      var batch = (SubscriptionEvent.Records) sub.poll(Duration.ofSeconds(5));
+      assertEquals(List.of(0L, 1L), batch.batch().records().stream().map(ConsumedRecord::offset).toList());
+      var again = (SubscriptionEvent.Assigned) sub.poll(Duration.ofSeconds(5));
+      assertTrue(first.partition() == again.partition(), "the same lease, the same Partition");
+      assertEquals(2, again.offset());
+      assertEquals(1, sub.resubscribes());
+      assertEquals("gw-made-up-7", sub.gateway());
+      var after = (SubscriptionEvent.Records) sub.poll(Duration.ofSeconds(5));
+      assertEquals(2, after.batch().records().get(0).offset());
+      KafkaLeaseException e = assertThrows(KafkaLeaseException.class, () -> sub.poll(Duration.ofSeconds(5)));
+      assertEquals("INVALID_FIELD", e.reason(), "an error not about the connection ends it");
+      assertTrue(sub.isDone());
+    }
+    assertEquals(4, subscribes.size());
+    assertEquals("", subscribes.get(0).getMemberId());
+    for (SubscribeRequest again : subscribes.subList(1, 4)) {
+      assertEquals("made-up-7", again.getMemberId(), "the member id from `joined`");
+      assertEquals(subscribes.get(0).getTopicsList(), again.getTopicsList());
+      assertEquals(7, again.getMaxRecords());
+      assertEquals(30, again.getSessionGrace().getSeconds());
+    }
+  }
+
+  @Test
+  void resubscribingStopsWhenTheSessionGraceRunsOut() throws Exception {
+    start();
+    onSubscribe =
+        (req, out) -> {
+          if (subscribes.size() == 1) {
+            out.onNext(joined("m"));
+          }
+          out.onError(Status.UNAVAILABLE.withDescription("refused").asRuntimeException());
+        };
+    long started = System.nanoTime();
+    try (Subscription sub =
+        client.subscribe(SubscribeOptions.of("g", "t").memberId("m").sessionGrace(Duration.ofMillis(700)))) {
+      KafkaLeaseException e = assertThrows(KafkaLeaseException.class, () -> sub.poll(null));
+      assertEquals(Status.Code.UNAVAILABLE, e.code());
+      assertEquals(0, sub.resubscribes());
+    }
+    long took = TimeUnit.NANOSECONDS.toMillis(System.nanoTime() - started);
+    assertTrue(took < 2000, "gave up within the grace, took " + took + " ms");
+    assertTrue(subscribes.size() >= 3, "tried again within the grace: " + subscribes.size());
+  }
+
+  @Test
+  void memberActiveForAnotherLiveStreamEndsTheSubscription() throws Exception {
+    start();
+    onSubscribe =
+        (req, out) -> {
+          if (subscribes.size() == 1) {
+            out.onNext(joined("m"));
+            out.onError(Status.UNAVAILABLE.withDescription("reset").asRuntimeException());
+          } else {
+            out.onError(gatewayError(Code.ALREADY_EXISTS, "MEMBER_ACTIVE", Map.of(), null));
+          }
+        };
+    try (Subscription sub =
+        client.subscribe(SubscribeOptions.of("g", "t").memberId("m").sessionGrace(Duration.ofSeconds(30)))) {
+      KafkaLeaseException e = assertThrows(KafkaLeaseException.class, () -> sub.poll(null));
+      assertEquals("MEMBER_ACTIVE", e.reason());
+    }
+    assertEquals(1 + 3, subscribes.size(), "3 tries, then the other stream is taken as live");
   }
 }
