@@ -158,6 +158,15 @@ public class KafkaLeaseException extends RuntimeException {
   }
 
   /**
+   * Whether the call does not fit the lease's mode (FAILED_PRECONDITION, WRONG_MODE): Read,
+   * Seek or Commit on a lease in queue mode (a Deliver opened it), or Acknowledge on one that
+   * no Deliver opened. Metadata {@code mode} says the lease's mode ("queue" or "read").
+   */
+  public boolean isWrongMode() {
+    return "WRONG_MODE".equals(reason);
+  }
+
+  /**
    * Whether a Read stream that ended with this status broke (and reopening it can succeed),
    * rather than the lease ending: with a reason, the gateway's RetryInfo decides; without one,
    * the transport made the status up (connection dropped or reset).

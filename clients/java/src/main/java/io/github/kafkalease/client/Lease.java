@@ -20,6 +20,7 @@ public final class Lease extends LeaseHandle implements AutoCloseable {
   private final String gateway;
   private final Duration ttl;
   private volatile boolean released;
+  private Acks acks;
 
   Lease(KafkaLeaseClient client, AcquireResponse r, String requestedGroup) {
     super(client, r.getLeaseId(), r.getTopic(), r.getPartition(), r.getFencingToken());
@@ -78,6 +79,46 @@ public final class Lease extends LeaseHandle implements AutoCloseable {
         options.fromOffset(),
         epochs,
         options.reconnectAttempts());
+  }
+
+  /** {@link #deliveries(QueueOptions)} with the gateway's defaults. */
+  public Deliveries deliveries() {
+    return deliveries(QueueOptions.defaults());
+  }
+
+  /**
+   * Opens a Deliver: the lease's records one by one as {@link Delivery}s, each to be answered
+   * (queue mode; see {@link Deliveries}). The first one puts the lease in queue mode for the
+   * rest of its life: from then on {@link #records}, {@link #seek} and {@link #commit} fail with
+   * FAILED_PRECONDITION, WRONG_MODE ({@link KafkaLeaseException#isWrongMode}); the gateway
+   * commits for the client, and {@link #release} commits the queue's progress. One Deliver per
+   * lease: a later one (with the same settings) takes over from the open one, which ends with
+   * ABORTED (SUPERSEDED). Errors opening the queue (INVALID_ARGUMENT, the dead letter topic
+   * missing: NOT_FOUND) come from the first {@code poll}/{@code hasNext}.
+   */
+  public Deliveries deliveries(QueueOptions options) {
+    var request = options.request(leaseId);
+    return new Deliveries(
+        () -> StreamCall.start(client.async()::deliver, request),
+        acks(),
+        options.reconnectAttempts());
+  }
+
+  /**
+   * A consumer that runs {@code handler} on the lease's deliveries, up to {@link
+   * ConsumeOptions#of}'s concurrency at once, until {@link QueueConsumer#shutdown} or the lease
+   * ends: {@link QueueConsumer#run} runs it. See {@link QueueConsumer}.
+   */
+  public QueueConsumer consumer(ConsumeOptions options, DeliveryHandler handler) {
+    return new QueueConsumer(this, options, handler);
+  }
+
+  /** The lease's answers: one batching sender per lease, whatever Deliver they came on. */
+  private synchronized Acks acks() {
+    if (acks == null) {
+      acks = new Acks(client, leaseId);
+    }
+    return acks;
   }
 
   @Override

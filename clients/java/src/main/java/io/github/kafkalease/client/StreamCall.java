@@ -5,6 +5,8 @@ import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
 import io.grpc.stub.StreamObserver;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
@@ -18,6 +20,9 @@ import java.util.function.BiConsumer;
 final class StreamCall<Q, R> {
   /** What {@link #take} returns when the call ended with OK or was cancelled by us. */
   static final Object END = new Object();
+
+  /** Queued by {@link #wake}: {@link #take} returns null, as on a timeout. */
+  private static final Object WAKE = new Object();
 
   private record Failure(Throwable error) {}
 
@@ -70,7 +75,7 @@ final class StreamCall<Q, R> {
     }
     Object item =
         timeout == null ? queue.take() : queue.poll(timeout.toNanos(), TimeUnit.NANOSECONDS);
-    if (item == null) {
+    if (item == null || item == WAKE) {
       return null;
     }
     if (cancelled || item == END) {
@@ -86,6 +91,27 @@ final class StreamCall<Q, R> {
     }
     call.request(1);
     return item;
+  }
+
+  /**
+   * The messages that have arrived and were not taken, without asking for more; for a reader
+   * about to {@link #cancel} the call (an end or error among them is dropped).
+   */
+  @SuppressWarnings("unchecked")
+  List<R> drainArrived() {
+    List<R> out = new ArrayList<>();
+    Object item;
+    while ((item = queue.poll()) != null) {
+      if (item != END && item != WAKE && !(item instanceof Failure)) {
+        out.add((R) item);
+      }
+    }
+    return out;
+  }
+
+  /** Makes a blocked (or the next) {@link #take} return null at once; the call goes on. */
+  void wake() {
+    queue.add(WAKE);
   }
 
   /** Ends the call (RST_STREAM to the server); a blocked {@link #take} returns {@link #END}. */

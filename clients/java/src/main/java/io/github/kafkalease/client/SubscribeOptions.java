@@ -9,6 +9,7 @@ import java.util.List;
 public final class SubscribeOptions {
   private final SubscribeRequest.Builder request = SubscribeRequest.newBuilder();
   private Duration joinTimeout = Duration.ofSeconds(30);
+  private boolean resubscribe = true;
 
   private SubscribeOptions(String group, List<String> topics) {
     request.setGroup(group).addAllTopics(topics);
@@ -67,7 +68,11 @@ public final class SubscribeOptions {
     return this;
   }
 
-  /** How long the member keeps its leases after its stream ends (default 0: leave at once). */
+  /**
+   * How long the member stays in the group, keeping its leases, after its stream ends
+   * (default 0: leave at once; at most 5 min). Within it the {@link Subscription} subscribes
+   * again by itself when its stream breaks (see {@link #resubscribe}); with 0 it cannot.
+   */
   public SubscribeOptions sessionGrace(Duration grace) {
     request.setSessionGrace(Protos.duration(grace));
     return this;
@@ -79,11 +84,28 @@ public final class SubscribeOptions {
     return this;
   }
 
+  /**
+   * Whether the subscription subscribes again by itself, within the {@link #sessionGrace},
+   * when its stream breaks (default true; nothing to do without a session grace).
+   */
+  public SubscribeOptions resubscribe(boolean resubscribe) {
+    this.resubscribe = resubscribe;
+    return this;
+  }
+
   SubscribeRequest request() {
     return request.build();
   }
 
   Duration joinTimeout() {
     return joinTimeout;
+  }
+
+  Duration sessionGrace() {
+    return request.hasSessionGrace() ? Protos.duration(request.getSessionGrace()) : Duration.ZERO;
+  }
+
+  boolean resubscribe() {
+    return resubscribe;
   }
 }

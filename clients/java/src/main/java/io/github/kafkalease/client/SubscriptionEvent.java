@@ -4,14 +4,18 @@ import java.time.Instant;
 
 /**
  * What a {@link Subscription} carries, per lease in this order: {@link Assigned}, {@link
- * Records} batches, then {@link Revoking} and {@link Revoked} (or {@link Revoked} alone).
+ * Records} batches, then {@link Revoking} and {@link Revoked} (or {@link Revoked} alone). After
+ * the subscription subscribed again by itself (its stream broke within its session grace),
+ * each lease the member still holds is announced again: {@link Assigned} at its last commit,
+ * with records from there, or {@link Revoking}.
  */
 public sealed interface SubscriptionEvent {
   /** The lease the event is about. */
   Partition partition();
 
   /**
-   * The member now holds a lease; its records follow.
+   * The member now holds a lease; its records follow. Again for a lease it holds already
+   * (the same {@link Partition}) after a resubscription: records start over from {@code offset}.
    *
    * @param partition the lease
    * @param offset where its records start: the committed offset, else the reset position

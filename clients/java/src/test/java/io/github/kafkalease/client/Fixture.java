@@ -31,6 +31,16 @@ final class Fixture {
   final int scalePartitions;
   /** The gateway's Prometheus endpoint. */
   final String metricsUrl;
+  /**
+   * The queue-mode topic: partition 0 holds {@code queueRecords} records, key {@code k<i % keys>},
+   * value {@code v<i>}, except the one at {@code poisonOffset}, whose value is {@code poison};
+   * its dead letter topic exists. Null when the fixture has none.
+   */
+  final String queueTopic;
+  final String deadLetterTopic;
+  final int queueRecords;
+  final int queueKeys;
+  final long poisonOffset;
 
   private Fixture(String addr, Map<String, Object> json) {
     this.addr = addr;
@@ -42,6 +52,12 @@ final class Fixture {
     this.scaleTopic = scale == null ? null : (String) scale.get("topic");
     this.scalePartitions = scale == null ? 0 : ((Number) scale.get("partitions")).intValue();
     this.metricsUrl = (String) json.get("metrics_url");
+    Map<?, ?> queue = (Map<?, ?>) json.get("queue");
+    this.queueTopic = queue == null ? null : (String) queue.get("topic");
+    this.deadLetterTopic = queue == null ? null : (String) queue.get("dead_letter_topic");
+    this.queueRecords = queue == null ? 0 : ((Number) queue.get("records")).intValue();
+    this.queueKeys = queue == null ? 0 : ((Number) queue.get("keys")).intValue();
+    this.poisonOffset = queue == null ? -1 : ((Number) queue.get("poison_offset")).longValue();
     for (Object o : (List<?>) json.get("records")) {
       Map<?, ?> r = (Map<?, ?>) o;
       List<Header> headers = new ArrayList<>();

@@ -288,6 +288,106 @@ class GatewayTest {
     }
   }
 
+  @Test
+  void g_aBrokenSubscriptionResubscribesWithinItsSessionGrace() throws Exception {
+    String group = fx.freshGroup();
+    Map<Integer, List<Long>> got = new HashMap<>();
+    Map<Integer, Long> committed = new HashMap<>();
+    Map<Integer, Partition> leases = new HashMap<>();
+    Map<Integer, Long> reassignedAt = new HashMap<>();
+    try (TcpRelay relay = new TcpRelay(fx.addr);
+        // A small HTTP/2 window keeps the gateway from sending every record before the cut.
+        KafkaLeaseClient relayed =
+            KafkaLeaseClient.connect(
+                NettyChannelBuilder.forTarget(relay.address()).usePlaintext().flowControlWindow(128));
+        Subscription sub =
+            relayed.subscribe(
+                SubscribeOptions.of(group, fx.topic)
+                    .maxRecords(1)
+                    .maxWait(Duration.ofMillis(20))
+                    .sessionGrace(Duration.ofSeconds(10)))) {
+      String memberId = sub.memberId(); // made up by the gateway
+      int batches = 0;
+      int acceptedBefore = 0;
+      boolean cut = false;
+      long deadline = System.nanoTime() + Duration.ofSeconds(45).toNanos();
+      while (!hasAll(got) && System.nanoTime() < deadline) {
+        SubscriptionEvent event = sub.poll(Duration.ofSeconds(1));
+        if (event instanceof SubscriptionEvent.Assigned a) {
+          int p = a.partition().partition();
+          if (!cut) {
+            assertNull(leases.put(p, a.partition()), "assigned once before the cut");
+          } else {
+            assertTrue(leases.get(p) == a.partition(), "the same lease, the same Partition");
+            assertEquals(committed.getOrDefault(p, 0L), a.offset(), "again at its last commit");
+            reassignedAt.put(p, a.offset());
+            // Records resume at the commit: drop what came after it before the cut.
+            got.computeIfAbsent(p, k -> new ArrayList<>()).removeIf(o -> o >= a.offset());
+          }
+        } else if (event instanceof SubscriptionEvent.Records r) {
+          int p = r.partition().partition();
+          List<Long> offsets = got.computeIfAbsent(p, k -> new ArrayList<>());
+          for (ConsumedRecord record : r.batch().records()) {
+            assertEquals(offsets.size(), record.offset(), "partition " + p + ": no gap, no repeat");
+            offsets.add(record.offset());
+          }
+          r.partition().commit(r.batch().nextOffset());
+          committed.put(p, r.batch().nextOffset());
+          if (++batches == 3 && !cut) {
+            acceptedBefore = relay.accepted();
+            relay.cutAll(); // mid-stream; the caller does nothing about it
+            cut = true;
+          }
+        } else if (event != null) {
+          throw new AssertionError("unexpected event with a single member: " + event);
+        }
+      }
+      assertTrue(cut, "the relay was cut");
+      assertTrue(hasAll(got), "every record after the break, got " + got);
+      assertEquals(1, sub.resubscribes());
+      assertTrue(relay.accepted() > acceptedBefore, "the client reconnected through the relay");
+      assertEquals(memberId, sub.memberId());
+      assertFalse(reassignedAt.isEmpty(), "the leases were announced again");
+      List<MemberInfo> members = client.listMembers(group);
+      assertEquals(1, members.size(), "one member, taken over: " + members);
+      assertEquals(memberId, members.get(0).getMemberId());
+    }
+  }
+
+  @Test
+  void h_withoutSessionGraceABrokenSubscriptionEnds() throws Exception {
+    try (TcpRelay relay = new TcpRelay(fx.addr);
+        KafkaLeaseClient relayed = KafkaLeaseClient.connect(relay.address());
+        Subscription sub =
+            relayed.subscribe(
+                SubscribeOptions.of(fx.freshGroup(), fx.topic).maxWait(Duration.ofMillis(20)))) {
+      SubscriptionEvent first = sub.poll(WAIT);
+      assertTrue(first instanceof SubscriptionEvent.Assigned, String.valueOf(first));
+      relay.cutAll();
+      KafkaLeaseException broke =
+          assertThrows(
+              KafkaLeaseException.class,
+              () -> {
+                while (sub.poll(WAIT) != null) {
+                  // events that came before the cut
+                }
+              });
+      assertEquals(Status.Code.UNAVAILABLE, broke.code(), broke.toString());
+      assertTrue(sub.isDone());
+      assertEquals(0, sub.resubscribes());
+    }
+  }
+
+  /** Whether {@code got} holds every fixture record of every partition, in order. */
+  private boolean hasAll(Map<Integer, List<Long>> got) {
+    for (int p = 0; p < fx.partitions; p++) {
+      if (got.getOrDefault(p, List.of()).size() < fx.partition(p).size()) {
+        return false;
+      }
+    }
+    return true;
+  }
+
   private static int count(Map<Integer, List<ConsumedRecord>> got) {
     return got.values().stream().mapToInt(List::size).sum();
   }
