@@ -4,7 +4,8 @@ export type { AcquireOptions, ConnectOptions, Reset, SubscribeOptions } from "./
 export { Code, KafkaLeaseError, toKafkaLeaseError } from "./errors";
 export type { ReasonName } from "./errors";
 export { EpochFilter, Lease, LeaseHandle, RecordStream } from "./lease";
-export type { Batch, KafkaLeaseRecord, ReadOptions, SeekTo } from "./lease";
+export type { ReadOptions, SeekTo } from "./lease";
+export type { Batch, KafkaLeaseRecord } from "./records";
 export { Partition, Subscription } from "./subscription";
 export type { SubscriptionEvent } from "./subscription";
 export { ERROR_DOMAIN, decodeStatusDetails, statusDetailsFromMetadata } from "./status";

@@ -1,14 +1,12 @@
 // A held lease: reading its partition (a RecordStream that drops stale seek epochs and reopens
 // itself after a break), seeking, committing, releasing.
 import type { ClientReadableStream } from "@grpc/grpc-js";
-import { Code, KafkaLeaseError, toKafkaLeaseError } from "./errors";
-import {
-  type AcquireResponse,
-  type KafkaRecord,
-  type PartitionLeaseServiceClient,
-  type ReadResponse,
-  type SeekRequest,
-  TimestampType,
+import { type KafkaLeaseError, streamBroke, toKafkaLeaseError } from "./errors";
+import type {
+  AcquireResponse,
+  PartitionLeaseServiceClient,
+  ReadResponse,
+  SeekRequest,
 } from "./gen/kafka_lease/v1/partition_lease";
 import {
   type CallOpts,
@@ -21,49 +19,7 @@ import {
   toOffset,
   unary,
 } from "./convert";
-
-/** One Kafka record. `null` is absent (null key, tombstone, null header value), never `""`. */
-export interface KafkaLeaseRecord {
-  offset: bigint;
-  key: Buffer | null;
-  value: Buffer | null;
-  /** In the producer's order, duplicates kept. */
-  headers: { key: string; value: Buffer | null }[];
-  /** Millisecond precision; null when the record has none. */
-  timestamp: Date | null;
-  timestampType: TimestampType;
-}
-
-/** One ReadResponse (or `records` event): consecutive records of one partition. */
-export interface Batch {
-  records: KafkaLeaseRecord[];
-  highWatermark: bigint;
-  seekEpoch: bigint;
-  /** The offset to commit once the batch is processed: last offset + 1 (undefined if empty). */
-  nextOffset: bigint | undefined;
-}
-
-export function toRecord(r: KafkaRecord): KafkaLeaseRecord {
-  return {
-    offset: r.offset,
-    key: r.key ?? null,
-    value: r.value ?? null,
-    headers: r.headers.map((h) => ({ key: h.key, value: h.value ?? null })),
-    timestamp: timestampToDate(r.timestamp),
-    timestampType: r.timestampType,
-  };
-}
-
-export function toBatch(r: { records: KafkaRecord[]; highWatermark: bigint; seekEpoch: bigint }): Batch {
-  const records = r.records.map(toRecord);
-  const last = records[records.length - 1];
-  return {
-    records,
-    highWatermark: r.highWatermark,
-    seekEpoch: r.seekEpoch,
-    nextOffset: last === undefined ? undefined : last.offset + 1n,
-  };
-}
+import { type Batch, toBatch } from "./records";
 
 /**
  * The newest seek epoch a lease's client has seen. Responses of an older epoch are dropped:
@@ -221,16 +177,6 @@ export class Lease extends LeaseHandle {
 
 const FIRST_BACKOFF_MS = 50;
 const MAX_BACKOFF_MS = 2000;
-
-/**
- * Whether a status that ended a Read says the stream broke, not the lease. With a reason, the
- * gateway's retry advice decides; without one (made up by the transport), the codes of a
- * dropped connection do.
- */
-function streamBroke(e: KafkaLeaseError): boolean {
-  if (e.reason !== undefined) return e.retryAfterMs !== undefined;
-  return [Code.UNAVAILABLE, Code.UNKNOWN, Code.INTERNAL, Code.CANCELLED].includes(e.code);
-}
 
 /**
  * An open Read: an async iterator of {@link Batch}es.

@@ -3,7 +3,8 @@
 import type { ClientReadableStream } from "@grpc/grpc-js";
 import { KafkaLeaseError, toKafkaLeaseError, Code } from "./errors";
 import type { PartitionLeaseServiceClient, SubscribeResponse } from "./gen/kafka_lease/v1/partition_lease";
-import { type Batch, LeaseHandle, toBatch } from "./lease";
+import { LeaseHandle } from "./lease";
+import { type Batch, toBatch } from "./records";
 import { timestampToDate } from "./convert";
 
 /** A lease the member was assigned: commit, seek or release it like any lease. */
