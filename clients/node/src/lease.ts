@@ -1,5 +1,5 @@
 // A held lease: reading its partition (a RecordStream that drops stale seek epochs and reopens
-// itself after a break), seeking, committing, releasing.
+// itself after a break), seeking, committing, releasing; or its records as a queue (queue.ts).
 import type { ClientReadableStream } from "@grpc/grpc-js";
 import { type KafkaLeaseError, streamBroke, toKafkaLeaseError } from "./errors";
 import type {
@@ -20,6 +20,16 @@ import {
   unary,
 } from "./convert";
 import { type Batch, toBatch } from "./records";
+import {
+  Acknowledger,
+  type ConsumeOptions,
+  type ConsumeStats,
+  DeliveryStream,
+  type Handler,
+  type QueueOptions,
+  consume,
+  deliverRequest,
+} from "./queue";
 
 /**
  * The newest seek epoch a lease's client has seen. Responses of an older epoch are dropped:
@@ -172,6 +182,45 @@ export class Lease extends LeaseHandle {
       this.raw.read({ ...template, fromOffset, ifSeekEpoch });
     const from = options.fromOffset === undefined ? undefined : toOffset(options.fromOffset);
     return new RecordStream(open, this.epochs, from, options);
+  }
+
+  #acks: Acknowledger | undefined;
+
+  /**
+   * Puts the lease in queue mode (on the first Deliver) and opens its deliveries: records
+   * handed out one by one, each answered on its own (`accept`, `retry`, `reject`, `renew`); a
+   * record that fails its `maxDeliveries`-th delivery goes to the dead letter topic. The
+   * gateway commits for the client (the lowest record not done, and the done ones above it
+   * in the commit's metadata); `release()` commits the queue's progress.
+   *
+   * From the first Deliver on, `records()`, `seek()`, `commit()` and `release(offset)` fail
+   * with FAILED_PRECONDITION (`WRONG_MODE`). Errors of the Deliver itself come out of the
+   * stream's first `next()`: INVALID_ARGUMENT for settings out of range (or not the queue's),
+   * NOT_FOUND (`TOPIC_NOT_FOUND`) when the dead letter topic does not exist, the lease errors
+   * as for every call. A new Deliver of the lease supersedes the open one.
+   */
+  deliveries(options: QueueOptions = {}): DeliveryStream {
+    const request = deliverRequest(this.leaseId, options);
+    this.#acks ??= new Acknowledger(this.raw, this.leaseId);
+    return new DeliveryStream(() => this.raw.deliver(request), this.#acks, options);
+  }
+
+  /**
+   * Runs `handler` on every record of the lease in queue mode, up to `concurrency` at once,
+   * until `signal` aborts or the lease ends. Resolving accepts the record; throwing retries it
+   * (after a `RetryError`'s delay, or the backoff: 100 ms doubling with each attempt up
+   * to 30 s) or, for a `RejectError`, rejects it to the dead letter topic (`onError`
+   * decides otherwise); after the queue's `maxDeliveries` a failing record goes there too.
+   *
+   * When `signal` aborts it stops taking deliveries, gives running handlers the drain time
+   * (`drainMs`, 10 s), then hands back the records of those still running (RETRY at once; their
+   * handler's `signal` aborts) and resolves with what it did. Then release the lease: Release
+   * commits the queue's progress. It resolves as well when the lease is released meanwhile,
+   * and rejects (after the same drain) with the error that ended the deliveries: the lease
+   * ended, or a broken stream could not be reopened.
+   */
+  consume(handler: Handler, options: ConsumeOptions = {}): Promise<ConsumeStats> {
+    return consume((queue) => this.deliveries(queue), handler, options);
   }
 }
 
