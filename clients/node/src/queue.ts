@@ -264,8 +264,12 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
         item = await this.#iterator.next();
       } catch (e) {
         if (this.#done) break;
-        const error = toKafkaLeaseError(e);
-        if (await this.#reopen(error)) continue;
+        let error = toKafkaLeaseError(e);
+        try {
+          if (await this.#reopen(error)) continue;
+        } catch (reopening) {
+          error = toKafkaLeaseError(reopening); // the channel was closed
+        }
         this.cancel();
         throw error;
       }
