@@ -403,3 +403,96 @@ describe("queue mode (fake gateway)", () => {
     }
   });
 });
+
+describe("resubscribe (fake gateway)", () => {
+  type Step = proto.SubscribeResponse | { code: Code; details?: Uint8Array };
+  const joined = (memberId: string): proto.SubscribeResponse => ({ event: { $case: "joined", joined: { memberId, gateway: "gw" } } });
+  const assigned = (offset: bigint): proto.SubscribeResponse => ({
+    event: { $case: "assigned", assigned: { ...proto.Assigned.create(), leaseId: "L1", topic: "t", partition: 0, fencingToken: 7n, offset } },
+  });
+  const records = (offset: bigint): proto.SubscribeResponse => ({
+    event: {
+      $case: "records",
+      records: { ...proto.SubscribedRecords.create(), leaseId: "L1", topic: "t", records: [{ ...proto.KafkaRecord.create(), offset }] },
+    },
+  });
+  const broken = { code: Code.UNAVAILABLE };
+
+  async function subscribeGateway(scripts: Step[][]) {
+    const requests: proto.SubscribeRequest[] = [];
+    const fake = await fakeGateway([], {
+      subscribe: (call) => {
+        for (const step of scripts[requests.push(call.request) - 1] ?? []) {
+          if (!("code" in step)) {
+            call.write(step);
+            continue;
+          }
+          const metadata = new grpc.Metadata();
+          if (step.details !== undefined) metadata.set("grpc-status-details-bin", Buffer.from(step.details));
+          call.emit("error", { code: step.code, details: "ended", metadata });
+          return;
+        }
+      },
+    });
+    return { fake, requests };
+  }
+
+  test("a broken stream subscribes again under the member id `joined` gave; MEMBER_ACTIVE just after the break is retried; INVALID_ARGUMENT ends it", async () => {
+    const memberActive = statusBytes(6, "MEMBER_ACTIVE", { member_id: "gen-1" });
+    const invalid = statusBytes(3, "INVALID_FIELD", { field: "topics" });
+    const { fake, requests } = await subscribeGateway([
+      [joined("gen-1"), assigned(3n), broken],
+      [{ code: Code.ALREADY_EXISTS, details: memberActive }],
+      [joined("gen-1"), assigned(4n), records(4n), broken],
+      [{ code: Code.INVALID_ARGUMENT, details: invalid }],
+    ]);
+    try {
+      const attempts: [Code, string | undefined, number][] = [];
+      const subscription = await fake.client.subscribe({
+        group: "g",
+        topics: ["t"],
+        maxRecords: 1,
+        sessionGraceMs: 5_000,
+        onResubscribe: (cause, attempt) => attempts.push([cause.code, cause.reason, attempt]),
+      });
+      assert.equal(subscription.memberId, "gen-1");
+      const first = (await subscription.next()).value;
+      assert.ok(first?.type === "assigned" && first.offset === 3n);
+      const again = (await subscription.next()).value;
+      assert.ok(again?.type === "assigned" && again.offset === 4n);
+      assert.equal(again.partition, first.partition, "the same Partition for the same lease");
+      const batch = (await subscription.next()).value;
+      assert.ok(batch?.type === "records" && batch.batch.records[0]!.offset === 4n);
+      const end = await subscription.next().catch((e: unknown) => e);
+      assert.ok(end instanceof KafkaLeaseError && end.code === Code.INVALID_ARGUMENT, `ended with ${end}`);
+      assert.equal(subscription.resubscribes, 1);
+      assert.deepEqual(attempts, [
+        [Code.UNAVAILABLE, undefined, 1],
+        [Code.ALREADY_EXISTS, "MEMBER_ACTIVE", 2],
+        [Code.UNAVAILABLE, undefined, 1],
+      ]);
+      assert.equal(requests.length, 4);
+      assert.equal(requests[0]!.memberId, "");
+      for (const r of requests.slice(1)) assert.deepEqual(r, { ...requests[0]!, memberId: "gen-1" }, "the same settings");
+      assert.deepEqual(await subscription.next(), { done: true, value: undefined });
+    } finally {
+      fake.client.close();
+      fake.server.forceShutdown();
+    }
+  });
+
+  test("without a session grace (or with resubscribe: false) a break ends the subscription", async () => {
+    for (const options of [{}, { sessionGraceMs: 5_000, resubscribe: false }]) {
+      const { fake, requests } = await subscribeGateway([[joined("m"), broken], [joined("m")]]);
+      try {
+        const subscription = await fake.client.subscribe({ group: "g", topics: ["t"], memberId: "m", ...options });
+        const end = await subscription.next().catch((e: unknown) => e);
+        assert.ok(end instanceof KafkaLeaseError && end.code === Code.UNAVAILABLE);
+        assert.equal(requests.length, 1);
+      } finally {
+        fake.client.close();
+        fake.server.forceShutdown();
+      }
+    }
+  });
+});
