@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { Client, Code, KafkaLeaseError, type Lease } from "../src";
-import { ADDR, FIXTURE, freshGroup, pollUntil, within } from "./support";
+import { ADDR, FIXTURE, Relay, freshGroup, pollUntil, within } from "./support";
 
 const Q = FIXTURE.queue;
 const keyOf = (offset: number) => `k${offset % Q.keys}`;
@@ -199,5 +199,52 @@ describe("queue mode against the gateway", () => {
     } finally {
       await lease.release().catch(() => {});
     }
+  });
+  test("q-e. a Deliver cut by the network reopens by itself; consume goes on to the end", async () => {
+    const relay = await Relay.start(ADDR);
+    const relayed = Client.connect(relay.address);
+    const group = freshGroup("cut-");
+    const lease = await relayed.acquire({ group, topic: Q.topic, partition: 0, ttlMs: 30_000 });
+    const shutdown = new AbortController();
+    const handled = new Set<number>();
+    const reconnects: Code[] = [];
+    let cut = false;
+    const consumed = lease.consume(
+      async (record) => {
+        handled.add(Number(record.offset));
+        if (handled.size === 5 && !cut) {
+          cut = true;
+          assert.ok(relay.cut() > 0, "the relay had connections to cut");
+        }
+      },
+      {
+        ordering: "unordered",
+        concurrency: 2,
+        // Answers lost in the cut come again after this.
+        ackDeadlineMs: 2_000,
+        deadLetterTopic: Q.dead_letter_topic,
+        signal: shutdown.signal,
+        onReconnect: (cause) => reconnects.push(cause.code),
+      },
+    );
+    consumed.catch(() => {});
+    try {
+      await pollUntil(30_000, "every record handled", async () => (handled.size === Q.records ? true : undefined));
+      assert.ok(cut);
+      assert.ok(reconnects.length >= 1, "the Deliver was reopened");
+      assert.ok(reconnects.every((c) => c === Code.UNAVAILABLE), `reopened after ${reconnects.map((c) => Code[c])}`);
+      shutdown.abort();
+      const stats = await within(15_000, "the consumer to stop", consumed);
+      assert.ok(stats.accepted >= Q.records, "every record accepted (some twice, their answers lost in the cut)");
+    } finally {
+      shutdown.abort();
+      await consumed.catch(() => {});
+      await lease.release().catch(() => {});
+      relayed.close();
+      await relay.close();
+    }
+    const next = await acquire(group);
+    assert.equal(next.offset, BigInt(Q.records), "everything was done");
+    await next.release();
   });
 });
