@@ -427,7 +427,7 @@ export async function consume(
   handler: Handler,
   options: ConsumeOptions = {},
 ): Promise<ConsumeStats> {
-  const concurrency = Math.max(1, Math.floor(options.concurrency ?? 1));
+  const concurrency = Math.max(1, Math.floor(options.concurrency ?? 1) || 1);
   const initialMs = options.backoff?.initialMs ?? 100;
   const maxMs = options.backoff?.maxMs ?? 30_000;
   const drainMs = options.drainMs ?? 10_000;
