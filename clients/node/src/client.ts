@@ -1,11 +1,12 @@
 // The connection to a gateway: acquiring leases, subscribing, listing.
 import { type ChannelCredentials, type ClientOptions, credentials as grpcCredentials } from "@grpc/grpc-js";
-import { Code, toKafkaLeaseError } from "./errors";
+import { Code, type KafkaLeaseError, toKafkaLeaseError } from "./errors";
 import {
   type LeaseInfo,
   type MemberInfo,
   OffsetReset,
   PartitionLeaseServiceClient,
+  type SubscribeRequest,
 } from "./gen/kafka_lease/v1/partition_lease";
 import { type CallOpts, msToDuration, sleep, unary } from "./convert";
 import { Lease } from "./lease";
@@ -60,8 +61,16 @@ export interface SubscribeOptions {
   maxPartitions?: number;
   /** How long a revoked lease waits for this member's commit (gateway default 5 s). */
   revokeGraceMs?: number;
-  /** How long the member keeps its leases after its stream ends (default 0). */
+  /**
+   * How long the member keeps its leases after its stream ends (default 0; at most 5 min). Also
+   * how long a subscription whose stream broke keeps subscribing again by itself: with 0 (the
+   * default) it does not, and a break ends it.
+   */
   sessionGraceMs?: number;
+  /** Subscribe again by itself after a break, within `sessionGraceMs` (default true). */
+  resubscribe?: boolean;
+  /** Called before each attempt to subscribe again, with what broke the stream (or the last attempt). */
+  onResubscribe?: (cause: KafkaLeaseError, attempt: number) => void;
 }
 
 function reset(r: Reset | undefined): OffsetReset {
@@ -118,25 +127,36 @@ export class Client {
     }
   }
 
-  /** Joins a group as a member for some topics; resolves once the member has joined. */
+  /**
+   * Joins a group as a member for some topics; resolves once the member has joined. With a
+   * `sessionGraceMs`, the subscription comes back by itself after its stream broke (see
+   * {@link Subscription}).
+   */
   async subscribe(options: SubscribeOptions, callOptions?: CallOpts): Promise<Subscription> {
-    const call = this.raw.subscribe(
-      {
-        group: options.group,
-        topics: options.topics,
-        member: options.member ?? "",
-        memberId: options.memberId ?? "",
-        maxRecords: options.maxRecords ?? 0,
-        maxBytes: options.maxBytes ?? 0,
-        maxWait: optionalDuration(options.maxWaitMs),
-        offsetReset: reset(options.offsetReset),
-        maxPartitions: options.maxPartitions ?? 0,
-        revokeGrace: optionalDuration(options.revokeGraceMs),
-        sessionGrace: optionalDuration(options.sessionGraceMs),
-      },
-      callOptions,
-    );
-    return Subscription.open(this.raw, call);
+    const request: SubscribeRequest = {
+      group: options.group,
+      topics: options.topics,
+      member: options.member ?? "",
+      memberId: options.memberId ?? "",
+      maxRecords: options.maxRecords ?? 0,
+      maxBytes: options.maxBytes ?? 0,
+      maxWait: optionalDuration(options.maxWaitMs),
+      offsetReset: reset(options.offsetReset),
+      maxPartitions: options.maxPartitions ?? 0,
+      revokeGrace: optionalDuration(options.revokeGraceMs),
+      sessionGrace: optionalDuration(options.sessionGraceMs),
+    };
+    const graceMs = options.sessionGraceMs ?? 0;
+    const resubscribe =
+      options.resubscribe === false || !(graceMs > 0)
+        ? undefined
+        : {
+            // The same settings, under the member id `joined` gave (the caller's, or the gateway's).
+            open: (memberId: string) => this.raw.subscribe({ ...request, memberId }, callOptions),
+            graceMs,
+            onResubscribe: options.onResubscribe,
+          };
+    return Subscription.open(this.raw, this.raw.subscribe(request, callOptions), resubscribe);
   }
 
   /** The members subscribed to `group` (or only to `topic`), across every gateway instance. */

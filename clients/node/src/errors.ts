@@ -85,3 +85,13 @@ export function toKafkaLeaseError(error: unknown): KafkaLeaseError {
   }
   return new KafkaLeaseError(Code.UNKNOWN, String(e?.message ?? error), undefined, {}, undefined, { cause: error });
 }
+
+/**
+ * Whether a status that ended a stream (a Read, a Deliver, a Subscribe) says the stream broke,
+ * not the lease or the subscription. With a reason, the gateway's retry advice decides; without
+ * one (made up by the transport), the codes of a dropped connection do.
+ */
+export function streamBroke(e: KafkaLeaseError): boolean {
+  if (e.reason !== undefined) return e.retryAfterMs !== undefined;
+  return [Code.UNAVAILABLE, Code.UNKNOWN, Code.INTERNAL, Code.CANCELLED].includes(e.code);
+}

@@ -4,7 +4,26 @@ export type { AcquireOptions, ConnectOptions, Reset, SubscribeOptions } from "./
 export { Code, KafkaLeaseError, toKafkaLeaseError } from "./errors";
 export type { ReasonName } from "./errors";
 export { EpochFilter, Lease, LeaseHandle, RecordStream } from "./lease";
-export type { Batch, KafkaLeaseRecord, ReadOptions, SeekTo } from "./lease";
+export type { ReadOptions, SeekTo } from "./lease";
+export type { Batch, KafkaLeaseRecord } from "./records";
+export {
+  Delivery,
+  DeliveryStream,
+  RejectError,
+  RetryError,
+  defaultErrorPolicy,
+} from "./queue";
+export type {
+  AckOutcome,
+  ConsumeOptions,
+  ConsumeStats,
+  ErrorPolicy,
+  Failure,
+  Handler,
+  HandlerContext,
+  Ordering,
+  QueueOptions,
+} from "./queue";
 export { Partition, Subscription } from "./subscription";
 export type { SubscriptionEvent } from "./subscription";
 export { ERROR_DOMAIN, decodeStatusDetails, statusDetailsFromMetadata } from "./status";
@@ -12,4 +31,5 @@ export type { StatusDetails } from "./status";
 export type { CallOpts, OffsetLike } from "./convert";
 export * as proto from "./gen/kafka_lease/v1/partition_lease";
 export { ErrorReason } from "./gen/kafka_lease/v1/errors";
-export { TimestampType } from "./gen/kafka_lease/v1/partition_lease";
+export { DeliveryOrder, TimestampType } from "./gen/kafka_lease/v1/partition_lease";
+export type { LeaseInfo, MemberInfo, QueueInfo } from "./gen/kafka_lease/v1/partition_lease";

@@ -1,14 +1,12 @@
 // A held lease: reading its partition (a RecordStream that drops stale seek epochs and reopens
-// itself after a break), seeking, committing, releasing.
+// itself after a break), seeking, committing, releasing; or its records as a queue (queue.ts).
 import type { ClientReadableStream } from "@grpc/grpc-js";
-import { Code, KafkaLeaseError, toKafkaLeaseError } from "./errors";
-import {
-  type AcquireResponse,
-  type KafkaRecord,
-  type PartitionLeaseServiceClient,
-  type ReadResponse,
-  type SeekRequest,
-  TimestampType,
+import { type KafkaLeaseError, streamBroke, toKafkaLeaseError } from "./errors";
+import type {
+  AcquireResponse,
+  PartitionLeaseServiceClient,
+  ReadResponse,
+  SeekRequest,
 } from "./gen/kafka_lease/v1/partition_lease";
 import {
   type CallOpts,
@@ -21,49 +19,17 @@ import {
   toOffset,
   unary,
 } from "./convert";
-
-/** One Kafka record. `null` is absent (null key, tombstone, null header value), never `""`. */
-export interface KafkaLeaseRecord {
-  offset: bigint;
-  key: Buffer | null;
-  value: Buffer | null;
-  /** In the producer's order, duplicates kept. */
-  headers: { key: string; value: Buffer | null }[];
-  /** Millisecond precision; null when the record has none. */
-  timestamp: Date | null;
-  timestampType: TimestampType;
-}
-
-/** One ReadResponse (or `records` event): consecutive records of one partition. */
-export interface Batch {
-  records: KafkaLeaseRecord[];
-  highWatermark: bigint;
-  seekEpoch: bigint;
-  /** The offset to commit once the batch is processed: last offset + 1 (undefined if empty). */
-  nextOffset: bigint | undefined;
-}
-
-export function toRecord(r: KafkaRecord): KafkaLeaseRecord {
-  return {
-    offset: r.offset,
-    key: r.key ?? null,
-    value: r.value ?? null,
-    headers: r.headers.map((h) => ({ key: h.key, value: h.value ?? null })),
-    timestamp: timestampToDate(r.timestamp),
-    timestampType: r.timestampType,
-  };
-}
-
-export function toBatch(r: { records: KafkaRecord[]; highWatermark: bigint; seekEpoch: bigint }): Batch {
-  const records = r.records.map(toRecord);
-  const last = records[records.length - 1];
-  return {
-    records,
-    highWatermark: r.highWatermark,
-    seekEpoch: r.seekEpoch,
-    nextOffset: last === undefined ? undefined : last.offset + 1n,
-  };
-}
+import { type Batch, toBatch } from "./records";
+import {
+  Acknowledger,
+  type ConsumeOptions,
+  type ConsumeStats,
+  DeliveryStream,
+  type Handler,
+  type QueueOptions,
+  consume,
+  deliverRequest,
+} from "./queue";
 
 /**
  * The newest seek epoch a lease's client has seen. Responses of an older epoch are dropped:
@@ -217,20 +183,49 @@ export class Lease extends LeaseHandle {
     const from = options.fromOffset === undefined ? undefined : toOffset(options.fromOffset);
     return new RecordStream(open, this.epochs, from, options);
   }
+
+  #acks: Acknowledger | undefined;
+
+  /**
+   * Puts the lease in queue mode (on the first Deliver) and opens its deliveries: records
+   * handed out one by one, each answered on its own (`accept`, `retry`, `reject`, `renew`); a
+   * record that fails its `maxDeliveries`-th delivery goes to the dead letter topic. The
+   * gateway commits for the client (the lowest record not done, and the done ones above it
+   * in the commit's metadata); `release()` commits the queue's progress.
+   *
+   * From the first Deliver on, `records()`, `seek()`, `commit()` and `release(offset)` fail
+   * with FAILED_PRECONDITION (`WRONG_MODE`). Errors of the Deliver itself come out of the
+   * stream's first `next()`: INVALID_ARGUMENT for settings out of range (or not the queue's),
+   * NOT_FOUND (`TOPIC_NOT_FOUND`) when the dead letter topic does not exist, the lease errors
+   * as for every call. A new Deliver of the lease supersedes the open one.
+   */
+  deliveries(options: QueueOptions = {}): DeliveryStream {
+    const request = deliverRequest(this.leaseId, options);
+    this.#acks ??= new Acknowledger(this.raw, this.leaseId);
+    return new DeliveryStream(() => this.raw.deliver(request), this.#acks, options);
+  }
+
+  /**
+   * Runs `handler` on every record of the lease in queue mode, up to `concurrency` at once,
+   * until `signal` aborts or the lease ends. Resolving accepts the record; throwing retries it
+   * (after a `RetryError`'s delay, or the backoff: 100 ms doubling with each attempt up
+   * to 30 s) or, for a `RejectError`, rejects it to the dead letter topic (`onError`
+   * decides otherwise); after the queue's `maxDeliveries` a failing record goes there too.
+   *
+   * When `signal` aborts it stops taking deliveries, gives running handlers the drain time
+   * (`drainMs`, 10 s), then hands back the records of those still running (RETRY at once; their
+   * handler's `signal` aborts) and resolves with what it did. Then release the lease: Release
+   * commits the queue's progress. It resolves as well when the lease is released meanwhile,
+   * and rejects (after the same drain) with the error that ended the deliveries: the lease
+   * ended, or a broken stream could not be reopened.
+   */
+  consume(handler: Handler, options: ConsumeOptions = {}): Promise<ConsumeStats> {
+    return consume((queue) => this.deliveries(queue), handler, options);
+  }
 }
 
 const FIRST_BACKOFF_MS = 50;
 const MAX_BACKOFF_MS = 2000;
-
-/**
- * Whether a status that ended a Read says the stream broke, not the lease. With a reason, the
- * gateway's retry advice decides; without one (made up by the transport), the codes of a
- * dropped connection do.
- */
-function streamBroke(e: KafkaLeaseError): boolean {
-  if (e.reason !== undefined) return e.retryAfterMs !== undefined;
-  return [Code.UNAVAILABLE, Code.UNKNOWN, Code.INTERNAL, Code.CANCELLED].includes(e.code);
-}
 
 /**
  * An open Read: an async iterator of {@link Batch}es.

@@ -1,10 +1,11 @@
 // Groups that balance themselves: Subscribe joins a group as a member, and the gateways share
 // the topics' partitions among the members.
 import type { ClientReadableStream } from "@grpc/grpc-js";
-import { KafkaLeaseError, toKafkaLeaseError, Code } from "./errors";
+import { KafkaLeaseError, toKafkaLeaseError, Code, streamBroke } from "./errors";
 import type { PartitionLeaseServiceClient, SubscribeResponse } from "./gen/kafka_lease/v1/partition_lease";
-import { type Batch, LeaseHandle, toBatch } from "./lease";
-import { timestampToDate } from "./convert";
+import { LeaseHandle } from "./lease";
+import { type Batch, toBatch } from "./records";
+import { sleep, timestampToDate } from "./convert";
 
 /** A lease the member was assigned: commit, seek or release it like any lease. */
 export class Partition extends LeaseHandle {}
@@ -19,42 +20,93 @@ export type SubscriptionEvent =
   | { type: "revoked"; partition: Partition; reason: string; message: string };
 
 /**
+ * How a subscription comes back after its stream broke: `open` subscribes again with the same
+ * settings under `memberId`, for as long as `graceMs` (the session grace) lasts.
+ */
+export interface Resubscribe {
+  open: (memberId: string) => ClientReadableStream<SubscribeResponse>;
+  graceMs: number;
+  onResubscribe?: (cause: KafkaLeaseError, attempt: number) => void;
+}
+
+const FIRST_BACKOFF_MS = 100;
+const MAX_BACKOFF_MS = 2000;
+/**
+ * How long after a break MEMBER_ACTIVE is taken for the old stream, not another one: the
+ * gateway notices a connection that went away without a word within its HTTP/2 keepalive (20 s
+ * plus 20 s by default), and holds the member as attached until then.
+ */
+const MEMBER_ACTIVE_RETRY_MS = 45_000;
+
+async function firstEvent(call: ClientReadableStream<SubscribeResponse>) {
+  const iterator: AsyncIterator<SubscribeResponse> = call[Symbol.asyncIterator]();
+  let first: IteratorResult<SubscribeResponse>;
+  try {
+    first = await iterator.next();
+  } catch (e) {
+    throw toKafkaLeaseError(e);
+  }
+  const event = first.done ? undefined : first.value.event;
+  if (event?.$case !== "joined") {
+    call.cancel();
+    throw new KafkaLeaseError(Code.INTERNAL, `the subscription's first event was not joined`, undefined, {}, undefined);
+  }
+  return { iterator, joined: event.joined };
+}
+
+/**
  * A member of a group: an async iterator of {@link SubscriptionEvent}s. The member stays in the
  * group while the stream is open; `cancel()` (or leaving a `for await` loop) ends it, and the
  * member leaves the group and its leases are released.
  *
  * Records of a partition made stale by a `Partition.seek` (an older seek epoch) are dropped.
  * Ends when the gateway ends the stream with OK; any other end is thrown once.
+ *
+ * With a session grace (`sessionGraceMs` > 0), a stream that broke (a transport failure, or
+ * UNAVAILABLE with the gateway's retry advice) is subscribed again by itself, with backoff,
+ * under the same member id, topics and settings, for as long as the grace lasts: the gateway
+ * hands the member over with its leases, and the events go on with `assigned` again for each
+ * lease still held (the same {@link Partition}), whose records come again from its resume point
+ * (the last commit). Any other error (INVALID_ARGUMENT, PERMISSION_DENIED, MEMBER_ACTIVE that
+ * persists: another live stream has the member id) ends the subscription as before.
  */
 export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
   readonly #partitions = new Map<string, Partition>();
   #done = false;
+  #call: ClientReadableStream<SubscribeResponse>;
+  #iterator: AsyncIterator<SubscribeResponse>;
+  #gateway: string;
+  readonly #abort = new AbortController();
+  /** How many times the subscription came back after its stream broke. */
+  resubscribes = 0;
 
   private constructor(
     private readonly raw: PartitionLeaseServiceClient,
-    private readonly call: ClientReadableStream<SubscribeResponse>,
-    private readonly iterator: AsyncIterator<SubscribeResponse>,
+    call: ClientReadableStream<SubscribeResponse>,
+    iterator: AsyncIterator<SubscribeResponse>,
     /** This member's id (the request's, or the one the gateway generated). */
     readonly memberId: string,
-    /** The gateway instance serving the subscription. */
-    readonly gateway: string,
-  ) {}
+    gateway: string,
+    private readonly resubscribe: Resubscribe | undefined,
+  ) {
+    this.#call = call;
+    this.#iterator = iterator;
+    this.#gateway = gateway;
+  }
 
-  /** Opens the stream and waits for `joined`. */
-  static async open(raw: PartitionLeaseServiceClient, call: ClientReadableStream<SubscribeResponse>) {
-    const iterator: AsyncIterator<SubscribeResponse> = call[Symbol.asyncIterator]();
-    let first: IteratorResult<SubscribeResponse>;
-    try {
-      first = await iterator.next();
-    } catch (e) {
-      throw toKafkaLeaseError(e);
-    }
-    const event = first.done ? undefined : first.value.event;
-    if (event?.$case !== "joined") {
-      call.cancel();
-      throw new KafkaLeaseError(Code.INTERNAL, `the subscription's first event was not joined`, undefined, {}, undefined);
-    }
-    return new Subscription(raw, call, iterator, event.joined.memberId, event.joined.gateway);
+  /** The gateway instance serving the subscription (it may change when it resubscribes). */
+  get gateway(): string {
+    return this.#gateway;
+  }
+
+  /** Opens the stream and waits for `joined`; with `resubscribe`, comes back after a break. */
+  static async open(
+    raw: PartitionLeaseServiceClient,
+    call: ClientReadableStream<SubscribeResponse>,
+    resubscribe?: Resubscribe,
+  ) {
+    const { iterator, joined } = await firstEvent(call);
+    return new Subscription(raw, call, iterator, joined.memberId, joined.gateway, resubscribe);
   }
 
   [Symbol.asyncIterator](): this {
@@ -74,11 +126,13 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
     while (!this.#done) {
       let item: IteratorResult<SubscribeResponse>;
       try {
-        item = await this.iterator.next();
+        item = await this.#iterator.next();
       } catch (e) {
         if (this.#done) break;
+        const error = await this.#resubscribe(toKafkaLeaseError(e));
+        if (error === undefined) continue;
         this.cancel();
-        throw toKafkaLeaseError(e);
+        throw error;
       }
       if (item.done) break;
       const event = item.value.event;
@@ -122,6 +176,46 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
   cancel(): void {
     if (this.#done) return;
     this.#done = true;
-    this.call.cancel();
+    this.#abort.abort();
+    this.#call.cancel();
+  }
+
+  /**
+   * Subscribes again after `cause` broke the stream, within the session grace: undefined once
+   * the member is back (or the subscription was cancelled meanwhile), else the error to end
+   * it with.
+   */
+  async #resubscribe(cause: KafkaLeaseError): Promise<KafkaLeaseError | undefined> {
+    const r = this.resubscribe;
+    if (r === undefined || !(r.graceMs > 0) || !streamBroke(cause)) return cause;
+    const brokeAt = Date.now();
+    let error = cause;
+    for (let attempt = 1; ; attempt++) {
+      const backoff = Math.min(FIRST_BACKOFF_MS * 2 ** (attempt - 1), MAX_BACKOFF_MS);
+      if (Date.now() + backoff >= brokeAt + r.graceMs) return error;
+      if (!(await sleep(backoff, this.#abort.signal)) || this.#done) return undefined;
+      r.onResubscribe?.(error, attempt);
+      let call: ClientReadableStream<SubscribeResponse>;
+      try {
+        call = r.open(this.memberId);
+      } catch (e) {
+        return toKafkaLeaseError(e); // not a break: the channel was closed
+      }
+      this.#call = call;
+      try {
+        const { iterator, joined } = await firstEvent(call);
+        if (this.#done) return undefined;
+        this.#iterator = iterator;
+        this.#gateway = joined.gateway;
+        this.resubscribes++;
+        return undefined;
+      } catch (e) {
+        if (this.#done) return undefined;
+        error = toKafkaLeaseError(e);
+        // The gateway may not have seen the old stream end yet.
+        const stale = error.reason === "MEMBER_ACTIVE" && Date.now() - brokeAt < MEMBER_ACTIVE_RETRY_MS;
+        if (!streamBroke(error) && !stale) return error;
+      }
+    }
   }
 }

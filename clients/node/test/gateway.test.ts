@@ -22,6 +22,11 @@ async function take(stream: RecordStream, n: number, ms = 15_000): Promise<Kafka
   return out;
 }
 
+/** Consumes events until the subscription ends (resolves) or fails (rejects). */
+async function drain(subscription: AsyncIterable<unknown>): Promise<void> {
+  for await (const _ of subscription);
+}
+
 async function rejection(promise: Promise<unknown>): Promise<KafkaLeaseError> {
   const error = await promise.then(
     () => assert.fail("expected the call to fail"),
@@ -277,6 +282,84 @@ describe("against the gateway", () => {
       const lease = await client.acquire({ group, topic: FIXTURE.topic, partition, waitMs: 10_000 });
       assert.equal(lease.offset, BigInt(records[records.length - 1]!.offset + 1), `partition ${partition}'s committed offset`);
       await lease.release();
+    }
+  });
+  test("g. a subscription cut by the network subscribes again by itself within its session grace; without one it ends", async () => {
+    const relay = await Relay.start(ADDR);
+    // A tiny HTTP/2 window and one record per event keep records coming after the cut.
+    const relayed = Client.connect(relay.address, { channelOptions: { "grpc-node.flow_control_window": 100 } });
+    const group = freshGroup("resub-");
+    const causes: string[] = [];
+    // No member id given: it subscribes again under the one `joined` gave.
+    const subscription = await relayed.subscribe({
+      group,
+      topics: [FIXTURE.topic],
+      maxRecords: 1,
+      sessionGraceMs: 20_000,
+      onResubscribe: (cause) => causes.push(Code[cause.code] ?? String(cause.code)),
+    });
+    const memberId = subscription.memberId;
+    assert.ok(memberId !== "");
+    const control = await relayed.subscribe({ group: freshGroup("no-grace-"), topics: [FIXTURE.topic] });
+    const seen = new Map<number, Set<number>>([
+      [0, new Set()],
+      [1, new Set()],
+    ]);
+    const committed = new Map<number, bigint>();
+    const assigned: { partition: number; offset: bigint; afterCut: boolean; committed?: bigint }[] = [];
+    let received = 0;
+    let cut = false;
+    const all = () => seen.get(0)!.size === P0.length && seen.get(1)!.size === P1.length;
+    const deadline = Date.now() + 45_000;
+    try {
+      while (!all() || !assigned.some((a) => a.afterCut)) {
+        const next = await within(Math.max(deadline - Date.now(), 1), "events after the cut", subscription.next());
+        if (next.done) throw new Error("the subscription ended");
+        const event = next.value;
+        if (event.type === "assigned") {
+          const p = event.partition.partition;
+          assigned.push({ partition: p, offset: event.offset, afterCut: cut, committed: committed.get(p) });
+        } else if (event.type === "records") {
+          const p = event.partition.partition;
+          for (const r of event.batch.records) seen.get(p)!.add(Number(r.offset));
+          // A commit racing the cut may fail (its records then come again): only those that
+          // succeed count.
+          const ok = await event.partition.commit(event.batch.nextOffset!).then(
+            () => true,
+            (e: KafkaLeaseError) => (e.retryable ? false : Promise.reject(e)),
+          );
+          if (ok) committed.set(p, event.batch.nextOffset!);
+          if (++received === 4) {
+            assert.ok(relay.cut() > 0, "the relay had connections to cut");
+            cut = true;
+          }
+        } else {
+          assert.fail(`unexpected ${event.type} event`);
+        }
+      }
+      assert.ok(cut, "the cut happened mid-stream");
+      assert.equal(subscription.resubscribes, 1);
+      assert.ok(causes.length >= 1, "the break was seen");
+      assert.equal(subscription.memberId, memberId, "the same member");
+      // The member kept its leases: `assigned` again for each, at what it had committed.
+      for (const a of assigned.filter((x) => x.afterCut)) {
+        const before = assigned.find((x) => !x.afterCut && x.partition === a.partition);
+        assert.ok(before !== undefined, `partition ${a.partition}: assigned again, not newly`);
+        const start = BigInt(fixtureRecords(a.partition)[0]!.offset);
+        assert.equal(a.offset, a.committed ?? start, "records come again from the last commit");
+      }
+      const members = await client.listMembers(group);
+      assert.deepEqual(members.map((m) => [m.memberId, m.partitions]), [[memberId, [0, 1]]]);
+
+      // Without a session grace the cut ended the other subscription.
+      const ended = await rejection(within(15_000, "the graceless subscription to end", drain(control)));
+      assert.equal(ended.code, Code.UNAVAILABLE);
+      assert.equal(control.resubscribes, 0);
+    } finally {
+      subscription.cancel();
+      control.cancel();
+      relayed.close();
+      await relay.close();
     }
   });
 });

@@ -21,6 +21,11 @@ export interface Fixture {
   records: FixtureRecord[];
   /** A topic with one record (offset 0) in each partition, for the one-channel test. */
   scale: { topic: string; partitions: number };
+  /**
+   * Queue mode's topic: partition 0 holds `records` records, key `k<i % keys>` and value `v<i>`,
+   * except the one at `poison_offset`, whose value is `poison`; and its dead letter topic.
+   */
+  queue: { topic: string; dead_letter_topic: string; records: number; keys: number; poison_offset: number };
   /** The gateway's Prometheus endpoint. */
   metrics_url: string;
 }
@@ -40,8 +45,8 @@ export function fixtureRecords(partition: number): FixtureRecord[] {
 }
 
 /** A group nobody used: commits persist in Kafka, so every test takes its own. */
-export function freshGroup(): string {
-  return `${FIXTURE.group}-${randomBytes(6).toString("hex")}`;
+export function freshGroup(suffix = ""): string {
+  return `${FIXTURE.group}-${suffix}${randomBytes(6).toString("hex")}`;
 }
 
 export function hex(bytes: Buffer | null): string | null {

@@ -6,7 +6,7 @@ import { describe, test } from "node:test";
 import { inspect } from "node:util";
 import { BinaryWriter } from "@bufbuild/protobuf/wire";
 import * as grpc from "@grpc/grpc-js";
-import { Client, Code, EpochFilter, KafkaLeaseError, decodeStatusDetails, proto } from "../src";
+import { Client, Code, type Delivery, EpochFilter, KafkaLeaseError, RejectError, RetryError, decodeStatusDetails, proto } from "../src";
 import { seekPosition } from "../src/lease";
 
 /** A google.rpc.Status with an ErrorInfo and, optionally, a RetryInfo, as the gateway sends it. */
@@ -118,38 +118,41 @@ describe("epoch filter", () => {
   });
 });
 
-describe("acquire retry and read reopen (fake gateway)", () => {
-  async function fakeGateway(failures: Uint8Array[], handlers: Partial<proto.PartitionLeaseServiceServer> = {}) {
-    const server = new grpc.Server();
-    let calls = 0;
-    const unimplemented = (_: unknown, cb: (e: grpc.ServiceError) => void) =>
-      cb({ code: Code.UNIMPLEMENTED, details: "", metadata: new grpc.Metadata() } as grpc.ServiceError);
-    server.addService(proto.PartitionLeaseServiceService, {
-      acquire: (_call: unknown, cb: grpc.sendUnaryData<proto.AcquireResponse>) => {
-        const failure = failures[calls++];
-        if (failure === undefined) {
-          cb(null, { ...proto.AcquireResponse.create(), leaseId: "secret-lease-id", topic: "t", offset: 2n ** 53n + 1n });
-          return;
-        }
-        const metadata = new grpc.Metadata();
-        metadata.set("grpc-status-details-bin", Buffer.from(failure));
-        cb({ code: Code.UNAVAILABLE, details: "try later", metadata } as grpc.ServiceError);
-      },
-      read: unimplemented,
-      seek: unimplemented,
-      commit: unimplemented,
-      release: unimplemented,
-      subscribe: unimplemented,
-      listMembers: unimplemented,
-      listLeases: unimplemented,
-      ...handlers,
-    } as unknown as proto.PartitionLeaseServiceServer);
-    const port = await new Promise<number>((resolve, reject) =>
-      server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (e, p) => (e ? reject(e) : resolve(p))),
-    );
-    return { client: Client.connect(`127.0.0.1:${port}`), server, calls: () => calls };
-  }
+/** A gateway in this process: Acquire fails with `failures` first; `handlers` replace the rest. */
+async function fakeGateway(failures: Uint8Array[], handlers: Partial<proto.PartitionLeaseServiceServer> = {}) {
+  const server = new grpc.Server();
+  let calls = 0;
+  const unimplemented = (_: unknown, cb: (e: grpc.ServiceError) => void) =>
+    cb({ code: Code.UNIMPLEMENTED, details: "", metadata: new grpc.Metadata() } as grpc.ServiceError);
+  server.addService(proto.PartitionLeaseServiceService, {
+    acquire: (_call: unknown, cb: grpc.sendUnaryData<proto.AcquireResponse>) => {
+      const failure = failures[calls++];
+      if (failure === undefined) {
+        cb(null, { ...proto.AcquireResponse.create(), leaseId: "secret-lease-id", topic: "t", offset: 2n ** 53n + 1n });
+        return;
+      }
+      const metadata = new grpc.Metadata();
+      metadata.set("grpc-status-details-bin", Buffer.from(failure));
+      cb({ code: Code.UNAVAILABLE, details: "try later", metadata } as grpc.ServiceError);
+    },
+    read: unimplemented,
+    seek: unimplemented,
+    commit: unimplemented,
+    release: unimplemented,
+    subscribe: unimplemented,
+    listMembers: unimplemented,
+    listLeases: unimplemented,
+    deliver: unimplemented,
+    acknowledge: unimplemented,
+    ...handlers,
+  } as unknown as proto.PartitionLeaseServiceServer);
+  const port = await new Promise<number>((resolve, reject) =>
+    server.bindAsync("127.0.0.1:0", grpc.ServerCredentials.createInsecure(), (e, p) => (e ? reject(e) : resolve(p))),
+  );
+  return { client: Client.connect(`127.0.0.1:${port}`), server, calls: () => calls };
+}
 
+describe("acquire retry and read reopen (fake gateway)", () => {
   test("retries UNAVAILABLE with RetryInfo after its delay, then succeeds", async () => {
     const retry = statusBytes(14, "CONSUL_UNAVAILABLE", {}, 100);
     const fake = await fakeGateway([retry, retry]);
@@ -217,6 +220,279 @@ describe("acquire retry and read reopen (fake gateway)", () => {
     } finally {
       fake.client.close();
       fake.server.forceShutdown();
+    }
+  });
+});
+
+describe("queue mode (fake gateway)", () => {
+  const deliveries = (...offsets: [bigint, number][]): proto.DeliverResponse => ({
+    highWatermark: 100n,
+    deliveries: offsets.map(([offset, attempt]) => ({
+      record: { ...proto.KafkaRecord.create(), offset, value: Buffer.from(`v${offset}`) },
+      attempt,
+      deadline: { seconds: 2_000_000_000n, nanos: 0 },
+    })),
+  });
+  type AckCall = { request: proto.AcknowledgeRequest; answer: (outcomes?: proto.AckOutcome[]) => void };
+
+  /** A fake whose Deliver plays `scripts` (one per call; `"break"` ends it UNAVAILABLE, else OK). */
+  async function queueGateway(scripts: (proto.DeliverResponse | "break" | "hold")[][], autoAnswer = false) {
+    const delivers: proto.DeliverRequest[] = [];
+    const acks: AckCall[] = [];
+    let onAck: (() => void) | undefined;
+    const fake = await fakeGateway([], {
+      deliver: (call) => {
+        const script = scripts[delivers.push(call.request) - 1] ?? [];
+        for (const step of script) {
+          if (step === "break") {
+            call.emit("error", { code: Code.UNAVAILABLE, details: "connection reset", metadata: new grpc.Metadata() });
+            return;
+          }
+          if (step === "hold") return; // stays open
+          call.write(step);
+        }
+        call.end();
+      },
+      acknowledge: (call, cb) => {
+        const answer = (outcomes?: proto.AckOutcome[]) =>
+          cb(null, {
+            outcomes: outcomes ?? call.request.acknowledgements.map(() => proto.AckOutcome.ACK_OUTCOME_APPLIED),
+          });
+        acks.push({ request: call.request, answer });
+        if (autoAnswer) answer();
+        onAck?.();
+      },
+    });
+    const lease = await fake.client.acquire({ group: "g", topic: "t" });
+    const nextAck = (n: number) =>
+      new Promise<void>((resolve) => {
+        const check = () => acks.length >= n && resolve();
+        onAck = check;
+        check();
+      });
+    return { fake, lease, delivers, acks, nextAck };
+  }
+
+  test("answers go in one Acknowledge at a time, those made meanwhile batched; outcomes in order", async () => {
+    const q = await queueGateway([[deliveries([1n, 1], [2n, 1], [3n, 1], [4n, 2]), "hold"]]);
+    try {
+      const stream = q.lease.deliveries({ ordering: "key", maxInFlight: 10, ackDeadlineMs: 5_000, maxDeliveries: 3, deadLetterTopic: "dlq" });
+      const got: Delivery[] = [];
+      for (let i = 0; i < 4; i++) got.push((await stream.next()).value!);
+      assert.deepEqual(got.map((d) => [d.offset, d.attempt]), [[1n, 1], [2n, 1], [3n, 1], [4n, 2]]);
+      assert.equal(got[0]!.record.value?.toString(), "v1");
+      assert.deepEqual(got[0]!.deadline, new Date(2_000_000_000_000));
+      assert.deepEqual(q.delivers[0], {
+        leaseId: "secret-lease-id",
+        ordering: proto.DeliveryOrder.DELIVERY_ORDER_KEY,
+        maxInFlight: 10,
+        maxInFlightBytes: 0,
+        ackDeadline: { seconds: 5n, nanos: 0 },
+        maxDeliveries: 3,
+        deadLetterTopic: "dlq",
+      });
+
+      const first = got[0]!.accept();
+      await q.nextAck(1);
+      // While the first call is out, three more answers queue up behind it.
+      const rest = [got[1]!.retry(1500, "later"), got[2]!.reject("x".repeat(2000)), got[3]!.renew()];
+      await new Promise((r) => setImmediate(r));
+      assert.equal(q.acks.length, 1, "one Acknowledge in flight at a time");
+      q.acks[0]!.answer();
+      assert.equal(await first, "applied");
+      await q.nextAck(2);
+      assert.deepEqual(
+        q.acks[1]!.request.acknowledgements.map((a) => [a.offset, a.type, a.attempt, a.retryDelay, a.reason.length]),
+        [
+          [2n, proto.AckType.ACK_TYPE_RETRY, 1, { seconds: 1n, nanos: 500_000_000 }, 5],
+          [3n, proto.AckType.ACK_TYPE_REJECT, 1, undefined, 1024],
+          [4n, proto.AckType.ACK_TYPE_RENEW, 2, undefined, 0],
+        ],
+      );
+      q.acks[1]!.answer([proto.AckOutcome.ACK_OUTCOME_APPLIED, proto.AckOutcome.ACK_OUTCOME_STALE, proto.AckOutcome.ACK_OUTCOME_APPLIED]);
+      assert.deepEqual(await Promise.all(rest), ["applied", "stale", "applied"]);
+      await assert.rejects(got[1]!.retry(-1), RangeError, "a bad delay fails alone, before it can spoil a batch");
+      stream.cancel();
+    } finally {
+      q.fake.client.close();
+      q.fake.server.forceShutdown();
+    }
+  });
+
+  test("a broken Deliver is reopened with the same request; closing hands back what was not handed out", async () => {
+    const q = await queueGateway(
+      [[deliveries([1n, 1]), "break"], ["break"], [deliveries([2n, 1], [3n, 1], [4n, 1]), "hold"]],
+      true,
+    );
+    try {
+      const causes: Code[] = [];
+      const stream = q.lease.deliveries({ onReconnect: (cause) => causes.push(cause.code) });
+      assert.equal((await stream.next()).value?.offset, 1n);
+      assert.equal((await stream.next()).value?.offset, 2n);
+      assert.equal(stream.reconnects, 2);
+      assert.deepEqual(causes, [Code.UNAVAILABLE, Code.UNAVAILABLE]);
+      assert.equal(q.delivers.length, 3);
+      assert.deepEqual(q.delivers[2], q.delivers[0]);
+      stream.cancel();
+      await q.nextAck(1);
+      assert.deepEqual(
+        q.acks[0]!.request.acknowledgements.map((a) => [a.offset, a.type, a.retryDelay]),
+        [
+          [3n, proto.AckType.ACK_TYPE_RETRY, { seconds: 0n, nanos: 0 }],
+          [4n, proto.AckType.ACK_TYPE_RETRY, { seconds: 0n, nanos: 0 }],
+        ],
+      );
+      assert.deepEqual(await stream.next(), { value: undefined, done: true });
+    } finally {
+      q.fake.client.close();
+      q.fake.server.forceShutdown();
+    }
+  });
+
+  test("consume: concurrency, the error policy, and a draining shutdown that hands back what still runs", async () => {
+    const q = await queueGateway([[deliveries([1n, 1], [2n, 3], [3n, 1], [4n, 1], [5n, 1], [6n, 1]), "hold"]], true);
+    try {
+      const shutdown = new AbortController();
+      let running = 0;
+      let most = 0;
+      const aborted: bigint[] = [];
+      const stats = q.lease.consume(
+        async (record, { attempt, signal }) => {
+          most = Math.max(most, ++running);
+          try {
+            await new Promise((r) => setTimeout(r, 20));
+            if (record.offset === 1n) return;
+            if (record.offset === 2n) throw new Error(`boom at attempt ${attempt}`);
+            if (record.offset === 3n) throw new RetryError("busy", { delayMs: 250 });
+            if (record.offset === 4n) throw new RejectError("poison");
+            if (record.offset === 5n) throw new TypeError("policy says reject");
+            // 6: blocks until handed back.
+            await new Promise((resolve) => signal.addEventListener("abort", resolve));
+            aborted.push(record.offset);
+          } finally {
+            running--;
+          }
+        },
+        {
+          concurrency: 2,
+          signal: shutdown.signal,
+          drainMs: 100,
+          backoff: { initialMs: 50, maxMs: 150 },
+          onError: (e) => (e instanceof TypeError ? { action: "reject", reason: "typed" } : undefined),
+        },
+      );
+      while (q.acks.flatMap((a) => a.request.acknowledgements).length < 5) await new Promise((r) => setTimeout(r, 10));
+      shutdown.abort();
+      assert.deepEqual(await stats, { accepted: 1, retried: 2, rejected: 2, handedBack: 1 });
+      assert.equal(most, 2, "never more than `concurrency` handlers at once");
+      assert.equal(q.delivers[0]!.maxInFlight, 2, "max in flight defaults to the concurrency");
+      assert.deepEqual(aborted, [6n], "the handed-back handler's signal aborted");
+      const answers = new Map(
+        q.acks.flatMap((a) => a.request.acknowledgements).map((a) => [a.offset, [a.type, a.retryDelay, a.reason]]),
+      );
+      const ms = (n: number) => ({ seconds: BigInt(Math.floor(n / 1000)), nanos: (n % 1000) * 1e6 });
+      assert.deepEqual(answers.get(1n), [proto.AckType.ACK_TYPE_ACCEPT, undefined, ""]);
+      assert.deepEqual(answers.get(2n), [proto.AckType.ACK_TYPE_RETRY, ms(150), "boom at attempt 3"], "backoff 50 ms doubling, at most 150");
+      assert.deepEqual(answers.get(3n), [proto.AckType.ACK_TYPE_RETRY, ms(250), "busy"]);
+      assert.deepEqual(answers.get(4n), [proto.AckType.ACK_TYPE_REJECT, undefined, "poison"]);
+      assert.deepEqual(answers.get(5n), [proto.AckType.ACK_TYPE_REJECT, undefined, "typed"]);
+      assert.deepEqual(answers.get(6n), [proto.AckType.ACK_TYPE_RETRY, ms(0), "the consumer shut down before handling it"]);
+    } finally {
+      q.fake.client.close();
+      q.fake.server.forceShutdown();
+    }
+  });
+});
+
+describe("resubscribe (fake gateway)", () => {
+  type Step = proto.SubscribeResponse | { code: Code; details?: Uint8Array };
+  const joined = (memberId: string): proto.SubscribeResponse => ({ event: { $case: "joined", joined: { memberId, gateway: "gw" } } });
+  const assigned = (offset: bigint): proto.SubscribeResponse => ({
+    event: { $case: "assigned", assigned: { ...proto.Assigned.create(), leaseId: "L1", topic: "t", partition: 0, fencingToken: 7n, offset } },
+  });
+  const records = (offset: bigint): proto.SubscribeResponse => ({
+    event: {
+      $case: "records",
+      records: { ...proto.SubscribedRecords.create(), leaseId: "L1", topic: "t", records: [{ ...proto.KafkaRecord.create(), offset }] },
+    },
+  });
+  const broken = { code: Code.UNAVAILABLE };
+
+  async function subscribeGateway(scripts: Step[][]) {
+    const requests: proto.SubscribeRequest[] = [];
+    const fake = await fakeGateway([], {
+      subscribe: (call) => {
+        for (const step of scripts[requests.push(call.request) - 1] ?? []) {
+          if (!("code" in step)) {
+            call.write(step);
+            continue;
+          }
+          const metadata = new grpc.Metadata();
+          if (step.details !== undefined) metadata.set("grpc-status-details-bin", Buffer.from(step.details));
+          call.emit("error", { code: step.code, details: "ended", metadata });
+          return;
+        }
+      },
+    });
+    return { fake, requests };
+  }
+
+  test("a broken stream subscribes again under the member id `joined` gave; MEMBER_ACTIVE just after the break is retried; INVALID_ARGUMENT ends it", async () => {
+    const memberActive = statusBytes(6, "MEMBER_ACTIVE", { member_id: "gen-1" });
+    const invalid = statusBytes(3, "INVALID_FIELD", { field: "topics" });
+    const { fake, requests } = await subscribeGateway([
+      [joined("gen-1"), assigned(3n), broken],
+      [{ code: Code.ALREADY_EXISTS, details: memberActive }],
+      [joined("gen-1"), assigned(4n), records(4n), broken],
+      [{ code: Code.INVALID_ARGUMENT, details: invalid }],
+    ]);
+    try {
+      const attempts: [Code, string | undefined, number][] = [];
+      const subscription = await fake.client.subscribe({
+        group: "g",
+        topics: ["t"],
+        maxRecords: 1,
+        sessionGraceMs: 5_000,
+        onResubscribe: (cause, attempt) => attempts.push([cause.code, cause.reason, attempt]),
+      });
+      assert.equal(subscription.memberId, "gen-1");
+      const first = (await subscription.next()).value;
+      assert.ok(first?.type === "assigned" && first.offset === 3n);
+      const again = (await subscription.next()).value;
+      assert.ok(again?.type === "assigned" && again.offset === 4n);
+      assert.equal(again.partition, first.partition, "the same Partition for the same lease");
+      const batch = (await subscription.next()).value;
+      assert.ok(batch?.type === "records" && batch.batch.records[0]!.offset === 4n);
+      const end = await subscription.next().catch((e: unknown) => e);
+      assert.ok(end instanceof KafkaLeaseError && end.code === Code.INVALID_ARGUMENT, `ended with ${end}`);
+      assert.equal(subscription.resubscribes, 1);
+      assert.deepEqual(attempts, [
+        [Code.UNAVAILABLE, undefined, 1],
+        [Code.ALREADY_EXISTS, "MEMBER_ACTIVE", 2],
+        [Code.UNAVAILABLE, undefined, 1],
+      ]);
+      assert.equal(requests.length, 4);
+      assert.equal(requests[0]!.memberId, "");
+      for (const r of requests.slice(1)) assert.deepEqual(r, { ...requests[0]!, memberId: "gen-1" }, "the same settings");
+      assert.deepEqual(await subscription.next(), { done: true, value: undefined });
+    } finally {
+      fake.client.close();
+      fake.server.forceShutdown();
+    }
+  });
+
+  test("without a session grace (or with resubscribe: false) a break ends the subscription", async () => {
+    for (const options of [{}, { sessionGraceMs: 5_000, resubscribe: false }]) {
+      const { fake, requests } = await subscribeGateway([[joined("m"), broken], [joined("m")]]);
+      try {
+        const subscription = await fake.client.subscribe({ group: "g", topics: ["t"], memberId: "m", ...options });
+        const end = await subscription.next().catch((e: unknown) => e);
+        assert.ok(end instanceof KafkaLeaseError && end.code === Code.UNAVAILABLE);
+        assert.equal(requests.length, 1);
+      } finally {
+        fake.client.close();
+        fake.server.forceShutdown();
+      }
     }
   });
 });
