@@ -967,55 +967,56 @@ async fn members_on_two_gateways_share_a_topic_in_queue_mode_and_a_member_leavin
         produce(&producer, &topic, partition, &records).await;
     }
     let handled: Arc<Mutex<HashMap<(i32, i64), u32>>> = Arc::default();
-    let member = |gateway: &GatewayProcess, name: &str, stop: tokio::sync::oneshot::Receiver<()>| {
-        let (endpoint, group, topic, name) = (
-            gateway.endpoint(),
-            group.clone(),
-            topic.clone(),
-            name.to_string(),
-        );
-        let handled = handled.clone();
-        tokio::spawn(async move {
-            let client = Client::connect(endpoint).await.expect("connect");
-            let subscription = client
-                .subscribe(
-                    SubscribeOptions::new(&group, [&topic])
-                        .member_id(&name)
-                        .queue(
-                            QueueOptions::new()
-                                .ordering(Ordering::Key)
-                                .max_in_flight(32)
-                                .max_deliveries(2),
-                        ),
-                )
-                .await
-                .expect("subscribe");
-            subscription
-                .consume(
-                    ConsumeOptions::new(QueueOptions::new(), 32)
-                        .backoff(Duration::from_millis(5), Duration::from_millis(20)),
-                    async {
-                        let _ = stop.await;
-                    },
-                    move |record, info| {
-                        let handled = handled.clone();
-                        async move {
-                            if record.value.as_deref() == Some(b"poison") {
-                                return Err(HandlerError::reject("poison"));
+    let member =
+        |gateway: &GatewayProcess, name: &str, stop: tokio::sync::oneshot::Receiver<()>| {
+            let (endpoint, group, topic, name) = (
+                gateway.endpoint(),
+                group.clone(),
+                topic.clone(),
+                name.to_string(),
+            );
+            let handled = handled.clone();
+            tokio::spawn(async move {
+                let client = Client::connect(endpoint).await.expect("connect");
+                let subscription = client
+                    .subscribe(
+                        SubscribeOptions::new(&group, [&topic])
+                            .member_id(&name)
+                            .queue(
+                                QueueOptions::new()
+                                    .ordering(Ordering::Key)
+                                    .max_in_flight(32)
+                                    .max_deliveries(2),
+                            ),
+                    )
+                    .await
+                    .expect("subscribe");
+                subscription
+                    .consume(
+                        ConsumeOptions::new(QueueOptions::new(), 32)
+                            .backoff(Duration::from_millis(5), Duration::from_millis(20)),
+                        async {
+                            let _ = stop.await;
+                        },
+                        move |record, info| {
+                            let handled = handled.clone();
+                            async move {
+                                if record.value.as_deref() == Some(b"poison") {
+                                    return Err(HandlerError::reject("poison"));
+                                }
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                                *handled
+                                    .lock()
+                                    .expect("handled")
+                                    .entry((info.partition, record.offset))
+                                    .or_default() += 1;
+                                Ok(())
                             }
-                            tokio::time::sleep(Duration::from_millis(1)).await;
-                            *handled
-                                .lock()
-                                .expect("handled")
-                                .entry((info.partition, record.offset))
-                                .or_default() += 1;
-                            Ok(())
-                        }
-                    },
-                )
-                .await
-        })
-    };
+                        },
+                    )
+                    .await
+            })
+        };
     let (stop_one, one_stopped) = tokio::sync::oneshot::channel();
     let (stop_two, two_stopped) = tokio::sync::oneshot::channel();
     let one = member(&a, "one", one_stopped);
@@ -1041,12 +1042,22 @@ async fn members_on_two_gateways_share_a_topic_in_queue_mode_and_a_member_leavin
     let handled = handled.lock().expect("handled").clone();
     let twice = handled.values().filter(|n| **n > 1).count();
     println!("{} records handled, {twice} of them twice", handled.len());
-    assert_eq!(handled.len(), total, "every record but the poison one handled");
+    assert_eq!(
+        handled.len(),
+        total,
+        "every record but the poison one handled"
+    );
     assert_eq!(one_stats.rejected + two_stats.rejected, 1);
     let letters = read_all(&services, &dead_letters, 1);
     assert_eq!(letters.len(), 1);
-    assert_eq!(letters[0].header("kafka-lease.partition").as_deref(), Some("2"));
-    assert_eq!(letters[0].header("kafka-lease.offset").as_deref(), Some("100"));
+    assert_eq!(
+        letters[0].header("kafka-lease.partition").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        letters[0].header("kafka-lease.offset").as_deref(),
+        Some("100")
+    );
     // Both left: their leases were released, committing everything done.
     for partition in 0..PARTITIONS {
         let committed = kafka_lease_testkit::wait_for(
@@ -1075,7 +1086,9 @@ async fn a_consumer_shutting_down_hands_back_its_unfinished_work_at_once() {
         &producer(&services),
         &topic,
         0,
-        &(0..10).map(|i| keyed("k", &format!("v{i}"))).collect::<Vec<_>>(),
+        &(0..10)
+            .map(|i| keyed("k", &format!("v{i}")))
+            .collect::<Vec<_>>(),
     )
     .await;
     let lease = a

@@ -1344,7 +1344,12 @@ type SubscribeRequest struct {
 	// limits and graces replace the old ones. One for other topics is INVALID_ARGUMENT. Past
 	// it the member leaves and its leases are released. Default 0 (leave at once); at most
 	// 5 min.
-	SessionGrace  *durationpb.Duration `protobuf:"bytes,11,opt,name=session_grace,json=sessionGrace,proto3" json:"session_grace,omitempty"`
+	SessionGrace *durationpb.Duration `protobuf:"bytes,11,opt,name=session_grace,json=sessionGrace,proto3" json:"session_grace,omitempty"`
+	// Queue mode for every lease the member is assigned (see Deliver): its records come as
+	// `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+	// commits. Unset: `records` events, as a Read. A member taken over within its session
+	// grace keeps the queue settings it had.
+	Queue         *QueueSettings `protobuf:"bytes,13,opt,name=queue,proto3" json:"queue,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1456,6 +1461,108 @@ func (x *SubscribeRequest) GetSessionGrace() *durationpb.Duration {
 	return nil
 }
 
+func (x *SubscribeRequest) GetQueue() *QueueSettings {
+	if x != nil {
+		return x.Queue
+	}
+	return nil
+}
+
+// Queue mode's settings for a Subscribe: those of DeliverRequest, with the window shared by
+// the member's leases.
+type QueueSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// As DeliverRequest.ordering, per lease.
+	Ordering DeliveryOrder `protobuf:"varint,1,opt,name=ordering,proto3,enum=kafka_lease.v1.DeliveryOrder" json:"ordering,omitempty"`
+	// Most deliveries in flight at once across all the member's leases. Default 64 (when 0);
+	// at most 10000.
+	MaxInFlight uint32 `protobuf:"varint,2,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// Most bytes of records in flight at once across all the member's leases. Default 4 MiB
+	// (when 0); at most 64 MiB.
+	MaxInFlightBytes uint32 `protobuf:"varint,3,opt,name=max_in_flight_bytes,json=maxInFlightBytes,proto3" json:"max_in_flight_bytes,omitempty"`
+	// As DeliverRequest.ack_deadline.
+	AckDeadline *durationpb.Duration `protobuf:"bytes,4,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
+	// As DeliverRequest.max_deliveries.
+	MaxDeliveries uint32 `protobuf:"varint,5,opt,name=max_deliveries,json=maxDeliveries,proto3" json:"max_deliveries,omitempty"`
+	// As DeliverRequest.dead_letter_topic, for every topic of the Subscribe. Default
+	// "dlq.<group>.<topic>", one per topic; each must exist when the Subscribe starts.
+	DeadLetterTopic string `protobuf:"bytes,6,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *QueueSettings) Reset() {
+	*x = QueueSettings{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueueSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueueSettings) ProtoMessage() {}
+
+func (x *QueueSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueueSettings.ProtoReflect.Descriptor instead.
+func (*QueueSettings) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *QueueSettings) GetOrdering() DeliveryOrder {
+	if x != nil {
+		return x.Ordering
+	}
+	return DeliveryOrder_DELIVERY_ORDER_UNSPECIFIED
+}
+
+func (x *QueueSettings) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *QueueSettings) GetMaxInFlightBytes() uint32 {
+	if x != nil {
+		return x.MaxInFlightBytes
+	}
+	return 0
+}
+
+func (x *QueueSettings) GetAckDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.AckDeadline
+	}
+	return nil
+}
+
+func (x *QueueSettings) GetMaxDeliveries() uint32 {
+	if x != nil {
+		return x.MaxDeliveries
+	}
+	return 0
+}
+
+func (x *QueueSettings) GetDeadLetterTopic() string {
+	if x != nil {
+		return x.DeadLetterTopic
+	}
+	return ""
+}
+
 // What Subscribe streams: one event of the member's subscription.
 type SubscribeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1468,6 +1575,7 @@ type SubscribeResponse struct {
 	//	*SubscribeResponse_Records
 	//	*SubscribeResponse_Revoking
 	//	*SubscribeResponse_Revoked
+	//	*SubscribeResponse_Deliveries
 	Event         isSubscribeResponse_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1475,7 +1583,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[13]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1595,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[13]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1608,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{13}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SubscribeResponse) GetEvent() isSubscribeResponse_Event {
@@ -1555,6 +1663,15 @@ func (x *SubscribeResponse) GetRevoked() *Revoked {
 	return nil
 }
 
+func (x *SubscribeResponse) GetDeliveries() *SubscribedDeliveries {
+	if x != nil {
+		if x, ok := x.Event.(*SubscribeResponse_Deliveries); ok {
+			return x.Deliveries
+		}
+	}
+	return nil
+}
+
 type isSubscribeResponse_Event interface {
 	isSubscribeResponse_Event()
 }
@@ -1584,6 +1701,11 @@ type SubscribeResponse_Revoked struct {
 	Revoked *Revoked `protobuf:"bytes,5,opt,name=revoked,proto3,oneof"`
 }
 
+type SubscribeResponse_Deliveries struct {
+	// Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+	Deliveries *SubscribedDeliveries `protobuf:"bytes,6,opt,name=deliveries,proto3,oneof"`
+}
+
 func (*SubscribeResponse_Joined) isSubscribeResponse_Event() {}
 
 func (*SubscribeResponse_Assigned) isSubscribeResponse_Event() {}
@@ -1593,6 +1715,8 @@ func (*SubscribeResponse_Records) isSubscribeResponse_Event() {}
 func (*SubscribeResponse_Revoking) isSubscribeResponse_Event() {}
 
 func (*SubscribeResponse_Revoked) isSubscribeResponse_Event() {}
+
+func (*SubscribeResponse_Deliveries) isSubscribeResponse_Event() {}
 
 // The first event: the member is in the group.
 type Joined struct {
@@ -1607,7 +1731,7 @@ type Joined struct {
 
 func (x *Joined) Reset() {
 	*x = Joined{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[14]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +1743,7 @@ func (x *Joined) String() string {
 func (*Joined) ProtoMessage() {}
 
 func (x *Joined) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[14]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +1756,7 @@ func (x *Joined) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Joined.ProtoReflect.Descriptor instead.
 func (*Joined) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{14}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Joined) GetMemberId() string {
@@ -1670,7 +1794,7 @@ type Assigned struct {
 
 func (x *Assigned) Reset() {
 	*x = Assigned{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[15]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1682,7 +1806,7 @@ func (x *Assigned) String() string {
 func (*Assigned) ProtoMessage() {}
 
 func (x *Assigned) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[15]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1695,7 +1819,7 @@ func (x *Assigned) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Assigned.ProtoReflect.Descriptor instead.
 func (*Assigned) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{15}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Assigned) GetLeaseId() string {
@@ -1761,7 +1885,7 @@ type SubscribedRecords struct {
 
 func (x *SubscribedRecords) Reset() {
 	*x = SubscribedRecords{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[16]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1897,7 @@ func (x *SubscribedRecords) String() string {
 func (*SubscribedRecords) ProtoMessage() {}
 
 func (x *SubscribedRecords) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[16]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1910,7 @@ func (x *SubscribedRecords) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribedRecords.ProtoReflect.Descriptor instead.
 func (*SubscribedRecords) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{16}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SubscribedRecords) GetLeaseId() string {
@@ -1831,6 +1955,89 @@ func (x *SubscribedRecords) GetRecords() []*KafkaRecord {
 	return nil
 }
 
+// Deliveries of one lease, as a DeliverResponse: answer each with Acknowledge, naming
+// `lease_id`.
+type SubscribedDeliveries struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The lease the deliveries belong to (Assigned.lease_id).
+	LeaseId string `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// The lease's topic.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// The lease's partition.
+	Partition int32 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	// The partition's high watermark as last seen by the gateway.
+	HighWatermark int64 `protobuf:"varint,4,opt,name=high_watermark,json=highWatermark,proto3" json:"high_watermark,omitempty"`
+	// Never empty; as DeliverResponse.deliveries.
+	Deliveries    []*Delivery `protobuf:"bytes,5,rep,name=deliveries,proto3" json:"deliveries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SubscribedDeliveries) Reset() {
+	*x = SubscribedDeliveries{}
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SubscribedDeliveries) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SubscribedDeliveries) ProtoMessage() {}
+
+func (x *SubscribedDeliveries) ProtoReflect() protoreflect.Message {
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SubscribedDeliveries.ProtoReflect.Descriptor instead.
+func (*SubscribedDeliveries) Descriptor() ([]byte, []int) {
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SubscribedDeliveries) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *SubscribedDeliveries) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *SubscribedDeliveries) GetPartition() int32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *SubscribedDeliveries) GetHighWatermark() int64 {
+	if x != nil {
+		return x.HighWatermark
+	}
+	return 0
+}
+
+func (x *SubscribedDeliveries) GetDeliveries() []*Delivery {
+	if x != nil {
+		return x.Deliveries
+	}
+	return nil
+}
+
 // The lease is moving to another member: no records of it follow. Commit what was processed
 // (Commit, or Release with `commit_offset`) before `deadline`; the lease is released after
 // that commit, or at the deadline.
@@ -1850,7 +2057,7 @@ type Revoking struct {
 
 func (x *Revoking) Reset() {
 	*x = Revoking{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[17]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +2069,7 @@ func (x *Revoking) String() string {
 func (*Revoking) ProtoMessage() {}
 
 func (x *Revoking) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[17]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +2082,7 @@ func (x *Revoking) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoking.ProtoReflect.Descriptor instead.
 func (*Revoking) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{17}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Revoking) GetLeaseId() string {
@@ -1926,7 +2133,7 @@ type Revoked struct {
 
 func (x *Revoked) Reset() {
 	*x = Revoked{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[18]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2145,7 @@ func (x *Revoked) String() string {
 func (*Revoked) ProtoMessage() {}
 
 func (x *Revoked) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[18]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2158,7 @@ func (x *Revoked) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Revoked.ProtoReflect.Descriptor instead.
 func (*Revoked) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{18}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Revoked) GetLeaseId() string {
@@ -2002,7 +2209,7 @@ type ListMembersRequest struct {
 
 func (x *ListMembersRequest) Reset() {
 	*x = ListMembersRequest{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[19]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2014,7 +2221,7 @@ func (x *ListMembersRequest) String() string {
 func (*ListMembersRequest) ProtoMessage() {}
 
 func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[19]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2027,7 +2234,7 @@ func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersRequest.ProtoReflect.Descriptor instead.
 func (*ListMembersRequest) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{19}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListMembersRequest) GetGroup() string {
@@ -2055,7 +2262,7 @@ type ListMembersResponse struct {
 
 func (x *ListMembersResponse) Reset() {
 	*x = ListMembersResponse{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[20]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2067,7 +2274,7 @@ func (x *ListMembersResponse) String() string {
 func (*ListMembersResponse) ProtoMessage() {}
 
 func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[20]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2080,7 +2287,7 @@ func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
 func (*ListMembersResponse) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{20}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListMembersResponse) GetMembers() []*MemberInfo {
@@ -2116,7 +2323,7 @@ type MemberInfo struct {
 
 func (x *MemberInfo) Reset() {
 	*x = MemberInfo{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[21]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2128,7 +2335,7 @@ func (x *MemberInfo) String() string {
 func (*MemberInfo) ProtoMessage() {}
 
 func (x *MemberInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[21]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2141,7 +2348,7 @@ func (x *MemberInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberInfo.ProtoReflect.Descriptor instead.
 func (*MemberInfo) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{21}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *MemberInfo) GetGroup() string {
@@ -2219,7 +2426,7 @@ type ListLeasesRequest struct {
 
 func (x *ListLeasesRequest) Reset() {
 	*x = ListLeasesRequest{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[22]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2438,7 @@ func (x *ListLeasesRequest) String() string {
 func (*ListLeasesRequest) ProtoMessage() {}
 
 func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[22]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2451,7 @@ func (x *ListLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesRequest.ProtoReflect.Descriptor instead.
 func (*ListLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{22}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListLeasesRequest) GetGroup() string {
@@ -2289,7 +2496,7 @@ type ListLeasesResponse struct {
 
 func (x *ListLeasesResponse) Reset() {
 	*x = ListLeasesResponse{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[23]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2301,7 +2508,7 @@ func (x *ListLeasesResponse) String() string {
 func (*ListLeasesResponse) ProtoMessage() {}
 
 func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[23]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2314,7 +2521,7 @@ func (x *ListLeasesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLeasesResponse.ProtoReflect.Descriptor instead.
 func (*ListLeasesResponse) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{23}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListLeasesResponse) GetLeases() []*LeaseInfo {
@@ -2387,7 +2594,7 @@ type LeaseInfo struct {
 
 func (x *LeaseInfo) Reset() {
 	*x = LeaseInfo{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[24]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2399,7 +2606,7 @@ func (x *LeaseInfo) String() string {
 func (*LeaseInfo) ProtoMessage() {}
 
 func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[24]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2412,7 +2619,7 @@ func (x *LeaseInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseInfo.ProtoReflect.Descriptor instead.
 func (*LeaseInfo) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{24}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LeaseInfo) GetGroup() string {
@@ -2560,7 +2767,7 @@ type QueueInfo struct {
 
 func (x *QueueInfo) Reset() {
 	*x = QueueInfo{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[25]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2779,7 @@ func (x *QueueInfo) String() string {
 func (*QueueInfo) ProtoMessage() {}
 
 func (x *QueueInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[25]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2792,7 @@ func (x *QueueInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueueInfo.ProtoReflect.Descriptor instead.
 func (*QueueInfo) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{25}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *QueueInfo) GetOrdering() DeliveryOrder {
@@ -2676,7 +2883,7 @@ type DeliverRequest struct {
 
 func (x *DeliverRequest) Reset() {
 	*x = DeliverRequest{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[26]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2688,7 +2895,7 @@ func (x *DeliverRequest) String() string {
 func (*DeliverRequest) ProtoMessage() {}
 
 func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[26]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2701,7 +2908,7 @@ func (x *DeliverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverRequest.ProtoReflect.Descriptor instead.
 func (*DeliverRequest) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{26}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DeliverRequest) GetLeaseId() string {
@@ -2766,7 +2973,7 @@ type DeliverResponse struct {
 
 func (x *DeliverResponse) Reset() {
 	*x = DeliverResponse{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[27]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +2985,7 @@ func (x *DeliverResponse) String() string {
 func (*DeliverResponse) ProtoMessage() {}
 
 func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[27]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +2998,7 @@ func (x *DeliverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeliverResponse.ProtoReflect.Descriptor instead.
 func (*DeliverResponse) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{27}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeliverResponse) GetDeliveries() []*Delivery {
@@ -2824,7 +3031,7 @@ type Delivery struct {
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[28]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +3043,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[28]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3056,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{28}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Delivery) GetRecord() *KafkaRecord {
@@ -2886,7 +3093,7 @@ type AcknowledgeRequest struct {
 
 func (x *AcknowledgeRequest) Reset() {
 	*x = AcknowledgeRequest{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[29]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2898,7 +3105,7 @@ func (x *AcknowledgeRequest) String() string {
 func (*AcknowledgeRequest) ProtoMessage() {}
 
 func (x *AcknowledgeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[29]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2911,7 +3118,7 @@ func (x *AcknowledgeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcknowledgeRequest.ProtoReflect.Descriptor instead.
 func (*AcknowledgeRequest) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{29}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AcknowledgeRequest) GetLeaseId() string {
@@ -2949,7 +3156,7 @@ type Acknowledgement struct {
 
 func (x *Acknowledgement) Reset() {
 	*x = Acknowledgement{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[30]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2961,7 +3168,7 @@ func (x *Acknowledgement) String() string {
 func (*Acknowledgement) ProtoMessage() {}
 
 func (x *Acknowledgement) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[30]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2974,7 +3181,7 @@ func (x *Acknowledgement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Acknowledgement.ProtoReflect.Descriptor instead.
 func (*Acknowledgement) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{30}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Acknowledgement) GetOffset() int64 {
@@ -3023,7 +3230,7 @@ type AcknowledgeResponse struct {
 
 func (x *AcknowledgeResponse) Reset() {
 	*x = AcknowledgeResponse{}
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[31]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3242,7 @@ func (x *AcknowledgeResponse) String() string {
 func (*AcknowledgeResponse) ProtoMessage() {}
 
 func (x *AcknowledgeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[31]
+	mi := &file_kafka_lease_v1_partition_lease_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3255,7 @@ func (x *AcknowledgeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcknowledgeResponse.ProtoReflect.Descriptor instead.
 func (*AcknowledgeResponse) Descriptor() ([]byte, []int) {
-	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{31}
+	return file_kafka_lease_v1_partition_lease_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AcknowledgeResponse) GetOutcomes() []AckOutcome {
@@ -3143,7 +3350,7 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\x0e_commit_offset\"V\n" +
 	"\x0fReleaseResponse\x12.\n" +
 	"\x10committed_offset\x18\x01 \x01(\x03H\x00R\x0fcommittedOffset\x88\x01\x01B\x13\n" +
-	"\x11_committed_offset\"\xdb\x03\n" +
+	"\x11_committed_offset\"\x90\x04\n" +
 	"\x10SubscribeRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x16\n" +
 	"\x06topics\x18\x02 \x03(\tR\x06topics\x12\x16\n" +
@@ -3157,13 +3364,24 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\x0emax_partitions\x18\t \x01(\rR\rmaxPartitions\x12<\n" +
 	"\frevoke_grace\x18\n" +
 	" \x01(\v2\x19.google.protobuf.DurationR\vrevokeGrace\x12>\n" +
-	"\rsession_grace\x18\v \x01(\v2\x19.google.protobuf.DurationR\fsessionGraceJ\x04\b\b\x10\tR\x05reset\"\xb2\x02\n" +
+	"\rsession_grace\x18\v \x01(\v2\x19.google.protobuf.DurationR\fsessionGrace\x123\n" +
+	"\x05queue\x18\r \x01(\v2\x1d.kafka_lease.v1.QueueSettingsR\x05queueJ\x04\b\b\x10\tR\x05reset\"\xae\x02\n" +
+	"\rQueueSettings\x129\n" +
+	"\bordering\x18\x01 \x01(\x0e2\x1d.kafka_lease.v1.DeliveryOrderR\bordering\x12\"\n" +
+	"\rmax_in_flight\x18\x02 \x01(\rR\vmaxInFlight\x12-\n" +
+	"\x13max_in_flight_bytes\x18\x03 \x01(\rR\x10maxInFlightBytes\x12<\n" +
+	"\fack_deadline\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\vackDeadline\x12%\n" +
+	"\x0emax_deliveries\x18\x05 \x01(\rR\rmaxDeliveries\x12*\n" +
+	"\x11dead_letter_topic\x18\x06 \x01(\tR\x0fdeadLetterTopic\"\xfa\x02\n" +
 	"\x11SubscribeResponse\x120\n" +
 	"\x06joined\x18\x01 \x01(\v2\x16.kafka_lease.v1.JoinedH\x00R\x06joined\x126\n" +
 	"\bassigned\x18\x02 \x01(\v2\x18.kafka_lease.v1.AssignedH\x00R\bassigned\x12=\n" +
 	"\arecords\x18\x03 \x01(\v2!.kafka_lease.v1.SubscribedRecordsH\x00R\arecords\x126\n" +
 	"\brevoking\x18\x04 \x01(\v2\x18.kafka_lease.v1.RevokingH\x00R\brevoking\x123\n" +
-	"\arevoked\x18\x05 \x01(\v2\x17.kafka_lease.v1.RevokedH\x00R\arevokedB\a\n" +
+	"\arevoked\x18\x05 \x01(\v2\x17.kafka_lease.v1.RevokedH\x00R\arevoked\x12F\n" +
+	"\n" +
+	"deliveries\x18\x06 \x01(\v2$.kafka_lease.v1.SubscribedDeliveriesH\x00R\n" +
+	"deliveriesB\a\n" +
 	"\x05event\"?\n" +
 	"\x06Joined\x12\x1b\n" +
 	"\tmember_id\x18\x01 \x01(\tR\bmemberId\x12\x18\n" +
@@ -3182,7 +3400,15 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\n" +
 	"seek_epoch\x18\x04 \x01(\x04R\tseekEpoch\x12%\n" +
 	"\x0ehigh_watermark\x18\x05 \x01(\x03R\rhighWatermark\x125\n" +
-	"\arecords\x18\x06 \x03(\v2\x1b.kafka_lease.v1.KafkaRecordR\arecords\"\x91\x01\n" +
+	"\arecords\x18\x06 \x03(\v2\x1b.kafka_lease.v1.KafkaRecordR\arecords\"\xc6\x01\n" +
+	"\x14SubscribedDeliveries\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tpartition\x18\x03 \x01(\x05R\tpartition\x12%\n" +
+	"\x0ehigh_watermark\x18\x04 \x01(\x03R\rhighWatermark\x128\n" +
+	"\n" +
+	"deliveries\x18\x05 \x03(\v2\x18.kafka_lease.v1.DeliveryR\n" +
+	"deliveries\"\x91\x01\n" +
 	"\bRevoking\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1c\n" +
@@ -3340,7 +3566,7 @@ func file_kafka_lease_v1_partition_lease_proto_rawDescGZIP() []byte {
 }
 
 var file_kafka_lease_v1_partition_lease_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_kafka_lease_v1_partition_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_kafka_lease_v1_partition_lease_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_kafka_lease_v1_partition_lease_proto_goTypes = []any{
 	(OffsetReset)(0),              // 0: kafka_lease.v1.OffsetReset
 	(TimestampType)(0),            // 1: kafka_lease.v1.TimestampType
@@ -3360,97 +3586,104 @@ var file_kafka_lease_v1_partition_lease_proto_goTypes = []any{
 	(*ReleaseRequest)(nil),        // 15: kafka_lease.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),       // 16: kafka_lease.v1.ReleaseResponse
 	(*SubscribeRequest)(nil),      // 17: kafka_lease.v1.SubscribeRequest
-	(*SubscribeResponse)(nil),     // 18: kafka_lease.v1.SubscribeResponse
-	(*Joined)(nil),                // 19: kafka_lease.v1.Joined
-	(*Assigned)(nil),              // 20: kafka_lease.v1.Assigned
-	(*SubscribedRecords)(nil),     // 21: kafka_lease.v1.SubscribedRecords
-	(*Revoking)(nil),              // 22: kafka_lease.v1.Revoking
-	(*Revoked)(nil),               // 23: kafka_lease.v1.Revoked
-	(*ListMembersRequest)(nil),    // 24: kafka_lease.v1.ListMembersRequest
-	(*ListMembersResponse)(nil),   // 25: kafka_lease.v1.ListMembersResponse
-	(*MemberInfo)(nil),            // 26: kafka_lease.v1.MemberInfo
-	(*ListLeasesRequest)(nil),     // 27: kafka_lease.v1.ListLeasesRequest
-	(*ListLeasesResponse)(nil),    // 28: kafka_lease.v1.ListLeasesResponse
-	(*LeaseInfo)(nil),             // 29: kafka_lease.v1.LeaseInfo
-	(*QueueInfo)(nil),             // 30: kafka_lease.v1.QueueInfo
-	(*DeliverRequest)(nil),        // 31: kafka_lease.v1.DeliverRequest
-	(*DeliverResponse)(nil),       // 32: kafka_lease.v1.DeliverResponse
-	(*Delivery)(nil),              // 33: kafka_lease.v1.Delivery
-	(*AcknowledgeRequest)(nil),    // 34: kafka_lease.v1.AcknowledgeRequest
-	(*Acknowledgement)(nil),       // 35: kafka_lease.v1.Acknowledgement
-	(*AcknowledgeResponse)(nil),   // 36: kafka_lease.v1.AcknowledgeResponse
-	(*durationpb.Duration)(nil),   // 37: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 38: google.protobuf.Timestamp
-	(*emptypb.Empty)(nil),         // 39: google.protobuf.Empty
+	(*QueueSettings)(nil),         // 18: kafka_lease.v1.QueueSettings
+	(*SubscribeResponse)(nil),     // 19: kafka_lease.v1.SubscribeResponse
+	(*Joined)(nil),                // 20: kafka_lease.v1.Joined
+	(*Assigned)(nil),              // 21: kafka_lease.v1.Assigned
+	(*SubscribedRecords)(nil),     // 22: kafka_lease.v1.SubscribedRecords
+	(*SubscribedDeliveries)(nil),  // 23: kafka_lease.v1.SubscribedDeliveries
+	(*Revoking)(nil),              // 24: kafka_lease.v1.Revoking
+	(*Revoked)(nil),               // 25: kafka_lease.v1.Revoked
+	(*ListMembersRequest)(nil),    // 26: kafka_lease.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),   // 27: kafka_lease.v1.ListMembersResponse
+	(*MemberInfo)(nil),            // 28: kafka_lease.v1.MemberInfo
+	(*ListLeasesRequest)(nil),     // 29: kafka_lease.v1.ListLeasesRequest
+	(*ListLeasesResponse)(nil),    // 30: kafka_lease.v1.ListLeasesResponse
+	(*LeaseInfo)(nil),             // 31: kafka_lease.v1.LeaseInfo
+	(*QueueInfo)(nil),             // 32: kafka_lease.v1.QueueInfo
+	(*DeliverRequest)(nil),        // 33: kafka_lease.v1.DeliverRequest
+	(*DeliverResponse)(nil),       // 34: kafka_lease.v1.DeliverResponse
+	(*Delivery)(nil),              // 35: kafka_lease.v1.Delivery
+	(*AcknowledgeRequest)(nil),    // 36: kafka_lease.v1.AcknowledgeRequest
+	(*Acknowledgement)(nil),       // 37: kafka_lease.v1.Acknowledgement
+	(*AcknowledgeResponse)(nil),   // 38: kafka_lease.v1.AcknowledgeResponse
+	(*durationpb.Duration)(nil),   // 39: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 40: google.protobuf.Timestamp
+	(*emptypb.Empty)(nil),         // 41: google.protobuf.Empty
 }
 var file_kafka_lease_v1_partition_lease_proto_depIdxs = []int32{
-	37, // 0: kafka_lease.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	37, // 1: kafka_lease.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
+	39, // 0: kafka_lease.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	39, // 1: kafka_lease.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
 	0,  // 2: kafka_lease.v1.AcquireRequest.offset_reset:type_name -> kafka_lease.v1.OffsetReset
-	38, // 3: kafka_lease.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
-	37, // 4: kafka_lease.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
-	37, // 5: kafka_lease.v1.ReadRequest.max_wait:type_name -> google.protobuf.Duration
+	40, // 3: kafka_lease.v1.AcquireResponse.expires_at:type_name -> google.protobuf.Timestamp
+	39, // 4: kafka_lease.v1.AcquireResponse.ttl:type_name -> google.protobuf.Duration
+	39, // 5: kafka_lease.v1.ReadRequest.max_wait:type_name -> google.protobuf.Duration
 	9,  // 6: kafka_lease.v1.ReadResponse.records:type_name -> kafka_lease.v1.KafkaRecord
 	10, // 7: kafka_lease.v1.KafkaRecord.headers:type_name -> kafka_lease.v1.KafkaHeader
-	38, // 8: kafka_lease.v1.KafkaRecord.timestamp:type_name -> google.protobuf.Timestamp
+	40, // 8: kafka_lease.v1.KafkaRecord.timestamp:type_name -> google.protobuf.Timestamp
 	1,  // 9: kafka_lease.v1.KafkaRecord.timestamp_type:type_name -> kafka_lease.v1.TimestampType
-	38, // 10: kafka_lease.v1.SeekRequest.timestamp:type_name -> google.protobuf.Timestamp
-	39, // 11: kafka_lease.v1.SeekRequest.earliest:type_name -> google.protobuf.Empty
-	39, // 12: kafka_lease.v1.SeekRequest.latest:type_name -> google.protobuf.Empty
-	39, // 13: kafka_lease.v1.SeekRequest.committed:type_name -> google.protobuf.Empty
-	37, // 14: kafka_lease.v1.SubscribeRequest.max_wait:type_name -> google.protobuf.Duration
+	40, // 10: kafka_lease.v1.SeekRequest.timestamp:type_name -> google.protobuf.Timestamp
+	41, // 11: kafka_lease.v1.SeekRequest.earliest:type_name -> google.protobuf.Empty
+	41, // 12: kafka_lease.v1.SeekRequest.latest:type_name -> google.protobuf.Empty
+	41, // 13: kafka_lease.v1.SeekRequest.committed:type_name -> google.protobuf.Empty
+	39, // 14: kafka_lease.v1.SubscribeRequest.max_wait:type_name -> google.protobuf.Duration
 	0,  // 15: kafka_lease.v1.SubscribeRequest.offset_reset:type_name -> kafka_lease.v1.OffsetReset
-	37, // 16: kafka_lease.v1.SubscribeRequest.revoke_grace:type_name -> google.protobuf.Duration
-	37, // 17: kafka_lease.v1.SubscribeRequest.session_grace:type_name -> google.protobuf.Duration
-	19, // 18: kafka_lease.v1.SubscribeResponse.joined:type_name -> kafka_lease.v1.Joined
-	20, // 19: kafka_lease.v1.SubscribeResponse.assigned:type_name -> kafka_lease.v1.Assigned
-	21, // 20: kafka_lease.v1.SubscribeResponse.records:type_name -> kafka_lease.v1.SubscribedRecords
-	22, // 21: kafka_lease.v1.SubscribeResponse.revoking:type_name -> kafka_lease.v1.Revoking
-	23, // 22: kafka_lease.v1.SubscribeResponse.revoked:type_name -> kafka_lease.v1.Revoked
-	9,  // 23: kafka_lease.v1.SubscribedRecords.records:type_name -> kafka_lease.v1.KafkaRecord
-	38, // 24: kafka_lease.v1.Revoking.deadline:type_name -> google.protobuf.Timestamp
-	26, // 25: kafka_lease.v1.ListMembersResponse.members:type_name -> kafka_lease.v1.MemberInfo
-	38, // 26: kafka_lease.v1.MemberInfo.joined_at:type_name -> google.protobuf.Timestamp
-	29, // 27: kafka_lease.v1.ListLeasesResponse.leases:type_name -> kafka_lease.v1.LeaseInfo
-	38, // 28: kafka_lease.v1.LeaseInfo.acquired_at:type_name -> google.protobuf.Timestamp
-	38, // 29: kafka_lease.v1.LeaseInfo.expires_at:type_name -> google.protobuf.Timestamp
-	30, // 30: kafka_lease.v1.LeaseInfo.queue:type_name -> kafka_lease.v1.QueueInfo
-	2,  // 31: kafka_lease.v1.QueueInfo.ordering:type_name -> kafka_lease.v1.DeliveryOrder
-	37, // 32: kafka_lease.v1.QueueInfo.oldest_in_flight:type_name -> google.protobuf.Duration
-	2,  // 33: kafka_lease.v1.DeliverRequest.ordering:type_name -> kafka_lease.v1.DeliveryOrder
-	37, // 34: kafka_lease.v1.DeliverRequest.ack_deadline:type_name -> google.protobuf.Duration
-	33, // 35: kafka_lease.v1.DeliverResponse.deliveries:type_name -> kafka_lease.v1.Delivery
-	9,  // 36: kafka_lease.v1.Delivery.record:type_name -> kafka_lease.v1.KafkaRecord
-	38, // 37: kafka_lease.v1.Delivery.deadline:type_name -> google.protobuf.Timestamp
-	35, // 38: kafka_lease.v1.AcknowledgeRequest.acknowledgements:type_name -> kafka_lease.v1.Acknowledgement
-	3,  // 39: kafka_lease.v1.Acknowledgement.type:type_name -> kafka_lease.v1.AckType
-	37, // 40: kafka_lease.v1.Acknowledgement.retry_delay:type_name -> google.protobuf.Duration
-	4,  // 41: kafka_lease.v1.AcknowledgeResponse.outcomes:type_name -> kafka_lease.v1.AckOutcome
-	5,  // 42: kafka_lease.v1.PartitionLeaseService.Acquire:input_type -> kafka_lease.v1.AcquireRequest
-	7,  // 43: kafka_lease.v1.PartitionLeaseService.Read:input_type -> kafka_lease.v1.ReadRequest
-	11, // 44: kafka_lease.v1.PartitionLeaseService.Seek:input_type -> kafka_lease.v1.SeekRequest
-	13, // 45: kafka_lease.v1.PartitionLeaseService.Commit:input_type -> kafka_lease.v1.CommitRequest
-	15, // 46: kafka_lease.v1.PartitionLeaseService.Release:input_type -> kafka_lease.v1.ReleaseRequest
-	17, // 47: kafka_lease.v1.PartitionLeaseService.Subscribe:input_type -> kafka_lease.v1.SubscribeRequest
-	24, // 48: kafka_lease.v1.PartitionLeaseService.ListMembers:input_type -> kafka_lease.v1.ListMembersRequest
-	27, // 49: kafka_lease.v1.PartitionLeaseService.ListLeases:input_type -> kafka_lease.v1.ListLeasesRequest
-	31, // 50: kafka_lease.v1.PartitionLeaseService.Deliver:input_type -> kafka_lease.v1.DeliverRequest
-	34, // 51: kafka_lease.v1.PartitionLeaseService.Acknowledge:input_type -> kafka_lease.v1.AcknowledgeRequest
-	6,  // 52: kafka_lease.v1.PartitionLeaseService.Acquire:output_type -> kafka_lease.v1.AcquireResponse
-	8,  // 53: kafka_lease.v1.PartitionLeaseService.Read:output_type -> kafka_lease.v1.ReadResponse
-	12, // 54: kafka_lease.v1.PartitionLeaseService.Seek:output_type -> kafka_lease.v1.SeekResponse
-	14, // 55: kafka_lease.v1.PartitionLeaseService.Commit:output_type -> kafka_lease.v1.CommitResponse
-	16, // 56: kafka_lease.v1.PartitionLeaseService.Release:output_type -> kafka_lease.v1.ReleaseResponse
-	18, // 57: kafka_lease.v1.PartitionLeaseService.Subscribe:output_type -> kafka_lease.v1.SubscribeResponse
-	25, // 58: kafka_lease.v1.PartitionLeaseService.ListMembers:output_type -> kafka_lease.v1.ListMembersResponse
-	28, // 59: kafka_lease.v1.PartitionLeaseService.ListLeases:output_type -> kafka_lease.v1.ListLeasesResponse
-	32, // 60: kafka_lease.v1.PartitionLeaseService.Deliver:output_type -> kafka_lease.v1.DeliverResponse
-	36, // 61: kafka_lease.v1.PartitionLeaseService.Acknowledge:output_type -> kafka_lease.v1.AcknowledgeResponse
-	52, // [52:62] is the sub-list for method output_type
-	42, // [42:52] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	39, // 16: kafka_lease.v1.SubscribeRequest.revoke_grace:type_name -> google.protobuf.Duration
+	39, // 17: kafka_lease.v1.SubscribeRequest.session_grace:type_name -> google.protobuf.Duration
+	18, // 18: kafka_lease.v1.SubscribeRequest.queue:type_name -> kafka_lease.v1.QueueSettings
+	2,  // 19: kafka_lease.v1.QueueSettings.ordering:type_name -> kafka_lease.v1.DeliveryOrder
+	39, // 20: kafka_lease.v1.QueueSettings.ack_deadline:type_name -> google.protobuf.Duration
+	20, // 21: kafka_lease.v1.SubscribeResponse.joined:type_name -> kafka_lease.v1.Joined
+	21, // 22: kafka_lease.v1.SubscribeResponse.assigned:type_name -> kafka_lease.v1.Assigned
+	22, // 23: kafka_lease.v1.SubscribeResponse.records:type_name -> kafka_lease.v1.SubscribedRecords
+	24, // 24: kafka_lease.v1.SubscribeResponse.revoking:type_name -> kafka_lease.v1.Revoking
+	25, // 25: kafka_lease.v1.SubscribeResponse.revoked:type_name -> kafka_lease.v1.Revoked
+	23, // 26: kafka_lease.v1.SubscribeResponse.deliveries:type_name -> kafka_lease.v1.SubscribedDeliveries
+	9,  // 27: kafka_lease.v1.SubscribedRecords.records:type_name -> kafka_lease.v1.KafkaRecord
+	35, // 28: kafka_lease.v1.SubscribedDeliveries.deliveries:type_name -> kafka_lease.v1.Delivery
+	40, // 29: kafka_lease.v1.Revoking.deadline:type_name -> google.protobuf.Timestamp
+	28, // 30: kafka_lease.v1.ListMembersResponse.members:type_name -> kafka_lease.v1.MemberInfo
+	40, // 31: kafka_lease.v1.MemberInfo.joined_at:type_name -> google.protobuf.Timestamp
+	31, // 32: kafka_lease.v1.ListLeasesResponse.leases:type_name -> kafka_lease.v1.LeaseInfo
+	40, // 33: kafka_lease.v1.LeaseInfo.acquired_at:type_name -> google.protobuf.Timestamp
+	40, // 34: kafka_lease.v1.LeaseInfo.expires_at:type_name -> google.protobuf.Timestamp
+	32, // 35: kafka_lease.v1.LeaseInfo.queue:type_name -> kafka_lease.v1.QueueInfo
+	2,  // 36: kafka_lease.v1.QueueInfo.ordering:type_name -> kafka_lease.v1.DeliveryOrder
+	39, // 37: kafka_lease.v1.QueueInfo.oldest_in_flight:type_name -> google.protobuf.Duration
+	2,  // 38: kafka_lease.v1.DeliverRequest.ordering:type_name -> kafka_lease.v1.DeliveryOrder
+	39, // 39: kafka_lease.v1.DeliverRequest.ack_deadline:type_name -> google.protobuf.Duration
+	35, // 40: kafka_lease.v1.DeliverResponse.deliveries:type_name -> kafka_lease.v1.Delivery
+	9,  // 41: kafka_lease.v1.Delivery.record:type_name -> kafka_lease.v1.KafkaRecord
+	40, // 42: kafka_lease.v1.Delivery.deadline:type_name -> google.protobuf.Timestamp
+	37, // 43: kafka_lease.v1.AcknowledgeRequest.acknowledgements:type_name -> kafka_lease.v1.Acknowledgement
+	3,  // 44: kafka_lease.v1.Acknowledgement.type:type_name -> kafka_lease.v1.AckType
+	39, // 45: kafka_lease.v1.Acknowledgement.retry_delay:type_name -> google.protobuf.Duration
+	4,  // 46: kafka_lease.v1.AcknowledgeResponse.outcomes:type_name -> kafka_lease.v1.AckOutcome
+	5,  // 47: kafka_lease.v1.PartitionLeaseService.Acquire:input_type -> kafka_lease.v1.AcquireRequest
+	7,  // 48: kafka_lease.v1.PartitionLeaseService.Read:input_type -> kafka_lease.v1.ReadRequest
+	11, // 49: kafka_lease.v1.PartitionLeaseService.Seek:input_type -> kafka_lease.v1.SeekRequest
+	13, // 50: kafka_lease.v1.PartitionLeaseService.Commit:input_type -> kafka_lease.v1.CommitRequest
+	15, // 51: kafka_lease.v1.PartitionLeaseService.Release:input_type -> kafka_lease.v1.ReleaseRequest
+	17, // 52: kafka_lease.v1.PartitionLeaseService.Subscribe:input_type -> kafka_lease.v1.SubscribeRequest
+	26, // 53: kafka_lease.v1.PartitionLeaseService.ListMembers:input_type -> kafka_lease.v1.ListMembersRequest
+	29, // 54: kafka_lease.v1.PartitionLeaseService.ListLeases:input_type -> kafka_lease.v1.ListLeasesRequest
+	33, // 55: kafka_lease.v1.PartitionLeaseService.Deliver:input_type -> kafka_lease.v1.DeliverRequest
+	36, // 56: kafka_lease.v1.PartitionLeaseService.Acknowledge:input_type -> kafka_lease.v1.AcknowledgeRequest
+	6,  // 57: kafka_lease.v1.PartitionLeaseService.Acquire:output_type -> kafka_lease.v1.AcquireResponse
+	8,  // 58: kafka_lease.v1.PartitionLeaseService.Read:output_type -> kafka_lease.v1.ReadResponse
+	12, // 59: kafka_lease.v1.PartitionLeaseService.Seek:output_type -> kafka_lease.v1.SeekResponse
+	14, // 60: kafka_lease.v1.PartitionLeaseService.Commit:output_type -> kafka_lease.v1.CommitResponse
+	16, // 61: kafka_lease.v1.PartitionLeaseService.Release:output_type -> kafka_lease.v1.ReleaseResponse
+	19, // 62: kafka_lease.v1.PartitionLeaseService.Subscribe:output_type -> kafka_lease.v1.SubscribeResponse
+	27, // 63: kafka_lease.v1.PartitionLeaseService.ListMembers:output_type -> kafka_lease.v1.ListMembersResponse
+	30, // 64: kafka_lease.v1.PartitionLeaseService.ListLeases:output_type -> kafka_lease.v1.ListLeasesResponse
+	34, // 65: kafka_lease.v1.PartitionLeaseService.Deliver:output_type -> kafka_lease.v1.DeliverResponse
+	38, // 66: kafka_lease.v1.PartitionLeaseService.Acknowledge:output_type -> kafka_lease.v1.AcknowledgeResponse
+	57, // [57:67] is the sub-list for method output_type
+	47, // [47:57] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_kafka_lease_v1_partition_lease_proto_init() }
@@ -3472,23 +3705,24 @@ func file_kafka_lease_v1_partition_lease_proto_init() {
 	file_kafka_lease_v1_partition_lease_proto_msgTypes[8].OneofWrappers = []any{}
 	file_kafka_lease_v1_partition_lease_proto_msgTypes[10].OneofWrappers = []any{}
 	file_kafka_lease_v1_partition_lease_proto_msgTypes[11].OneofWrappers = []any{}
-	file_kafka_lease_v1_partition_lease_proto_msgTypes[13].OneofWrappers = []any{
+	file_kafka_lease_v1_partition_lease_proto_msgTypes[14].OneofWrappers = []any{
 		(*SubscribeResponse_Joined)(nil),
 		(*SubscribeResponse_Assigned)(nil),
 		(*SubscribeResponse_Records)(nil),
 		(*SubscribeResponse_Revoking)(nil),
 		(*SubscribeResponse_Revoked)(nil),
+		(*SubscribeResponse_Deliveries)(nil),
 	}
-	file_kafka_lease_v1_partition_lease_proto_msgTypes[19].OneofWrappers = []any{}
-	file_kafka_lease_v1_partition_lease_proto_msgTypes[22].OneofWrappers = []any{}
+	file_kafka_lease_v1_partition_lease_proto_msgTypes[21].OneofWrappers = []any{}
 	file_kafka_lease_v1_partition_lease_proto_msgTypes[24].OneofWrappers = []any{}
+	file_kafka_lease_v1_partition_lease_proto_msgTypes[26].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kafka_lease_v1_partition_lease_proto_rawDesc), len(file_kafka_lease_v1_partition_lease_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   32,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -356,12 +356,9 @@ impl Deliveries {
                 Some(Ok(response)) => {
                     failures = 0;
                     for delivery in response.deliveries {
-                        if let Some(delivery) = Delivery::from_proto(
-                            delivery,
-                            &self.topic,
-                            self.partition,
-                            &self.acks,
-                        ) {
+                        if let Some(delivery) =
+                            Delivery::from_proto(delivery, &self.topic, self.partition, &self.acks)
+                        {
                             self.ready.push_back(delivery);
                         }
                     }
@@ -680,7 +677,12 @@ pub(crate) enum Answer {
 }
 
 impl Answer {
-    pub(crate) async fn send(self, delivery: &Delivery, options: &ConsumeOptions, stats: &mut ConsumeStats) {
+    pub(crate) async fn send(
+        self,
+        delivery: &Delivery,
+        options: &ConsumeOptions,
+        stats: &mut ConsumeStats,
+    ) {
         let sent = match self {
             Answer::Accept => {
                 stats.accepted += 1;

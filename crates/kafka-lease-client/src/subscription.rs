@@ -14,11 +14,11 @@ use crate::queue::{
     consume_from, Acks, ConsumeOptions, ConsumeStats, Delivery, DeliveryInfo, DeliverySource,
     HandlerError, QueueOptions,
 };
-use crate::stream::Record;
-use std::future::Future;
 use crate::stream::Batch;
+use crate::stream::Record;
 use kafka_lease_proto::v1 as proto;
 use proto::subscribe_response::Event;
+use std::future::Future;
 
 /// What [`Client::subscribe`](crate::Client::subscribe) joins with. Unset fields are left to
 /// the gateway's defaults.
@@ -454,19 +454,17 @@ impl DeliverySource for Subscription {
         self.pending.drain(..).collect()
     }
 
-    fn next_delivery(&mut self) -> impl Future<Output = Option<Result<Delivery>>> + Send {
-        async move {
-            loop {
-                if let Some(delivery) = self.pending.pop_front() {
-                    return Some(Ok(delivery));
+    async fn next_delivery(&mut self) -> Option<Result<Delivery>> {
+        loop {
+            if let Some(delivery) = self.pending.pop_front() {
+                return Some(Ok(delivery));
+            }
+            match self.next_event().await? {
+                Ok(SubscriptionEvent::Deliveries { deliveries, .. }) => {
+                    self.pending.extend(deliveries);
                 }
-                match self.next_event().await? {
-                    Ok(SubscriptionEvent::Deliveries { deliveries, .. }) => {
-                        self.pending.extend(deliveries);
-                    }
-                    Ok(_) => {}
-                    Err(err) => return Some(Err(err)),
-                }
+                Ok(_) => {}
+                Err(err) => return Some(Err(err)),
             }
         }
     }

@@ -455,12 +455,20 @@ impl DeliverBatch {
     ) -> EncodedSubscribeResponse {
         let mut fields = BytesMut::with_capacity(32 + lease_id.len() + topic.len());
         if !lease_id.is_empty() {
-            put_delimited(&mut fields, SUBSCRIBED_DELIVERIES_LEASE_ID, lease_id.as_bytes());
+            put_delimited(
+                &mut fields,
+                SUBSCRIBED_DELIVERIES_LEASE_ID,
+                lease_id.as_bytes(),
+            );
         }
         if !topic.is_empty() {
             put_delimited(&mut fields, SUBSCRIBED_DELIVERIES_TOPIC, topic.as_bytes());
         }
-        put_int(&mut fields, SUBSCRIBED_DELIVERIES_PARTITION, i64::from(partition));
+        put_int(
+            &mut fields,
+            SUBSCRIBED_DELIVERIES_PARTITION,
+            i64::from(partition),
+        );
         put_int(
             &mut fields,
             SUBSCRIBED_DELIVERIES_HIGH_WATERMARK,

@@ -20,7 +20,8 @@ mod read;
 
 pub use deliver::{
     headers as dead_letter_headers, Ack, AckKind, AckOutcome, DeliverSettings, DeliverStream,
-    Delivered, QueueRun, QueueSnapshot, SharedWindow, COMMIT_INTERVAL, LOOKAHEAD_BYTES, LOOKAHEAD_RECORDS,
+    Delivered, QueueRun, QueueSnapshot, SharedWindow, COMMIT_INTERVAL, LOOKAHEAD_BYTES,
+    LOOKAHEAD_RECORDS,
 };
 pub use id::{lease_ref, new_lease_id, serving_instance, LeaseId};
 use read::Stop;

@@ -214,7 +214,7 @@ class ReleaseResponse(_message.Message):
     def __init__(self, committed_offset: _Optional[int] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("group", "topics", "member", "member_id", "max_records", "max_bytes", "max_wait", "offset_reset", "max_partitions", "revoke_grace", "session_grace")
+    __slots__ = ("group", "topics", "member", "member_id", "max_records", "max_bytes", "max_wait", "offset_reset", "max_partitions", "revoke_grace", "session_grace", "queue")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
@@ -226,6 +226,7 @@ class SubscribeRequest(_message.Message):
     MAX_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     REVOKE_GRACE_FIELD_NUMBER: _ClassVar[int]
     SESSION_GRACE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
     group: str
     topics: _containers.RepeatedScalarFieldContainer[str]
     member: str
@@ -237,21 +238,40 @@ class SubscribeRequest(_message.Message):
     max_partitions: int
     revoke_grace: _duration_pb2.Duration
     session_grace: _duration_pb2.Duration
-    def __init__(self, group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., member: _Optional[str] = ..., member_id: _Optional[str] = ..., max_records: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., offset_reset: _Optional[_Union[OffsetReset, str]] = ..., max_partitions: _Optional[int] = ..., revoke_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., session_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    queue: QueueSettings
+    def __init__(self, group: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., member: _Optional[str] = ..., member_id: _Optional[str] = ..., max_records: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., offset_reset: _Optional[_Union[OffsetReset, str]] = ..., max_partitions: _Optional[int] = ..., revoke_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., session_grace: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., queue: _Optional[_Union[QueueSettings, _Mapping]] = ...) -> None: ...
+
+class QueueSettings(_message.Message):
+    __slots__ = ("ordering", "max_in_flight", "max_in_flight_bytes", "ack_deadline", "max_deliveries", "dead_letter_topic")
+    ORDERING_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    MAX_IN_FLIGHT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACK_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    MAX_DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    ordering: DeliveryOrder
+    max_in_flight: int
+    max_in_flight_bytes: int
+    ack_deadline: _duration_pb2.Duration
+    max_deliveries: int
+    dead_letter_topic: str
+    def __init__(self, ordering: _Optional[_Union[DeliveryOrder, str]] = ..., max_in_flight: _Optional[int] = ..., max_in_flight_bytes: _Optional[int] = ..., ack_deadline: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., max_deliveries: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
-    __slots__ = ("joined", "assigned", "records", "revoking", "revoked")
+    __slots__ = ("joined", "assigned", "records", "revoking", "revoked", "deliveries")
     JOINED_FIELD_NUMBER: _ClassVar[int]
     ASSIGNED_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     REVOKING_FIELD_NUMBER: _ClassVar[int]
     REVOKED_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
     joined: Joined
     assigned: Assigned
     records: SubscribedRecords
     revoking: Revoking
     revoked: Revoked
-    def __init__(self, joined: _Optional[_Union[Joined, _Mapping]] = ..., assigned: _Optional[_Union[Assigned, _Mapping]] = ..., records: _Optional[_Union[SubscribedRecords, _Mapping]] = ..., revoking: _Optional[_Union[Revoking, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ...) -> None: ...
+    deliveries: SubscribedDeliveries
+    def __init__(self, joined: _Optional[_Union[Joined, _Mapping]] = ..., assigned: _Optional[_Union[Assigned, _Mapping]] = ..., records: _Optional[_Union[SubscribedRecords, _Mapping]] = ..., revoking: _Optional[_Union[Revoking, _Mapping]] = ..., revoked: _Optional[_Union[Revoked, _Mapping]] = ..., deliveries: _Optional[_Union[SubscribedDeliveries, _Mapping]] = ...) -> None: ...
 
 class Joined(_message.Message):
     __slots__ = ("member_id", "gateway")
@@ -292,6 +312,20 @@ class SubscribedRecords(_message.Message):
     high_watermark: int
     records: _containers.RepeatedCompositeFieldContainer[KafkaRecord]
     def __init__(self, lease_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., seek_epoch: _Optional[int] = ..., high_watermark: _Optional[int] = ..., records: _Optional[_Iterable[_Union[KafkaRecord, _Mapping]]] = ...) -> None: ...
+
+class SubscribedDeliveries(_message.Message):
+    __slots__ = ("lease_id", "topic", "partition", "high_watermark", "deliveries")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    DELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    lease_id: str
+    topic: str
+    partition: int
+    high_watermark: int
+    deliveries: _containers.RepeatedCompositeFieldContainer[Delivery]
+    def __init__(self, lease_id: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., high_watermark: _Optional[int] = ..., deliveries: _Optional[_Iterable[_Union[Delivery, _Mapping]]] = ...) -> None: ...
 
 class Revoking(_message.Message):
     __slots__ = ("lease_id", "topic", "partition", "deadline")

@@ -193,6 +193,10 @@ class PartitionLeaseServiceServicer:
         offset order, no gaps, no repeats within the stream, seek epochs), then, when the lease
         moves to another member, `revoking` (no records of it follow; commit what was processed
         before the deadline) and `revoked`, or `revoked` alone when the lease ended otherwise.
+        In queue mode (`queue` set), `deliveries` events take the place of `records`; at
+        `revoking`, answer the lease's deliveries in flight before the deadline: the lease is
+        released (the gateway committing its progress) once none is in flight, or at the
+        deadline.
         Records of all the member's leases share the stream fairly: a busy partition cannot
         starve a quiet one.
 

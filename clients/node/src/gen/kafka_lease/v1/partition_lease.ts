@@ -573,7 +573,46 @@ export interface SubscribeRequest {
    * it the member leaves and its leases are released. Default 0 (leave at once); at most
    * 5 min.
    */
-  sessionGrace?: Duration | undefined;
+  sessionGrace?:
+    | Duration
+    | undefined;
+  /**
+   * Queue mode for every lease the member is assigned (see Deliver): its records come as
+   * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+   * commits. Unset: `records` events, as a Read. A member taken over within its session
+   * grace keeps the queue settings it had.
+   */
+  queue?: QueueSettings | undefined;
+}
+
+/**
+ * Queue mode's settings for a Subscribe: those of DeliverRequest, with the window shared by
+ * the member's leases.
+ */
+export interface QueueSettings {
+  /** As DeliverRequest.ordering, per lease. */
+  ordering: DeliveryOrder;
+  /**
+   * Most deliveries in flight at once across all the member's leases. Default 64 (when 0);
+   * at most 10000.
+   */
+  maxInFlight: number;
+  /**
+   * Most bytes of records in flight at once across all the member's leases. Default 4 MiB
+   * (when 0); at most 64 MiB.
+   */
+  maxInFlightBytes: number;
+  /** As DeliverRequest.ack_deadline. */
+  ackDeadline?:
+    | Duration
+    | undefined;
+  /** As DeliverRequest.max_deliveries. */
+  maxDeliveries: number;
+  /**
+   * As DeliverRequest.dead_letter_topic, for every topic of the Subscribe. Default
+   * "dlq.<group>.<topic>", one per topic; each must exist when the Subscribe starts.
+   */
+  deadLetterTopic: string;
 }
 
 /** What Subscribe streams: one event of the member's subscription. */
@@ -595,6 +634,9 @@ export interface SubscribeResponse {
     | //
     /** A lease of the member has ended. */
     { $case: "revoked"; revoked: Revoked }
+    | //
+    /** Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue). */
+    { $case: "deliveries"; deliveries: SubscribedDeliveries }
     | undefined;
 }
 
@@ -636,6 +678,23 @@ export interface SubscribedRecords {
   highWatermark: bigint;
   /** Consecutive records of the partition, in offset order, as ReadResponse.records. */
   records: KafkaRecord[];
+}
+
+/**
+ * Deliveries of one lease, as a DeliverResponse: answer each with Acknowledge, naming
+ * `lease_id`.
+ */
+export interface SubscribedDeliveries {
+  /** The lease the deliveries belong to (Assigned.lease_id). */
+  leaseId: string;
+  /** The lease's topic. */
+  topic: string;
+  /** The lease's partition. */
+  partition: number;
+  /** The partition's high watermark as last seen by the gateway. */
+  highWatermark: bigint;
+  /** Never empty; as DeliverResponse.deliveries. */
+  deliveries: Delivery[];
 }
 
 /**
@@ -2602,6 +2661,7 @@ function createBaseSubscribeRequest(): SubscribeRequest {
     maxPartitions: 0,
     revokeGrace: undefined,
     sessionGrace: undefined,
+    queue: undefined,
   };
 }
 
@@ -2639,6 +2699,9 @@ export const SubscribeRequest: MessageFns<SubscribeRequest> = {
     }
     if (message.sessionGrace !== undefined) {
       Duration.encode(message.sessionGrace, writer.uint32(90).fork()).join();
+    }
+    if (message.queue !== undefined) {
+      QueueSettings.encode(message.queue, writer.uint32(106).fork()).join();
     }
     return writer;
   },
@@ -2744,6 +2807,14 @@ export const SubscribeRequest: MessageFns<SubscribeRequest> = {
             message.sessionGrace = Duration.decode(reader, reader.uint32());
             continue;
           }
+          case 13: {
+            if (tag !== 106) {
+              break;
+            }
+
+            message.queue = QueueSettings.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2801,6 +2872,7 @@ export const SubscribeRequest: MessageFns<SubscribeRequest> = {
         : isSet(object.session_grace)
         ? Duration.fromJSON(object.session_grace)
         : undefined,
+      queue: isSet(object.queue) ? QueueSettings.fromJSON(object.queue) : undefined,
     };
   },
 
@@ -2839,6 +2911,9 @@ export const SubscribeRequest: MessageFns<SubscribeRequest> = {
     if (message.sessionGrace !== undefined) {
       obj.sessionGrace = Duration.toJSON(message.sessionGrace);
     }
+    if (message.queue !== undefined) {
+      obj.queue = QueueSettings.toJSON(message.queue);
+    }
     return obj;
   },
 
@@ -2864,6 +2939,187 @@ export const SubscribeRequest: MessageFns<SubscribeRequest> = {
     message.sessionGrace = (object.sessionGrace !== undefined && object.sessionGrace !== null)
       ? Duration.fromPartial(object.sessionGrace)
       : undefined;
+    message.queue = (object.queue !== undefined && object.queue !== null)
+      ? QueueSettings.fromPartial(object.queue)
+      : undefined;
+    return message;
+  },
+};
+
+function createBaseQueueSettings(): QueueSettings {
+  return {
+    ordering: 0,
+    maxInFlight: 0,
+    maxInFlightBytes: 0,
+    ackDeadline: undefined,
+    maxDeliveries: 0,
+    deadLetterTopic: "",
+  };
+}
+
+export const QueueSettings: MessageFns<QueueSettings> = {
+  encode(message: QueueSettings, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.ordering !== 0) {
+      writer.uint32(8).int32(message.ordering);
+    }
+    if (message.maxInFlight !== 0) {
+      writer.uint32(16).uint32(message.maxInFlight);
+    }
+    if (message.maxInFlightBytes !== 0) {
+      writer.uint32(24).uint32(message.maxInFlightBytes);
+    }
+    if (message.ackDeadline !== undefined) {
+      Duration.encode(message.ackDeadline, writer.uint32(34).fork()).join();
+    }
+    if (message.maxDeliveries !== 0) {
+      writer.uint32(40).uint32(message.maxDeliveries);
+    }
+    if (message.deadLetterTopic !== "") {
+      writer.uint32(50).string(message.deadLetterTopic);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): QueueSettings {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseQueueSettings();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 8) {
+              break;
+            }
+
+            message.ordering = reader.int32() as any;
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.maxInFlight = reader.uint32();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.maxInFlightBytes = reader.uint32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.ackDeadline = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 5: {
+            if (tag !== 40) {
+              break;
+            }
+
+            message.maxDeliveries = reader.uint32();
+            continue;
+          }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.deadLetterTopic = reader.string();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): QueueSettings {
+    return {
+      ordering: isSet(object.ordering) ? deliveryOrderFromJSON(object.ordering) : 0,
+      maxInFlight: isSet(object.maxInFlight)
+        ? globalThis.Number(object.maxInFlight)
+        : isSet(object.max_in_flight)
+        ? globalThis.Number(object.max_in_flight)
+        : 0,
+      maxInFlightBytes: isSet(object.maxInFlightBytes)
+        ? globalThis.Number(object.maxInFlightBytes)
+        : isSet(object.max_in_flight_bytes)
+        ? globalThis.Number(object.max_in_flight_bytes)
+        : 0,
+      ackDeadline: isSet(object.ackDeadline)
+        ? Duration.fromJSON(object.ackDeadline)
+        : isSet(object.ack_deadline)
+        ? Duration.fromJSON(object.ack_deadline)
+        : undefined,
+      maxDeliveries: isSet(object.maxDeliveries)
+        ? globalThis.Number(object.maxDeliveries)
+        : isSet(object.max_deliveries)
+        ? globalThis.Number(object.max_deliveries)
+        : 0,
+      deadLetterTopic: isSet(object.deadLetterTopic)
+        ? globalThis.String(object.deadLetterTopic)
+        : isSet(object.dead_letter_topic)
+        ? globalThis.String(object.dead_letter_topic)
+        : "",
+    };
+  },
+
+  toJSON(message: QueueSettings): unknown {
+    const obj: any = {};
+    if (message.ordering !== 0) {
+      obj.ordering = deliveryOrderToJSON(message.ordering);
+    }
+    if (message.maxInFlight !== 0) {
+      obj.maxInFlight = Math.round(message.maxInFlight);
+    }
+    if (message.maxInFlightBytes !== 0) {
+      obj.maxInFlightBytes = Math.round(message.maxInFlightBytes);
+    }
+    if (message.ackDeadline !== undefined) {
+      obj.ackDeadline = Duration.toJSON(message.ackDeadline);
+    }
+    if (message.maxDeliveries !== 0) {
+      obj.maxDeliveries = Math.round(message.maxDeliveries);
+    }
+    if (message.deadLetterTopic !== "") {
+      obj.deadLetterTopic = message.deadLetterTopic;
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<QueueSettings>, I>>(base?: I): QueueSettings {
+    return QueueSettings.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<QueueSettings>, I>>(object: I): QueueSettings {
+    const message = createBaseQueueSettings();
+    message.ordering = object.ordering ?? 0;
+    message.maxInFlight = object.maxInFlight ?? 0;
+    message.maxInFlightBytes = object.maxInFlightBytes ?? 0;
+    message.ackDeadline = (object.ackDeadline !== undefined && object.ackDeadline !== null)
+      ? Duration.fromPartial(object.ackDeadline)
+      : undefined;
+    message.maxDeliveries = object.maxDeliveries ?? 0;
+    message.deadLetterTopic = object.deadLetterTopic ?? "";
     return message;
   },
 };
@@ -2889,6 +3145,9 @@ export const SubscribeResponse: MessageFns<SubscribeResponse> = {
         break;
       case "revoked":
         Revoked.encode(message.event.revoked, writer.uint32(42).fork()).join();
+        break;
+      case "deliveries":
+        SubscribedDeliveries.encode(message.event.deliveries, writer.uint32(50).fork()).join();
         break;
     }
     return writer;
@@ -2947,6 +3206,14 @@ export const SubscribeResponse: MessageFns<SubscribeResponse> = {
             message.event = { $case: "revoked", revoked: Revoked.decode(reader, reader.uint32()) };
             continue;
           }
+          case 6: {
+            if (tag !== 50) {
+              break;
+            }
+
+            message.event = { $case: "deliveries", deliveries: SubscribedDeliveries.decode(reader, reader.uint32()) };
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2971,6 +3238,8 @@ export const SubscribeResponse: MessageFns<SubscribeResponse> = {
         ? { $case: "revoking", revoking: Revoking.fromJSON(object.revoking) }
         : isSet(object.revoked)
         ? { $case: "revoked", revoked: Revoked.fromJSON(object.revoked) }
+        : isSet(object.deliveries)
+        ? { $case: "deliveries", deliveries: SubscribedDeliveries.fromJSON(object.deliveries) }
         : undefined,
     };
   },
@@ -2987,6 +3256,8 @@ export const SubscribeResponse: MessageFns<SubscribeResponse> = {
       obj.revoking = Revoking.toJSON(message.event.revoking);
     } else if (message.event?.$case === "revoked") {
       obj.revoked = Revoked.toJSON(message.event.revoked);
+    } else if (message.event?.$case === "deliveries") {
+      obj.deliveries = SubscribedDeliveries.toJSON(message.event.deliveries);
     }
     return obj;
   },
@@ -3024,6 +3295,15 @@ export const SubscribeResponse: MessageFns<SubscribeResponse> = {
       case "revoked": {
         if (object.event?.revoked !== undefined && object.event?.revoked !== null) {
           message.event = { $case: "revoked", revoked: Revoked.fromPartial(object.event.revoked) };
+        }
+        break;
+      }
+      case "deliveries": {
+        if (object.event?.deliveries !== undefined && object.event?.deliveries !== null) {
+          message.event = {
+            $case: "deliveries",
+            deliveries: SubscribedDeliveries.fromPartial(object.event.deliveries),
+          };
         }
         break;
       }
@@ -3462,6 +3742,154 @@ export const SubscribedRecords: MessageFns<SubscribedRecords> = {
       ? BigInt(object.highWatermark)
       : 0n;
     message.records = object.records?.map((e) => KafkaRecord.fromPartial(e)) || [];
+    return message;
+  },
+};
+
+function createBaseSubscribedDeliveries(): SubscribedDeliveries {
+  return { leaseId: "", topic: "", partition: 0, highWatermark: 0n, deliveries: [] };
+}
+
+export const SubscribedDeliveries: MessageFns<SubscribedDeliveries> = {
+  encode(message: SubscribedDeliveries, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.leaseId !== "") {
+      writer.uint32(10).string(message.leaseId);
+    }
+    if (message.topic !== "") {
+      writer.uint32(18).string(message.topic);
+    }
+    if (message.partition !== 0) {
+      writer.uint32(24).int32(message.partition);
+    }
+    if (message.highWatermark !== 0n) {
+      if (BigInt.asIntN(64, message.highWatermark) !== message.highWatermark) {
+        throw new globalThis.Error("value provided for field message.highWatermark of type int64 too large");
+      }
+      writer.uint32(32).int64(message.highWatermark);
+    }
+    for (const v of message.deliveries) {
+      Delivery.encode(v!, writer.uint32(42).fork()).join();
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SubscribedDeliveries {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSubscribedDeliveries();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.leaseId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.topic = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.partition = reader.int32();
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.highWatermark = reader.int64() as bigint;
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.deliveries.push(Delivery.decode(reader, reader.uint32()));
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  fromJSON(object: any): SubscribedDeliveries {
+    return {
+      leaseId: isSet(object.leaseId)
+        ? globalThis.String(object.leaseId)
+        : isSet(object.lease_id)
+        ? globalThis.String(object.lease_id)
+        : "",
+      topic: isSet(object.topic) ? globalThis.String(object.topic) : "",
+      partition: isSet(object.partition) ? globalThis.Number(object.partition) : 0,
+      highWatermark: isSet(object.highWatermark)
+        ? BigInt(object.highWatermark)
+        : isSet(object.high_watermark)
+        ? BigInt(object.high_watermark)
+        : 0n,
+      deliveries: globalThis.Array.isArray(object?.deliveries)
+        ? object.deliveries.map((e: any) => Delivery.fromJSON(e))
+        : [],
+    };
+  },
+
+  toJSON(message: SubscribedDeliveries): unknown {
+    const obj: any = {};
+    if (message.leaseId !== "") {
+      obj.leaseId = message.leaseId;
+    }
+    if (message.topic !== "") {
+      obj.topic = message.topic;
+    }
+    if (message.partition !== 0) {
+      obj.partition = Math.round(message.partition);
+    }
+    if (message.highWatermark !== 0n) {
+      obj.highWatermark = message.highWatermark.toString();
+    }
+    if (message.deliveries?.length) {
+      obj.deliveries = message.deliveries.map((e) => Delivery.toJSON(e));
+    }
+    return obj;
+  },
+
+  create<I extends Exact<DeepPartial<SubscribedDeliveries>, I>>(base?: I): SubscribedDeliveries {
+    return SubscribedDeliveries.fromPartial(base ?? ({} as any));
+  },
+  fromPartial<I extends Exact<DeepPartial<SubscribedDeliveries>, I>>(object: I): SubscribedDeliveries {
+    const message = createBaseSubscribedDeliveries();
+    message.leaseId = object.leaseId ?? "";
+    message.topic = object.topic ?? "";
+    message.partition = object.partition ?? 0;
+    message.highWatermark = (object.highWatermark !== undefined && object.highWatermark !== null)
+      ? BigInt(object.highWatermark)
+      : 0n;
+    message.deliveries = object.deliveries?.map((e) => Delivery.fromPartial(e)) || [];
     return message;
   },
 };
@@ -5796,6 +6224,10 @@ export const PartitionLeaseServiceService = {
    * offset order, no gaps, no repeats within the stream, seek epochs), then, when the lease
    * moves to another member, `revoking` (no records of it follow; commit what was processed
    * before the deadline) and `revoked`, or `revoked` alone when the lease ended otherwise.
+   * In queue mode (`queue` set), `deliveries` events take the place of `records`; at
+   * `revoking`, answer the lease's deliveries in flight before the deadline: the lease is
+   * released (the gateway committing its progress) once none is in flight, or at the
+   * deadline.
    * Records of all the member's leases share the stream fairly: a busy partition cannot
    * starve a quiet one.
    *
@@ -5996,6 +6428,10 @@ export interface PartitionLeaseServiceServer extends UntypedServiceImplementatio
    * offset order, no gaps, no repeats within the stream, seek epochs), then, when the lease
    * moves to another member, `revoking` (no records of it follow; commit what was processed
    * before the deadline) and `revoked`, or `revoked` alone when the lease ended otherwise.
+   * In queue mode (`queue` set), `deliveries` events take the place of `records`; at
+   * `revoking`, answer the lease's deliveries in flight before the deadline: the lease is
+   * released (the gateway committing its progress) once none is in flight, or at the
+   * deadline.
    * Records of all the member's leases share the stream fairly: a busy partition cannot
    * starve a quiet one.
    *
@@ -6210,6 +6646,10 @@ export interface PartitionLeaseServiceClient extends Client {
    * offset order, no gaps, no repeats within the stream, seek epochs), then, when the lease
    * moves to another member, `revoking` (no records of it follow; commit what was processed
    * before the deadline) and `revoked`, or `revoked` alone when the lease ended otherwise.
+   * In queue mode (`queue` set), `deliveries` events take the place of `records`; at
+   * `revoking`, answer the lease's deliveries in flight before the deadline: the lease is
+   * released (the gateway committing its progress) once none is in flight, or at the
+   * deadline.
    * Records of all the member's leases share the stream fairly: a busy partition cannot
    * starve a quiet one.
    *

@@ -92,6 +92,11 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
     com.google.protobuf.GeneratedMessage.FieldAccessorTable
       internal_static_kafka_lease_v1_SubscribeRequest_fieldAccessorTable;
   static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_QueueSettings_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_QueueSettings_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
     internal_static_kafka_lease_v1_SubscribeResponse_descriptor;
   static final 
     com.google.protobuf.GeneratedMessage.FieldAccessorTable
@@ -111,6 +116,11 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
   static final 
     com.google.protobuf.GeneratedMessage.FieldAccessorTable
       internal_static_kafka_lease_v1_SubscribedRecords_fieldAccessorTable;
+  static final com.google.protobuf.Descriptors.Descriptor
+    internal_static_kafka_lease_v1_SubscribedDeliveries_descriptor;
+  static final 
+    com.google.protobuf.GeneratedMessage.FieldAccessorTable
+      internal_static_kafka_lease_v1_SubscribedDeliveries_fieldAccessorTable;
   static final com.google.protobuf.Descriptors.Descriptor
     internal_static_kafka_lease_v1_Revoking_descriptor;
   static final 
@@ -242,7 +252,7 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "ase_id\030\001 \001(\t\022\032\n\rcommit_offset\030\002 \001(\003H\000\210\001\001" +
       "B\020\n\016_commit_offset\"E\n\017ReleaseResponse\022\035\n" +
       "\020committed_offset\030\001 \001(\003H\000\210\001\001B\023\n\021_committ" +
-      "ed_offset\"\344\002\n\020SubscribeRequest\022\r\n\005group\030" +
+      "ed_offset\"\222\003\n\020SubscribeRequest\022\r\n\005group\030" +
       "\001 \001(\t\022\016\n\006topics\030\002 \003(\t\022\016\n\006member\030\003 \001(\t\022\021\n" +
       "\tmember_id\030\004 \001(\t\022\023\n\013max_records\030\005 \001(\r\022\021\n" +
       "\tmax_bytes\030\006 \001(\r\022+\n\010max_wait\030\007 \001(\0132\031.goo" +
@@ -250,119 +260,130 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "\001(\0162\033.kafka_lease.v1.OffsetReset\022\026\n\016max_" +
       "partitions\030\t \001(\r\022/\n\014revoke_grace\030\n \001(\0132\031" +
       ".google.protobuf.Duration\0220\n\rsession_gra" +
-      "ce\030\013 \001(\0132\031.google.protobuf.DurationJ\004\010\010\020" +
-      "\tR\005reset\"\204\002\n\021SubscribeResponse\022(\n\006joined" +
-      "\030\001 \001(\0132\026.kafka_lease.v1.JoinedH\000\022,\n\010assi" +
-      "gned\030\002 \001(\0132\030.kafka_lease.v1.AssignedH\000\0224" +
-      "\n\007records\030\003 \001(\0132!.kafka_lease.v1.Subscri" +
-      "bedRecordsH\000\022,\n\010revoking\030\004 \001(\0132\030.kafka_l" +
-      "ease.v1.RevokingH\000\022*\n\007revoked\030\005 \001(\0132\027.ka" +
-      "fka_lease.v1.RevokedH\000B\007\n\005event\",\n\006Joine" +
-      "d\022\021\n\tmember_id\030\001 \001(\t\022\017\n\007gateway\030\002 \001(\t\"}\n" +
-      "\010Assigned\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001" +
-      "(\t\022\021\n\tpartition\030\003 \001(\005\022\025\n\rfencing_token\030\004" +
-      " \001(\004\022\016\n\006offset\030\005 \001(\003\022\026\n\016high_watermark\030\006" +
-      " \001(\003\"\241\001\n\021SubscribedRecords\022\020\n\010lease_id\030\001" +
-      " \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\022" +
-      "\n\nseek_epoch\030\004 \001(\004\022\026\n\016high_watermark\030\005 \001" +
-      "(\003\022,\n\007records\030\006 \003(\0132\033.kafka_lease.v1.Kaf" +
-      "kaRecord\"l\n\010Revoking\022\020\n\010lease_id\030\001 \001(\t\022\r" +
-      "\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022,\n\010dead" +
-      "line\030\004 \001(\0132\032.google.protobuf.Timestamp\"^" +
-      "\n\007Revoked\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001" +
-      "(\t\022\021\n\tpartition\030\003 \001(\005\022\016\n\006reason\030\004 \001(\t\022\017\n" +
-      "\007message\030\005 \001(\t\"A\n\022ListMembersRequest\022\r\n\005" +
-      "group\030\001 \001(\t\022\022\n\005topic\030\002 \001(\tH\000\210\001\001B\010\n\006_topi" +
-      "c\"B\n\023ListMembersResponse\022+\n\007members\030\001 \003(" +
-      "\0132\032.kafka_lease.v1.MemberInfo\"\271\001\n\nMember" +
-      "Info\022\r\n\005group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tme" +
-      "mber_id\030\003 \001(\t\022\016\n\006member\030\004 \001(\t\022\017\n\007gateway" +
-      "\030\005 \001(\t\022\026\n\016max_partitions\030\006 \001(\r\022-\n\tjoined" +
-      "_at\030\007 \001(\0132\032.google.protobuf.Timestamp\022\022\n" +
-      "\npartitions\030\010 \003(\005\"v\n\021ListLeasesRequest\022\022" +
-      "\n\005group\030\001 \001(\tH\000\210\001\001\022\022\n\005topic\030\002 \001(\tH\001\210\001\001\022\021" +
-      "\n\tpage_size\030\003 \001(\r\022\022\n\npage_token\030\004 \001(\tB\010\n" +
-      "\006_groupB\010\n\006_topic\"X\n\022ListLeasesResponse\022" +
-      ")\n\006leases\030\001 \003(\0132\031.kafka_lease.v1.LeaseIn" +
-      "fo\022\027\n\017next_page_token\030\002 \001(\t\"\216\004\n\tLeaseInf" +
-      "o\022\r\n\005group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tparti" +
-      "tion\030\003 \001(\005\022\016\n\006member\030\004 \001(\t\022\025\n\rfencing_to" +
-      "ken\030\005 \001(\004\022/\n\013acquired_at\030\006 \001(\0132\032.google." +
-      "protobuf.Timestamp\022.\n\nexpires_at\030\007 \001(\0132\032" +
-      ".google.protobuf.Timestamp\022\017\n\007gateway\030\010 " +
-      "\001(\t\022\025\n\010position\030\t \001(\003H\000\210\001\001\022\035\n\020committed_" +
-      "offset\030\n \001(\003H\001\210\001\001\022\033\n\016high_watermark\030\013 \001(" +
-      "\003H\002\210\001\001\022\020\n\003lag\030\014 \001(\003H\003\210\001\001\022\025\n\010read_lag\030\020 \001" +
-      "(\003H\004\210\001\001\022\033\n\023details_unavailable\030\r \001(\t\022\027\n\017" +
-      "gateway_address\030\016 \001(\t\022\021\n\tmember_id\030\017 \001(\t" +
-      "\022(\n\005queue\030\021 \001(\0132\031.kafka_lease.v1.QueueIn" +
-      "foB\013\n\t_positionB\023\n\021_committed_offsetB\021\n\017" +
-      "_high_watermarkB\006\n\004_lagB\013\n\t_read_lag\"\360\001\n" +
-      "\tQueueInfo\022/\n\010ordering\030\001 \001(\0162\035.kafka_lea" +
-      "se.v1.DeliveryOrder\022\021\n\tin_flight\030\002 \001(\r\0223" +
-      "\n\020oldest_in_flight\030\003 \001(\0132\031.google.protob" +
-      "uf.Duration\022\017\n\007waiting\030\004 \001(\r\022\022\n\ndeliveri" +
-      "es\030\005 \001(\004\022\024\n\014redeliveries\030\006 \001(\004\022\024\n\014dead_l" +
-      "etters\030\007 \001(\004\022\031\n\021dead_letter_topic\030\010 \001(\t\"" +
-      "\353\001\n\016DeliverRequest\022\020\n\010lease_id\030\001 \001(\t\022/\n\010" +
-      "ordering\030\002 \001(\0162\035.kafka_lease.v1.Delivery" +
-      "Order\022\025\n\rmax_in_flight\030\003 \001(\r\022\033\n\023max_in_f" +
-      "light_bytes\030\004 \001(\r\022/\n\014ack_deadline\030\005 \001(\0132" +
-      "\031.google.protobuf.Duration\022\026\n\016max_delive" +
-      "ries\030\006 \001(\r\022\031\n\021dead_letter_topic\030\007 \001(\t\"W\n" +
-      "\017DeliverResponse\022,\n\ndeliveries\030\001 \003(\0132\030.k" +
-      "afka_lease.v1.Delivery\022\026\n\016high_watermark" +
-      "\030\002 \001(\003\"v\n\010Delivery\022+\n\006record\030\001 \001(\0132\033.kaf" +
-      "ka_lease.v1.KafkaRecord\022\017\n\007attempt\030\002 \001(\r" +
-      "\022,\n\010deadline\030\003 \001(\0132\032.google.protobuf.Tim" +
-      "estamp\"a\n\022AcknowledgeRequest\022\020\n\010lease_id" +
-      "\030\001 \001(\t\0229\n\020acknowledgements\030\002 \003(\0132\037.kafka" +
-      "_lease.v1.Acknowledgement\"\231\001\n\017Acknowledg" +
-      "ement\022\016\n\006offset\030\001 \001(\003\022%\n\004type\030\002 \001(\0162\027.ka" +
-      "fka_lease.v1.AckType\022\017\n\007attempt\030\003 \001(\r\022.\n" +
-      "\013retry_delay\030\004 \001(\0132\031.google.protobuf.Dur" +
-      "ation\022\016\n\006reason\030\005 \001(\t\"C\n\023AcknowledgeResp" +
-      "onse\022,\n\010outcomes\030\001 \003(\0162\032.kafka_lease.v1." +
-      "AckOutcome*_\n\013OffsetReset\022\034\n\030OFFSET_RESE" +
-      "T_UNSPECIFIED\020\000\022\031\n\025OFFSET_RESET_EARLIEST" +
-      "\020\001\022\027\n\023OFFSET_RESET_LATEST\020\002*s\n\rTimestamp" +
-      "Type\022\036\n\032TIMESTAMP_TYPE_UNSPECIFIED\020\000\022\036\n\032" +
-      "TIMESTAMP_TYPE_CREATE_TIME\020\001\022\"\n\036TIMESTAM" +
-      "P_TYPE_LOG_APPEND_TIME\020\002*\203\001\n\rDeliveryOrd" +
-      "er\022\036\n\032DELIVERY_ORDER_UNSPECIFIED\020\000\022\034\n\030DE" +
-      "LIVERY_ORDER_PARTITION\020\001\022\026\n\022DELIVERY_ORD" +
-      "ER_KEY\020\002\022\034\n\030DELIVERY_ORDER_UNORDERED\020\003*u" +
-      "\n\007AckType\022\030\n\024ACK_TYPE_UNSPECIFIED\020\000\022\023\n\017A" +
-      "CK_TYPE_ACCEPT\020\001\022\022\n\016ACK_TYPE_RETRY\020\002\022\023\n\017" +
-      "ACK_TYPE_REJECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004*Y\n" +
-      "\nAckOutcome\022\033\n\027ACK_OUTCOME_UNSPECIFIED\020\000" +
-      "\022\027\n\023ACK_OUTCOME_APPLIED\020\001\022\025\n\021ACK_OUTCOME" +
-      "_STALE\020\0022\247\006\n\025PartitionLeaseService\022J\n\007Ac" +
-      "quire\022\036.kafka_lease.v1.AcquireRequest\032\037." +
-      "kafka_lease.v1.AcquireResponse\022C\n\004Read\022\033" +
-      ".kafka_lease.v1.ReadRequest\032\034.kafka_leas" +
-      "e.v1.ReadResponse0\001\022A\n\004Seek\022\033.kafka_leas" +
-      "e.v1.SeekRequest\032\034.kafka_lease.v1.SeekRe" +
-      "sponse\022G\n\006Commit\022\035.kafka_lease.v1.Commit" +
-      "Request\032\036.kafka_lease.v1.CommitResponse\022" +
-      "J\n\007Release\022\036.kafka_lease.v1.ReleaseReque" +
-      "st\032\037.kafka_lease.v1.ReleaseResponse\022R\n\tS" +
-      "ubscribe\022 .kafka_lease.v1.SubscribeReque" +
-      "st\032!.kafka_lease.v1.SubscribeResponse0\001\022" +
-      "V\n\013ListMembers\022\".kafka_lease.v1.ListMemb" +
-      "ersRequest\032#.kafka_lease.v1.ListMembersR" +
-      "esponse\022S\n\nListLeases\022!.kafka_lease.v1.L" +
-      "istLeasesRequest\032\".kafka_lease.v1.ListLe" +
-      "asesResponse\022L\n\007Deliver\022\036.kafka_lease.v1" +
-      ".DeliverRequest\032\037.kafka_lease.v1.Deliver" +
-      "Response0\001\022V\n\013Acknowledge\022\".kafka_lease." +
-      "v1.AcknowledgeRequest\032#.kafka_lease.v1.A" +
-      "cknowledgeResponseB\260\001\n\027io.github.kafkale" +
-      "ase.v1B\023PartitionLeaseProtoP\001ZGgithub.co" +
-      "m/kafka-lease/kafka-lease/clients/go/kaf" +
-      "kaleasev1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLeas" +
-      "e.V1\312\002\rKafkaLease\\V1\352\002\016KafkaLease::V1b\006p" +
-      "roto3"
+      "ce\030\013 \001(\0132\031.google.protobuf.Duration\022,\n\005q" +
+      "ueue\030\r \001(\0132\035.kafka_lease.v1.QueueSetting" +
+      "sJ\004\010\010\020\tR\005reset\"\330\001\n\rQueueSettings\022/\n\010orde" +
+      "ring\030\001 \001(\0162\035.kafka_lease.v1.DeliveryOrde" +
+      "r\022\025\n\rmax_in_flight\030\002 \001(\r\022\033\n\023max_in_fligh" +
+      "t_bytes\030\003 \001(\r\022/\n\014ack_deadline\030\004 \001(\0132\031.go" +
+      "ogle.protobuf.Duration\022\026\n\016max_deliveries" +
+      "\030\005 \001(\r\022\031\n\021dead_letter_topic\030\006 \001(\t\"\300\002\n\021Su" +
+      "bscribeResponse\022(\n\006joined\030\001 \001(\0132\026.kafka_" +
+      "lease.v1.JoinedH\000\022,\n\010assigned\030\002 \001(\0132\030.ka" +
+      "fka_lease.v1.AssignedH\000\0224\n\007records\030\003 \001(\013" +
+      "2!.kafka_lease.v1.SubscribedRecordsH\000\022,\n" +
+      "\010revoking\030\004 \001(\0132\030.kafka_lease.v1.Revokin" +
+      "gH\000\022*\n\007revoked\030\005 \001(\0132\027.kafka_lease.v1.Re" +
+      "vokedH\000\022:\n\ndeliveries\030\006 \001(\0132$.kafka_leas" +
+      "e.v1.SubscribedDeliveriesH\000B\007\n\005event\",\n\006" +
+      "Joined\022\021\n\tmember_id\030\001 \001(\t\022\017\n\007gateway\030\002 \001" +
+      "(\t\"}\n\010Assigned\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topi" +
+      "c\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\025\n\rfencing_to" +
+      "ken\030\004 \001(\004\022\016\n\006offset\030\005 \001(\003\022\026\n\016high_waterm" +
+      "ark\030\006 \001(\003\"\241\001\n\021SubscribedRecords\022\020\n\010lease" +
+      "_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 " +
+      "\001(\005\022\022\n\nseek_epoch\030\004 \001(\004\022\026\n\016high_watermar" +
+      "k\030\005 \001(\003\022,\n\007records\030\006 \003(\0132\033.kafka_lease.v" +
+      "1.KafkaRecord\"\220\001\n\024SubscribedDeliveries\022\020" +
+      "\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tparti" +
+      "tion\030\003 \001(\005\022\026\n\016high_watermark\030\004 \001(\003\022,\n\nde" +
+      "liveries\030\005 \003(\0132\030.kafka_lease.v1.Delivery" +
+      "\"l\n\010Revoking\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030" +
+      "\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022,\n\010deadline\030\004 \001" +
+      "(\0132\032.google.protobuf.Timestamp\"^\n\007Revoke" +
+      "d\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpa" +
+      "rtition\030\003 \001(\005\022\016\n\006reason\030\004 \001(\t\022\017\n\007message" +
+      "\030\005 \001(\t\"A\n\022ListMembersRequest\022\r\n\005group\030\001 " +
+      "\001(\t\022\022\n\005topic\030\002 \001(\tH\000\210\001\001B\010\n\006_topic\"B\n\023Lis" +
+      "tMembersResponse\022+\n\007members\030\001 \003(\0132\032.kafk" +
+      "a_lease.v1.MemberInfo\"\271\001\n\nMemberInfo\022\r\n\005" +
+      "group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tmember_id\030" +
+      "\003 \001(\t\022\016\n\006member\030\004 \001(\t\022\017\n\007gateway\030\005 \001(\t\022\026" +
+      "\n\016max_partitions\030\006 \001(\r\022-\n\tjoined_at\030\007 \001(" +
+      "\0132\032.google.protobuf.Timestamp\022\022\n\npartiti" +
+      "ons\030\010 \003(\005\"v\n\021ListLeasesRequest\022\022\n\005group\030" +
+      "\001 \001(\tH\000\210\001\001\022\022\n\005topic\030\002 \001(\tH\001\210\001\001\022\021\n\tpage_s" +
+      "ize\030\003 \001(\r\022\022\n\npage_token\030\004 \001(\tB\010\n\006_groupB" +
+      "\010\n\006_topic\"X\n\022ListLeasesResponse\022)\n\006lease" +
+      "s\030\001 \003(\0132\031.kafka_lease.v1.LeaseInfo\022\027\n\017ne" +
+      "xt_page_token\030\002 \001(\t\"\216\004\n\tLeaseInfo\022\r\n\005gro" +
+      "up\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001" +
+      "(\005\022\016\n\006member\030\004 \001(\t\022\025\n\rfencing_token\030\005 \001(" +
+      "\004\022/\n\013acquired_at\030\006 \001(\0132\032.google.protobuf" +
+      ".Timestamp\022.\n\nexpires_at\030\007 \001(\0132\032.google." +
+      "protobuf.Timestamp\022\017\n\007gateway\030\010 \001(\t\022\025\n\010p" +
+      "osition\030\t \001(\003H\000\210\001\001\022\035\n\020committed_offset\030\n" +
+      " \001(\003H\001\210\001\001\022\033\n\016high_watermark\030\013 \001(\003H\002\210\001\001\022\020" +
+      "\n\003lag\030\014 \001(\003H\003\210\001\001\022\025\n\010read_lag\030\020 \001(\003H\004\210\001\001\022" +
+      "\033\n\023details_unavailable\030\r \001(\t\022\027\n\017gateway_" +
+      "address\030\016 \001(\t\022\021\n\tmember_id\030\017 \001(\t\022(\n\005queu" +
+      "e\030\021 \001(\0132\031.kafka_lease.v1.QueueInfoB\013\n\t_p" +
+      "ositionB\023\n\021_committed_offsetB\021\n\017_high_wa" +
+      "termarkB\006\n\004_lagB\013\n\t_read_lag\"\360\001\n\tQueueIn" +
+      "fo\022/\n\010ordering\030\001 \001(\0162\035.kafka_lease.v1.De" +
+      "liveryOrder\022\021\n\tin_flight\030\002 \001(\r\0223\n\020oldest" +
+      "_in_flight\030\003 \001(\0132\031.google.protobuf.Durat" +
+      "ion\022\017\n\007waiting\030\004 \001(\r\022\022\n\ndeliveries\030\005 \001(\004" +
+      "\022\024\n\014redeliveries\030\006 \001(\004\022\024\n\014dead_letters\030\007" +
+      " \001(\004\022\031\n\021dead_letter_topic\030\010 \001(\t\"\353\001\n\016Deli" +
+      "verRequest\022\020\n\010lease_id\030\001 \001(\t\022/\n\010ordering" +
+      "\030\002 \001(\0162\035.kafka_lease.v1.DeliveryOrder\022\025\n" +
+      "\rmax_in_flight\030\003 \001(\r\022\033\n\023max_in_flight_by" +
+      "tes\030\004 \001(\r\022/\n\014ack_deadline\030\005 \001(\0132\031.google" +
+      ".protobuf.Duration\022\026\n\016max_deliveries\030\006 \001" +
+      "(\r\022\031\n\021dead_letter_topic\030\007 \001(\t\"W\n\017Deliver" +
+      "Response\022,\n\ndeliveries\030\001 \003(\0132\030.kafka_lea" +
+      "se.v1.Delivery\022\026\n\016high_watermark\030\002 \001(\003\"v" +
+      "\n\010Delivery\022+\n\006record\030\001 \001(\0132\033.kafka_lease" +
+      ".v1.KafkaRecord\022\017\n\007attempt\030\002 \001(\r\022,\n\010dead" +
+      "line\030\003 \001(\0132\032.google.protobuf.Timestamp\"a" +
+      "\n\022AcknowledgeRequest\022\020\n\010lease_id\030\001 \001(\t\0229" +
+      "\n\020acknowledgements\030\002 \003(\0132\037.kafka_lease.v" +
+      "1.Acknowledgement\"\231\001\n\017Acknowledgement\022\016\n" +
+      "\006offset\030\001 \001(\003\022%\n\004type\030\002 \001(\0162\027.kafka_leas" +
+      "e.v1.AckType\022\017\n\007attempt\030\003 \001(\r\022.\n\013retry_d" +
+      "elay\030\004 \001(\0132\031.google.protobuf.Duration\022\016\n" +
+      "\006reason\030\005 \001(\t\"C\n\023AcknowledgeResponse\022,\n\010" +
+      "outcomes\030\001 \003(\0162\032.kafka_lease.v1.AckOutco" +
+      "me*_\n\013OffsetReset\022\034\n\030OFFSET_RESET_UNSPEC" +
+      "IFIED\020\000\022\031\n\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OF" +
+      "FSET_RESET_LATEST\020\002*s\n\rTimestampType\022\036\n\032" +
+      "TIMESTAMP_TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAM" +
+      "P_TYPE_CREATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_L" +
+      "OG_APPEND_TIME\020\002*\203\001\n\rDeliveryOrder\022\036\n\032DE" +
+      "LIVERY_ORDER_UNSPECIFIED\020\000\022\034\n\030DELIVERY_O" +
+      "RDER_PARTITION\020\001\022\026\n\022DELIVERY_ORDER_KEY\020\002" +
+      "\022\034\n\030DELIVERY_ORDER_UNORDERED\020\003*u\n\007AckTyp" +
+      "e\022\030\n\024ACK_TYPE_UNSPECIFIED\020\000\022\023\n\017ACK_TYPE_" +
+      "ACCEPT\020\001\022\022\n\016ACK_TYPE_RETRY\020\002\022\023\n\017ACK_TYPE" +
+      "_REJECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004*Y\n\nAckOutc" +
+      "ome\022\033\n\027ACK_OUTCOME_UNSPECIFIED\020\000\022\027\n\023ACK_" +
+      "OUTCOME_APPLIED\020\001\022\025\n\021ACK_OUTCOME_STALE\020\002" +
+      "2\247\006\n\025PartitionLeaseService\022J\n\007Acquire\022\036." +
+      "kafka_lease.v1.AcquireRequest\032\037.kafka_le" +
+      "ase.v1.AcquireResponse\022C\n\004Read\022\033.kafka_l" +
+      "ease.v1.ReadRequest\032\034.kafka_lease.v1.Rea" +
+      "dResponse0\001\022A\n\004Seek\022\033.kafka_lease.v1.See" +
+      "kRequest\032\034.kafka_lease.v1.SeekResponse\022G" +
+      "\n\006Commit\022\035.kafka_lease.v1.CommitRequest\032" +
+      "\036.kafka_lease.v1.CommitResponse\022J\n\007Relea" +
+      "se\022\036.kafka_lease.v1.ReleaseRequest\032\037.kaf" +
+      "ka_lease.v1.ReleaseResponse\022R\n\tSubscribe" +
+      "\022 .kafka_lease.v1.SubscribeRequest\032!.kaf" +
+      "ka_lease.v1.SubscribeResponse0\001\022V\n\013ListM" +
+      "embers\022\".kafka_lease.v1.ListMembersReque" +
+      "st\032#.kafka_lease.v1.ListMembersResponse\022" +
+      "S\n\nListLeases\022!.kafka_lease.v1.ListLease" +
+      "sRequest\032\".kafka_lease.v1.ListLeasesResp" +
+      "onse\022L\n\007Deliver\022\036.kafka_lease.v1.Deliver" +
+      "Request\032\037.kafka_lease.v1.DeliverResponse" +
+      "0\001\022V\n\013Acknowledge\022\".kafka_lease.v1.Ackno" +
+      "wledgeRequest\032#.kafka_lease.v1.Acknowled" +
+      "geResponseB\260\001\n\027io.github.kafkalease.v1B\023" +
+      "PartitionLeaseProtoP\001ZGgithub.com/kafka-" +
+      "lease/kafka-lease/clients/go/kafkaleasev" +
+      "1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rK" +
+      "afkaLease\\V1\352\002\016KafkaLease::V1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -448,117 +469,129 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
     internal_static_kafka_lease_v1_SubscribeRequest_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_SubscribeRequest_descriptor,
-        new java.lang.String[] { "Group", "Topics", "Member", "MemberId", "MaxRecords", "MaxBytes", "MaxWait", "OffsetReset", "MaxPartitions", "RevokeGrace", "SessionGrace", });
-    internal_static_kafka_lease_v1_SubscribeResponse_descriptor =
+        new java.lang.String[] { "Group", "Topics", "Member", "MemberId", "MaxRecords", "MaxBytes", "MaxWait", "OffsetReset", "MaxPartitions", "RevokeGrace", "SessionGrace", "Queue", });
+    internal_static_kafka_lease_v1_QueueSettings_descriptor =
       getDescriptor().getMessageType(13);
+    internal_static_kafka_lease_v1_QueueSettings_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_QueueSettings_descriptor,
+        new java.lang.String[] { "Ordering", "MaxInFlight", "MaxInFlightBytes", "AckDeadline", "MaxDeliveries", "DeadLetterTopic", });
+    internal_static_kafka_lease_v1_SubscribeResponse_descriptor =
+      getDescriptor().getMessageType(14);
     internal_static_kafka_lease_v1_SubscribeResponse_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_SubscribeResponse_descriptor,
-        new java.lang.String[] { "Joined", "Assigned", "Records", "Revoking", "Revoked", "Event", });
+        new java.lang.String[] { "Joined", "Assigned", "Records", "Revoking", "Revoked", "Deliveries", "Event", });
     internal_static_kafka_lease_v1_Joined_descriptor =
-      getDescriptor().getMessageType(14);
+      getDescriptor().getMessageType(15);
     internal_static_kafka_lease_v1_Joined_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_Joined_descriptor,
         new java.lang.String[] { "MemberId", "Gateway", });
     internal_static_kafka_lease_v1_Assigned_descriptor =
-      getDescriptor().getMessageType(15);
+      getDescriptor().getMessageType(16);
     internal_static_kafka_lease_v1_Assigned_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_Assigned_descriptor,
         new java.lang.String[] { "LeaseId", "Topic", "Partition", "FencingToken", "Offset", "HighWatermark", });
     internal_static_kafka_lease_v1_SubscribedRecords_descriptor =
-      getDescriptor().getMessageType(16);
+      getDescriptor().getMessageType(17);
     internal_static_kafka_lease_v1_SubscribedRecords_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_SubscribedRecords_descriptor,
         new java.lang.String[] { "LeaseId", "Topic", "Partition", "SeekEpoch", "HighWatermark", "Records", });
+    internal_static_kafka_lease_v1_SubscribedDeliveries_descriptor =
+      getDescriptor().getMessageType(18);
+    internal_static_kafka_lease_v1_SubscribedDeliveries_fieldAccessorTable = new
+      com.google.protobuf.GeneratedMessage.FieldAccessorTable(
+        internal_static_kafka_lease_v1_SubscribedDeliveries_descriptor,
+        new java.lang.String[] { "LeaseId", "Topic", "Partition", "HighWatermark", "Deliveries", });
     internal_static_kafka_lease_v1_Revoking_descriptor =
-      getDescriptor().getMessageType(17);
+      getDescriptor().getMessageType(19);
     internal_static_kafka_lease_v1_Revoking_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_Revoking_descriptor,
         new java.lang.String[] { "LeaseId", "Topic", "Partition", "Deadline", });
     internal_static_kafka_lease_v1_Revoked_descriptor =
-      getDescriptor().getMessageType(18);
+      getDescriptor().getMessageType(20);
     internal_static_kafka_lease_v1_Revoked_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_Revoked_descriptor,
         new java.lang.String[] { "LeaseId", "Topic", "Partition", "Reason", "Message", });
     internal_static_kafka_lease_v1_ListMembersRequest_descriptor =
-      getDescriptor().getMessageType(19);
+      getDescriptor().getMessageType(21);
     internal_static_kafka_lease_v1_ListMembersRequest_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_ListMembersRequest_descriptor,
         new java.lang.String[] { "Group", "Topic", });
     internal_static_kafka_lease_v1_ListMembersResponse_descriptor =
-      getDescriptor().getMessageType(20);
+      getDescriptor().getMessageType(22);
     internal_static_kafka_lease_v1_ListMembersResponse_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_ListMembersResponse_descriptor,
         new java.lang.String[] { "Members", });
     internal_static_kafka_lease_v1_MemberInfo_descriptor =
-      getDescriptor().getMessageType(21);
+      getDescriptor().getMessageType(23);
     internal_static_kafka_lease_v1_MemberInfo_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_MemberInfo_descriptor,
         new java.lang.String[] { "Group", "Topic", "MemberId", "Member", "Gateway", "MaxPartitions", "JoinedAt", "Partitions", });
     internal_static_kafka_lease_v1_ListLeasesRequest_descriptor =
-      getDescriptor().getMessageType(22);
+      getDescriptor().getMessageType(24);
     internal_static_kafka_lease_v1_ListLeasesRequest_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_ListLeasesRequest_descriptor,
         new java.lang.String[] { "Group", "Topic", "PageSize", "PageToken", });
     internal_static_kafka_lease_v1_ListLeasesResponse_descriptor =
-      getDescriptor().getMessageType(23);
+      getDescriptor().getMessageType(25);
     internal_static_kafka_lease_v1_ListLeasesResponse_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_ListLeasesResponse_descriptor,
         new java.lang.String[] { "Leases", "NextPageToken", });
     internal_static_kafka_lease_v1_LeaseInfo_descriptor =
-      getDescriptor().getMessageType(24);
+      getDescriptor().getMessageType(26);
     internal_static_kafka_lease_v1_LeaseInfo_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_LeaseInfo_descriptor,
         new java.lang.String[] { "Group", "Topic", "Partition", "Member", "FencingToken", "AcquiredAt", "ExpiresAt", "Gateway", "Position", "CommittedOffset", "HighWatermark", "Lag", "ReadLag", "DetailsUnavailable", "GatewayAddress", "MemberId", "Queue", });
     internal_static_kafka_lease_v1_QueueInfo_descriptor =
-      getDescriptor().getMessageType(25);
+      getDescriptor().getMessageType(27);
     internal_static_kafka_lease_v1_QueueInfo_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_QueueInfo_descriptor,
         new java.lang.String[] { "Ordering", "InFlight", "OldestInFlight", "Waiting", "Deliveries", "Redeliveries", "DeadLetters", "DeadLetterTopic", });
     internal_static_kafka_lease_v1_DeliverRequest_descriptor =
-      getDescriptor().getMessageType(26);
+      getDescriptor().getMessageType(28);
     internal_static_kafka_lease_v1_DeliverRequest_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_DeliverRequest_descriptor,
         new java.lang.String[] { "LeaseId", "Ordering", "MaxInFlight", "MaxInFlightBytes", "AckDeadline", "MaxDeliveries", "DeadLetterTopic", });
     internal_static_kafka_lease_v1_DeliverResponse_descriptor =
-      getDescriptor().getMessageType(27);
+      getDescriptor().getMessageType(29);
     internal_static_kafka_lease_v1_DeliverResponse_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_DeliverResponse_descriptor,
         new java.lang.String[] { "Deliveries", "HighWatermark", });
     internal_static_kafka_lease_v1_Delivery_descriptor =
-      getDescriptor().getMessageType(28);
+      getDescriptor().getMessageType(30);
     internal_static_kafka_lease_v1_Delivery_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_Delivery_descriptor,
         new java.lang.String[] { "Record", "Attempt", "Deadline", });
     internal_static_kafka_lease_v1_AcknowledgeRequest_descriptor =
-      getDescriptor().getMessageType(29);
+      getDescriptor().getMessageType(31);
     internal_static_kafka_lease_v1_AcknowledgeRequest_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_AcknowledgeRequest_descriptor,
         new java.lang.String[] { "LeaseId", "Acknowledgements", });
     internal_static_kafka_lease_v1_Acknowledgement_descriptor =
-      getDescriptor().getMessageType(30);
+      getDescriptor().getMessageType(32);
     internal_static_kafka_lease_v1_Acknowledgement_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_Acknowledgement_descriptor,
         new java.lang.String[] { "Offset", "Type", "Attempt", "RetryDelay", "Reason", });
     internal_static_kafka_lease_v1_AcknowledgeResponse_descriptor =
-      getDescriptor().getMessageType(31);
+      getDescriptor().getMessageType(33);
     internal_static_kafka_lease_v1_AcknowledgeResponse_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_AcknowledgeResponse_descriptor,

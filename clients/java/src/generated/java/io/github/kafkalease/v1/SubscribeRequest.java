@@ -469,6 +469,53 @@ private static final long serialVersionUID = 0L;
     return sessionGrace_ == null ? com.google.protobuf.Duration.getDefaultInstance() : sessionGrace_;
   }
 
+  public static final int QUEUE_FIELD_NUMBER = 13;
+  private io.github.kafkalease.v1.QueueSettings queue_;
+  /**
+   * <pre>
+   * Queue mode for every lease the member is assigned (see Deliver): its records come as
+   * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+   * commits. Unset: `records` events, as a Read. A member taken over within its session
+   * grace keeps the queue settings it had.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+   * @return Whether the queue field is set.
+   */
+  @java.lang.Override
+  public boolean hasQueue() {
+    return ((bitField0_ & 0x00000008) != 0);
+  }
+  /**
+   * <pre>
+   * Queue mode for every lease the member is assigned (see Deliver): its records come as
+   * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+   * commits. Unset: `records` events, as a Read. A member taken over within its session
+   * grace keeps the queue settings it had.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+   * @return The queue.
+   */
+  @java.lang.Override
+  public io.github.kafkalease.v1.QueueSettings getQueue() {
+    return queue_ == null ? io.github.kafkalease.v1.QueueSettings.getDefaultInstance() : queue_;
+  }
+  /**
+   * <pre>
+   * Queue mode for every lease the member is assigned (see Deliver): its records come as
+   * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+   * commits. Unset: `records` events, as a Read. A member taken over within its session
+   * grace keeps the queue settings it had.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+   */
+  @java.lang.Override
+  public io.github.kafkalease.v1.QueueSettingsOrBuilder getQueueOrBuilder() {
+    return queue_ == null ? io.github.kafkalease.v1.QueueSettings.getDefaultInstance() : queue_;
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -515,6 +562,9 @@ private static final long serialVersionUID = 0L;
     }
     if (offsetReset_ != io.github.kafkalease.v1.OffsetReset.OFFSET_RESET_UNSPECIFIED.getNumber()) {
       output.writeEnum(12, offsetReset_);
+    }
+    if (((bitField0_ & 0x00000008) != 0)) {
+      output.writeMessage(13, getQueue());
     }
     getUnknownFields().writeTo(output);
   }
@@ -564,6 +614,10 @@ private static final long serialVersionUID = 0L;
     if (offsetReset_ != io.github.kafkalease.v1.OffsetReset.OFFSET_RESET_UNSPECIFIED.getNumber()) {
       size += com.google.protobuf.CodedOutputStream
         .computeEnumSize(12, offsetReset_);
+    }
+    if (((bitField0_ & 0x00000008) != 0)) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeMessageSize(13, getQueue());
     }
     return size;
   }
@@ -619,6 +673,11 @@ private static final long serialVersionUID = 0L;
       if (!getSessionGrace()
           .equals(other.getSessionGrace())) return false;
     }
+    if (hasQueue() != other.hasQueue()) return false;
+    if (hasQueue()) {
+      if (!getQueue()
+          .equals(other.getQueue())) return false;
+    }
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -659,6 +718,10 @@ private static final long serialVersionUID = 0L;
     if (hasSessionGrace()) {
       hash = (37 * hash) + SESSION_GRACE_FIELD_NUMBER;
       hash = (53 * hash) + getSessionGrace().hashCode();
+    }
+    if (hasQueue()) {
+      hash = (37 * hash) + QUEUE_FIELD_NUMBER;
+      hash = (53 * hash) + getQueue().hashCode();
     }
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
@@ -797,6 +860,7 @@ private static final long serialVersionUID = 0L;
         internalGetMaxWaitFieldBuilder();
         internalGetRevokeGraceFieldBuilder();
         internalGetSessionGraceFieldBuilder();
+        internalGetQueueFieldBuilder();
       }
     }
     @java.lang.Override
@@ -826,6 +890,11 @@ private static final long serialVersionUID = 0L;
       if (sessionGraceBuilder_ != null) {
         sessionGraceBuilder_.dispose();
         sessionGraceBuilder_ = null;
+      }
+      queue_ = null;
+      if (queueBuilder_ != null) {
+        queueBuilder_.dispose();
+        queueBuilder_ = null;
       }
       return this;
     }
@@ -904,6 +973,12 @@ private static final long serialVersionUID = 0L;
             : sessionGraceBuilder_.build();
         to_bitField0_ |= 0x00000004;
       }
+      if (((from_bitField0_ & 0x00000800) != 0)) {
+        result.queue_ = queueBuilder_ == null
+            ? queue_
+            : queueBuilder_.build();
+        to_bitField0_ |= 0x00000008;
+      }
       result.bitField0_ |= to_bitField0_;
     }
 
@@ -964,6 +1039,9 @@ private static final long serialVersionUID = 0L;
       }
       if (other.hasSessionGrace()) {
         mergeSessionGrace(other.getSessionGrace());
+      }
+      if (other.hasQueue()) {
+        mergeQueue(other.getQueue());
       }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
@@ -1050,6 +1128,13 @@ private static final long serialVersionUID = 0L;
               bitField0_ |= 0x00000080;
               break;
             } // case 96
+            case 106: {
+              input.readMessage(
+                  internalGetQueueFieldBuilder().getBuilder(),
+                  extensionRegistry);
+              bitField0_ |= 0x00000800;
+              break;
+            } // case 106
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -2248,6 +2333,188 @@ private static final long serialVersionUID = 0L;
         sessionGrace_ = null;
       }
       return sessionGraceBuilder_;
+    }
+
+    private io.github.kafkalease.v1.QueueSettings queue_;
+    private com.google.protobuf.SingleFieldBuilder<
+        io.github.kafkalease.v1.QueueSettings, io.github.kafkalease.v1.QueueSettings.Builder, io.github.kafkalease.v1.QueueSettingsOrBuilder> queueBuilder_;
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     * @return Whether the queue field is set.
+     */
+    public boolean hasQueue() {
+      return ((bitField0_ & 0x00000800) != 0);
+    }
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     * @return The queue.
+     */
+    public io.github.kafkalease.v1.QueueSettings getQueue() {
+      if (queueBuilder_ == null) {
+        return queue_ == null ? io.github.kafkalease.v1.QueueSettings.getDefaultInstance() : queue_;
+      } else {
+        return queueBuilder_.getMessage();
+      }
+    }
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     */
+    public Builder setQueue(io.github.kafkalease.v1.QueueSettings value) {
+      if (queueBuilder_ == null) {
+        java.util.Objects.requireNonNull(value);
+        queue_ = value;
+      } else {
+        queueBuilder_.setMessage(value);
+      }
+      bitField0_ |= 0x00000800;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     */
+    public Builder setQueue(
+        io.github.kafkalease.v1.QueueSettings.Builder builderForValue) {
+      if (queueBuilder_ == null) {
+        queue_ = builderForValue.build();
+      } else {
+        queueBuilder_.setMessage(builderForValue.build());
+      }
+      bitField0_ |= 0x00000800;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     */
+    public Builder mergeQueue(io.github.kafkalease.v1.QueueSettings value) {
+      if (queueBuilder_ == null) {
+        if (((bitField0_ & 0x00000800) != 0) &&
+          queue_ != null &&
+          queue_ != io.github.kafkalease.v1.QueueSettings.getDefaultInstance()) {
+          getQueueBuilder().mergeFrom(value);
+        } else {
+          queue_ = value;
+        }
+      } else {
+        queueBuilder_.mergeFrom(value);
+      }
+      if (queue_ != null) {
+        bitField0_ |= 0x00000800;
+        onChanged();
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     */
+    public Builder clearQueue() {
+      bitField0_ = (bitField0_ & ~0x00000800);
+      queue_ = null;
+      if (queueBuilder_ != null) {
+        queueBuilder_.dispose();
+        queueBuilder_ = null;
+      }
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     */
+    public io.github.kafkalease.v1.QueueSettings.Builder getQueueBuilder() {
+      bitField0_ |= 0x00000800;
+      onChanged();
+      return internalGetQueueFieldBuilder().getBuilder();
+    }
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     */
+    public io.github.kafkalease.v1.QueueSettingsOrBuilder getQueueOrBuilder() {
+      if (queueBuilder_ != null) {
+        return queueBuilder_.getMessageOrBuilder();
+      } else {
+        return queue_ == null ?
+            io.github.kafkalease.v1.QueueSettings.getDefaultInstance() : queue_;
+      }
+    }
+    /**
+     * <pre>
+     * Queue mode for every lease the member is assigned (see Deliver): its records come as
+     * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+     * commits. Unset: `records` events, as a Read. A member taken over within its session
+     * grace keeps the queue settings it had.
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+     */
+    private com.google.protobuf.SingleFieldBuilder<
+        io.github.kafkalease.v1.QueueSettings, io.github.kafkalease.v1.QueueSettings.Builder, io.github.kafkalease.v1.QueueSettingsOrBuilder> 
+        internalGetQueueFieldBuilder() {
+      if (queueBuilder_ == null) {
+        queueBuilder_ = new com.google.protobuf.SingleFieldBuilder<
+            io.github.kafkalease.v1.QueueSettings, io.github.kafkalease.v1.QueueSettings.Builder, io.github.kafkalease.v1.QueueSettingsOrBuilder>(
+                getQueue(),
+                getParentForChildren(),
+                isClean());
+        queue_ = null;
+      }
+      return queueBuilder_;
     }
 
     // @@protoc_insertion_point(builder_scope:kafka_lease.v1.SubscribeRequest)

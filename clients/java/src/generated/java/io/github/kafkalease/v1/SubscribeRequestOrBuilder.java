@@ -271,4 +271,40 @@ public interface SubscribeRequestOrBuilder extends
    * <code>.google.protobuf.Duration session_grace = 11;</code>
    */
   com.google.protobuf.DurationOrBuilder getSessionGraceOrBuilder();
+
+  /**
+   * <pre>
+   * Queue mode for every lease the member is assigned (see Deliver): its records come as
+   * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+   * commits. Unset: `records` events, as a Read. A member taken over within its session
+   * grace keeps the queue settings it had.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+   * @return Whether the queue field is set.
+   */
+  boolean hasQueue();
+  /**
+   * <pre>
+   * Queue mode for every lease the member is assigned (see Deliver): its records come as
+   * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+   * commits. Unset: `records` events, as a Read. A member taken over within its session
+   * grace keeps the queue settings it had.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+   * @return The queue.
+   */
+  io.github.kafkalease.v1.QueueSettings getQueue();
+  /**
+   * <pre>
+   * Queue mode for every lease the member is assigned (see Deliver): its records come as
+   * `deliveries` events, answered with Acknowledge on each delivery's lease, and the gateway
+   * commits. Unset: `records` events, as a Read. A member taken over within its session
+   * grace keeps the queue settings it had.
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.QueueSettings queue = 13;</code>
+   */
+  io.github.kafkalease.v1.QueueSettingsOrBuilder getQueueOrBuilder();
 }

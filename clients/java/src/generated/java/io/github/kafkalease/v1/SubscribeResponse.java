@@ -63,6 +63,7 @@ private static final long serialVersionUID = 0L;
     RECORDS(3),
     REVOKING(4),
     REVOKED(5),
+    DELIVERIES(6),
     EVENT_NOT_SET(0);
     private final int value;
     private EventCase(int value) {
@@ -85,6 +86,7 @@ private static final long serialVersionUID = 0L;
         case 3: return RECORDS;
         case 4: return REVOKING;
         case 5: return REVOKED;
+        case 6: return DELIVERIES;
         case 0: return EVENT_NOT_SET;
         default: return null;
       }
@@ -315,6 +317,49 @@ private static final long serialVersionUID = 0L;
     return io.github.kafkalease.v1.Revoked.getDefaultInstance();
   }
 
+  public static final int DELIVERIES_FIELD_NUMBER = 6;
+  /**
+   * <pre>
+   * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+   * @return Whether the deliveries field is set.
+   */
+  @java.lang.Override
+  public boolean hasDeliveries() {
+    return eventCase_ == 6;
+  }
+  /**
+   * <pre>
+   * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+   * @return The deliveries.
+   */
+  @java.lang.Override
+  public io.github.kafkalease.v1.SubscribedDeliveries getDeliveries() {
+    if (eventCase_ == 6) {
+       return (io.github.kafkalease.v1.SubscribedDeliveries) event_;
+    }
+    return io.github.kafkalease.v1.SubscribedDeliveries.getDefaultInstance();
+  }
+  /**
+   * <pre>
+   * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+   */
+  @java.lang.Override
+  public io.github.kafkalease.v1.SubscribedDeliveriesOrBuilder getDeliveriesOrBuilder() {
+    if (eventCase_ == 6) {
+       return (io.github.kafkalease.v1.SubscribedDeliveries) event_;
+    }
+    return io.github.kafkalease.v1.SubscribedDeliveries.getDefaultInstance();
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -344,6 +389,9 @@ private static final long serialVersionUID = 0L;
     if (eventCase_ == 5) {
       output.writeMessage(5, (io.github.kafkalease.v1.Revoked) event_);
     }
+    if (eventCase_ == 6) {
+      output.writeMessage(6, (io.github.kafkalease.v1.SubscribedDeliveries) event_);
+    }
     getUnknownFields().writeTo(output);
   }
   private int computeSerializedSize_0() {
@@ -367,6 +415,10 @@ private static final long serialVersionUID = 0L;
     if (eventCase_ == 5) {
       size += com.google.protobuf.CodedOutputStream
         .computeMessageSize(5, (io.github.kafkalease.v1.Revoked) event_);
+    }
+    if (eventCase_ == 6) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeMessageSize(6, (io.github.kafkalease.v1.SubscribedDeliveries) event_);
     }
     return size;
   }
@@ -414,6 +466,10 @@ private static final long serialVersionUID = 0L;
         if (!getRevoked()
             .equals(other.getRevoked())) return false;
         break;
+      case 6:
+        if (!getDeliveries()
+            .equals(other.getDeliveries())) return false;
+        break;
       case 0:
       default:
     }
@@ -448,6 +504,10 @@ private static final long serialVersionUID = 0L;
       case 5:
         hash = (37 * hash) + REVOKED_FIELD_NUMBER;
         hash = (53 * hash) + getRevoked().hashCode();
+        break;
+      case 6:
+        hash = (37 * hash) + DELIVERIES_FIELD_NUMBER;
+        hash = (53 * hash) + getDeliveries().hashCode();
         break;
       case 0:
       default:
@@ -602,6 +662,9 @@ private static final long serialVersionUID = 0L;
       if (revokedBuilder_ != null) {
         revokedBuilder_.clear();
       }
+      if (deliveriesBuilder_ != null) {
+        deliveriesBuilder_.clear();
+      }
       eventCase_ = 0;
       event_ = null;
       return this;
@@ -663,6 +726,10 @@ private static final long serialVersionUID = 0L;
           revokedBuilder_ != null) {
         result.event_ = revokedBuilder_.build();
       }
+      if (eventCase_ == 6 &&
+          deliveriesBuilder_ != null) {
+        result.event_ = deliveriesBuilder_.build();
+      }
     }
 
     @java.lang.Override
@@ -696,6 +763,10 @@ private static final long serialVersionUID = 0L;
         }
         case REVOKED: {
           mergeRevoked(other.getRevoked());
+          break;
+        }
+        case DELIVERIES: {
+          mergeDeliveries(other.getDeliveries());
           break;
         }
         case EVENT_NOT_SET: {
@@ -761,6 +832,13 @@ private static final long serialVersionUID = 0L;
               eventCase_ = 5;
               break;
             } // case 42
+            case 50: {
+              input.readMessage(
+                  internalGetDeliveriesFieldBuilder().getBuilder(),
+                  extensionRegistry);
+              eventCase_ = 6;
+              break;
+            } // case 50
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -1671,6 +1749,182 @@ private static final long serialVersionUID = 0L;
       eventCase_ = 5;
       onChanged();
       return revokedBuilder_;
+    }
+
+    private com.google.protobuf.SingleFieldBuilder<
+        io.github.kafkalease.v1.SubscribedDeliveries, io.github.kafkalease.v1.SubscribedDeliveries.Builder, io.github.kafkalease.v1.SubscribedDeliveriesOrBuilder> deliveriesBuilder_;
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     * @return Whether the deliveries field is set.
+     */
+    @java.lang.Override
+    public boolean hasDeliveries() {
+      return eventCase_ == 6;
+    }
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     * @return The deliveries.
+     */
+    @java.lang.Override
+    public io.github.kafkalease.v1.SubscribedDeliveries getDeliveries() {
+      if (deliveriesBuilder_ == null) {
+        if (eventCase_ == 6) {
+          return (io.github.kafkalease.v1.SubscribedDeliveries) event_;
+        }
+        return io.github.kafkalease.v1.SubscribedDeliveries.getDefaultInstance();
+      } else {
+        if (eventCase_ == 6) {
+          return deliveriesBuilder_.getMessage();
+        }
+        return io.github.kafkalease.v1.SubscribedDeliveries.getDefaultInstance();
+      }
+    }
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     */
+    public Builder setDeliveries(io.github.kafkalease.v1.SubscribedDeliveries value) {
+      if (deliveriesBuilder_ == null) {
+        java.util.Objects.requireNonNull(value);
+        event_ = value;
+        onChanged();
+      } else {
+        deliveriesBuilder_.setMessage(value);
+      }
+      eventCase_ = 6;
+      return this;
+    }
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     */
+    public Builder setDeliveries(
+        io.github.kafkalease.v1.SubscribedDeliveries.Builder builderForValue) {
+      if (deliveriesBuilder_ == null) {
+        event_ = builderForValue.build();
+        onChanged();
+      } else {
+        deliveriesBuilder_.setMessage(builderForValue.build());
+      }
+      eventCase_ = 6;
+      return this;
+    }
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     */
+    public Builder mergeDeliveries(io.github.kafkalease.v1.SubscribedDeliveries value) {
+      if (deliveriesBuilder_ == null) {
+        if (eventCase_ == 6 &&
+            event_ != io.github.kafkalease.v1.SubscribedDeliveries.getDefaultInstance()) {
+          event_ = io.github.kafkalease.v1.SubscribedDeliveries.newBuilder((io.github.kafkalease.v1.SubscribedDeliveries) event_)
+              .mergeFrom(value).buildPartial();
+        } else {
+          event_ = value;
+        }
+        onChanged();
+      } else {
+        if (eventCase_ == 6) {
+          deliveriesBuilder_.mergeFrom(value);
+        } else {
+          deliveriesBuilder_.setMessage(value);
+        }
+      }
+      eventCase_ = 6;
+      return this;
+    }
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     */
+    public Builder clearDeliveries() {
+      if (deliveriesBuilder_ == null) {
+        if (eventCase_ == 6) {
+          eventCase_ = 0;
+          event_ = null;
+          onChanged();
+        }
+      } else {
+        if (eventCase_ == 6) {
+          eventCase_ = 0;
+          event_ = null;
+        }
+        deliveriesBuilder_.clear();
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     */
+    public io.github.kafkalease.v1.SubscribedDeliveries.Builder getDeliveriesBuilder() {
+      return internalGetDeliveriesFieldBuilder().getBuilder();
+    }
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     */
+    @java.lang.Override
+    public io.github.kafkalease.v1.SubscribedDeliveriesOrBuilder getDeliveriesOrBuilder() {
+      if ((eventCase_ == 6) && (deliveriesBuilder_ != null)) {
+        return deliveriesBuilder_.getMessageOrBuilder();
+      } else {
+        if (eventCase_ == 6) {
+          return (io.github.kafkalease.v1.SubscribedDeliveries) event_;
+        }
+        return io.github.kafkalease.v1.SubscribedDeliveries.getDefaultInstance();
+      }
+    }
+    /**
+     * <pre>
+     * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+     * </pre>
+     *
+     * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+     */
+    private com.google.protobuf.SingleFieldBuilder<
+        io.github.kafkalease.v1.SubscribedDeliveries, io.github.kafkalease.v1.SubscribedDeliveries.Builder, io.github.kafkalease.v1.SubscribedDeliveriesOrBuilder> 
+        internalGetDeliveriesFieldBuilder() {
+      if (deliveriesBuilder_ == null) {
+        if (!(eventCase_ == 6)) {
+          event_ = io.github.kafkalease.v1.SubscribedDeliveries.getDefaultInstance();
+        }
+        deliveriesBuilder_ = new com.google.protobuf.SingleFieldBuilder<
+            io.github.kafkalease.v1.SubscribedDeliveries, io.github.kafkalease.v1.SubscribedDeliveries.Builder, io.github.kafkalease.v1.SubscribedDeliveriesOrBuilder>(
+                (io.github.kafkalease.v1.SubscribedDeliveries) event_,
+                getParentForChildren(),
+                isClean());
+        event_ = null;
+      }
+      eventCase_ = 6;
+      onChanged();
+      return deliveriesBuilder_;
     }
 
     // @@protoc_insertion_point(builder_scope:kafka_lease.v1.SubscribeResponse)

@@ -145,5 +145,32 @@ public interface SubscribeResponseOrBuilder extends
    */
   io.github.kafkalease.v1.RevokedOrBuilder getRevokedOrBuilder();
 
+  /**
+   * <pre>
+   * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+   * @return Whether the deliveries field is set.
+   */
+  boolean hasDeliveries();
+  /**
+   * <pre>
+   * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+   * @return The deliveries.
+   */
+  io.github.kafkalease.v1.SubscribedDeliveries getDeliveries();
+  /**
+   * <pre>
+   * Deliveries of one of the member's leases, in queue mode (SubscribeRequest.queue).
+   * </pre>
+   *
+   * <code>.kafka_lease.v1.SubscribedDeliveries deliveries = 6;</code>
+   */
+  io.github.kafkalease.v1.SubscribedDeliveriesOrBuilder getDeliveriesOrBuilder();
+
   io.github.kafkalease.v1.SubscribeResponse.EventCase getEventCase();
 }
