@@ -28,6 +28,7 @@ from kafka_lease._errors import (
     OutOfRangeError,
     SupersededError,
     UnavailableError,
+    WrongModeError,
 )
 from kafka_lease._stream import RecordStream
 from kafka_lease._subscription import Assigned, Event, Partition, Records, Revoked, Revoking, Subscription
@@ -63,4 +64,5 @@ __all__ = [
     "Subscription",
     "SupersededError",
     "UnavailableError",
+    "WrongModeError",
 ]
