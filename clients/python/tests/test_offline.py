@@ -204,3 +204,12 @@ def test_stale_epochs_are_dropped_when_handed_out() -> None:
         stream.next_record(timeout=0.2)
     stream.close()
     assert stream.next_record(timeout=1) is None
+
+
+def test_close_from_another_thread_ends_a_waiting_read() -> None:
+    call = FakeCall([])
+    stream = RecordStream(lambda _offset, _epoch: call, EpochFilter(), None, 0)
+    threading.Timer(0.2, stream.close).start()
+    started = time.monotonic()
+    assert stream.next_record(timeout=5) is None
+    assert time.monotonic() - started < 2 and call.cancelled.is_set()

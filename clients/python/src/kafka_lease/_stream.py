@@ -56,8 +56,13 @@ class Pump:
             raise TimeoutError("no message within the timeout") from None
 
     def close(self) -> None:
+        """Cancels the call; a reader waiting in :meth:`get` (on another thread) gets an end."""
         self._closed.set()
         self.call.cancel()
+        try:
+            self._queue.put_nowait((_END, None))
+        except queue.Full:
+            pass  # the reader has entries to take, and sees the close after them
 
 
 def deadline_of(timeout: float | None) -> float | None:
