@@ -14,15 +14,23 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from kafka_lease import (
+    AckOutcome,
+    AckType,
     Client,
     EpochFilter,
     KafkaLeaseError,
+    LeaseEndedError,
+    QueueOptions,
     RecordStream,
     SupersededError,
     UnavailableError,
+    WrongModeError,
 )
 from kafka_lease.v1 import partition_lease_pb2 as pb
 from kafka_lease.v1 import partition_lease_pb2_grpc as pb_grpc
+
+
+HOLD = object()  # in a script: the stream stays open until the client cancels it
 
 
 def rich_status(code: int, message: str, reason: str, metadata=None, retry: float | None = None, domain="kafka-lease"):
@@ -46,6 +54,12 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
         self.read_scripts: list[list] = []  # per Read: responses, then optionally a status
         self.read_requests: list[pb.ReadRequest] = []
         self.seek_epoch = 0
+        self.deliver_scripts: list[list] = []  # per Deliver: responses, statuses, HOLD
+        self.deliver_requests: list[pb.DeliverRequest] = []
+        self.ack_requests: list[pb.AcknowledgeRequest] = []
+        self.ack_gate = threading.Event()  # Acknowledge answers once it is set
+        self.ack_gate.set()
+        self.ack_statuses: list = []  # statuses the next Acknowledges fail with
 
     def Acquire(self, request, context):
         self.acquires += 1
@@ -66,11 +80,36 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
         self.seek_epoch += 1
         return pb.SeekResponse(offset=request.offset, seek_epoch=self.seek_epoch)
 
+    def _play(self, script, context):
+        """Yields a script's responses; a status in it ends the call; ``HOLD`` keeps it open
+        until the client cancels."""
+        for item in script:
+            if item is HOLD:
+                while context.is_active():
+                    time.sleep(0.02)
+                return
+            if isinstance(item, grpc.Status):
+                context.abort_with_status(item)
+            yield item
+
+    def Deliver(self, request, context):
+        self.deliver_requests.append(request)
+        yield from self._play(self.deliver_scripts.pop(0), context)
+
+    def Acknowledge(self, request, context):
+        self.ack_requests.append(request)
+        self.ack_gate.wait(10)
+        if self.ack_statuses:
+            context.abort_with_status(self.ack_statuses.pop(0))
+        return pb.AcknowledgeResponse(
+            outcomes=[pb.ACK_OUTCOME_STALE if a.offset % 2 else pb.ACK_OUTCOME_APPLIED for a in request.acknowledgements]
+        )
+
 
 @pytest.fixture
 def fake():
     gateway = FakeGateway()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     pb_grpc.add_PartitionLeaseServiceServicer_to_server(gateway, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -213,3 +252,117 @@ def test_close_from_another_thread_ends_a_waiting_read() -> None:
     started = time.monotonic()
     assert stream.next_record(timeout=5) is None
     assert time.monotonic() - started < 2 and call.cancelled.is_set()
+
+
+# Queue mode.
+
+RESET = rpc_status.to_status(status_pb2.Status(code=code_pb2.UNAVAILABLE, message="reset"))  # a broken connection
+
+
+def deliveries(*offsets: int, attempt: int = 1) -> pb.DeliverResponse:
+    return pb.DeliverResponse(
+        deliveries=[pb.Delivery(record=pb.KafkaRecord(offset=o, value=b"v%d" % o), attempt=attempt) for o in offsets],
+        high_watermark=100,
+    )
+
+
+def test_answers_made_while_one_is_sent_go_together_in_the_next(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    gateway.deliver_scripts = [[deliveries(0, 1, 2, 3), HOLD]]
+    lease = client.acquire("g", "t")
+    with lease.deliveries(QueueOptions(ordering="unordered", max_in_flight=4, ack_deadline=5)) as stream:
+        got = [stream.next_delivery(timeout=5) for _ in range(4)]
+        assert [d.offset for d in got] == [0, 1, 2, 3] and got[0].record.value == b"v0"
+        gateway.ack_gate.clear()  # the first Acknowledge waits
+        first = got[0].answer(AckType.ACCEPT)
+        wait_for(lambda: len(gateway.ack_requests) == 1)
+        rest = [got[1].answer(AckType.RETRY, delay=2.5, reason="r" * 2000), got[2].answer(AckType.REJECT, reason="bad"), got[3].answer(AckType.RENEW)]
+        time.sleep(0.2)
+        assert len(gateway.ack_requests) == 1, "one Acknowledge at a time"
+        gateway.ack_gate.set()
+        assert first.result(5) == AckOutcome.APPLIED
+        # Even offsets are APPLIED, odd ones STALE (the fake's rule).
+        assert [f.result(5) for f in rest] == [AckOutcome.STALE, AckOutcome.APPLIED, AckOutcome.STALE]
+    assert len(gateway.ack_requests) == 2
+    second = gateway.ack_requests[1]
+    assert second.lease_id == "ref.secret"
+    assert [(a.offset, a.type, a.attempt) for a in second.acknowledgements] == [
+        (1, pb.ACK_TYPE_RETRY, 1), (2, pb.ACK_TYPE_REJECT, 1), (3, pb.ACK_TYPE_RENEW, 1)
+    ]
+    retry = second.acknowledgements[0]
+    assert retry.retry_delay.seconds == 2 and retry.retry_delay.nanos == 500_000_000
+    assert retry.reason == "r" * 1024, "a reason is cut to the gateway's 1024 bytes"
+    request = gateway.deliver_requests[0]
+    assert (request.ordering, request.max_in_flight, request.ack_deadline.seconds) == (pb.DELIVERY_ORDER_UNORDERED, 4, 5)
+
+
+def test_an_acknowledge_error_reaches_every_answer_of_its_batch(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    gateway.deliver_scripts = [[deliveries(0), HOLD]]
+    lease = client.acquire("g", "t")
+    with lease.deliveries() as stream:
+        delivery = stream.next_delivery(timeout=5)
+    gateway.ack_statuses = [rich_status(code_pb2.FAILED_PRECONDITION, "released", "LEASE_RELEASED", {"lease_ref": "r"})] * 3
+    gateway.ack_gate.clear()
+    answers = [delivery.answer(kind) for kind in (AckType.RENEW, AckType.ACCEPT, AckType.RETRY)]
+    wait_for(lambda: len(gateway.ack_requests) == 1)
+    gateway.ack_gate.set()
+    for answer in answers:
+        with pytest.raises(LeaseEndedError) as info:
+            answer.result(5)
+        assert info.value.reason == "LEASE_RELEASED"
+    assert len(gateway.ack_requests) == 2, "not sent again: the lease has ended"
+    with pytest.raises(LeaseEndedError):
+        delivery.accept()
+
+
+def test_an_acknowledge_is_sent_again_after_a_broken_connection(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    gateway.deliver_scripts = [[deliveries(0), HOLD]]
+    lease = client.acquire("g", "t")
+    with lease.deliveries() as stream:
+        delivery = stream.next_delivery(timeout=5)
+        gateway.ack_statuses = [RESET, RESET]
+        assert delivery.accept() == AckOutcome.APPLIED
+    assert len(gateway.ack_requests) == 3
+
+
+def test_a_broken_deliver_is_reopened_with_the_same_settings(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    gateway.deliver_scripts = [[deliveries(0, 1), RESET], [RESET], [deliveries(1, 2, attempt=2)]]  # then OK: released
+    lease = client.acquire("g", "t")
+    options = QueueOptions(ordering="key", max_deliveries=3, dead_letter_topic="dlq")
+    with lease.deliveries(options) as stream:
+        assert [(d.offset, d.attempt) for d in stream] == [(0, 1), (1, 1), (1, 2), (2, 2)]
+        assert stream.reconnects == 2
+    assert len(gateway.deliver_requests) == 3
+    assert all(r == gateway.deliver_requests[0] for r in gateway.deliver_requests)
+    assert gateway.deliver_requests[0].ordering == pb.DELIVERY_ORDER_KEY
+
+
+def test_the_first_deliver_fails_at_once_and_others_are_not_reopened(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    wrong = rich_status(code_pb2.FAILED_PRECONDITION, "wrong mode", "WRONG_MODE", {"lease_ref": "r", "mode": "read"})
+    gateway.deliver_scripts = [[wrong], [deliveries(0), wrong]]
+    lease = client.acquire("g", "t")
+    with pytest.raises(WrongModeError) as info:
+        lease.deliveries()
+    assert info.value.metadata["mode"] == "read" and not info.value.is_retryable
+    with lease.deliveries() as stream:
+        assert stream.next_delivery(timeout=5).offset == 0
+        with pytest.raises(WrongModeError):
+            stream.next_delivery(timeout=5)
+        assert stream.next_delivery(timeout=5) is None
+    assert len(gateway.deliver_requests) == 2
+
+
+def wait_for(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

@@ -30,6 +30,7 @@ from kafka_lease._errors import (
     UnavailableError,
     WrongModeError,
 )
+from kafka_lease._queue import AckOutcome, AckType, Deliveries, Delivery, Ordering, QueueOptions
 from kafka_lease._stream import RecordStream
 from kafka_lease._subscription import Assigned, Event, Partition, Records, Revoked, Revoking, Subscription
 from kafka_lease._types import Batch, EpochFilter, Header, OffsetReset, Position, Record, SeekResult
@@ -37,10 +38,14 @@ from kafka_lease._types import Batch, EpochFilter, Header, OffsetReset, Position
 __all__ = [
     "DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH",
     "ERROR_DOMAIN",
+    "AckOutcome",
+    "AckType",
     "Assigned",
     "Batch",
     "BusyError",
     "Client",
+    "Deliveries",
+    "Delivery",
     "EpochFilter",
     "Event",
     "FailedPreconditionError",
@@ -52,9 +57,11 @@ __all__ = [
     "LeaseHandle",
     "NotFoundError",
     "OffsetReset",
+    "Ordering",
     "OutOfRangeError",
     "Partition",
     "Position",
+    "QueueOptions",
     "Record",
     "RecordStream",
     "Records",

@@ -10,6 +10,7 @@ import grpc
 
 from kafka_lease._errors import KafkaLeaseError, LeaseEndedError, NotFoundError
 from kafka_lease._handle import LeaseHandle
+from kafka_lease._queue import Deliveries, QueueOptions, _Acks
 from kafka_lease._stream import RecordStream
 from kafka_lease._types import (
     OffsetReset,
@@ -173,6 +174,7 @@ class Lease(LeaseHandle):
         self.gateway_address = response.gateway_address
         #: The granted TTL in seconds.
         self.ttl: float = seconds_of(response.ttl) if response.HasField("ttl") else 10.0
+        self._acks: _Acks | None = None
 
     def __enter__(self) -> Lease:
         return self
@@ -214,3 +216,22 @@ class Lease(LeaseHandle):
             return self._client.stub.Read(request)
 
         return RecordStream(open_read, self.epochs, from_offset, reconnect_attempts)
+
+    def deliveries(self, options: QueueOptions | None = None) -> Deliveries:
+        """Puts the lease in queue mode (on the first call: from then on ``records``,
+        ``seek``, ``commit`` and ``release(commit_offset=...)`` raise :class:`WrongModeError`;
+        the gateway commits) and opens its Deliver: the records one by one, as
+        :class:`Delivery` s to answer. One Deliver per lease: a new one (with the same
+        ``options``) supersedes the old. See :class:`Deliveries`.
+
+        Raises at once what the Deliver fails with: :class:`InvalidArgumentError` (a setting
+        out of range, or not the queue's), :class:`NotFoundError` (``TOPIC_NOT_FOUND``: the
+        dead letter topic does not exist), :class:`LeaseEndedError`.
+        """
+        options = options or QueueOptions()
+        request = options.request(self.lease_id)
+        if self._acks is None:
+            self._acks = _Acks(self._client, self.lease_id)
+        return Deliveries(
+            lambda: self._client.stub.Deliver(request), self._acks, options.reconnect_attempts, self._client.timeout
+        )
