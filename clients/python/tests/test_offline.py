@@ -14,14 +14,19 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from kafka_lease import (
+    SHUT_DOWN_REASON,
     AckOutcome,
     AckType,
     Client,
+    ConsumeStats,
+    Delivery,
     EpochFilter,
     KafkaLeaseError,
     LeaseEndedError,
     QueueOptions,
     RecordStream,
+    Reject,
+    Retry,
     SupersededError,
     UnavailableError,
     WrongModeError,
@@ -359,6 +364,71 @@ def test_the_first_deliver_fails_at_once_and_others_are_not_reopened(fake) -> No
             stream.next_delivery(timeout=5)
         assert stream.next_delivery(timeout=5) is None
     assert len(gateway.deliver_requests) == 2
+
+
+def test_consume_answers_by_the_handler_and_the_error_policy(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    gateway.deliver_scripts = [[deliveries(0, 1, 2, 3), deliveries(4, 5, attempt=3)]]  # then OK: released
+    lease = client.acquire("g", "t")
+
+    def handler(delivery: Delivery) -> None:
+        offset = delivery.offset
+        if offset == 1:
+            raise Reject("cannot parse")
+        if offset == 2:
+            raise Retry("later", delay=7)
+        if offset == 3:
+            raise KeyError("k")
+        if offset >= 4:
+            raise RuntimeError("boom")
+
+    def policy(error: BaseException, delivery: Delivery) -> Retry | Reject:
+        return Reject("policy: " + type(error).__name__) if isinstance(error, KeyError) else Retry(str(error))
+
+    stats = lease.consume(handler, concurrency=2, error_policy=policy, backoff=(0.5, 1.5))
+    assert stats == ConsumeStats(accepted=1, retried=3, rejected=2)
+    # concurrency 2 and no max_in_flight: 2 in flight.
+    assert gateway.deliver_requests[0].max_in_flight == 2
+    answers = {a.offset: a for r in gateway.ack_requests for a in r.acknowledgements}
+    assert answers[0].type == pb.ACK_TYPE_ACCEPT
+    assert (answers[1].type, answers[1].reason) == (pb.ACK_TYPE_REJECT, "cannot parse")
+    assert (answers[2].type, answers[2].reason, answers[2].retry_delay.seconds) == (pb.ACK_TYPE_RETRY, "later", 7)
+    assert (answers[3].type, answers[3].reason) == (pb.ACK_TYPE_REJECT, "policy: KeyError")
+    # No delay given: the backoff for attempt 3, 0.5 s doubled twice, at most 1.5 s.
+    assert answers[4].type == pb.ACK_TYPE_RETRY and answers[4].attempt == 3
+    assert (answers[4].retry_delay.seconds, answers[4].retry_delay.nanos) == (1, 500_000_000)
+
+
+def test_consume_hands_back_what_outlasts_the_drain(fake) -> None:
+    gateway, client = fake
+    gateway.acquire_answers = [BIG]
+    gateway.deliver_scripts = [[deliveries(0, 1, 2, 3), HOLD]]
+    lease = client.acquire("g", "t")
+    gate, stop = threading.Event(), threading.Event()
+    started: list[int] = []
+
+    def handler(delivery: Delivery) -> None:
+        started.append(delivery.offset)
+        if delivery.offset != 0:
+            gate.wait(10)
+
+    def stop_soon() -> None:
+        wait_for(lambda: len(started) == 3 and len(gateway.ack_requests) == 1)
+        stop.set()
+
+    threading.Thread(target=stop_soon, daemon=True).start()
+    stats = lease.consume(handler, QueueOptions(max_in_flight=4), concurrency=2, stop=stop, drain=0.3)
+    # 0 was accepted; 1 and 2 were running, 3 received and never started: handed back.
+    assert stats == ConsumeStats(accepted=1, handed_back=3)
+    assert sorted(started) == [0, 1, 2]
+    gate.set()
+    time.sleep(0.2)  # the late handlers return: they are not answered
+    answers = [a for r in gateway.ack_requests for a in r.acknowledgements]
+    assert [(a.offset, a.type) for a in answers[:1]] == [(0, pb.ACK_TYPE_ACCEPT)]
+    back = sorted(answers[1:], key=lambda a: a.offset)
+    assert [(a.offset, a.type, a.reason) for a in back] == [(o, pb.ACK_TYPE_RETRY, SHUT_DOWN_REASON) for o in (1, 2, 3)]
+    assert all(a.retry_delay.seconds == 0 and a.retry_delay.nanos == 0 for a in back)
 
 
 def wait_for(condition, timeout: float = 5.0) -> None:

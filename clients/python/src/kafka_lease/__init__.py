@@ -30,7 +30,20 @@ from kafka_lease._errors import (
     UnavailableError,
     WrongModeError,
 )
-from kafka_lease._queue import AckOutcome, AckType, Deliveries, Delivery, Ordering, QueueOptions
+from kafka_lease._queue import (
+    SHUT_DOWN_REASON,
+    AckOutcome,
+    AckType,
+    ConsumeStats,
+    Deliveries,
+    Delivery,
+    ErrorPolicy,
+    Ordering,
+    QueueOptions,
+    Reject,
+    Retry,
+    retry_with_backoff,
+)
 from kafka_lease._stream import RecordStream
 from kafka_lease._subscription import Assigned, Event, Partition, Records, Revoked, Revoking, Subscription
 from kafka_lease._types import Batch, EpochFilter, Header, OffsetReset, Position, Record, SeekResult
@@ -38,14 +51,17 @@ from kafka_lease._types import Batch, EpochFilter, Header, OffsetReset, Position
 __all__ = [
     "DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH",
     "ERROR_DOMAIN",
+    "SHUT_DOWN_REASON",
     "AckOutcome",
     "AckType",
     "Assigned",
     "Batch",
     "BusyError",
     "Client",
+    "ConsumeStats",
     "Deliveries",
     "Delivery",
+    "ErrorPolicy",
     "EpochFilter",
     "Event",
     "FailedPreconditionError",
@@ -65,6 +81,8 @@ __all__ = [
     "Record",
     "RecordStream",
     "Records",
+    "Reject",
+    "Retry",
     "Revoked",
     "Revoking",
     "SeekResult",
@@ -72,4 +90,5 @@ __all__ = [
     "SupersededError",
     "UnavailableError",
     "WrongModeError",
+    "retry_with_backoff",
 ]

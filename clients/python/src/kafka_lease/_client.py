@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import grpc
 
 from kafka_lease._errors import KafkaLeaseError, LeaseEndedError, NotFoundError
 from kafka_lease._handle import LeaseHandle
-from kafka_lease._queue import Deliveries, QueueOptions, _Acks
+from kafka_lease._queue import (
+    ConsumeStats,
+    Deliveries,
+    Delivery,
+    ErrorPolicy,
+    QueueOptions,
+    Stop,
+    _Acks,
+    consume as _consume,
+)
 from kafka_lease._stream import RecordStream
 from kafka_lease._types import (
     OffsetReset,
@@ -234,4 +243,49 @@ class Lease(LeaseHandle):
             self._acks = _Acks(self._client, self.lease_id)
         return Deliveries(
             lambda: self._client.stub.Deliver(request), self._acks, options.reconnect_attempts, self._client.timeout
+        )
+
+    def consume(
+        self,
+        handler: Callable[[Delivery], object],
+        options: QueueOptions | None = None,
+        *,
+        concurrency: int = 1,
+        stop: Stop | None = None,
+        error_policy: ErrorPolicy | None = None,
+        backoff: tuple[Seconds, Seconds] = (0.1, 30.0),
+        drain: Seconds = 10.0,
+    ) -> ConsumeStats:
+        """Runs ``handler(delivery)`` on every record of the lease in queue mode, on up to
+        ``concurrency`` threads at once (and as many deliveries in flight, unless
+        ``options.max_in_flight`` says otherwise), until ``stop`` is set (a
+        :class:`threading.Event`, checked every 0.1 s) or the lease is released.
+
+        A handler that returns accepts the record. One that raises :class:`Retry` has it
+        delivered again (after its ``delay``, else the backoff: ``backoff[0]`` seconds
+        doubling with each attempt up to ``backoff[1]``); :class:`Reject` sends it to the
+        dead letter topic; any other exception goes to ``error_policy`` (default: retry with
+        the backoff), which returns a :class:`Retry` or a :class:`Reject`. After the queue's
+        ``max_deliveries`` a failing record goes to the dead letter topic. The handler may
+        call ``delivery.renew()`` for more time; it should not answer the delivery itself.
+
+        At the end it stops taking deliveries, gives the running handlers ``drain`` seconds,
+        then hands back the records of those still running (and any received but not
+        started): a RETRY without delay, reason :data:`SHUT_DOWN_REASON`; a handler that
+        finishes later is not answered. Then release the lease: Release commits what was
+        done.
+
+        Returns the :class:`ConsumeStats`. Raises what opening the deliveries fails with
+        (see :meth:`deliveries`), or, after the drain, the error that ended them (the lease
+        ended, or a broken stream could not be reopened).
+        """
+        return _consume(
+            self.deliveries,
+            handler,
+            options,
+            concurrency=concurrency,
+            stop=stop,
+            error_policy=error_policy,
+            backoff=backoff,
+            drain=drain,
         )

@@ -1,5 +1,6 @@
 """Queue mode: a lease's records as :class:`Delivery` s answered one by one
-(:meth:`Lease.deliveries`).
+(:meth:`Lease.deliveries`), and a consumer that runs a handler per record on threads
+(:meth:`Lease.consume`).
 
 Answers are batched: each lease sends at most one Acknowledge at a time, and the answers made
 meanwhile go together in the next one, so busy handlers send few calls and an idle consumer
@@ -14,8 +15,8 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Protocol, Union
 
 import grpc
 
@@ -32,6 +33,8 @@ _MAX_RETRY_DELAY, _MAX_REASON_BYTES = 3600.0, 1024
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.1, 3.2
 #: How many times an Acknowledge is sent when the connection breaks under it.
 _ACK_ATTEMPTS = 4
+#: Why a record still being handled at the end of a consume's drain is handed back.
+SHUT_DOWN_REASON = "the consumer shut down before handling it"
 
 
 class Ordering(enum.IntEnum):
@@ -354,3 +357,213 @@ class Deliveries:
                 continue
             self._done = True
             raise error
+
+
+class Retry(Exception):
+    """Raise it from a :meth:`Lease.consume` handler (or return it from an error policy) to
+    have the record delivered again: after ``delay`` seconds, or after the consumer's backoff
+    for its attempt when ``None``. ``reason`` goes with the dead letter if this was its last
+    delivery."""
+
+    def __init__(self, reason: str = "", delay: Seconds | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay = delay
+
+
+class Reject(Exception):
+    """Raise it from a :meth:`Lease.consume` handler (or return it from an error policy) to
+    send the record to the dead letter topic now, with ``reason``."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+#: What a consumer does when its handler raises something other than :class:`Retry` or
+#: :class:`Reject`: given the exception and the delivery, a :class:`Retry` or a
+#: :class:`Reject`.
+ErrorPolicy = Callable[[BaseException, Delivery], Union[Retry, Reject]]
+
+
+def retry_with_backoff(error: BaseException, delivery: Delivery) -> Retry | Reject:
+    """The default :data:`ErrorPolicy`: retry after the consumer's backoff, the exception as
+    the reason (so after ``max_deliveries`` the record goes to the dead letter topic)."""
+    return Retry(f"{type(error).__name__}: {error}")
+
+
+@dataclass
+class ConsumeStats:
+    """What a :meth:`Lease.consume` did."""
+
+    #: Records the handler handled (accepted).
+    accepted: int = 0
+    #: Handler failures answered with a retry.
+    retried: int = 0
+    #: Records the handler rejected (to the dead letter topic).
+    rejected: int = 0
+    #: Records handed back at shutdown, unfinished (retried at once, reason
+    #: :data:`SHUT_DOWN_REASON`).
+    handed_back: int = 0
+
+
+class Stop(Protocol):
+    """What :meth:`Lease.consume` watches to stop: a :class:`threading.Event`, say."""
+
+    def is_set(self) -> bool: ...
+
+
+_RUNNING, _ANSWERING, _HANDED_BACK = "running", "answering", "handed back"
+
+
+class _Consumer:
+    """One :meth:`Lease.consume`: a thread per running handler, at most ``concurrency``."""
+
+    def __init__(
+        self,
+        handler: Callable[[Delivery], object],
+        concurrency: int,
+        error_policy: ErrorPolicy,
+        backoff: tuple[Seconds, Seconds],
+    ) -> None:
+        self.handler = handler
+        self.slots = threading.BoundedSemaphore(concurrency)
+        self.error_policy = error_policy
+        self.backoff = (as_seconds(backoff[0]), as_seconds(backoff[1]))
+        self.lock = threading.Condition()
+        self.state: dict[int, tuple[str, Delivery]] = {}
+        self.stats = ConsumeStats()
+        self._next_token = 0
+
+    def delay(self, attempt: int) -> float:
+        initial, most = self.backoff
+        return min(initial * (1 << min(max(attempt - 1, 0), 20)), most)
+
+    def start(self, delivery: Delivery) -> None:
+        """Runs the handler on a thread of its own; the caller holds a slot for it."""
+        with self.lock:
+            token = self._next_token
+            self._next_token += 1
+            self.state[token] = (_RUNNING, delivery)
+        threading.Thread(target=self._work, args=(token, delivery), name="kafka-lease-handler", daemon=True).start()
+
+    def _decide(self, delivery: Delivery) -> Retry | Reject | None:
+        try:
+            self.handler(delivery)
+            return None
+        except (Retry, Reject) as explicit:
+            return explicit
+        except BaseException as error:  # noqa: BLE001 - the policy decides, the record is answered
+            try:
+                decided: object = self.error_policy(error, delivery)
+            except BaseException as policy_error:  # noqa: BLE001 - a failing policy retries
+                decided = Retry(f"the error policy failed: {type(policy_error).__name__}: {policy_error}")
+            return decided if isinstance(decided, (Retry, Reject)) else retry_with_backoff(error, delivery)
+
+    def _work(self, token: int, delivery: Delivery) -> None:
+        try:
+            decision = self._decide(delivery)
+            with self.lock:
+                if self.state[token][0] == _HANDED_BACK:
+                    del self.state[token]
+                    self.lock.notify_all()
+                    return
+                self.state[token] = (_ANSWERING, delivery)
+                if decision is None:
+                    self.stats.accepted += 1
+                elif isinstance(decision, Reject):
+                    self.stats.rejected += 1
+                else:
+                    self.stats.retried += 1
+            try:
+                if decision is None:
+                    delivery.accept()
+                elif isinstance(decision, Reject):
+                    delivery.reject(decision.reason)
+                else:
+                    delay = decision.delay if decision.delay is not None else self.delay(delivery.attempt)
+                    delivery.retry(delay, decision.reason)
+            except KafkaLeaseError:
+                pass  # a lost answer costs a redelivery after the deadline, never a record
+            with self.lock:
+                del self.state[token]
+                self.lock.notify_all()
+        finally:
+            self.slots.release()
+
+    def drain(self, drain: float, unstarted: list[Delivery]) -> None:
+        """Gives running handlers ``drain`` seconds, then hands back the records of those
+        still running and ``unstarted``; returns once every answer is sent."""
+        give_up = time.monotonic() + drain
+        with self.lock:
+            while any(s == _RUNNING for s, _ in self.state.values()):
+                left = give_up - time.monotonic()
+                if left <= 0:
+                    break
+                self.lock.wait(left)
+            back = list(unstarted)
+            for token, (s, delivery) in list(self.state.items()):
+                if s == _RUNNING:
+                    self.state[token] = (_HANDED_BACK, delivery)
+                    back.append(delivery)
+        answers = [d.answer(AckType.RETRY, delay=0, reason=SHUT_DOWN_REASON) for d in back]
+        for answer in answers:
+            try:
+                answer.result()
+            except KafkaLeaseError:
+                continue
+            self.stats.handed_back += 1
+        with self.lock:
+            while any(s == _ANSWERING for s, _ in self.state.values()):
+                self.lock.wait()
+
+
+def consume(
+    open_deliveries: Callable[[QueueOptions], Deliveries],
+    handler: Callable[[Delivery], object],
+    options: QueueOptions | None,
+    *,
+    concurrency: int,
+    stop: Stop | None,
+    error_policy: ErrorPolicy | None,
+    backoff: tuple[Seconds, Seconds],
+    drain: Seconds,
+    poll: float = 0.1,
+) -> ConsumeStats:
+    """:meth:`Lease.consume`'s loop, over ``open_deliveries``."""
+    concurrency = max(1, int(concurrency))
+    queue_options = options or QueueOptions()
+    if not queue_options.max_in_flight:
+        queue_options = replace(queue_options, max_in_flight=min(concurrency, _MAX_BATCH))
+    consumer = _Consumer(handler, concurrency, error_policy or retry_with_backoff, backoff)
+    deliveries = open_deliveries(queue_options)
+    ended: KafkaLeaseError | None = None
+    unstarted: list[Delivery] = []
+    try:
+        while stop is None or not stop.is_set():
+            if not consumer.slots.acquire(timeout=poll):
+                continue
+            try:
+                delivery = deliveries.next_delivery(timeout=poll)
+            except TimeoutError:
+                consumer.slots.release()
+                continue
+            except KafkaLeaseError as error:
+                consumer.slots.release()
+                ended = error
+                break
+            except BaseException:
+                consumer.slots.release()
+                raise
+            if delivery is None:
+                consumer.slots.release()
+                break
+            consumer.start(delivery)
+    finally:
+        # Stop taking deliveries; those received and not started go back with the running
+        # ones that outlast the drain.
+        unstarted = deliveries.close()
+        consumer.drain(as_seconds(drain), unstarted)
+    if ended is not None:
+        raise ended
+    return consumer.stats
