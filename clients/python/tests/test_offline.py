@@ -17,6 +17,7 @@ from kafka_lease import (
     SHUT_DOWN_REASON,
     AckOutcome,
     AckType,
+    Assigned,
     Client,
     ConsumeStats,
     Delivery,
@@ -65,6 +66,8 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
         self.ack_gate = threading.Event()  # Acknowledge answers once it is set
         self.ack_gate.set()
         self.ack_statuses: list = []  # statuses the next Acknowledges fail with
+        self.subscribe_scripts: list[list] = []
+        self.subscribe_requests: list[pb.SubscribeRequest] = []
 
     def Acquire(self, request, context):
         self.acquires += 1
@@ -109,6 +112,10 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
         return pb.AcknowledgeResponse(
             outcomes=[pb.ACK_OUTCOME_STALE if a.offset % 2 else pb.ACK_OUTCOME_APPLIED for a in request.acknowledgements]
         )
+
+    def Subscribe(self, request, context):
+        self.subscribe_requests.append(request)
+        yield from self._play(self.subscribe_scripts.pop(0), context)
 
 
 @pytest.fixture
@@ -436,3 +443,97 @@ def wait_for(condition, timeout: float = 5.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+# Resubscribing.
+
+JOINED = pb.SubscribeResponse(joined=pb.Joined(member_id="made-up", gateway="gw"))
+
+
+def assigned(offset: int) -> pb.SubscribeResponse:
+    return pb.SubscribeResponse(
+        assigned=pb.Assigned(lease_id="L", topic="t", partition=0, fencing_token=7, offset=offset, high_watermark=9)
+    )
+
+
+def records(*offsets: int) -> pb.SubscribeResponse:
+    return pb.SubscribeResponse(
+        records=pb.SubscribedRecords(
+            lease_id="L", topic="t", partition=0, high_watermark=9, records=[pb.KafkaRecord(offset=o) for o in offsets]
+        )
+    )
+
+
+def offsets_of(sub, n: int) -> list:
+    out = []
+    for _ in range(n):
+        event = sub.next_event(timeout=5)
+        out.append(("assigned", event.offset) if isinstance(event, Assigned) else [r.offset for r in event.batch.records])
+    return out
+
+
+def test_a_broken_subscription_resubscribes_with_its_member_id(fake) -> None:
+    gateway, client = fake
+    member_active = rich_status(code_pb2.ALREADY_EXISTS, "active", "MEMBER_ACTIVE", {"member_id": "made-up"})
+    gateway.subscribe_scripts = [
+        [JOINED, assigned(0), records(0, 1), RESET],
+        [RESET],  # the connection is not back yet
+        [member_active],  # the gateway has not seen the old stream end yet
+        [JOINED, assigned(2), records(2), HOLD],
+    ]
+    with client.subscribe("g", ["t"], session_grace=10, max_records=5) as sub:
+        assert sub.member_id == "made-up"
+        first = sub.next_event(timeout=5)
+        assert isinstance(first, Assigned) and first.offset == 0
+        assert offsets_of(sub, 1) == [[0, 1]]
+        again = sub.next_event(timeout=5)  # after the break: no error, the events go on
+        assert isinstance(again, Assigned) and again.offset == 2
+        assert again.partition is first.partition, "the same Partition all along"
+        assert offsets_of(sub, 1) == [[2]]
+        assert sub.resubscribes == 1
+    requests = gateway.subscribe_requests
+    assert len(requests) == 4 and requests[0].member_id == ""
+    for request in requests[1:]:
+        assert request.member_id == "made-up"
+        assert (list(request.topics), request.max_records, request.session_grace.seconds) == (["t"], 5, 10)
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        rich_status(code_pb2.PERMISSION_DENIED, "denied", "ACTION_DENIED", {"action": "subscribe"}),
+        rich_status(code_pb2.INVALID_ARGUMENT, "bad", "INVALID_FIELD", {"field": "topics"}),
+    ],
+)
+def test_errors_not_about_the_connection_end_the_subscription(fake, status) -> None:
+    gateway, client = fake
+    gateway.subscribe_scripts = [[JOINED, records(0), RESET], [status]]
+    with client.subscribe("g", ["t"], member_id="m", session_grace=10) as sub:
+        assert offsets_of(sub, 1) == [[0]]
+        with pytest.raises(KafkaLeaseError) as info:
+            sub.next_event(timeout=5)
+        assert info.value.code != grpc.StatusCode.UNAVAILABLE
+        assert sub.next_event(timeout=5) is None
+    assert len(gateway.subscribe_requests) == 2
+
+
+def test_no_resubscribe_without_a_session_grace(fake) -> None:
+    gateway, client = fake
+    gateway.subscribe_scripts = [[JOINED, records(0), RESET], [JOINED, HOLD]]
+    with client.subscribe("g", ["t"], member_id="m") as sub:
+        assert offsets_of(sub, 1) == [[0]]
+        with pytest.raises(UnavailableError):
+            sub.next_event(timeout=5)
+    assert len(gateway.subscribe_requests) == 1
+
+
+def test_resubscribing_stops_when_the_grace_runs_out(fake) -> None:
+    gateway, client = fake
+    gateway.subscribe_scripts = [[JOINED, RESET]] + [[RESET]] * 20
+    with client.subscribe("g", ["t"], member_id="m", session_grace=1) as sub:
+        started = time.monotonic()
+        with pytest.raises(UnavailableError):
+            sub.next_event(timeout=10)
+        assert time.monotonic() - started < 1.5
+        # 0.1 + 0.2 + 0.4 s of waits fit in the grace; the next (0.8 s) would not.
+        assert len(gateway.subscribe_requests) == 4
