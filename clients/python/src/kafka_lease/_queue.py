@@ -155,7 +155,8 @@ class _Acks:
     def _call(self, request: pb.AcknowledgeRequest) -> list[int]:
         """One Acknowledge, sent again after a broken connection (or UNAVAILABLE with
         RetryInfo) at most ``_ACK_ATTEMPTS - 1`` times: an answer names its delivery, so a
-        repeat of one that was applied changes nothing (it comes back STALE)."""
+        repeat changes nothing more (an accept or retry that had been applied comes back
+        STALE)."""
         for attempt in range(1, _ACK_ATTEMPTS + 1):
             try:
                 return list(self._client.call("Acknowledge", request).outcomes)
@@ -179,8 +180,9 @@ class Delivery:
     :meth:`retry` or :meth:`reject`, or :meth:`renew` it, before its :attr:`deadline` (else
     it is delivered again, with :attr:`attempt` one higher). The answers wait for the
     gateway's and return its :class:`AckOutcome`; :meth:`answer` returns at once with a
-    future. Any thread may answer; a lease's answers travel together (one Acknowledge at a
-    time). An answer on a lease that has ended raises :class:`LeaseEndedError`.
+    future. Any thread may answer, also after the Deliver is closed; a lease's answers travel
+    together (one Acknowledge at a time, sent again up to 3 times if the connection breaks
+    under it). An answer on a lease that has ended raises :class:`LeaseEndedError`.
     """
 
     __slots__ = ("record", "attempt", "deadline", "_acks")
