@@ -10,6 +10,10 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=env.sh
 source "$here/env.sh"
 
+# The package under test is this checkout's src/: the venv's editable install points at the
+# src/ of whichever checkout (re)made the venv, which another worktree sharing the cache may be.
+export PYTHONPATH="$here/src${PYTHONPATH:+:$PYTHONPATH}"
+
 echo "test.sh: $("$venv/bin/python" --version), tests in $here/tests" >&2
 cd "$here"
 exec "$venv/bin/python" -m pytest -v -p no:cacheprovider "$@"

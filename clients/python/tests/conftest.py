@@ -30,6 +30,24 @@ class FixtureRecord:
 
 
 @dataclass(frozen=True)
+class QueueFixture:
+    """The queue-mode topic: partition 0 holds ``records`` records, key ``k<i % keys>``, value
+    ``v<i>``, except at ``poison_offset`` whose value is ``poison``."""
+
+    topic: str
+    dead_letter_topic: str
+    records: int
+    keys: int
+    poison_offset: int
+
+    def key(self, offset: int) -> bytes:
+        return b"k%d" % (offset % self.keys)
+
+    def value(self, offset: int) -> bytes:
+        return b"poison" if offset == self.poison_offset else b"v%d" % offset
+
+
+@dataclass(frozen=True)
 class Fixture:
     group: str
     topic: str
@@ -41,6 +59,8 @@ class Fixture:
     scale_partitions: int
     #: The gateway's Prometheus endpoint.
     metrics_url: str
+    #: The queue-mode topic; None for a fixture without one.
+    queue: QueueFixture | None = None
 
     def fresh_group(self) -> str:
         """A group no run used before: commits persist in Kafka."""
@@ -86,6 +106,7 @@ def fixture(addr: str) -> Fixture:
         raw["scale"]["topic"],
         raw["scale"]["partitions"],
         raw["metrics_url"],
+        QueueFixture(**raw["queue"]) if "queue" in raw else None,
     )
     # The records must still be there: Kafka's time-based retention deletes records whose
     # timestamps are older than retention.ms (7 days by default) at its next check.

@@ -20,6 +20,7 @@ from kafka_lease import (
     Records,
     RecordStream,
     Revoked,
+    UnavailableError,
 )
 from kafka_lease.v1 import partition_lease_pb2 as pb
 
@@ -209,3 +210,47 @@ def test_subscribe_gets_everything_and_leaves_on_close(client: Client, fixture: 
     for p, records in expected.items():
         with client.acquire(group, fixture.topic, partition=p) as lease:
             assert lease.offset == len(records)
+
+
+def test_subscription_resubscribes_after_a_broken_connection(fixture: Fixture, relay) -> None:
+    group = fixture.fresh_group() + "-resubscribe"
+    expected = {p: [r.offset for r in fixture.of(p)] for p in range(fixture.partitions)}
+    seen: dict[int, set[int]] = {p: set() for p in expected}
+    assigned: dict[int, list[int]] = {p: [] for p in expected}  # the offsets of each Assigned
+    cut_done = False
+    with Client(relay.addr) as client:
+        with client.subscribe(
+            group, [fixture.topic], member="py-resubscribe", max_records=1, max_wait=0, session_grace=30
+        ) as sub:
+            member_id = sub.member_id  # made up by the gateway
+            deadline = time.monotonic() + 60
+            def done() -> bool:
+                # Every record seen, and the cut followed by each lease's Assigned again.
+                return cut_done and all(seen[p] == set(o) and len(assigned[p]) >= 2 for p, o in expected.items())
+
+            while not done():
+                event = sub.next_event(timeout=max(0.1, deadline - time.monotonic()))
+                assert event is not None, "the subscription ended"
+                if isinstance(event, Assigned):
+                    assigned[event.partition.partition].append(event.offset)
+                elif isinstance(event, Records):
+                    for record in event.batch.records:
+                        seen[event.partition.partition].add(record.offset)
+                        assert_same(record, fixture.of(event.partition.partition)[record.offset])
+                    try:
+                        event.partition.commit(event.batch.next_offset)
+                    except UnavailableError as error:  # a commit caught in the cut
+                        assert error.is_retryable
+                    if not cut_done and sum(map(len, seen.values())) >= 4:
+                        # Mid-stream: the connection breaks; the caller does nothing about it.
+                        assert relay.cut() > 0
+                        cut_done = True
+                else:
+                    pytest.fail(f"unexpected {event}")
+            assert sub.resubscribes >= 1 and relay.accepted >= 2
+            assert sub.member_id == member_id
+            # The gateway assigned the member's leases again (at their committed offsets).
+            for p, offsets in assigned.items():
+                assert offsets[0] == 0 and all(0 <= o <= len(expected[p]) for o in offsets), f"partition {p}: {offsets}"
+            members = client.list_members(group)
+            assert [(m.member_id, sorted(m.partitions)) for m in members] == [(member_id, [0, 1])]

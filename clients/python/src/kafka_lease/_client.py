@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import datetime as _dt
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import grpc
 
 from kafka_lease._errors import KafkaLeaseError, LeaseEndedError, NotFoundError
 from kafka_lease._handle import LeaseHandle
+from kafka_lease._queue import (
+    ConsumeStats,
+    Deliveries,
+    Delivery,
+    ErrorPolicy,
+    QueueOptions,
+    Stop,
+    _Acks,
+    consume as _consume,
+)
 from kafka_lease._stream import RecordStream
 from kafka_lease._types import (
     OffsetReset,
@@ -173,6 +183,7 @@ class Lease(LeaseHandle):
         self.gateway_address = response.gateway_address
         #: The granted TTL in seconds.
         self.ttl: float = seconds_of(response.ttl) if response.HasField("ttl") else 10.0
+        self._acks: _Acks | None = None
 
     def __enter__(self) -> Lease:
         return self
@@ -214,3 +225,67 @@ class Lease(LeaseHandle):
             return self._client.stub.Read(request)
 
         return RecordStream(open_read, self.epochs, from_offset, reconnect_attempts)
+
+    def deliveries(self, options: QueueOptions | None = None) -> Deliveries:
+        """Puts the lease in queue mode (on the first call: from then on ``records``,
+        ``seek``, ``commit`` and ``release(commit_offset=...)`` raise :class:`WrongModeError`;
+        the gateway commits) and opens its Deliver: the records one by one, as
+        :class:`Delivery` s to answer. One Deliver per lease: a new one (with the same
+        ``options``) supersedes the old. See :class:`Deliveries`.
+
+        Raises at once what the Deliver fails with: :class:`InvalidArgumentError` (a setting
+        out of range, or not the queue's), :class:`NotFoundError` (``TOPIC_NOT_FOUND``: the
+        dead letter topic does not exist), :class:`LeaseEndedError`.
+        """
+        options = options or QueueOptions()
+        request = options.request(self.lease_id)
+        if self._acks is None:
+            self._acks = _Acks(self._client, self.lease_id)
+        return Deliveries(
+            lambda: self._client.stub.Deliver(request), self._acks, options.reconnect_attempts, self._client.timeout
+        )
+
+    def consume(
+        self,
+        handler: Callable[[Delivery], object],
+        options: QueueOptions | None = None,
+        *,
+        concurrency: int = 1,
+        stop: Stop | None = None,
+        error_policy: ErrorPolicy | None = None,
+        backoff: tuple[Seconds, Seconds] = (0.1, 30.0),
+        drain: Seconds = 10.0,
+    ) -> ConsumeStats:
+        """Runs ``handler(delivery)`` on every record of the lease in queue mode, on up to
+        ``concurrency`` threads at once (and as many deliveries in flight, unless
+        ``options.max_in_flight`` says otherwise), until ``stop`` is set (a
+        :class:`threading.Event`, checked every 0.1 s) or the lease is released.
+
+        A handler that returns accepts the record. One that raises :class:`Retry` has it
+        delivered again (after its ``delay``, else the backoff: ``backoff[0]`` seconds
+        doubling with each attempt up to ``backoff[1]``); :class:`Reject` sends it to the
+        dead letter topic; any other exception goes to ``error_policy`` (default: retry with
+        the backoff), which returns a :class:`Retry` or a :class:`Reject`. After the queue's
+        ``max_deliveries`` a failing record goes to the dead letter topic. The handler may
+        call ``delivery.renew()`` for more time; it should not answer the delivery itself.
+
+        At the end it stops taking deliveries, gives the running handlers ``drain`` seconds,
+        then hands back the records of those still running (and any received but not
+        started): a RETRY without delay, reason :data:`SHUT_DOWN_REASON`; a handler that
+        finishes later is not answered. Then release the lease: Release commits what was
+        done.
+
+        Returns the :class:`ConsumeStats`. Raises what opening the deliveries fails with
+        (see :meth:`deliveries`), or, after the drain, the error that ended them (the lease
+        ended, or a broken stream could not be reopened).
+        """
+        return _consume(
+            self.deliveries,
+            handler,
+            options,
+            concurrency=concurrency,
+            stop=stop,
+            error_policy=error_policy,
+            backoff=backoff,
+            drain=drain,
+        )

@@ -74,7 +74,12 @@ class KafkaLeaseError(Exception):
             ended = "lease lost" in lower or "lease expired" in lower
         else:
             ended = reason in _LEASE_ENDED
-        kind = LeaseEndedError if ended else _BY_CODE.get(code, KafkaLeaseError)
+        if ended:
+            kind: type[KafkaLeaseError] = LeaseEndedError
+        elif reason == "WRONG_MODE" and code == grpc.StatusCode.FAILED_PRECONDITION:
+            kind = WrongModeError
+        else:
+            kind = _BY_CODE.get(code, KafkaLeaseError)
         err = kind(code, message, reason, metadata, retry_delay)
         err.__cause__ = error
         return err
@@ -119,7 +124,15 @@ class BusyError(KafkaLeaseError):
 
 
 class FailedPreconditionError(KafkaLeaseError):
-    """``FAILED_PRECONDITION`` other than a lease's end (``KAFKA_REFUSED``, ...)."""
+    """``FAILED_PRECONDITION`` other than a lease's end (``KAFKA_REFUSED``, ``WRONG_MODE``,
+    ...)."""
+
+
+class WrongModeError(FailedPreconditionError):
+    """``WRONG_MODE``: the call does not fit the lease's mode. A Read, Seek or Commit (or
+    ``release(commit_offset=...)``) on a lease in queue mode, where the gateway commits; an
+    Acknowledge on a lease no Deliver has put in queue mode. Metadata ``lease_ref``,
+    ``mode`` (``"queue"`` or ``"read"``, the lease's)."""
 
 
 class LeaseEndedError(FailedPreconditionError):

@@ -16,6 +16,9 @@ class Connection(Protocol):
     @property
     def stub(self) -> Any: ...
 
+    @property
+    def timeout(self) -> float | None: ...
+
     def call(self, method: str, request: Any) -> Any: ...
 
 

@@ -14,21 +14,26 @@ import grpc
 from kafka_lease._errors import KafkaLeaseError
 from kafka_lease._types import Batch, EpochFilter, Record
 
-_ITEM, _END, _ERROR = "item", "end", "error"
+_ITEM, _END, _ERROR, _HEADERS = "item", "end", "error", "headers"
 
 
 class Pump:
     """Reads a response stream on a daemon thread into a small bounded queue: the thread
-    stops pulling when the queue is full, so HTTP/2 flow control still applies."""
+    stops pulling when the queue is full, so HTTP/2 flow control still applies. With
+    ``announce``, the first entry is ``("headers", initial metadata)`` once the response
+    headers came (or the call ended without any: a status-only answer)."""
 
-    def __init__(self, call: Any, depth: int = 4) -> None:
+    def __init__(self, call: Any, depth: int = 4, announce: bool = False) -> None:
         self.call = call
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._closed = threading.Event()
+        self._announce = announce
         threading.Thread(target=self._run, name="kafka-lease-stream", daemon=True).start()
 
     def _run(self) -> None:
         try:
+            if self._announce and not self._put((_HEADERS, self.call.initial_metadata())):
+                return
             for message in self.call:
                 if not self._put((_ITEM, message)):
                     return
@@ -56,8 +61,22 @@ class Pump:
             raise TimeoutError("no message within the timeout") from None
 
     def close(self) -> None:
+        """Cancels the call; a reader waiting in :meth:`get` (on another thread) gets an end."""
         self._closed.set()
         self.call.cancel()
+        try:
+            self._queue.put_nowait((_END, None))
+        except queue.Full:
+            pass  # the reader has entries to take, and sees the close after them
+
+    def drain(self) -> list[tuple[str, Any]]:
+        """The entries queued now, without waiting (for a closed pump: what it had read)."""
+        entries = []
+        while True:
+            try:
+                entries.append(self._queue.get_nowait())
+            except queue.Empty:
+                return entries
 
 
 def deadline_of(timeout: float | None) -> float | None:

@@ -4,6 +4,8 @@ gateways share the topics' partitions among the members."""
 from __future__ import annotations
 
 import datetime as _dt
+import threading
+import time
 from dataclasses import dataclass
 from typing import Iterator, Sequence, Union
 
@@ -11,11 +13,13 @@ import grpc
 
 from kafka_lease._errors import KafkaLeaseError
 from kafka_lease._handle import Connection, LeaseHandle
-from kafka_lease._stream import Pump, deadline_of
-from kafka_lease._types import Batch, OffsetReset, Seconds, to_datetime, to_duration
+from kafka_lease._stream import Pump, deadline_of, stream_broke
+from kafka_lease._types import Batch, OffsetReset, Seconds, as_seconds, to_datetime, to_duration
 from kafka_lease._types import offset_reset as _offset_reset
 from kafka_lease.v1 import partition_lease_pb2 as pb
 
+#: The wait before a resubscription: doubling from the first to the most.
+_FIRST_BACKOFF, _MAX_BACKOFF = 0.1, 2.0
 
 
 class Partition(LeaseHandle):
@@ -74,6 +78,23 @@ class Subscription:
     makes one up otherwise), ``member`` (label), ``max_records``, ``max_bytes``,
     ``max_wait`` (per records event), ``offset_reset``, ``max_partitions`` (cap per topic),
     ``revoke_grace``, ``session_grace``, ``join_timeout`` (seconds to wait for ``joined``).
+
+    **Resubscribing.** With a ``session_grace`` (the gateway keeps a member whose stream
+    ended, with its leases, for that long), a stream that breaks (a transport failure, or
+    UNAVAILABLE with RetryInfo: a gateway shutting down, Kafka or Consul unreachable, the
+    member's instance unreachable) is subscribed again by itself, with the same member id
+    (the one from ``joined`` when none was given), topics and settings, waiting 0.1 s
+    doubling up to 2 s between tries, for as long as the grace runs from the break. The
+    events go on: the gateway sends :class:`Assigned` again for each lease the member still
+    holds (the same :class:`Partition`, at its resume point: records come again from the
+    last commit) or :class:`Revoking`. ``ALREADY_EXISTS`` (``MEMBER_ACTIVE``) met while
+    resubscribing is tried again too within the grace, as the gateway may not have seen the
+    old stream end yet (a connection that vanished without closing is found within the
+    gateway's keepalive); past the grace it is raised. Any other error (``INVALID_ARGUMENT``,
+    ``PERMISSION_DENIED``, ``NOT_FOUND``, ...) ends the subscription at once. Without a
+    ``session_grace`` (or with 0) the member leaves when its stream ends, so nothing is
+    resubscribed: the error is raised and you subscribe again. :attr:`resubscribes` counts
+    the resubscriptions.
     """
 
     def __init__(
@@ -93,7 +114,7 @@ class Subscription:
         session_grace: Seconds | None = None,
         join_timeout: float = 30.0,
     ) -> None:
-        request = pb.SubscribeRequest(
+        self._request = pb.SubscribeRequest(
             group=group,
             topics=list(topics),
             member=member,
@@ -107,21 +128,32 @@ class Subscription:
             session_grace=to_duration(session_grace),
         )
         self._client = client
-        self._closed = False
+        self._grace = as_seconds(session_grace) if session_grace is not None else 0.0
+        self._closed = threading.Event()
         self._done = False
         #: The member's leases, by lease id.
         self.partitions: dict[str, Partition] = {}
-        self._pump = Pump(client.stub.Subscribe(request))
+        #: How many times the subscription was resubscribed after its stream broke.
+        self.resubscribes = 0
+        self._broken_at: float | None = None  # when the stream broke, while resubscribing
+        self._tries = 0  # resubscriptions tried since the break
+        self._retry_at = 0.0
+        self._joining = False  # a resubscription's stream, before its `joined`
+        self._joined = False  # the first `joined` came: there is a member to take over
+        self._pump: Pump | None = Pump(client.stub.Subscribe(self._request))
         try:
             first = self._message(deadline_of(join_timeout))
         except BaseException:
-            self._pump.close()
+            self.close()
             raise
         if first is None or first.WhichOneof("event") != "joined":
-            self._pump.close()
+            self.close()
             raise KafkaLeaseError(grpc.StatusCode.INTERNAL, f"the subscription's first event was not `joined`: {first}")
         self.member_id: str = first.joined.member_id
         self.gateway: str = first.joined.gateway
+        self._joined = True
+        # A resubscription takes the member over: same id, whichever the gateway made up.
+        self._request.member_id = self.member_id
 
     def __enter__(self) -> Subscription:
         return self
@@ -131,8 +163,10 @@ class Subscription:
 
     def close(self) -> None:
         """Ends the subscription: the member leaves the group, its leases are released."""
-        self._closed = True
-        self._pump.close()
+        self._closed.set()
+        pump = self._pump
+        if pump is not None:
+            pump.close()
 
     def __iter__(self) -> Iterator[Event]:
         while (event := self.next_event()) is not None:
@@ -141,7 +175,8 @@ class Subscription:
     def next_event(self, timeout: float | None = None) -> Event | None:
         """The next event; ``None`` once the stream ended with OK or was closed; raises
         TimeoutError after ``timeout`` seconds without one, :class:`KafkaLeaseError` when the
-        gateway ended the stream with an error (subscribe again)."""
+        stream ended with an error that resubscribing could not (or may not) mend: subscribe
+        again."""
         deadline = deadline_of(timeout)
         while True:
             message = self._message(deadline)
@@ -152,17 +187,60 @@ class Subscription:
                 return event
 
     def _message(self, deadline: float | None) -> pb.SubscribeResponse | None:
-        if self._done or self._closed:
-            return None
-        kind, value = self._pump.get(deadline)
-        if kind == "item":
-            return value
-        self._done = True
-        if kind == "end" or self._closed:
-            return None
-        if isinstance(value, grpc.RpcError):
-            raise KafkaLeaseError.from_rpc_error(value) from None
-        raise value
+        while True:
+            if self._done or self._closed.is_set():
+                return None
+            if self._pump is None:  # resubscribing after a break
+                wait = self._retry_at - time.monotonic()
+                if wait > 0:
+                    if deadline is not None and deadline < self._retry_at:
+                        self._closed.wait(max(0.0, deadline - time.monotonic()))
+                        raise TimeoutError("no event within the timeout")
+                    if self._closed.wait(wait):
+                        return None
+                self._pump = Pump(self._client.stub.Subscribe(self._request))
+                self._joining = True
+                if self._closed.is_set():
+                    self._pump.close()
+                    return None
+            kind, value = self._pump.get(deadline)
+            if kind == "item":
+                if self._joining:
+                    self._joining = False
+                    if value.WhichOneof("event") == "joined":
+                        # Back in: the events go on; `joined` itself is not one of them.
+                        self.resubscribes += 1
+                        self._broken_at, self._tries = None, 0
+                        self.gateway = value.joined.gateway
+                        continue
+                return value
+            if kind == "end" or self._closed.is_set():
+                self._done = True
+                return None
+            if not isinstance(value, grpc.RpcError):
+                self._done = True
+                raise value
+            error = KafkaLeaseError.from_rpc_error(value)
+            if self._may_resubscribe(error):
+                self._tries += 1
+                self._pump = None
+                self._retry_at = time.monotonic() + min(_FIRST_BACKOFF * 2 ** (self._tries - 1), _MAX_BACKOFF)
+                continue
+            self._done = True
+            raise error
+
+    def _may_resubscribe(self, error: KafkaLeaseError) -> bool:
+        """Whether the stream that ended with ``error`` is subscribed again: it broke (or,
+        while resubscribing, the gateway still sees the old stream) within the grace."""
+        if self._grace <= 0 or not self._joined:
+            return False  # no grace, or the first subscription: nothing to take over
+        resubscribing = self._broken_at is not None
+        if not (stream_broke(error) or (resubscribing and error.reason == "MEMBER_ACTIVE")):
+            return False
+        if self._broken_at is None:
+            self._broken_at = time.monotonic()
+        backoff = min(_FIRST_BACKOFF * 2**self._tries, _MAX_BACKOFF)
+        return time.monotonic() + backoff < self._broken_at + self._grace
 
     def _handle(self, lease_id: str, topic: str, partition: int, token: int = 0) -> Partition:
         handle = self.partitions.get(lease_id)
