@@ -1144,3 +1144,94 @@ async fn a_consumer_shutting_down_hands_back_its_unfinished_work_at_once() {
     println!("handed back and delivered again in {:?}", begun.elapsed());
     lease.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_connection_breaks_subscribes_again_by_itself_and_goes_on() {
+    use kafka_lease_client::SubscribeOptions;
+    let services = kafka_lease_testkit::require_services!();
+    let (a, _b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 2).await;
+    let group = unique_name("g");
+    kafka_lease_testkit::create_topic(
+        &services.kafka_bootstrap,
+        &format!("dlq.{group}.{topic}"),
+        1,
+    )
+    .await
+    .expect("dead letter topic");
+    let producer = producer(&services);
+    for partition in 0..2 {
+        let records: Vec<TestRecord> = (0..200).map(|i| keyed("k", &format!("v{i}"))).collect();
+        produce(&producer, &topic, partition, &records).await;
+    }
+    // The client reaches the gateway through a relay, cut once mid-stream.
+    let relay = kafka_lease_testkit::Relay::start(a.addr.parse().expect("address"))
+        .await
+        .expect("relay");
+    let client = Client::connect(format!("http://{}", relay.addr()))
+        .await
+        .expect("connect");
+    let subscription = client
+        .subscribe(
+            SubscribeOptions::new(&group, [&topic])
+                .session_grace(Duration::from_secs(20))
+                // Deliveries lost in the cut come again after their deadline.
+                .queue(
+                    QueueOptions::new()
+                        .max_in_flight(8)
+                        .ack_deadline(Duration::from_secs(2)),
+                ),
+        )
+        .await
+        .expect("subscribe");
+    let handled: Arc<Mutex<HashMap<(i32, i64), u32>>> = Arc::default();
+    let seen = handled.clone();
+    let count = {
+        let handled = handled.clone();
+        move || handled.lock().expect("handled").len()
+    };
+    let consumer = tokio::spawn(subscription.consume(
+        ConsumeOptions::new(QueueOptions::new(), 8),
+        {
+            let count = count.clone();
+            async move {
+                while count() < 400 {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        },
+        move |record, info| {
+            let seen = seen.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                *seen
+                    .lock()
+                    .expect("handled")
+                    .entry((info.partition, record.offset))
+                    .or_default() += 1;
+                Ok(())
+            }
+        },
+    ));
+    let until = Instant::now() + DEADLINE;
+    while count() < 100 {
+        assert!(
+            Instant::now() < until,
+            "100 handled before the cut: {}",
+            count()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    relay.cut();
+    let stats = tokio::time::timeout(DEADLINE, consumer)
+        .await
+        .expect("the consumer went on after the cut")
+        .expect("consumer task")
+        .expect("no error reached the caller");
+    println!(
+        "{stats:?}; {} connections through the relay",
+        relay.accepted()
+    );
+    assert!(relay.accepted() >= 2, "the client connected again");
+    assert_eq!(count(), 400, "every record handled");
+}

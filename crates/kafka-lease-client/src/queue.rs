@@ -561,9 +561,14 @@ pub(crate) trait DeliverySource: Send {
     /// The next delivery; `None` when there are no more.
     fn next_delivery(&mut self) -> impl Future<Output = Option<Result<Delivery>>> + Send;
 
-    /// Stops the deliveries: the stream is closed, and the deliveries received but not
-    /// taken are returned.
-    fn close(&mut self) -> Vec<Delivery>;
+    /// Stops taking deliveries, as a consumer's shutdown begins; returns those received but
+    /// not taken, to hand back. A lease's Deliver stream closes here, so that what is handed
+    /// back is not delivered onto it again.
+    fn pause(&mut self) -> Vec<Delivery>;
+
+    /// Ends the source, once the handlers are done: a subscription's member leaves here,
+    /// after its handlers' answers reached its leases.
+    fn close(&mut self) {}
 }
 
 impl DeliverySource for Deliveries {
@@ -571,7 +576,7 @@ impl DeliverySource for Deliveries {
         self.next()
     }
 
-    fn close(&mut self) -> Vec<Delivery> {
+    fn pause(&mut self) -> Vec<Delivery> {
         self.closed = true;
         self.inner = None;
         self.ready.drain(..).collect()
@@ -628,9 +633,8 @@ where
                 }
             }
         }
-        // No more deliveries: the stream closes first, so that what is handed back is not
-        // delivered again onto it. The deliveries received and not started go back at once.
-        for delivery in deliveries.close() {
+        // No more deliveries. The deliveries received and not started go back at once.
+        for delivery in deliveries.pause() {
             if hand_back(&delivery).await {
                 stats.handed_back += 1;
             }
@@ -663,6 +667,7 @@ where
                 stats.handed_back += 1;
             }
         }
+        deliveries.close();
         match ended {
             Some(err) => Err(err),
             None => Ok(stats),

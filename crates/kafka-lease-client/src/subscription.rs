@@ -446,12 +446,16 @@ impl Subscription {
 }
 
 impl DeliverySource for Subscription {
-    fn close(&mut self) -> Vec<Delivery> {
-        // The member leaves with its stream (after its session grace, if it has one); its
-        // leases are released then, committing what was done. Until then the answers of
-        // the deliveries still running reach their leases.
-        self.stream = None;
+    fn pause(&mut self) -> Vec<Delivery> {
+        // The stream stays open, so the member keeps its leases while its handlers finish
+        // and their answers reach the leases.
         self.pending.drain(..).collect()
+    }
+
+    fn close(&mut self) {
+        // The member leaves with its stream (after its session grace, if it has one); its
+        // leases are released then, committing what was done.
+        self.stream = None;
     }
 
     async fn next_delivery(&mut self) -> Option<Result<Delivery>> {

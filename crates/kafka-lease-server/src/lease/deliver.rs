@@ -45,6 +45,8 @@ pub const LOOKAHEAD_BYTES: usize = 4 * 1024 * 1024;
 /// Most deliveries in one response, and its bytes (a larger record goes alone).
 const RESPONSE_RECORDS: usize = 500;
 const RESPONSE_BYTES: usize = 1024 * 1024;
+/// How long a Release waits for the dead letters due before it commits.
+const FLUSH_LETTERS_WAIT: Duration = Duration::from_secs(5);
 /// How long the keeper waits before writing a dead letter again after a failure.
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
 
@@ -163,6 +165,8 @@ struct RunState {
     dirty: bool,
     /// The lease ended: what it had in flight went back to the shared window.
     closed: bool,
+    /// Dead letters the keeper took and has not finished writing.
+    writing: usize,
     deliveries: u64,
     redeliveries: u64,
     dead_letters: u64,
@@ -194,6 +198,8 @@ pub struct QueueRun {
     room: Notify,
     /// Records are due for the dead letter topic.
     letters: Notify,
+    /// A dead letter was written (or given up with the lease).
+    letters_written: Notify,
     /// One commit of the progress at a time, so an older progress never lands after a newer.
     commit_lock: tokio::sync::Mutex<()>,
 }
@@ -229,6 +235,7 @@ impl QueueRun {
                 rejected: Default::default(),
                 dirty: false,
                 closed: false,
+                writing: 0,
                 deliveries: 0,
                 redeliveries: 0,
                 dead_letters: 0,
@@ -237,6 +244,7 @@ impl QueueRun {
             ready: Notify::new(),
             room: Notify::new(),
             letters: Notify::new(),
+            letters_written: Notify::new(),
             commit_lock: tokio::sync::Mutex::new(()),
         }
     }
@@ -600,10 +608,28 @@ impl Lease {
     /// Commits the queue's progress now if it changed (Release does before it ends the
     /// lease).
     pub async fn flush_queue(&self) -> Result<(), LeaseError> {
-        match self.queue.get() {
-            Some(run) => commit_progress(self, run).await,
-            None => Ok(()),
-        }
+        let Some(run) = self.queue.get() else {
+            return Ok(());
+        };
+        // The dead letters due are written first (for a while at most), so that a record
+        // rejected just before the release is done, not delivered to the next holder again.
+        let _ = tokio::time::timeout(FLUSH_LETTERS_WAIT, async {
+            loop {
+                let written = run.letters_written.notified();
+                tokio::pin!(written);
+                written.as_mut().enable();
+                {
+                    let state = run.state();
+                    if state.writing == 0 && !state.queue.dead_letters_due() {
+                        return;
+                    }
+                }
+                run.letters.notify_waiters();
+                written.await;
+            }
+        })
+        .await;
+        commit_progress(self, run).await
     }
 }
 
@@ -697,9 +723,19 @@ async fn keep_until_the_end(lease: &Arc<Lease>, run: &Arc<QueueRun>, dead_letter
         if lease.is_ended() {
             return;
         }
-        let due = run.state().queue.take_dead_letters();
-        for offset in due {
-            if !write_dead_letter(lease, run, dead_letters, offset).await {
+        let due = {
+            let mut state = run.state();
+            let due = state.queue.take_dead_letters();
+            state.writing += due.len();
+            due
+        };
+        for (i, offset) in due.iter().enumerate() {
+            let written = write_dead_letter(lease, run, dead_letters, *offset).await;
+            run.state().writing -= 1;
+            run.letters_written.notify_waiters();
+            if !written {
+                run.state().writing -= due.len() - i - 1;
+                run.letters_written.notify_waiters();
                 return;
             }
         }
