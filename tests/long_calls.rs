@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use futures::{StreamExt, TryStreamExt};
 use kafka_lease_client::{proto, AcquireOptions, Client, LeaseFilter, SeekTo};
 use kafka_lease_testkit::{unique_name, wait_for, Services};
-use support::{create_topic, scrape_metric, unique_prefix, GatewayProcess};
+use support::{connections_to, create_topic, scrape_metric, unique_prefix, GatewayProcess};
 
 /// Leases, each with an open Read, on the one connection: 4 groups of a topic of 250
 /// partitions (the most one connection may hold, `--max-leases-per-connection`).
@@ -355,5 +355,102 @@ async fn a_forwarding_gateway_carries_them_over_its_peer_connections() {
     let release_full = release(&client, &probe).await;
     report("forwarded", idle, full, [release_idle, release_full]);
     end_checked(&reads, &reads_ended, &waiters);
+    setup.finish().await;
+}
+
+/// A burst of every Acquire at once (as a client with a thread or a task per lease sends
+/// them): the gateway's connections to Consul stay bounded, so Consul's limit of
+/// connections per client address (`http_max_conns_per_client`, 200 by default) is never
+/// reached, and the gateway's own session renewals and check passes, which go on their own
+/// connection, never queue behind the burst: no lease is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_acquires_keeps_the_gateways_consul_connections_bounded() {
+    let services = kafka_lease_testkit::require_services!();
+    let gateway =
+        GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw-burst"), &[]).await;
+    let consul_port: u16 = services
+        .consul_http_addr
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .expect("consul port");
+    let setup = Setup::new(services).await;
+    let client = gateway.client().await;
+    let pid = gateway.pid();
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::SeqCst) {
+                peak = peak.max(connections_to(pid, consul_port));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            peak
+        })
+    };
+    let started = Instant::now();
+    let acquired: Vec<Result<String, String>> =
+        futures::future::join_all(setup.keys().map(|(group, partition)| {
+            let (client, topic) = (client.clone(), setup.topic.clone());
+            async move {
+                client
+                    .acquire(
+                        AcquireOptions::new(&group, &topic)
+                            .partition(partition)
+                            .ttl(Duration::from_secs(60)),
+                    )
+                    .await
+                    .map(|lease| lease.lease_id().to_string())
+                    .map_err(|e| format!("{group}/{partition}: {e}"))
+            }
+        }))
+        .await;
+    // And a burst of Acquires that wait for the held partitions.
+    let waiting: Vec<_> = setup
+        .keys()
+        .take(WAITERS)
+        .map(|(group, partition)| {
+            let (client, topic) = (client.clone(), setup.topic.clone());
+            tokio::spawn(async move {
+                let _ = client
+                    .acquire(
+                        AcquireOptions::new(&group, &topic)
+                            .partition(partition)
+                            .wait(Duration::from_secs(20))
+                            .retries(0),
+                    )
+                    .await;
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sampling.store(false, std::sync::atomic::Ordering::SeqCst);
+    let peak = sampler.await.expect("sampler");
+    for waiter in &waiting {
+        waiter.abort();
+    }
+    let failed: Vec<&String> = acquired.iter().filter_map(|r| r.as_ref().err()).collect();
+    println!(
+        "{} Acquires at once in {:?}: {} failed; at most {peak} connections to Consul",
+        acquired.len(),
+        started.elapsed(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "every Acquire succeeds: {:?}",
+        &failed[..failed.len().min(5)]
+    );
+    assert!(
+        peak <= 80,
+        "the gateway's connections to Consul stay bounded: {peak} at the peak"
+    );
+    let log = gateway.log();
+    assert!(
+        !log.contains("self-fenced") && !log.contains("session invalidated"),
+        "the gateway kept its session through the burst"
+    );
     setup.finish().await;
 }

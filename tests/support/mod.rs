@@ -368,3 +368,37 @@ pub fn metric_value(
 pub async fn scrape_metric(endpoint: &str, name: &str) -> f64 {
     metric_value(&scrape(endpoint).await, name, &[])
 }
+
+/// The TCP connections process `pid` has established to `port` on the loopback address,
+/// read from /proc (Linux): its sockets' inodes matched against the kernel's TCP table.
+pub fn connections_to(pid: u32, port: u16) -> usize {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    let inodes: std::collections::HashSet<String> = fds
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    let port_hex = format!("{port:04X}");
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
+        .flat_map(|text| text.lines().skip(1).map(str::to_string).collect::<Vec<_>>())
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local, remote, state (01: established), ..., inode (field 9).
+            fields.len() > 9
+                && fields[2].ends_with(&format!(":{port_hex}"))
+                && fields[3] == "01"
+                && inodes.contains(fields[9])
+        })
+        .count()
+}

@@ -111,26 +111,35 @@ pub(super) fn unavailable(operation: &'static str, detail: impl Into<String>) ->
     }
 }
 
-/// Bounds one ordinary request by [`REQUEST_TIMEOUT`]: the one place that limit is applied
-/// (the HTTP client consulrs builds has no timeout of its own). No answer in time is
-/// `Unavailable`; the request's own outcome is the caller's to judge.
-pub(super) async fn in_time<T>(
-    operation: &'static str,
-    request: impl std::future::Future<Output = T>,
-) -> Result<T, CoordinationError> {
-    tokio::time::timeout(REQUEST_TIMEOUT, request)
+impl Shared {
+    /// Sends one ordinary request in its turn ([`MAX_REQUESTS_IN_FLIGHT`]) and bounds the
+    /// wait and the request together by [`REQUEST_TIMEOUT`]: the one place that limit is
+    /// applied (the HTTP client consulrs builds has no timeout of its own). No answer in
+    /// time is `Unavailable`; the request's own outcome is the caller's to judge.
+    pub(super) async fn in_time<T>(
+        &self,
+        operation: &'static str,
+        request: impl std::future::Future<Output = T>,
+    ) -> Result<T, CoordinationError> {
+        tokio::time::timeout(REQUEST_TIMEOUT, async {
+            // Never closed: the semaphore lives as long as the backend.
+            let _turn = self.lane.acquire().await;
+            request.await
+        })
         .await
         .map_err(|_| unavailable(operation, format!("no answer within {REQUEST_TIMEOUT:?}")))
-}
+    }
 
-/// [`in_time`] for a consulrs call, whose errors are all `Unavailable`.
-pub(super) async fn bounded<T>(
-    operation: &'static str,
-    request: impl std::future::Future<Output = Result<T, ClientError>>,
-) -> Result<T, CoordinationError> {
-    in_time(operation, request)
-        .await?
-        .map_err(|e| unavailable(operation, describe(&e)))
+    /// [`Shared::in_time`] for a consulrs call, whose errors are all `Unavailable`.
+    pub(super) async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        request: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, CoordinationError> {
+        self.in_time(operation, request)
+            .await?
+            .map_err(|e| unavailable(operation, describe(&e)))
+    }
 }
 
 /// A KV read with its index, whatever the status: 404 is "no entries", not an error.
@@ -462,6 +471,30 @@ pub(super) struct RawAnswer {
     pub(super) body: Vec<u8>,
 }
 
+/// Sends a consulrs request on `client` the way consulrs would (version prefix, token,
+/// features), but keeps the response whatever its status (see the module docs).
+async fn send_raw_on<E: Endpoint + FeaturedEndpoint>(
+    client: &ConsulClient,
+    endpoint: E,
+) -> Result<RawAnswer, SendError> {
+    let middleware = client.middle(endpoint.features());
+    let mut request = endpoint.request(client.http().base()).map_err(SendError)?;
+    middleware
+        .request(&endpoint, &mut request)
+        .map_err(SendError)?;
+    let response = client.http().send(request).await.map_err(SendError)?;
+    let index = response
+        .headers()
+        .get("X-Consul-Index")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    Ok(RawAnswer {
+        status: response.status().as_u16(),
+        index,
+        body: response.into_body(),
+    })
+}
+
 impl Shared {
     /// Sends a consulrs request the way consulrs would (version prefix, token, features),
     /// but keeps the response whatever its status (see the module docs).
@@ -469,24 +502,16 @@ impl Shared {
         &self,
         endpoint: E,
     ) -> Result<RawAnswer, SendError> {
-        let middleware = self.client.middle(endpoint.features());
-        let mut request = endpoint
-            .request(self.client.http().base())
-            .map_err(SendError)?;
-        middleware
-            .request(&endpoint, &mut request)
-            .map_err(SendError)?;
-        let response = self.client.http().send(request).await.map_err(SendError)?;
-        let index = response
-            .headers()
-            .get("X-Consul-Index")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
-        Ok(RawAnswer {
-            status: response.status().as_u16(),
-            index,
-            body: response.into_body(),
-        })
+        send_raw_on(&self.client, endpoint).await
+    }
+
+    /// [`Shared::send_raw`] on the session's own connection (`critical`), for what keeps
+    /// the session alive.
+    pub(super) async fn send_raw_critical<E: Endpoint + FeaturedEndpoint>(
+        &self,
+        endpoint: E,
+    ) -> Result<RawAnswer, SendError> {
+        send_raw_on(&self.critical, endpoint).await
     }
 
     /// Reads KV entries (one key, or a prefix with `recurse`); 404 means none.
@@ -506,7 +531,8 @@ impl Shared {
             recurse: recurse.then_some(true),
             ..ReadKeyRequest::default()
         };
-        let answer = in_time(operation, self.send_raw(request))
+        let answer = self
+            .in_time(operation, self.send_raw(request))
             .await?
             .map_err(|e| unavailable(operation, e.to_string()))?;
         parse_kv_answer(operation, answer)
@@ -519,7 +545,8 @@ impl Shared {
         operation: &'static str,
         ops: Vec<TxnOp>,
     ) -> Result<TxnOutcome, CoordinationError> {
-        let answer = in_time(operation, self.send_raw(Txn { ops }))
+        let answer = self
+            .in_time(operation, self.send_raw(Txn { ops }))
             .await?
             .map_err(|e| unavailable(operation, e.to_string()))?;
         parse_txn_answer(operation, &answer)
@@ -546,7 +573,17 @@ impl Shared {
             recurse: Some(true),
             ..ReadKeyRequest::default()
         };
-        match tokio::time::timeout(limit, self.send_raw(request)).await {
+        let blocking_query = request.features.is_some();
+        let sent = async {
+            // A read at once takes a turn; a blocking query (one per watched topic) does not.
+            let _turn = if blocking_query {
+                None
+            } else {
+                self.lane.acquire().await.ok()
+            };
+            self.send_raw(request).await
+        };
+        match tokio::time::timeout(limit, sent).await {
             Ok(answer) => Ok(Some(parse_kv_answer(
                 operation,
                 answer.map_err(|e| unavailable(operation, e.to_string()))?,
@@ -569,14 +606,15 @@ impl Shared {
     /// Whether Consul answers and its cluster has a leader (`GET /v1/status/leader`).
     pub(super) async fn ping(&self) -> Result<(), CoordinationError> {
         let middleware = self.client.middle(None);
-        let answer = bounded("ping", async {
-            StatusLeader
-                .with_middleware(&middleware)
-                .exec(self.client.http())
-                .await
-                .map_err(ClientError::from)
-        })
-        .await?;
+        let answer = self
+            .bounded("ping", async {
+                StatusLeader
+                    .with_middleware(&middleware)
+                    .exec(self.client.http())
+                    .await
+                    .map_err(ClientError::from)
+            })
+            .await?;
         let leader: String = answer
             .parse()
             .map_err(|e| unavailable("ping", error_chain(&e)))?;

@@ -104,7 +104,7 @@ impl Shared {
         let mut request = DeleteKeyRequest::builder();
         request.cas(grant.token().get());
         let deleted = consulrs::kv::delete(&self.client, &path, Some(&mut request));
-        match in_time("release", deleted).await? {
+        match self.in_time("release", deleted).await? {
             Ok(answer) => {
                 if !answer.response {
                     tracing::debug!(

@@ -111,6 +111,13 @@ const META_CHECK_TCP: &str = "check_tcp";
 /// How long an ordinary (non-blocking) request may take before it counts as a failure. The
 /// HTTP client consulrs builds has no timeout at all, so every call is bounded here.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most ordinary requests one backend has in flight to Consul at once; the rest wait
+/// for a turn (within their time bound). Consul refuses a client address more than
+/// `http_max_conns_per_client` connections (200 by default), and each request in flight
+/// holds one: a burst of Acquires (a thousand at once, and hundreds waiting) reached 189,
+/// and then the session's own renewals could not connect. Blocking queries (one per
+/// watched topic) and the session's renewals and check passes do not take a turn.
+const MAX_REQUESTS_IN_FLIGHT: usize = 48;
 /// Backoff bounds for creating a new session while Consul is unreachable.
 const CREATE_BACKOFF_MIN: Duration = Duration::from_millis(500);
 const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -128,6 +135,11 @@ pub struct ConsulLocks {
 /// What the backend and its renew task share.
 struct Shared {
     client: ConsulClient,
+    /// A client of its own (its own connection) for what keeps the session alive: its
+    /// renewals and the TTL check's passes never wait behind a burst of other requests.
+    critical: ConsulClient,
+    /// Turns for ordinary requests ([`MAX_REQUESTS_IN_FLIGHT`]).
+    lane: tokio::sync::Semaphore,
     config: ConsulLockConfig,
     /// `config.fence_window()`.
     fence_window: Duration,
@@ -198,17 +210,23 @@ impl ConsulLocks {
             .build()
             .map_err(|e| unavailable("connect (client settings)", e.to_string()))?;
         settings.token = config.token.clone();
-        let client = if config.tls == ConsulTls::default() {
-            ConsulClient::new(settings)
-                .map_err(|e| unavailable("connect (client)", describe(&e)))?
-        } else {
-            http::tls_client(settings, &config.tls)?
+        let make = |settings: consulrs::client::ConsulClientSettings| {
+            if config.tls == ConsulTls::default() {
+                ConsulClient::new(settings)
+                    .map_err(|e| unavailable("connect (client)", describe(&e)))
+            } else {
+                http::tls_client(settings, &config.tls)
+            }
         };
+        let critical = make(settings.clone())?;
+        let client = make(settings)?;
         let (state, _) = watch::channel(SessionState::Lost {
             reason: "session not created yet".into(),
         });
         let shared = Arc::new(Shared {
             client,
+            critical,
+            lane: tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT),
             fence_window: config.fence_window(),
             config,
             state,

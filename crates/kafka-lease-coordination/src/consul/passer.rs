@@ -40,7 +40,7 @@ pub(super) async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
         ticks.tick().await;
         let outcome = match tokio::time::timeout(
             patience,
-            shared.send_raw(PassCheck {
+            shared.send_raw_critical(PassCheck {
                 check_id: check_id.clone(),
             }),
         )

@@ -59,12 +59,13 @@ impl Shared {
         check: &SessionCheck,
     ) -> Result<(), CoordinationError> {
         const OPERATION: &str = "register service check";
-        let answer = in_time(
-            OPERATION,
-            self.send_raw(RegisterService::new(&self.config, check)),
-        )
-        .await?
-        .map_err(|e| unavailable(OPERATION, e.to_string()))?;
+        let answer = self
+            .in_time(
+                OPERATION,
+                self.send_raw(RegisterService::new(&self.config, check)),
+            )
+            .await?
+            .map_err(|e| unavailable(OPERATION, e.to_string()))?;
         if answer.status == 200 {
             Ok(())
         } else {
@@ -81,7 +82,7 @@ impl Shared {
 
     /// Removes this instance's service (and so its check) from the local agent.
     pub(super) async fn deregister_service(&self) -> Result<(), CoordinationError> {
-        bounded(
+        self.bounded(
             "deregister service check",
             consulrs::service::deregister(&self.client, &self.config.service_id(), None),
         )
@@ -101,7 +102,8 @@ impl Shared {
     ) -> Result<(), CoordinationError> {
         let instance = &self.config.instance;
         let ours = self.config.service_id();
-        let services = bounded("list services", consulrs::service::list(&self.client, None))
+        let services = self
+            .bounded("list services", consulrs::service::list(&self.client, None))
             .await?
             .response;
         for (id, service) in services {
@@ -122,7 +124,7 @@ impl Shared {
                 "deregistering the registration of an earlier gateway process with this \
                  instance name or check address; its lock session ends now",
             );
-            bounded(
+            self.bounded(
                 "deregister stale service",
                 consulrs::service::deregister(&self.client, &id, None),
             )
@@ -134,7 +136,10 @@ impl Shared {
     /// The local agent's view of this instance's check, for the log after an invalidation.
     pub(super) async fn check_status(&self) -> String {
         let check_id = self.config.check_id();
-        match bounded("list checks", consulrs::check::list(&self.client, None)).await {
+        match self
+            .bounded("list checks", consulrs::check::list(&self.client, None))
+            .await
+        {
             Ok(answer) => match answer.response.get(&check_id) {
                 Some(check) => format!(
                     "{}: {}",
@@ -149,7 +154,9 @@ impl Shared {
 
     /// Whether the local agent has this instance's check registered.
     pub(super) async fn check_registered(&self) -> Result<bool, CoordinationError> {
-        let checks = bounded("list checks", consulrs::check::list(&self.client, None)).await?;
+        let checks = self
+            .bounded("list checks", consulrs::check::list(&self.client, None))
+            .await?;
         Ok(checks.response.contains_key(&self.config.check_id()))
     }
 
@@ -201,11 +208,12 @@ impl Shared {
             }
         }
         let sent = Instant::now();
-        let created = bounded(
-            "create session",
-            consulrs::session::create(&self.client, Some(&mut request)),
-        )
-        .await?;
+        let created = self
+            .bounded(
+                "create session",
+                consulrs::session::create(&self.client, Some(&mut request)),
+            )
+            .await?;
         Ok((created.response.id, sent))
     }
 
@@ -227,11 +235,12 @@ impl Shared {
                 {
                     let mut request = DeleteKeyRequest::builder();
                     request.cas(entry.modify_index);
-                    let deleted = bounded(
-                        "shutdown (release)",
-                        consulrs::kv::delete(&self.client, &entry.key, Some(&mut request)),
-                    )
-                    .await;
+                    let deleted = self
+                        .bounded(
+                            "shutdown (release)",
+                            consulrs::kv::delete(&self.client, &entry.key, Some(&mut request)),
+                        )
+                        .await;
                     if let Err(error) = deleted {
                         tracing::warn!(
                             %instance,
@@ -250,11 +259,12 @@ impl Shared {
                 );
             }
         }
-        match bounded(
-            "shutdown (destroy session)",
-            consulrs::session::delete(&self.client, session, None),
-        )
-        .await
+        match self
+            .bounded(
+                "shutdown (destroy session)",
+                consulrs::session::delete(&self.client, session, None),
+            )
+            .await
         {
             Ok(_) => tracing::info!(%instance, %session, "destroyed consul lock session"),
             Err(error) => {
@@ -308,11 +318,12 @@ impl Shared {
     ) -> Result<(String, Instant), CoordinationError> {
         let (id, sent) = self.open_session(registration).await?;
         if let Err(error) = self.register_instance(&id).await {
-            let _ = bounded(
-                "destroy unregistered session",
-                consulrs::session::delete(&self.client, &id, None),
-            )
-            .await;
+            let _ = self
+                .bounded(
+                    "destroy unregistered session",
+                    consulrs::session::delete(&self.client, &id, None),
+                )
+                .await;
             return Err(error);
         }
         ::metrics::counter!(super::metrics::SESSIONS_CREATED).increment(1);
@@ -347,9 +358,11 @@ impl Shared {
     /// One renew of `session`: its send time and what Consul said.
     pub(super) async fn renew_once(&self, session: &str, limit: Duration) -> (Instant, Renewal) {
         let sent = Instant::now();
-        let renewed =
-            tokio::time::timeout(limit, consulrs::session::renew(&self.client, session, None))
-                .await;
+        let renewed = tokio::time::timeout(
+            limit,
+            consulrs::session::renew(&self.critical, session, None),
+        )
+        .await;
         ::metrics::histogram!(super::metrics::RENEW_SECONDS).record(sent.elapsed().as_secs_f64());
         let outcome = match renewed {
             Ok(Ok(answer)) if !answer.response.is_empty() => Renewal::Confirmed,
@@ -495,11 +508,12 @@ pub(super) async fn run_renewer(shared: Arc<Shared>, first: Held) {
         }
         held = shared.create_session_until_done().await;
         for old in std::mem::take(&mut abandoned) {
-            let destroyed = bounded(
-                "destroy abandoned session",
-                consulrs::session::delete(&shared.client, &old, None),
-            )
-            .await;
+            let destroyed = shared
+                .bounded(
+                    "destroy abandoned session",
+                    consulrs::session::delete(&shared.client, &old, None),
+                )
+                .await;
             if let Err(error) = destroyed {
                 tracing::warn!(
                     %instance,
