@@ -1235,3 +1235,65 @@ async fn a_member_whose_connection_breaks_subscribes_again_by_itself_and_goes_on
     assert!(relay.accepted() >= 2, "the client connected again");
     assert_eq!(count(), 400, "every record handled");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_stopping_commits_what_was_answered_so_the_next_holder_repeats_none_of_it() {
+    let services = kafka_lease_testkit::require_services!();
+    let (a, b) = two_gateways(&services).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    const RECORDS: i64 = 600;
+    let records: Vec<TestRecord> = (0..RECORDS).map(|i| keyed("k", &format!("v{i}"))).collect();
+    produce(&producer(&services), &topic, 0, &records).await;
+    let group = unique_name("g");
+    let options = QueueOptions::new()
+        .ordering(Ordering::Unordered)
+        .max_in_flight(100)
+        .dead_letter_topic(dead_letters);
+    let lease = a
+        .client()
+        .await
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+        .expect("acquire on A");
+    // Answer 400 records, faster than the once-a-second commit, then stop A at once (as a
+    // rolling restart does, SIGTERM).
+    let mut deliveries = lease.deliveries(options.clone()).await.expect("deliver");
+    let mut accepted = std::collections::BTreeSet::new();
+    while accepted.len() < 400 {
+        let delivery = deliveries.next().await.expect("open").expect("delivery");
+        assert_eq!(
+            delivery.accept().await.expect("accept"),
+            AckOutcome::Applied
+        );
+        accepted.insert(delivery.offset());
+    }
+    a.signal("TERM");
+    let next = b
+        .client()
+        .await
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .partition(0)
+                .wait(DEADLINE),
+        )
+        .await
+        .expect("the next holder on B");
+    let mut again = next.deliveries(options).await.expect("deliver on B");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut repeated = 0;
+    while accepted.len() + seen.len() - repeated < RECORDS as usize {
+        let delivery = tokio::time::timeout(DEADLINE, again.next())
+            .await
+            .expect("deliveries go on")
+            .expect("open")
+            .expect("delivery");
+        if accepted.contains(&delivery.offset()) {
+            repeated += 1;
+        }
+        seen.insert(delivery.offset());
+        delivery.accept().await.expect("accept");
+    }
+    assert_eq!(repeated, 0, "records answered before the stop came again");
+    next.release().await.expect("release");
+}

@@ -16,6 +16,9 @@ use super::Gateway;
 /// How long the end of a lease waits in the foreground for its commits in flight to settle
 /// before it leaves the rest to a background task.
 const COMMIT_SETTLE_WAIT: Duration = Duration::from_secs(5);
+/// How long the end of a queue-mode lease (expired, or with its gateway) waits to commit
+/// the queue's progress.
+const QUEUE_FLUSH_WAIT: Duration = Duration::from_secs(3);
 
 /// How long the background releaser waits between attempts at most.
 const RELEASE_RETRY_MAX: Duration = Duration::from_secs(2);
@@ -114,6 +117,17 @@ impl Gateway {
     /// the background releaser retries until Consul confirms or the session is gone, and the
     /// key stays blocked on this instance until then (see `Table`).
     pub async fn end_lease(&self, lease: &Arc<Lease>, reason: EndReason) {
+        // A queue's progress since its last commit is committed while the lease can still
+        // commit, so that a gateway's restart or a client gone quiet repeats nothing
+        // answered (Release has done so already; a lost lease cannot).
+        if matches!(reason, EndReason::Expired | EndReason::Shutdown) && !lease.is_ended() {
+            if let Err(err) = tokio::time::timeout(QUEUE_FLUSH_WAIT, lease.flush_queue())
+                .await
+                .unwrap_or(Ok(()))
+            {
+                tracing::warn!(parent: &lease.span, error = %err, "committing the queue's progress at the lease's end failed");
+            }
+        }
         if !lease.mark_ended(reason.clone()) {
             return;
         }
