@@ -331,7 +331,7 @@ class GatewayTest {
             assertEquals(offsets.size(), record.offset(), "partition " + p + ": no gap, no repeat");
             offsets.add(record.offset());
           }
-          r.partition().commit(r.batch().nextOffset());
+          commitThroughTheCut(r.partition(), r.batch().nextOffset());
           committed.put(p, r.batch().nextOffset());
           if (++batches == 3 && !cut) {
             acceptedBefore = relay.accepted();
@@ -351,6 +351,28 @@ class GatewayTest {
       List<MemberInfo> members = client.listMembers(group);
       assertEquals(1, members.size(), "one member, taken over: " + members);
       assertEquals(memberId, members.get(0).getMemberId());
+    }
+  }
+
+  /**
+   * Commits on the relayed channel, which the cut breaks under calls in flight (grpc-java
+   * answers them UNKNOWN "channel closed", or UNAVAILABLE): such a commit is sent again, as a
+   * caller would, once the channel has reconnected. A commit is idempotent.
+   */
+  private static void commitThroughTheCut(Partition partition, long offset) throws Exception {
+    for (int attempt = 1; ; attempt++) {
+      try {
+        partition.commit(offset);
+        return;
+      } catch (KafkaLeaseException e) {
+        boolean broken =
+            e.isRetryable()
+                || (e.code() == io.grpc.Status.Code.UNKNOWN && e.reason() == null);
+        if (!broken || attempt == 50) {
+          throw e;
+        }
+        Thread.sleep(100);
+      }
     }
   }
 
