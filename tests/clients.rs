@@ -14,9 +14,10 @@
 //!   at once; the fixture gives it a topic of [`SCALE_PARTITIONS`] partitions (deleted when
 //!   the suite ends) and the gateway's metrics endpoint. Its `queue` entry is a topic for
 //!   queue mode (issue 28): keyed records, one `poison` value, and a dead letter topic.
-//! - `example.sh` runs the example with `KAFKA_LEASE_ADDR`, `KAFKA_LEASE_GROUP` and
-//!   `KAFKA_LEASE_TOPIC`: it prints `processed <topic> <partition> <offset>` per record it
-//!   processed and committed, and on SIGTERM ends cleanly with exit 0.
+//! - `example.sh` runs the example with `KAFKA_LEASE_ADDR`, `KAFKA_LEASE_GROUP`,
+//!   `KAFKA_LEASE_TOPIC` and `KAFKA_LEASE_DEAD_LETTER_TOPIC` (its queue-mode consumer's dead
+//!   letter topic): it prints `processed <topic> <partition> <offset>` per record it
+//!   processed, and on SIGTERM ends cleanly with exit 0, its progress committed.
 
 #![allow(clippy::unwrap_used)]
 
@@ -268,12 +269,15 @@ async fn run_example(services: &Services, gateway: &GatewayProcess, language: &s
         produce_n(&producer, &topic, p, 20).await;
     }
     let group = unique_name("example");
+    // The examples consume in queue mode, which needs a dead letter topic that exists.
+    let dead_letters = create_topic(services, 1).await;
     let mut child = tokio::process::Command::new("bash")
         .arg(dir.join("example.sh"))
         .current_dir(dir)
         .env("KAFKA_LEASE_ADDR", &gateway.addr)
         .env("KAFKA_LEASE_GROUP", &group)
         .env("KAFKA_LEASE_TOPIC", &topic)
+        .env("KAFKA_LEASE_DEAD_LETTER_TOPIC", &dead_letters)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
