@@ -109,6 +109,9 @@ type ConsumeOptions struct {
 	Drain *time.Duration
 	// What becomes of a record whose handler failed; nil: DefaultErrorPolicy.
 	OnError ErrorPolicy
+	// Called, if set, once a handled record's accept was answered: with AckApplied the
+	// record is done. Called from the handlers' goroutines, several at once.
+	OnAccept func(d *Delivery, outcome AckOutcome, err error)
 }
 
 func (o ConsumeOptions) delay(attempt uint32) time.Duration {
@@ -332,7 +335,10 @@ func answerHandled(ctx context.Context, d *Delivery, err error, opts ConsumeOpti
 	// reported.
 	if err == nil {
 		counts.accepted.Add(1)
-		_, _ = d.Accept(ctx)
+		outcome, err := d.Accept(ctx)
+		if opts.OnAccept != nil {
+			opts.OnAccept(d, outcome, err)
+		}
 		return
 	}
 	f := policy(d, err)
