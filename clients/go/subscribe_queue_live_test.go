@@ -120,3 +120,77 @@ func TestSubscriptionConsumeRejectsThePoisonRecordAndCommitsOnLeaving(t *testing
 		t.Fatalf("the next lease starts at %d, want %d: leaving commits the queue's progress", again.Offset, q.Records)
 	}
 }
+
+// At shutdown Subscription.Consume keeps the stream open while running handlers finish:
+// their accepts are applied (the member still holds its lease), and only then does the
+// member leave, committing them.
+func TestSubscriptionConsumeDrainsBeforeLeaving(t *testing.T) {
+	client, fx, _ := live(t)
+	queueFixture(t, fx)
+	q := fx.Queue
+	ctx := testContext(t, time.Minute)
+	group := fx.freshGroup()
+	sub, err := client.Subscribe(ctx, group, []string{q.Topic}, kafkalease.SubscribeOptions{
+		Queue: &kafkalease.QueueOptions{Ordering: kafkalease.OrderUnordered, MaxInFlight: 2, DeadLetterTopic: q.DeadLetterTopic},
+	})
+	if err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	defer func() { _ = sub.Close() }()
+	var (
+		mu      sync.Mutex
+		applied []int64
+	)
+	started, finish := make(chan int64, 10), make(chan struct{})
+	opts := kafkalease.ConsumeOptions{
+		Concurrency: 2,
+		OnAccept: func(d *kafkalease.Delivery, outcome kafkalease.AckOutcome, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil && outcome == kafkalease.AckApplied {
+				applied = append(applied, d.Offset())
+			}
+		},
+	}
+	cctx, stop := context.WithCancel(ctx)
+	type result struct {
+		stats kafkalease.ConsumeStats
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		stats, err := sub.Consume(cctx, opts, func(_ context.Context, d *kafkalease.Delivery) error {
+			started <- d.Offset()
+			<-finish
+			return nil
+		})
+		done <- result{stats, err}
+	}()
+	for range 2 {
+		select {
+		case <-started:
+		case <-ctx.Done():
+			t.Fatal("two handlers did not start")
+		}
+	}
+	stop()
+	time.Sleep(300 * time.Millisecond) // draining: the handlers still run
+	close(finish)
+	res := <-done
+	if res.err != nil || res.stats != (kafkalease.ConsumeStats{Accepted: 2}) {
+		t.Fatalf("consume: %+v %v, want 2 accepted", res.stats, res.err)
+	}
+	mu.Lock()
+	if len(applied) != 2 {
+		t.Errorf("accepts applied for %v, want 2", applied)
+	}
+	mu.Unlock()
+	again, err := client.Acquire(ctx, group, q.Topic, kafkalease.AcquireOptions{Partition: p0, Wait: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("acquire after the member left: %v", err)
+	}
+	defer func() { _ = again.Release(context.Background()) }()
+	if again.Offset != 2 {
+		t.Fatalf("the next lease starts at %d, want 2", again.Offset)
+	}
+}
