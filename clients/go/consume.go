@@ -109,6 +109,9 @@ type ConsumeOptions struct {
 	Drain *time.Duration
 	// What becomes of a record whose handler failed; nil: DefaultErrorPolicy.
 	OnError ErrorPolicy
+	// Called, if set, once a handled record's accept was answered: with AckApplied the
+	// record is done. Called from the handlers' goroutines, several at once.
+	OnAccept func(d *Delivery, outcome AckOutcome, err error)
 }
 
 func (o ConsumeOptions) delay(attempt uint32) time.Duration {
@@ -173,11 +176,41 @@ type consumeTask struct {
 // ended, or a broken stream could not be reopened), as Deliveries yields them; the stats
 // are returned with them. After Release it returns with a nil error.
 func (l *Lease) Consume(ctx context.Context, opts ConsumeOptions, handler Handler) (ConsumeStats, error) {
-	concurrency := max(opts.Concurrency, 1)
 	queue := opts.Queue
 	if queue.MaxInFlight == 0 {
-		queue.MaxInFlight = uint32(min(concurrency, 10_000))
+		queue.MaxInFlight = uint32(min(max(opts.Concurrency, 1), 10_000))
 	}
+	return consume(ctx, opts, handler, &leaseSource{dv: l.newDeliverer(queue)})
+}
+
+// deliverySource is where a consumer takes its deliveries: a lease's Deliver, or a
+// subscription in queue mode.
+type deliverySource interface {
+	// next is the next delivery; io.EOF when the source ended normally. It returns when ctx
+	// ends.
+	next(ctx context.Context) (*Delivery, error)
+	// pause stops the deliveries (no next after it) and returns those received and not yet
+	// handed out, to hand back.
+	pause() []*Delivery
+	// close ends the source, once every delivery taken is answered.
+	close()
+}
+
+// leaseSource is a lease's Deliver: paused, its stream closes (the lease stays held).
+type leaseSource struct{ dv *deliverer }
+
+func (s *leaseSource) next(ctx context.Context) (*Delivery, error) { return s.dv.next(ctx) }
+
+func (s *leaseSource) pause() []*Delivery {
+	s.dv.close()
+	return s.dv.takeReady()
+}
+
+func (s *leaseSource) close() {}
+
+// consume runs handler on the source's deliveries, as Lease.Consume describes.
+func consume(ctx context.Context, opts ConsumeOptions, handler Handler, src deliverySource) (ConsumeStats, error) {
+	concurrency := max(opts.Concurrency, 1)
 	policy := opts.OnError
 	if policy == nil {
 		policy = DefaultErrorPolicy
@@ -189,6 +222,7 @@ func (l *Lease) Consume(ctx context.Context, opts ConsumeOptions, handler Handle
 	// Answers outlive the shutdown: a handler that finishes while draining is answered.
 	answerCtx := context.WithoutCancel(ctx)
 	var counts consumeCounters
+	defer src.close()
 
 	// The fetcher takes a delivery when a handler slot is free and passes it on.
 	fetchCtx, stopFetching := context.WithCancel(ctx)
@@ -200,13 +234,11 @@ func (l *Lease) Consume(ctx context.Context, opts ConsumeOptions, handler Handle
 	incoming := make(chan *Delivery)
 	fetchEnd := make(chan error, 1)
 	fetcherDone := make(chan struct{})
-	dv := l.newDeliverer(queue)
 	go func() {
 		defer close(fetcherDone)
 		var unstarted []*Delivery
 		defer func() {
-			dv.close()
-			handBack(answerCtx, append(unstarted, dv.takeReady()...), &counts)
+			handBack(answerCtx, append(unstarted, src.pause()...), &counts)
 		}()
 		for {
 			select {
@@ -214,7 +246,7 @@ func (l *Lease) Consume(ctx context.Context, opts ConsumeOptions, handler Handle
 			case <-fetchCtx.Done():
 				return
 			}
-			d, err := dv.next(fetchCtx)
+			d, err := src.next(fetchCtx)
 			if err != nil {
 				if fetchCtx.Err() == nil {
 					fetchEnd <- err
@@ -303,7 +335,10 @@ func answerHandled(ctx context.Context, d *Delivery, err error, opts ConsumeOpti
 	// reported.
 	if err == nil {
 		counts.accepted.Add(1)
-		_, _ = d.Accept(ctx)
+		outcome, err := d.Accept(ctx)
+		if opts.OnAccept != nil {
+			opts.OnAccept(d, outcome, err)
+		}
 		return
 	}
 	f := policy(d, err)

@@ -83,6 +83,21 @@ func (o QueueOptions) request(leaseID string) *kafkaleasev1.DeliverRequest {
 	return req
 }
 
+// settings are the queue settings of a Subscribe (ReconnectAttempts aside).
+func (o QueueOptions) settings() *kafkaleasev1.QueueSettings {
+	q := &kafkaleasev1.QueueSettings{
+		Ordering:         o.Ordering,
+		MaxInFlight:      o.MaxInFlight,
+		MaxInFlightBytes: o.MaxInFlightBytes,
+		MaxDeliveries:    o.MaxDeliveries,
+		DeadLetterTopic:  o.DeadLetterTopic,
+	}
+	if o.AckDeadline != 0 {
+		q.AckDeadline = durationpb.New(o.AckDeadline)
+	}
+	return q
+}
+
 // AckOutcome is what became of an answer to a delivery.
 type AckOutcome int
 
@@ -114,6 +129,9 @@ func (o AckOutcome) String() string {
 // made meanwhile go together in the next one.
 type Delivery struct {
 	Record Record
+	// The record's topic and partition.
+	Topic     string
+	Partition int32
 	// 1 for the first delivery, one more for each after it (carried over when the partition
 	// moves to another holder).
 	Attempt uint32
@@ -375,13 +393,23 @@ func (dv *deliverer) next(ctx context.Context) (*Delivery, error) {
 			if p.GetRecord() == nil {
 				continue
 			}
-			d := &Delivery{Record: recordFromProto(p.GetRecord()), Attempt: p.GetAttempt(), acks: dv.lease.acks}
-			if p.GetDeadline() != nil {
-				d.Deadline = p.GetDeadline().AsTime()
-			}
-			dv.ready = append(dv.ready, d)
+			dv.ready = append(dv.ready, deliveryFromProto(p, dv.lease.Topic, dv.lease.Partition, dv.lease.acks))
 		}
 	}
+}
+
+// deliveryFromProto is a delivery of topic/partition answered through acks; nil without a
+// record.
+func deliveryFromProto(p *kafkaleasev1.Delivery, topic string, partition int32, acks *acker) *Delivery {
+	if p.GetRecord() == nil {
+		return nil
+	}
+	d := &Delivery{Record: recordFromProto(p.GetRecord()), Topic: topic, Partition: partition,
+		Attempt: p.GetAttempt(), acks: acks}
+	if p.GetDeadline() != nil {
+		d.Deadline = p.GetDeadline().AsTime()
+	}
+	return d
 }
 
 // retry reports whether err broke the stream (not the lease) and a reopen is due, after

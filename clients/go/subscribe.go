@@ -40,6 +40,14 @@ type SubscribeOptions struct {
 	// once. It is also how long the subscription resubscribes by itself after its stream
 	// broke: with 0 it does not, and a broken stream ends it.
 	SessionGrace time.Duration
+	// Queue mode for every lease the member is assigned: their records come as Deliveries
+	// events, to answer one by one (or run Subscription.Consume), and the gateway commits.
+	// MaxInFlight and MaxInFlightBytes are shared by all the member's leases (set
+	// MaxInFlight to Consume's concurrency: deliveries waiting for a handler spend their ack
+	// deadline); ReconnectAttempts does not apply (SessionGrace says how long to resubscribe).
+	// The dead letter topic (DeadLetterTopic, or "dlq.<group>.<topic>" for each topic) must
+	// exist. nil: Records events, as a Read.
+	Queue *QueueOptions
 }
 
 // memberActiveWindow is how long after its stream broke a subscription retries a resubscribe
@@ -79,7 +87,8 @@ type Subscription struct {
 	err error
 }
 
-// Event is one event of a subscription: *Assigned, *Records, *Revoking or *Revoked.
+// Event is one event of a subscription: *Assigned, *Records, *Deliveries (in queue mode),
+// *Revoking or *Revoked.
 type Event interface{ event() }
 
 // Assigned: the member now holds a lease; its records follow.
@@ -94,6 +103,17 @@ type Assigned struct {
 type Records struct {
 	Lease *SubscribedLease
 	Batch
+}
+
+// Deliveries are deliveries of one of the member's leases, in queue mode
+// (SubscribeOptions.Queue): answer each (Accept, Retry, Reject) before its deadline; the
+// answers go to the lease's own batcher. At Revoking the lease gets no more, and it moves
+// once none of its deliveries is in flight (or at the revoke deadline).
+type Deliveries struct {
+	Lease *SubscribedLease
+	// The partition's high watermark as last seen by the gateway.
+	HighWatermark int64
+	Deliveries    []*Delivery
 }
 
 // Revoking: the lease is moving to another member and no records of it follow. Commit what
@@ -111,10 +131,11 @@ type Revoked struct {
 	Message string
 }
 
-func (*Assigned) event() {}
-func (*Records) event()  {}
-func (*Revoking) event() {}
-func (*Revoked) event()  {}
+func (*Assigned) event()   {}
+func (*Records) event()    {}
+func (*Deliveries) event() {}
+func (*Revoking) event()   {}
+func (*Revoked) event()    {}
 
 // SubscribedLease is one of a member's leases: commit, seek or release it like a Lease.
 // Every event of the lease carries the same *SubscribedLease.
@@ -123,6 +144,8 @@ type SubscribedLease struct {
 	Topic        string
 	Partition    int32
 	FencingToken uint64
+
+	acks *acker // its deliveries' answers, in queue mode
 }
 
 // String describes the lease without its id, which is a bearer credential.
@@ -152,6 +175,9 @@ func (c *Client) Subscribe(ctx context.Context, group string, topics []string, o
 	}
 	if opts.SessionGrace != 0 {
 		req.SessionGrace = durationpb.New(opts.SessionGrace)
+	}
+	if opts.Queue != nil {
+		req.Queue = opts.Queue.settings()
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	s := &Subscription{ctx: sctx, cancel: cancel, client: c, req: req, grace: opts.SessionGrace,
@@ -287,6 +313,19 @@ func (s *Subscription) Next() (Event, error) {
 				continue
 			}
 			return &Records{Lease: l, Batch: batchFromProto(r.GetRecords(), r.GetHighWatermark(), r.GetSeekEpoch())}, nil
+		case *kafkaleasev1.SubscribeResponse_Deliveries:
+			r := ev.Deliveries
+			l := s.lease(r.GetLeaseId(), r.GetTopic(), r.GetPartition())
+			ds := make([]*Delivery, 0, len(r.GetDeliveries()))
+			for _, p := range r.GetDeliveries() {
+				if d := deliveryFromProto(p, l.Topic, l.Partition, l.acks); d != nil {
+					ds = append(ds, d)
+				}
+			}
+			if len(ds) == 0 {
+				continue
+			}
+			return &Deliveries{Lease: l, HighWatermark: r.GetHighWatermark(), Deliveries: ds}, nil
 		case *kafkaleasev1.SubscribeResponse_Revoking:
 			r := ev.Revoking
 			return &Revoking{Lease: s.lease(r.GetLeaseId(), r.GetTopic(), r.GetPartition()), Deadline: r.GetDeadline().AsTime()}, nil
@@ -321,7 +360,7 @@ func (s *Subscription) lease(id, topic string, partition int32) *SubscribedLease
 	l, ok := s.leases[id]
 	if !ok {
 		l = &SubscribedLease{leaseCalls: leaseCalls{client: s.client, id: id, epochs: &epochFilter{}},
-			Topic: topic, Partition: partition}
+			Topic: topic, Partition: partition, acks: &acker{client: s.client, leaseID: id}}
 		s.leases[id] = l
 	}
 	return l

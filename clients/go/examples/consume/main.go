@@ -1,9 +1,19 @@
 // Command consume reads a topic as a member of a consumer group through a kafka-lease
-// gateway: it prints `processed <topic> <partition> <offset>` for each record, commits after
-// each batch and when a partition is revoked, and on SIGTERM or SIGINT commits what it
-// processed, leaves the group (releasing its partitions) and exits 0.
+// gateway and prints `processed <topic> <partition> <offset>` for each record it handled.
 //
-//	KAFKA_LEASE_ADDR=127.0.0.1:50051 KAFKA_LEASE_GROUP=demo-group KAFKA_LEASE_TOPIC=demo consume
+// With KAFKA_LEASE_DEAD_LETTER_TOPIC set (an existing topic, other than the one consumed),
+// the member is in queue mode: a handler runs on each delivery, each partition's records in
+// offset order, and a record is printed once its accept was applied; the gateway commits.
+// On SIGTERM or SIGINT it stops taking records, lets running handlers finish (their
+// accepts land while the member still holds its leases), then leaves the group: its leases
+// are released, committing what was done, and it exits 0.
+//
+// Without it (queue mode needs a dead letter topic that exists), it reads batches and
+// commits after each, and when a partition is revoked; on SIGTERM or SIGINT it commits what
+// it processed, leaves the group (releasing its partitions) and exits 0.
+//
+//	KAFKA_LEASE_ADDR=127.0.0.1:50051 KAFKA_LEASE_GROUP=demo-group KAFKA_LEASE_TOPIC=demo \
+//	KAFKA_LEASE_DEAD_LETTER_TOPIC=demo-dead-letters consume
 package main
 
 import (
@@ -12,6 +22,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -45,6 +56,60 @@ func run() error {
 	}
 	defer func() { _ = client.Close() }()
 
+	if deadLetters := os.Getenv("KAFKA_LEASE_DEAD_LETTER_TOPIC"); deadLetters != "" {
+		return consumeQueue(stopped, client, group, topic, deadLetters)
+	}
+	log.Printf("KAFKA_LEASE_DEAD_LETTER_TOPIC is not set: queue mode needs an existing dead letter topic, so reading batches and committing instead")
+	return consumeBatches(stopped, client, group, topic)
+}
+
+// concurrency is how many records are handled at once, across the member's partitions.
+const concurrency = 8
+
+// consumeQueue is a member in queue mode until stopped ends.
+func consumeQueue(stopped context.Context, client *kafkalease.Client, group, topic, deadLetters string) error {
+	// The subscription outlives the signal: Consume drains with it open, then closes it.
+	// No session grace: the member leaves as soon as its stream ends.
+	sub, err := client.Subscribe(context.Background(), group, []string{topic}, kafkalease.SubscribeOptions{
+		Member: "go-example",
+		Queue: &kafkalease.QueueOptions{
+			Ordering:        kafkalease.OrderPartition, // each partition in offset order
+			MaxInFlight:     concurrency,
+			DeadLetterTopic: deadLetters,
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = sub.Close() }()
+	log.Printf("joined %s as %s (queue mode, dead letters to %s)", group, sub.MemberID(), deadLetters)
+
+	var out sync.Mutex
+	opts := kafkalease.ConsumeOptions{
+		Concurrency: concurrency,
+		OnAccept: func(d *kafkalease.Delivery, outcome kafkalease.AckOutcome, err error) {
+			switch {
+			case err != nil:
+				log.Printf("accept %s/%d@%d: %v", d.Topic, d.Partition, d.Offset(), err)
+			case outcome == kafkalease.AckApplied:
+				out.Lock()
+				defer out.Unlock()
+				fmt.Printf("processed %s %d %d\n", d.Topic, d.Partition, d.Offset())
+			}
+		},
+	}
+	stats, err := sub.Consume(stopped, opts, func(context.Context, *kafkalease.Delivery) error {
+		return nil // the handling of a record; an error would retry it (or kafkalease.Reject)
+	})
+	if err != nil {
+		return err
+	}
+	log.Printf("stopping: left %s (%d accepted, %d handed back)", group, stats.Accepted, stats.HandedBack)
+	return nil
+}
+
+// consumeBatches is a member reading batches until stopped ends.
+func consumeBatches(stopped context.Context, client *kafkalease.Client, group, topic string) error {
 	// The subscription lives until Close, not until the signal: what was processed is
 	// committed first, while the member still holds its leases.
 	sub, err := client.Subscribe(context.Background(), group, []string{topic}, kafkalease.SubscribeOptions{Member: "go-example"})
