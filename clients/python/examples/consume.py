@@ -1,11 +1,20 @@
 """Consumes a topic as a member of a consumer group, through a kafka-lease gateway.
 
     KAFKA_LEASE_ADDR=127.0.0.1:50051 KAFKA_LEASE_GROUP=demo-group KAFKA_LEASE_TOPIC=demo \\
-        python -u examples/consume.py
+        KAFKA_LEASE_DEAD_LETTER_TOPIC=dlq.demo-group.demo python -u examples/consume.py
 
-Prints ``processed <topic> <partition> <offset>`` per record, commits after each batch and
-when a partition is being revoked. On SIGTERM or SIGINT it stops, commits what it processed,
-ends the subscription (the member leaves the group, its leases are released) and exits 0.
+With ``KAFKA_LEASE_DEAD_LETTER_TOPIC`` (a topic that exists, not the consumed one) the member
+subscribes in queue mode, PARTITION ordering (each partition handled in offset order), and
+runs a handler per record (``Subscription.consume``); it prints ``processed <topic>
+<partition> <offset>`` once the record's accept was APPLIED, and the gateway commits. Without
+it, it reads plain batches instead (``Records`` events), prints the same line per record and
+commits after each batch and when a partition is being revoked.
+
+On SIGTERM or SIGINT it stops: queue mode lets the running handlers finish (the member keeps
+its leases meanwhile), the plain mode commits what it processed; then it ends the
+subscription (the member leaves the group, its leases are released, committing their
+progress), waits until the gateway shows none of its leases, and exits 0. No session grace:
+the member leaves as soon as its stream ends.
 """
 
 from __future__ import annotations
@@ -13,9 +22,22 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
-from kafka_lease import Assigned, Client, KafkaLeaseError, Partition, Records, Revoked, Revoking
+from kafka_lease import (
+    AckOutcome,
+    AckType,
+    Assigned,
+    Client,
+    Delivery,
+    KafkaLeaseError,
+    Partition,
+    QueueOptions,
+    Records,
+    Revoked,
+    Revoking,
+)
 
 stopping = False
 
@@ -26,8 +48,23 @@ def stop(signum: int, _frame: object) -> None:
     stopping = True
 
 
+class Stopping:
+    """What ``Subscription.consume`` watches: the flag the signal handler sets."""
+
+    def is_set(self) -> bool:
+        return stopping
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+print_lock = threading.Lock()  # handlers of different partitions answer on their own threads
+
+
+def processed(topic: str, partition: int, offset: int) -> None:
+    with print_lock:
+        print(f"processed {topic} {partition} {offset}", flush=True)
 
 
 class Offsets:
@@ -60,7 +97,49 @@ class Offsets:
         self.committed.pop(partition.lease_id, None)
 
 
-def consume(client: Client, group: str, topic: str, member_id: str) -> None:
+def consume_queue(client: Client, group: str, topic: str, member_id: str, dead_letter_topic: str) -> None:
+    """One subscription in queue mode, until SIGTERM/SIGINT or the gateway ends it."""
+    options = QueueOptions(ordering="partition", max_in_flight=8, dead_letter_topic=dead_letter_topic)
+
+    def handle(delivery: Delivery) -> None:
+        # The work on delivery.record goes here. Returning accepts it; raising Retry or Reject
+        # (kafka_lease) retries it or sends it to the dead letter topic.
+        pass
+
+    def on_answer(delivery: Delivery, kind: AckType, outcome: AckOutcome) -> None:
+        if kind == AckType.ACCEPT and outcome == AckOutcome.APPLIED:
+            processed(delivery.topic, delivery.partition, delivery.offset)
+
+    subscription = client.subscribe(group, [topic], member_id=member_id, member="python-example", queue=options)
+    log(f"joined {group} as {subscription.member_id} (queue mode, dead letters to {dead_letter_topic})")
+    try:
+        # Returns once stopped and drained; it closes the subscription last, so the answers
+        # land while the member still holds its leases.
+        stats = subscription.consume(handle, concurrency=8, stop=Stopping(), on_answer=on_answer)
+    finally:
+        subscription.close()
+        wait_released(client, group, subscription.member_id)
+    log(f"accepted {stats.accepted}, retried {stats.retried}, rejected {stats.rejected}, handed back {stats.handed_back}")
+    if not stopping:
+        log("the gateway ended the subscription")
+
+
+def wait_released(client: Client, group: str, member_id: str, timeout: float = 10.0) -> None:
+    """Waits until the gateway shows no lease of ``member_id`` (released: progress committed)."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        try:
+            if not any(lease.member_id == member_id for lease in client.list_leases(group=group)):
+                log(f"left {group}: no lease of {member_id} remains")
+                return
+        except KafkaLeaseError as error:
+            log(f"listing the leases failed: {error}")
+        time.sleep(0.2)
+    log(f"{member_id} still held leases after {timeout:.0f} s")
+
+
+def consume_records(client: Client, group: str, topic: str, member_id: str) -> None:
+    """One subscription reading plain batches, until SIGTERM/SIGINT or the gateway ends it."""
     offsets = Offsets()
     with client.subscribe(group, [topic], member_id=member_id, member="python-example") as subscription:
         log(f"joined {group} as {subscription.member_id}")
@@ -78,7 +157,7 @@ def consume(client: Client, group: str, topic: str, member_id: str) -> None:
                 elif isinstance(event, Records):
                     p = event.partition
                     for record in event.batch.records:
-                        print(f"processed {p.topic} {p.partition} {record.offset}", flush=True)
+                        processed(p.topic, p.partition, record.offset)
                     offsets.done(p, event.batch.next_offset)
                     offsets.commit(p)
                 elif isinstance(event, Revoking):
@@ -91,6 +170,7 @@ def consume(client: Client, group: str, topic: str, member_id: str) -> None:
             # Before the subscription ends: once it has, its leases are released.
             offsets.commit_all()
     # Leaving the `with` block cancelled the stream: the member has left the group.
+    wait_released(client, group, subscription.member_id)
 
 
 def main() -> int:
@@ -98,12 +178,21 @@ def main() -> int:
     group = os.environ["KAFKA_LEASE_GROUP"]
     topic = os.environ["KAFKA_LEASE_TOPIC"]
     member_id = os.environ.get("KAFKA_LEASE_MEMBER_ID", "")
+    dead_letter_topic = os.environ.get("KAFKA_LEASE_DEAD_LETTER_TOPIC", "")
+    if not dead_letter_topic:
+        log(
+            "KAFKA_LEASE_DEAD_LETTER_TOPIC is unset: queue mode needs a dead letter topic that "
+            "exists (and is not the consumed topic), so this reads plain batches instead"
+        )
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     with Client(addr) as client:
         while not stopping:
             try:
-                consume(client, group, topic, member_id)
+                if dead_letter_topic:
+                    consume_queue(client, group, topic, member_id, dead_letter_topic)
+                else:
+                    consume_records(client, group, topic, member_id)
             except KafkaLeaseError as error:
                 if not error.is_retryable:
                     log(f"giving up: {error}")

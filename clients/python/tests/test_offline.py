@@ -68,6 +68,8 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
         self.ack_statuses: list = []  # statuses the next Acknowledges fail with
         self.subscribe_scripts: list[list] = []
         self.subscribe_requests: list[pb.SubscribeRequest] = []
+        self.subscribe_open = False  # a Subscribe call is being served
+        self.acks_while_subscribed: list[bool] = []  # per Acknowledge: was a Subscribe open
 
     def Acquire(self, request, context):
         self.acquires += 1
@@ -106,6 +108,7 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
 
     def Acknowledge(self, request, context):
         self.ack_requests.append(request)
+        self.acks_while_subscribed.append(self.subscribe_open)
         self.ack_gate.wait(10)
         if self.ack_statuses:
             context.abort_with_status(self.ack_statuses.pop(0))
@@ -115,7 +118,11 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
 
     def Subscribe(self, request, context):
         self.subscribe_requests.append(request)
-        yield from self._play(self.subscribe_scripts.pop(0), context)
+        self.subscribe_open = True
+        try:
+            yield from self._play(self.subscribe_scripts.pop(0), context)
+        finally:
+            self.subscribe_open = False
 
 
 @pytest.fixture
@@ -537,3 +544,61 @@ def test_resubscribing_stops_when_the_grace_runs_out(fake) -> None:
         assert time.monotonic() - started < 1.5
         # 0.1 + 0.2 + 0.4 s of waits fit in the grace; the next (0.8 s) would not.
         assert len(gateway.subscribe_requests) == 4
+
+
+# Queue mode over a subscription.
+
+
+def subscribed_deliveries(lease_id: str, partition: int, *offsets: int) -> pb.SubscribeResponse:
+    return pb.SubscribeResponse(
+        deliveries=pb.SubscribedDeliveries(
+            lease_id=lease_id,
+            topic="t",
+            partition=partition,
+            high_watermark=9,
+            deliveries=[pb.Delivery(record=pb.KafkaRecord(offset=o), attempt=1) for o in offsets],
+        )
+    )
+
+
+def test_subscription_consume_answers_per_lease_and_leaves_only_after_the_drain(fake) -> None:
+    gateway, client = fake
+    gateway.subscribe_scripts = [[JOINED, subscribed_deliveries("A", 0, 0, 1), subscribed_deliveries("B", 1, 0), HOLD]]
+    stop = threading.Event()
+    seen: list = []
+    told: list = []
+
+    def handler(delivery) -> None:
+        seen.append((delivery.topic, delivery.partition, delivery.offset))
+        if len(seen) == 3:
+            stop.set()
+        time.sleep(1.0 if delivery.partition == 1 else 0.2)  # B's outlasts the drain
+
+    sub = client.subscribe("g", ["t"], queue=QueueOptions(ordering="key", max_in_flight=3, dead_letter_topic="dlq"))
+    stats = sub.consume(
+        handler, concurrency=3, stop=stop, drain=0.5, on_answer=lambda d, k, o: told.append((d.partition, d.offset, k, o))
+    )
+    assert gateway.subscribe_requests[0].queue == pb.QueueSettings(
+        ordering=pb.DELIVERY_ORDER_KEY, max_in_flight=3, dead_letter_topic="dlq"
+    )
+    assert sorted(seen) == [("t", 0, 0), ("t", 0, 1), ("t", 1, 0)]
+    assert stats == ConsumeStats(accepted=2, retried=0, rejected=0, handed_back=1)
+    # Each lease's answers in its own Acknowledges, all while the member was still subscribed.
+    answers = sorted((r.lease_id, a.offset, a.type) for r in gateway.ack_requests for a in r.acknowledgements)
+    assert answers == [("A", 0, pb.ACK_TYPE_ACCEPT), ("A", 1, pb.ACK_TYPE_ACCEPT), ("B", 0, pb.ACK_TYPE_RETRY)]
+    assert gateway.acks_while_subscribed and all(gateway.acks_while_subscribed)
+    assert sorted(told) == [
+        (0, 0, AckType.ACCEPT, AckOutcome.APPLIED),
+        (0, 1, AckType.ACCEPT, AckOutcome.STALE),  # the fake answers odd offsets STALE
+        (1, 0, AckType.RETRY, AckOutcome.APPLIED),
+    ]
+    wait_for(lambda: not gateway.subscribe_open)  # then the subscription was closed: the member left
+    assert sub.next_event(timeout=1) is None
+
+
+def test_subscription_consume_needs_queue_mode(fake) -> None:
+    gateway, client = fake
+    gateway.subscribe_scripts = [[JOINED, HOLD]]
+    with client.subscribe("g", ["t"]) as sub:
+        with pytest.raises(ValueError):
+            sub.consume(lambda d: None)

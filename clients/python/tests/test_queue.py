@@ -13,6 +13,8 @@ import pytest
 from kafka_lease import (
     SHUT_DOWN_REASON,
     AckOutcome,
+    AckType,
+    BusyError,
     Client,
     ConsumeStats,
     Delivery,
@@ -20,6 +22,7 @@ from kafka_lease import (
     NotFoundError,
     QueueOptions,
     Record,
+    Reject,
     WrongModeError,
 )
 from kafka_lease.v1 import partition_lease_pb2 as pb
@@ -255,3 +258,57 @@ def test_broken_deliver_is_reopened(fixture: Fixture, queue: QueueFixture, relay
                 # the cut, it came again after its ack deadline).
                 assert got == sorted(got) and max(map(got.count, got)) <= 2
                 assert deliveries.reconnects >= 1 and relay.accepted >= 2
+
+
+def test_subscription_consumer_in_queue_mode(client: Client, fixture: Fixture, queue: QueueFixture) -> None:
+    """A member in queue mode handles the queue topic's records through ``Subscription.consume``:
+    the poison one rejected to the dead letter topic, the other 39 handled; once the consumer
+    stops, the member leaves and the release commits, so a new lease starts at 40."""
+    group = fixture.fresh_group() + "-subq"
+    lock = threading.Lock()
+    handled: dict[int, tuple[str, int]] = {}  # offset of partition 0 -> (topic, partition) the handler saw
+    applied: list[tuple[int, int, AckType, AckOutcome]] = []  # (partition, offset, answer, outcome)
+
+    def handler(delivery: Delivery) -> None:
+        if delivery.partition == 0 and delivery.record.value == b"poison":
+            raise Reject("poison")
+        with lock:
+            if delivery.partition == 0:
+                handled[delivery.offset] = (delivery.topic, delivery.partition)
+
+    def on_answer(delivery: Delivery, kind: AckType, outcome: AckOutcome) -> None:
+        with lock:
+            applied.append((delivery.partition, delivery.offset, kind, outcome))
+
+    options = QueueOptions(ordering="key", max_in_flight=4, dead_letter_topic=queue.dead_letter_topic)
+    subscription = client.subscribe(group, [queue.topic], member="py-subq", queue=options)
+    run = Background(subscription.consume, handler, concurrency=4, on_answer=on_answer)
+
+    wait_until("the 39 good records to be handled", lambda: len(handled) == queue.records - 1, timeout=60)
+    assert set(handled) == set(range(queue.records)) - {queue.poison_offset}
+    assert set(handled.values()) == {(queue.topic, 0)}
+
+    def lease_of_0() -> pb.LeaseInfo | None:
+        leases = [l for l in client.list_leases(group=group) if l.partition == 0]
+        return leases[0] if leases and leases[0].HasField("queue") else None
+
+    info = wait_until("the poison record's dead letter", lambda: (l := lease_of_0()) and l.queue.dead_letters == 1 and l)
+    assert info.queue.ordering == pb.DELIVERY_ORDER_KEY and info.queue.dead_letter_topic == queue.dead_letter_topic
+    assert info.member_id == subscription.member_id
+    stats = run.finish()
+    assert stats.accepted >= queue.records - 1 and stats.rejected == 1 and stats.handed_back == 0
+    with lock:
+        zero = [(o, k, out) for p, o, k, out in applied if p == 0]
+    assert (queue.poison_offset, AckType.REJECT, AckOutcome.APPLIED) in zero
+    assert sorted(o for o, k, out in zero if k == AckType.ACCEPT and out == AckOutcome.APPLIED) == sorted(handled)
+
+    # consume closed the subscription: the member left, its leases were released, committing.
+    def acquired_at_the_end() -> int | None:
+        try:
+            with client.acquire(group, queue.topic, partition=0) as lease:
+                return lease.offset
+        except BusyError:
+            return None
+
+    assert wait_until("partition 0 to be free", acquired_at_the_end, timeout=10) == queue.records
+    assert not [l for l in client.list_leases(group=group) if l.member_id == subscription.member_id]

@@ -38,6 +38,7 @@ from kafka_lease._queue import (
     Deliveries,
     Delivery,
     ErrorPolicy,
+    OnAnswer,
     Ordering,
     QueueOptions,
     Reject,
@@ -45,7 +46,7 @@ from kafka_lease._queue import (
     retry_with_backoff,
 )
 from kafka_lease._stream import RecordStream
-from kafka_lease._subscription import Assigned, Event, Partition, Records, Revoked, Revoking, Subscription
+from kafka_lease._subscription import Assigned, Delivered, Event, Partition, Records, Revoked, Revoking, Subscription
 from kafka_lease._types import Batch, EpochFilter, Header, OffsetReset, Position, Record, SeekResult
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "Client",
     "ConsumeStats",
     "Deliveries",
+    "Delivered",
     "Delivery",
     "ErrorPolicy",
     "EpochFilter",
@@ -73,6 +75,7 @@ __all__ = [
     "LeaseHandle",
     "NotFoundError",
     "OffsetReset",
+    "OnAnswer",
     "Ordering",
     "OutOfRangeError",
     "Partition",

@@ -15,6 +15,7 @@ from kafka_lease._queue import (
     Deliveries,
     Delivery,
     ErrorPolicy,
+    OnAnswer,
     QueueOptions,
     Stop,
     _Acks,
@@ -242,7 +243,12 @@ class Lease(LeaseHandle):
         if self._acks is None:
             self._acks = _Acks(self._client, self.lease_id)
         return Deliveries(
-            lambda: self._client.stub.Deliver(request), self._acks, options.reconnect_attempts, self._client.timeout
+            lambda: self._client.stub.Deliver(request),
+            self._acks,
+            options.reconnect_attempts,
+            self._client.timeout,
+            self.topic,
+            self.partition,
         )
 
     def consume(
@@ -255,6 +261,7 @@ class Lease(LeaseHandle):
         error_policy: ErrorPolicy | None = None,
         backoff: tuple[Seconds, Seconds] = (0.1, 30.0),
         drain: Seconds = 10.0,
+        on_answer: OnAnswer | None = None,
     ) -> ConsumeStats:
         """Runs ``handler(delivery)`` on every record of the lease in queue mode, on up to
         ``concurrency`` threads at once (and as many deliveries in flight, unless
@@ -275,6 +282,10 @@ class Lease(LeaseHandle):
         finishes later is not answered. Then release the lease: Release commits what was
         done.
 
+        ``on_answer(delivery, ack_type, outcome)``, if given, is told of each answer sent
+        and the gateway's :class:`AckOutcome` (say, to log a record once its ACCEPT is
+        APPLIED).
+
         Returns the :class:`ConsumeStats`. Raises what opening the deliveries fails with
         (see :meth:`deliveries`), or, after the drain, the error that ended them (the lease
         ended, or a broken stream could not be reopened).
@@ -288,4 +299,5 @@ class Lease(LeaseHandle):
             error_policy=error_policy,
             backoff=backoff,
             drain=drain,
+            on_answer=on_answer,
         )

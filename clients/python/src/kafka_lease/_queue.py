@@ -98,12 +98,26 @@ class QueueOptions:
     dead_letter_topic: str = ""
     reconnect_attempts: int = 8
 
+    def _ordering(self) -> str:
+        ordering = Ordering[self.ordering.upper()] if isinstance(self.ordering, str) else Ordering(self.ordering)
+        return pb.DeliveryOrder.Name(ordering)
+
+    def settings(self) -> pb.QueueSettings:
+        """The QueueSettings of a SubscribeRequest (``reconnect_attempts`` is not one)."""
+        return pb.QueueSettings(
+            ordering=self._ordering(),
+            max_in_flight=self.max_in_flight,
+            max_in_flight_bytes=self.max_in_flight_bytes,
+            ack_deadline=to_duration(self.ack_deadline),
+            max_deliveries=self.max_deliveries,
+            dead_letter_topic=self.dead_letter_topic,
+        )
+
     def request(self, lease_id: str) -> pb.DeliverRequest:
         """The DeliverRequest for ``lease_id``."""
-        ordering = Ordering[self.ordering.upper()] if isinstance(self.ordering, str) else Ordering(self.ordering)
         return pb.DeliverRequest(
             lease_id=lease_id,
-            ordering=pb.DeliveryOrder.Name(ordering),
+            ordering=self._ordering(),
             max_in_flight=self.max_in_flight,
             max_in_flight_bytes=self.max_in_flight_bytes,
             ack_deadline=to_duration(self.ack_deadline),
@@ -185,11 +199,16 @@ class Delivery:
     under it). An answer on a lease that has ended raises :class:`LeaseEndedError`.
     """
 
-    __slots__ = ("record", "attempt", "deadline", "_acks")
+    __slots__ = ("record", "attempt", "deadline", "topic", "partition", "_acks")
 
-    def __init__(self, record: Record, attempt: int, deadline: _dt.datetime | None, acks: _Acks) -> None:
+    def __init__(
+        self, record: Record, attempt: int, deadline: _dt.datetime | None, acks: _Acks, topic: str = "", partition: int = -1
+    ) -> None:
         #: The record.
         self.record = record
+        #: The record's topic and partition.
+        self.topic = topic
+        self.partition = partition
         #: 1 for the first delivery, one more for each after it (carried over handovers).
         self.attempt = attempt
         #: When the gateway delivers the record again unless it is answered (aware UTC).
@@ -197,9 +216,9 @@ class Delivery:
         self._acks = acks
 
     @classmethod
-    def from_proto(cls, delivery: pb.Delivery, acks: _Acks) -> Delivery:
+    def from_proto(cls, delivery: pb.Delivery, acks: _Acks, topic: str = "", partition: int = -1) -> Delivery:
         deadline = to_datetime(delivery.deadline) if delivery.HasField("deadline") else None
-        return cls(Record.from_proto(delivery.record), delivery.attempt, deadline, acks)
+        return cls(Record.from_proto(delivery.record), delivery.attempt, deadline, acks, topic, partition)
 
     @property
     def offset(self) -> int:
@@ -237,7 +256,10 @@ class Delivery:
         return self.answer(AckType.RENEW).result()
 
     def __repr__(self) -> str:
-        return f"Delivery(offset={self.record.offset}, attempt={self.attempt}, deadline={self.deadline})"
+        return (
+            f"Delivery(topic={self.topic!r}, partition={self.partition}, offset={self.record.offset}, "
+            f"attempt={self.attempt}, deadline={self.deadline})"
+        )
 
 
 class Deliveries:
@@ -252,9 +274,18 @@ class Deliveries:
     ``with`` block) cancels the Deliver; it may be called from another thread.
     """
 
-    def __init__(self, open_deliver: Callable[[], Any], acks: _Acks, reconnect_attempts: int, open_timeout: float | None) -> None:
+    def __init__(
+        self,
+        open_deliver: Callable[[], Any],
+        acks: _Acks,
+        reconnect_attempts: int,
+        open_timeout: float | None,
+        topic: str = "",
+        partition: int = -1,
+    ) -> None:
         self._open = open_deliver
         self._acks = acks
+        self._topic, self._partition = topic, partition
         self._attempts = reconnect_attempts
         self._failures = 0
         #: How many times the Deliver was reopened after a break.
@@ -304,7 +335,7 @@ class Deliveries:
             entries += self._pump.drain()
         for kind, value in entries:
             if kind == _ITEM:
-                left += [Delivery.from_proto(d, self._acks) for d in value.deliveries if d.HasField("record")]
+                left += [Delivery.from_proto(d, self._acks, self._topic, self._partition) for d in value.deliveries if d.HasField("record")]
         return left
 
     def __iter__(self) -> Iterator[Delivery]:
@@ -341,7 +372,7 @@ class Deliveries:
                 kind, value = self._pump.get(deadline)
             if kind == _ITEM:
                 self._failures = 0
-                self._ready.extend(Delivery.from_proto(d, self._acks) for d in value.deliveries if d.HasField("record"))
+                self._ready.extend(Delivery.from_proto(d, self._acks, self._topic, self._partition) for d in value.deliveries if d.HasField("record"))
                 continue
             if kind == _HEADERS:
                 continue
@@ -415,6 +446,27 @@ class Stop(Protocol):
     def is_set(self) -> bool: ...
 
 
+#: Told of each answer a consumer sent and its outcome: the delivery, what the answer was
+#: (ACCEPT, RETRY, REJECT) and the gateway's :class:`AckOutcome`. Not called for an answer
+#: whose call failed. Runs on the thread that answered; what it raises is ignored.
+OnAnswer = Callable[[Delivery, AckType, AckOutcome], None]
+
+
+class DeliverySource(Protocol):
+    """Where a consumer takes its deliveries: a lease's :class:`Deliveries`, or a
+    subscription's."""
+
+    def next_delivery(self, timeout: float | None = None) -> Delivery | None: ...
+
+    def pause(self) -> list[Delivery]:
+        """Stops taking deliveries; returns those received and not handed out."""
+        ...
+
+    def close(self) -> None:
+        """After the drain: ends what ``pause`` left open."""
+        ...
+
+
 _RUNNING, _ANSWERING, _HANDED_BACK = "running", "answering", "handed back"
 
 
@@ -427,8 +479,10 @@ class _Consumer:
         concurrency: int,
         error_policy: ErrorPolicy,
         backoff: tuple[Seconds, Seconds],
+        on_answer: OnAnswer | None = None,
     ) -> None:
         self.handler = handler
+        self.on_answer = on_answer
         self.slots = threading.BoundedSemaphore(concurrency)
         self.error_policy = error_policy
         self.backoff = (as_seconds(backoff[0]), as_seconds(backoff[1]))
@@ -479,12 +533,13 @@ class _Consumer:
                     self.stats.retried += 1
             try:
                 if decision is None:
-                    delivery.accept()
+                    kind, outcome = AckType.ACCEPT, delivery.accept()
                 elif isinstance(decision, Reject):
-                    delivery.reject(decision.reason)
+                    kind, outcome = AckType.REJECT, delivery.reject(decision.reason)
                 else:
                     delay = decision.delay if decision.delay is not None else self.delay(delivery.attempt)
-                    delivery.retry(delay, decision.reason)
+                    kind, outcome = AckType.RETRY, delivery.retry(delay, decision.reason)
+                self.told(delivery, kind, outcome)
             except KafkaLeaseError:
                 pass  # a lost answer costs a redelivery after the deadline, never a record
             with self.lock:
@@ -492,6 +547,14 @@ class _Consumer:
                 self.lock.notify_all()
         finally:
             self.slots.release()
+
+    def told(self, delivery: Delivery, kind: AckType, outcome: AckOutcome) -> None:
+        if self.on_answer is None:
+            return
+        try:
+            self.on_answer(delivery, kind, outcome)
+        except Exception:  # noqa: BLE001 - documented: ignored, the consumer goes on
+            pass
 
     def drain(self, drain: float, unstarted: list[Delivery]) -> None:
         """Gives running handlers ``drain`` seconds, then hands back the records of those
@@ -508,16 +571,33 @@ class _Consumer:
                 if s == _RUNNING:
                     self.state[token] = (_HANDED_BACK, delivery)
                     back.append(delivery)
-        answers = [d.answer(AckType.RETRY, delay=0, reason=SHUT_DOWN_REASON) for d in back]
-        for answer in answers:
+        answers = [(d, d.answer(AckType.RETRY, delay=0, reason=SHUT_DOWN_REASON)) for d in back]
+        for delivery, answer in answers:
             try:
-                answer.result()
+                outcome = answer.result()
             except KafkaLeaseError:
                 continue
             self.stats.handed_back += 1
+            self.told(delivery, AckType.RETRY, outcome)
         with self.lock:
             while any(s == _ANSWERING for s, _ in self.state.values()):
                 self.lock.wait()
+
+
+class _LeaseSource:
+    """A lease's :class:`Deliveries` as a consumer's source: pausing closes the Deliver."""
+
+    def __init__(self, deliveries: Deliveries) -> None:
+        self.deliveries = deliveries
+
+    def next_delivery(self, timeout: float | None = None) -> Delivery | None:
+        return self.deliveries.next_delivery(timeout)
+
+    def pause(self) -> list[Delivery]:
+        return self.deliveries.close()
+
+    def close(self) -> None:
+        pass
 
 
 def consume(
@@ -526,19 +606,36 @@ def consume(
     options: QueueOptions | None,
     *,
     concurrency: int,
+    **kwargs: Any,
+) -> ConsumeStats:
+    """:meth:`Lease.consume`: :func:`consume_from` the lease's Deliver, with
+    ``max_in_flight`` = ``concurrency`` unless set."""
+    queue_options = options or QueueOptions()
+    if not queue_options.max_in_flight:
+        queue_options = replace(queue_options, max_in_flight=min(max(1, int(concurrency)), _MAX_BATCH))
+    source = _LeaseSource(open_deliveries(queue_options))
+    return consume_from(source, handler, concurrency=concurrency, **kwargs)
+
+
+def consume_from(
+    source: DeliverySource,
+    handler: Callable[[Delivery], object],
+    *,
+    concurrency: int,
     stop: Stop | None,
     error_policy: ErrorPolicy | None,
     backoff: tuple[Seconds, Seconds],
     drain: Seconds,
+    on_answer: OnAnswer | None = None,
     poll: float = 0.1,
 ) -> ConsumeStats:
-    """:meth:`Lease.consume`'s loop, over ``open_deliveries``."""
+    """The consumer loop: ``handler`` on up to ``concurrency`` threads over ``source``'s
+    deliveries until ``stop`` is set or the source ends; then ``source.pause()``, the drain
+    (running handlers get ``drain`` seconds, then what is unfinished is handed back), and
+    only then ``source.close()``."""
     concurrency = max(1, int(concurrency))
-    queue_options = options or QueueOptions()
-    if not queue_options.max_in_flight:
-        queue_options = replace(queue_options, max_in_flight=min(concurrency, _MAX_BATCH))
-    consumer = _Consumer(handler, concurrency, error_policy or retry_with_backoff, backoff)
-    deliveries = open_deliveries(queue_options)
+    consumer = _Consumer(handler, concurrency, error_policy or retry_with_backoff, backoff, on_answer)
+    deliveries = source
     ended: KafkaLeaseError | None = None
     unstarted: list[Delivery] = []
     try:
@@ -563,9 +660,13 @@ def consume(
             consumer.start(delivery)
     finally:
         # Stop taking deliveries; those received and not started go back with the running
-        # ones that outlast the drain.
-        unstarted = deliveries.close()
-        consumer.drain(as_seconds(drain), unstarted)
+        # ones that outlast the drain. The source is closed only after that, so that the
+        # answers still reach their leases.
+        try:
+            unstarted = deliveries.pause()
+            consumer.drain(as_seconds(drain), unstarted)
+        finally:
+            deliveries.close()
     if ended is not None:
         raise ended
     return consumer.stats

@@ -6,13 +6,24 @@ from __future__ import annotations
 import datetime as _dt
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Iterator, Sequence, Union
+from typing import Callable, Iterator, Sequence, Union
 
 import grpc
 
 from kafka_lease._errors import KafkaLeaseError
 from kafka_lease._handle import Connection, LeaseHandle
+from kafka_lease._queue import (
+    ConsumeStats,
+    Delivery,
+    ErrorPolicy,
+    OnAnswer,
+    QueueOptions,
+    Stop,
+    _Acks,
+    consume_from,
+)
 from kafka_lease._stream import Pump, deadline_of, stream_broke
 from kafka_lease._types import Batch, OffsetReset, Seconds, as_seconds, to_datetime, to_duration
 from kafka_lease._types import offset_reset as _offset_reset
@@ -25,6 +36,16 @@ _FIRST_BACKOFF, _MAX_BACKOFF = 0.1, 2.0
 class Partition(LeaseHandle):
     """One of the member's leases: ``commit``, ``seek`` and ``release`` it like a
     :class:`Lease`. The same object comes with every event of the lease."""
+
+    def __init__(self, client: Connection, lease_id: str, topic: str, partition: int, fencing_token: int) -> None:
+        super().__init__(client, lease_id, topic, partition, fencing_token)
+        self._acks: _Acks | None = None
+
+    def _answers(self) -> _Acks:
+        """The lease's answer batcher (queue mode), made at its first deliveries."""
+        if self._acks is None:
+            self._acks = _Acks(self._client, self.lease_id)
+        return self._acks
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,17 @@ class Records:
 
     partition: Partition
     batch: Batch
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """Deliveries of one of the member's leases, in queue mode (``subscribe(...,
+    queue=QueueOptions(...))``): answer each :class:`Delivery` (``accept()``, ``retry()``,
+    ``reject()``, ``renew()``) before its deadline; the gateway commits."""
+
+    partition: Partition
+    deliveries: list[Delivery]
+    high_watermark: int
 
 
 @dataclass(frozen=True)
@@ -63,7 +95,7 @@ class Revoked:
     message: str
 
 
-Event = Union[Assigned, Records, Revoking, Revoked]
+Event = Union[Assigned, Records, Delivered, Revoking, Revoked]
 
 
 class Subscription:
@@ -77,7 +109,11 @@ class Subscription:
     Options (unset ones take the gateway's defaults): ``member_id`` (stable id; the gateway
     makes one up otherwise), ``member`` (label), ``max_records``, ``max_bytes``,
     ``max_wait`` (per records event), ``offset_reset``, ``max_partitions`` (cap per topic),
-    ``revoke_grace``, ``session_grace``, ``join_timeout`` (seconds to wait for ``joined``).
+    ``revoke_grace``, ``session_grace``, ``join_timeout`` (seconds to wait for ``joined``),
+    ``queue`` (:class:`QueueOptions`: every lease of the member in queue mode, its records
+    coming as :class:`Delivered` events; ``max_in_flight`` and ``max_in_flight_bytes`` are
+    shared by all the member's leases; ``reconnect_attempts`` does not apply). See
+    :meth:`consume`.
 
     **Resubscribing.** With a ``session_grace`` (the gateway keeps a member whose stream
     ended, with its leases, for that long), a stream that breaks (a transport failure, or
@@ -113,6 +149,7 @@ class Subscription:
         revoke_grace: Seconds | None = None,
         session_grace: Seconds | None = None,
         join_timeout: float = 30.0,
+        queue: QueueOptions | None = None,
     ) -> None:
         self._request = pb.SubscribeRequest(
             group=group,
@@ -126,6 +163,7 @@ class Subscription:
             max_partitions=max_partitions,
             revoke_grace=to_duration(revoke_grace),
             session_grace=to_duration(session_grace),
+            queue=queue.settings() if queue is not None else None,
         )
         self._client = client
         self._grace = as_seconds(session_grace) if session_grace is not None else 0.0
@@ -242,6 +280,48 @@ class Subscription:
         backoff = min(_FIRST_BACKOFF * 2**self._tries, _MAX_BACKOFF)
         return time.monotonic() + backoff < self._broken_at + self._grace
 
+    def consume(
+        self,
+        handler: Callable[[Delivery], object],
+        *,
+        concurrency: int = 1,
+        stop: Stop | None = None,
+        error_policy: ErrorPolicy | None = None,
+        backoff: tuple[Seconds, Seconds] = (0.1, 30.0),
+        drain: Seconds = 10.0,
+        on_answer: OnAnswer | None = None,
+    ) -> ConsumeStats:
+        """Runs ``handler(delivery)`` on every delivery of the member's leases, on up to
+        ``concurrency`` threads, as :meth:`Lease.consume` does for one lease (same handler
+        outcomes, ``error_policy``, ``backoff``, ``on_answer``); ``delivery.topic`` and
+        ``delivery.partition`` say whose record it is. The subscription must have been made
+        with ``queue=QueueOptions(...)``; its ``max_in_flight`` (gateway default 64, shared
+        by the member's leases) bounds what waits for a free thread, so set it near
+        ``concurrency``. The gateway follows assignments and revocations: a revoking lease
+        gets no new deliveries and is released once none of its deliveries is in flight.
+
+        Runs until ``stop`` is set (checked every 0.1 s) or the subscription ends. Then it
+        takes no more deliveries but keeps the stream open (the member keeps its leases, so
+        the answers land), gives running handlers ``drain`` seconds, hands back what is
+        unfinished (RETRY without delay, :data:`SHUT_DOWN_REASON`), and only then closes the
+        subscription: the member leaves, its leases are released and their progress
+        committed (after the ``session_grace``, if it has one). Returns the
+        :class:`ConsumeStats`; raises, after the drain, the error that ended the
+        subscription.
+        """
+        if not self._request.HasField("queue"):
+            raise ValueError("Subscription.consume needs a subscription in queue mode: subscribe(..., queue=QueueOptions(...))")
+        return consume_from(
+            _SubscriptionSource(self),
+            handler,
+            concurrency=concurrency,
+            stop=stop,
+            error_policy=error_policy,
+            backoff=backoff,
+            drain=drain,
+            on_answer=on_answer,
+        )
+
     def _handle(self, lease_id: str, topic: str, partition: int, token: int = 0) -> Partition:
         handle = self.partitions.get(lease_id)
         if handle is None:
@@ -259,6 +339,14 @@ class Subscription:
             if not handle.epochs.admit(r.seek_epoch):
                 return None  # from before a seek
             return Records(handle, Batch.from_proto(r.records, r.high_watermark, r.seek_epoch))
+        if which == "deliveries":
+            d = message.deliveries
+            handle = self._handle(d.lease_id, d.topic, d.partition)
+            acks = handle._answers()
+            deliveries = [
+                Delivery.from_proto(x, acks, d.topic, d.partition) for x in d.deliveries if x.HasField("record")
+            ]
+            return Delivered(handle, deliveries, d.high_watermark)
         if which == "revoking":
             r = message.revoking
             deadline = to_datetime(r.deadline) if r.HasField("deadline") else None
@@ -270,3 +358,34 @@ class Subscription:
             )
             return Revoked(handle, r.reason, r.message)
         return None  # a later `joined`, or an event this version does not know
+
+
+class _SubscriptionSource:
+    """A subscription's deliveries, for :func:`consume_from`: pausing leaves the stream open
+    (the member keeps its leases while its handlers drain), closing ends it."""
+
+    def __init__(self, subscription: Subscription) -> None:
+        self._subscription = subscription
+        self._pending: deque[Delivery] = deque()
+
+    def next_delivery(self, timeout: float | None = None) -> Delivery | None:
+        deadline = deadline_of(timeout)
+        while not self._pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            event = self._subscription.next_event(left)
+            if event is None:
+                return None
+            if isinstance(event, Delivered):
+                self._pending.extend(event.deliveries)
+            elif isinstance(event, Revoked):
+                # The lease has ended: its deliveries not started can no longer be answered.
+                acks = event.partition._acks
+                self._pending = deque(d for d in self._pending if acks is None or d._acks is not acks)
+        return self._pending.popleft()
+
+    def pause(self) -> list[Delivery]:
+        pending, self._pending = list(self._pending), deque()
+        return pending
+
+    def close(self) -> None:
+        self._subscription.close()
