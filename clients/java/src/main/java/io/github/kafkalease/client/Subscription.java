@@ -6,8 +6,10 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.time.Duration;
 import java.time.Instant;
+import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.Iterator;
+import java.util.List;
 import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.concurrent.Semaphore;
@@ -341,6 +343,30 @@ public final class Subscription implements Iterator<SubscriptionEvent>, AutoClos
         }
         return new SubscriptionEvent.Records(
             p, Batch.of(b.getRecordsList(), b.getHighWatermark(), b.getSeekEpoch()));
+      }
+      case DELIVERIES -> {
+        var d = r.getDeliveries();
+        Partition p = partition(d.getLeaseId(), d.getTopic(), d.getPartition(), 0);
+        Acks acks = p.acks();
+        List<Delivery> out = new ArrayList<>(d.getDeliveriesCount());
+        for (io.github.kafkalease.v1.Delivery x : d.getDeliveriesList()) {
+          if (!x.hasRecord()) {
+            continue;
+          }
+          Instant due = x.hasDeadline() ? Protos.instant(x.getDeadline()) : Instant.EPOCH;
+          out.add(
+              new Delivery(
+                  p.topic(),
+                  p.partition(),
+                  ConsumedRecord.fromProto(x.getRecord()),
+                  x.getAttempt(),
+                  due,
+                  acks));
+        }
+        if (out.isEmpty()) {
+          return null;
+        }
+        return new SubscriptionEvent.Deliveries(p, List.copyOf(out), d.getHighWatermark());
       }
       case REVOKING -> {
         var v = r.getRevoking();
