@@ -3,7 +3,11 @@ package io.github.kafkalease.client;
 import java.time.Duration;
 import java.util.concurrent.ExecutorService;
 
-/** How a {@link QueueConsumer} runs its handler: the queue, concurrency, backoff, drain. */
+/**
+ * How a {@link QueueConsumer} runs its handler: the queue, concurrency, backoff, drain. The
+ * queue settings apply to a lease's consumer; a subscription's consumer has the
+ * subscription's ({@link SubscribeOptions#queue}) and ignores these.
+ */
 public final class ConsumeOptions {
   private final QueueOptions queue;
   private final int concurrency;
@@ -25,6 +29,15 @@ public final class ConsumeOptions {
    */
   public static ConsumeOptions of(QueueOptions queue, int concurrency) {
     return new ConsumeOptions(queue, concurrency);
+  }
+
+  /**
+   * {@link #of(QueueOptions, int)} with the gateway's queue defaults: for {@link
+   * Subscription#consumer}, whose queue settings are the subscription's ({@link
+   * SubscribeOptions#queue}).
+   */
+  public static ConsumeOptions of(int concurrency) {
+    return new ConsumeOptions(QueueOptions.defaults(), concurrency);
   }
 
   /**
