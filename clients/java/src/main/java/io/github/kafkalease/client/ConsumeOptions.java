@@ -2,6 +2,7 @@ package io.github.kafkalease.client;
 
 import java.time.Duration;
 import java.util.concurrent.ExecutorService;
+import java.util.function.BiConsumer;
 
 /**
  * How a {@link QueueConsumer} runs its handler: the queue, concurrency, backoff, drain. The
@@ -16,6 +17,7 @@ public final class ConsumeOptions {
   private Duration drain = Duration.ofSeconds(10);
   private ErrorPolicy errorPolicy = ErrorPolicy.RETRY;
   private ExecutorService executor;
+  private BiConsumer<Delivery, Delivery.Outcome> onAccepted;
 
   private ConsumeOptions(QueueOptions queue, int concurrency) {
     this.queue = queue.copy();
@@ -75,6 +77,18 @@ public final class ConsumeOptions {
     return this;
   }
 
+  /**
+   * Called on the handler's thread once the accept of a delivery its handler handled has come
+   * back, with its outcome ({@link Delivery.Outcome#APPLIED}: the record is done; {@link
+   * Delivery.Outcome#STALE}: the delivery was no longer in flight); not called when the accept
+   * failed (the record comes again). For what must happen only once a record is done: log it,
+   * acknowledge it upstream. What it throws is ignored.
+   */
+  public ConsumeOptions onAccepted(BiConsumer<Delivery, Delivery.Outcome> listener) {
+    this.onAccepted = listener;
+    return this;
+  }
+
   /** The queue's settings, with max in flight = concurrency when the caller left it unset. */
   QueueOptions queue() {
     QueueOptions q = queue.copy();
@@ -94,6 +108,10 @@ public final class ConsumeOptions {
 
   ErrorPolicy errorPolicy() {
     return errorPolicy;
+  }
+
+  BiConsumer<Delivery, Delivery.Outcome> onAccepted() {
+    return onAccepted;
   }
 
   ExecutorService executor() {

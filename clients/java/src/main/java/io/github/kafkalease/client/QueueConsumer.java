@@ -288,7 +288,15 @@ public final class QueueConsumer implements AutoCloseable {
     try {
       if (error == null) {
         accepted.incrementAndGet();
-        delivery.accept();
+        Delivery.Outcome outcome = delivery.accept();
+        var listener = options.onAccepted();
+        if (listener != null) {
+          try {
+            listener.accept(delivery, outcome);
+          } catch (RuntimeException ignored) {
+            // the listener's own business
+          }
+        }
       } else if (error instanceof HandlerError.Reject reject) {
         rejected.incrementAndGet();
         delivery.reject(reject.reason());

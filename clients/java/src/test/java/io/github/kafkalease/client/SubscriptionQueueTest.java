@@ -91,7 +91,17 @@ class SubscriptionQueueTest {
     Subscription member =
         client.subscribe(
             SubscribeOptions.of(group, fx.queueTopic).member("java-subqueue-test").queue(queue));
-    QueueConsumer consumer = member.consumer(ConsumeOptions.of(4), handler);
+    Set<Long> applied = ConcurrentHashMap.newKeySet();
+    QueueConsumer consumer =
+        member.consumer(
+            ConsumeOptions.of(4)
+                .onAccepted(
+                    (d, outcome) -> {
+                      if (outcome == Delivery.Outcome.APPLIED) {
+                        applied.add(d.offset());
+                      }
+                    }),
+            handler);
     FutureTask<ConsumeStats> run = new FutureTask<>(consumer::run);
     Thread t = new Thread(run, "subscription-queue-consumer");
     t.setDaemon(true);
@@ -127,6 +137,7 @@ class SubscriptionQueueTest {
     }
     assertEquals(others, handled.keySet(), "every other record handled");
     handled.forEach((o, n) -> assertEquals(1, n, "offset " + o + " handled once"));
+    assertEquals(others, applied, "every accept applied, and onAccepted told");
     assertTrue(partitions.contains(0), "the deliveries name their partition");
 
     // The member left: its lease was released, committing the queue's progress.
