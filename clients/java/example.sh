@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the client and runs example/Consume.java: a group member that prints
 # `processed <topic> <partition> <offset>` per record. Needs KAFKA_LEASE_ADDR,
-# KAFKA_LEASE_GROUP and KAFKA_LEASE_TOPIC. SIGTERM/SIGINT: commit, leave the group, exit 0.
+# KAFKA_LEASE_GROUP and KAFKA_LEASE_TOPIC; with KAFKA_LEASE_DEAD_LETTER_TOPIC (an existing
+# topic) it consumes in queue mode, each partition in offset order, else with plain reads.
+# SIGTERM/SIGINT: finish, leave the group (its leases are released, committing), exit 0.
 # Maven's local repository is $KAFKA_LEASE_CLIENTS_CACHE/java/m2 (default: .cache/clients/java/m2
 # of the repository, which git ignores); the build output is Maven's target/ (ignored too).
 set -euo pipefail

@@ -2,8 +2,13 @@ package io.github.kafkalease.client;
 
 import java.time.Duration;
 import java.util.concurrent.ExecutorService;
+import java.util.function.BiConsumer;
 
-/** How a {@link QueueConsumer} runs its handler: the queue, concurrency, backoff, drain. */
+/**
+ * How a {@link QueueConsumer} runs its handler: the queue, concurrency, backoff, drain. The
+ * queue settings apply to a lease's consumer; a subscription's consumer has the
+ * subscription's ({@link SubscribeOptions#queue}) and ignores these.
+ */
 public final class ConsumeOptions {
   private final QueueOptions queue;
   private final int concurrency;
@@ -12,6 +17,7 @@ public final class ConsumeOptions {
   private Duration drain = Duration.ofSeconds(10);
   private ErrorPolicy errorPolicy = ErrorPolicy.RETRY;
   private ExecutorService executor;
+  private BiConsumer<Delivery, Delivery.Outcome> onAccepted;
 
   private ConsumeOptions(QueueOptions queue, int concurrency) {
     this.queue = queue.copy();
@@ -25,6 +31,15 @@ public final class ConsumeOptions {
    */
   public static ConsumeOptions of(QueueOptions queue, int concurrency) {
     return new ConsumeOptions(queue, concurrency);
+  }
+
+  /**
+   * {@link #of(QueueOptions, int)} with the gateway's queue defaults: for {@link
+   * Subscription#consumer}, whose queue settings are the subscription's ({@link
+   * SubscribeOptions#queue}).
+   */
+  public static ConsumeOptions of(int concurrency) {
+    return new ConsumeOptions(QueueOptions.defaults(), concurrency);
   }
 
   /**
@@ -62,6 +77,18 @@ public final class ConsumeOptions {
     return this;
   }
 
+  /**
+   * Called on the handler's thread once the accept of a delivery its handler handled has come
+   * back, with its outcome ({@link Delivery.Outcome#APPLIED}: the record is done; {@link
+   * Delivery.Outcome#STALE}: the delivery was no longer in flight); not called when the accept
+   * failed (the record comes again). For what must happen only once a record is done: log it,
+   * acknowledge it upstream. What it throws is ignored.
+   */
+  public ConsumeOptions onAccepted(BiConsumer<Delivery, Delivery.Outcome> listener) {
+    this.onAccepted = listener;
+    return this;
+  }
+
   /** The queue's settings, with max in flight = concurrency when the caller left it unset. */
   QueueOptions queue() {
     QueueOptions q = queue.copy();
@@ -81,6 +108,10 @@ public final class ConsumeOptions {
 
   ErrorPolicy errorPolicy() {
     return errorPolicy;
+  }
+
+  BiConsumer<Delivery, Delivery.Outcome> onAccepted() {
+    return onAccepted;
   }
 
   ExecutorService executor() {

@@ -43,6 +43,8 @@ public final class Deliveries implements Iterator<Delivery>, AutoCloseable {
   private final Supplier<StreamCall<DeliverRequest, DeliverResponse>> open;
   private final Acks acks;
   private final int attempts;
+  private final String topic;
+  private final int partition;
   private final ArrayDeque<Delivery> ready = new ArrayDeque<>();
   /** Released by {@link #wake} and {@link #close}: cuts a reopen's backoff short. */
   private final Semaphore wakeups = new Semaphore(0);
@@ -55,8 +57,14 @@ public final class Deliveries implements Iterator<Delivery>, AutoCloseable {
   private long reopenAt;
 
   Deliveries(
-      Supplier<StreamCall<DeliverRequest, DeliverResponse>> open, Acks acks, int attempts) {
+      Supplier<StreamCall<DeliverRequest, DeliverResponse>> open,
+      Acks acks,
+      int attempts,
+      String topic,
+      int partition) {
     this.open = open;
+    this.topic = topic;
+    this.partition = partition;
     this.acks = acks;
     this.attempts = attempts;
     this.call = open.get();
@@ -148,7 +156,9 @@ public final class Deliveries implements Iterator<Delivery>, AutoCloseable {
         continue;
       }
       Instant due = d.hasDeadline() ? Protos.instant(d.getDeadline()) : Instant.EPOCH;
-      ready.add(new Delivery(ConsumedRecord.fromProto(d.getRecord()), d.getAttempt(), due, acks));
+      ready.add(
+          new Delivery(
+              topic, partition, ConsumedRecord.fromProto(d.getRecord()), d.getAttempt(), due, acks));
     }
   }
 

@@ -9,7 +9,8 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 
 /**
- * One hand-out of a record in queue mode, from {@link Deliveries}: answer it with {@link
+ * One hand-out of a record in queue mode, from {@link Deliveries} or a subscription's {@link
+ * SubscriptionEvent.Deliveries}: answer it with {@link
  * #accept}, {@link #retry}, {@link #reject}, or {@link #renew} it, before its {@link
  * #deadline} (else the gateway delivers the record again, its attempt one higher).
  *
@@ -40,16 +41,31 @@ public final class Delivery {
   /** The longest retry delay the gateway takes; longer ones are shortened to it. */
   static final Duration MAX_RETRY_DELAY = Duration.ofHours(1);
 
+  private final String topic;
+  private final int partition;
   private final ConsumedRecord record;
   private final int attempt;
   private final Instant deadline;
   private final Acks acks;
 
-  Delivery(ConsumedRecord record, int attempt, Instant deadline, Acks acks) {
+  Delivery(
+      String topic, int partition, ConsumedRecord record, int attempt, Instant deadline, Acks acks) {
+    this.topic = topic;
+    this.partition = partition;
     this.record = record;
     this.attempt = attempt;
     this.deadline = deadline;
     this.acks = acks;
+  }
+
+  /** The record's topic. */
+  public String topic() {
+    return topic;
+  }
+
+  /** The record's partition. */
+  public int partition() {
+    return partition;
   }
 
   /** The record. */
@@ -159,7 +175,7 @@ public final class Delivery {
 
   @Override
   public String toString() {
-    return "Delivery{offset=" + record.offset() + ", attempt=" + attempt + ", deadline="
+    return "Delivery{topic=" + topic + ", partition=" + partition + ", offset=" + record.offset() + ", attempt=" + attempt + ", deadline="
         + deadline + "}";
   }
 }

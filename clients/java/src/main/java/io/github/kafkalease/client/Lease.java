@@ -20,7 +20,6 @@ public final class Lease extends LeaseHandle implements AutoCloseable {
   private final String gateway;
   private final Duration ttl;
   private volatile boolean released;
-  private Acks acks;
 
   Lease(KafkaLeaseClient client, AcquireResponse r, String requestedGroup) {
     super(client, r.getLeaseId(), r.getTopic(), r.getPartition(), r.getFencingToken());
@@ -101,7 +100,9 @@ public final class Lease extends LeaseHandle implements AutoCloseable {
     return new Deliveries(
         () -> StreamCall.start(client.async()::deliver, request),
         acks(),
-        options.reconnectAttempts());
+        options.reconnectAttempts(),
+        topic,
+        partition);
   }
 
   /**
@@ -111,14 +112,6 @@ public final class Lease extends LeaseHandle implements AutoCloseable {
    */
   public QueueConsumer consumer(ConsumeOptions options, DeliveryHandler handler) {
     return new QueueConsumer(this, options, handler);
-  }
-
-  /** The lease's answers: one batching sender per lease, whatever Deliver they came on. */
-  private synchronized Acks acks() {
-    if (acks == null) {
-      acks = new Acks(client, leaseId);
-    }
-    return acks;
   }
 
   @Override

@@ -16,6 +16,7 @@ public abstract sealed class LeaseHandle permits Lease, Partition {
   final int partition;
   final long fencingToken;
   final EpochFilter epochs = new EpochFilter();
+  private Acks acks;
 
   LeaseHandle(KafkaLeaseClient client, String leaseId, String topic, int partition, long token) {
     this.client = client;
@@ -23,6 +24,17 @@ public abstract sealed class LeaseHandle permits Lease, Partition {
     this.topic = topic;
     this.partition = partition;
     this.fencingToken = token;
+  }
+
+  /**
+   * The lease's answers in queue mode: one batching sender per lease, whatever Deliver (or
+   * subscription stream) the deliveries came on.
+   */
+  synchronized Acks acks() {
+    if (acks == null) {
+      acks = new Acks(client, leaseId);
+    }
+    return acks;
   }
 
   /** The opaque lease id: whoever has it can commit and release, so do not log it. */

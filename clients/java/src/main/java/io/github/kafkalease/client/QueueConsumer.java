@@ -19,7 +19,8 @@ import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * Runs a {@link DeliveryHandler} on every delivery of a lease in queue mode, from {@link
- * Lease#consumer}: up to the options' concurrency at once, on a thread pool. A handler that
+ * Lease#consumer}, or of a subscription's leases in queue mode, from {@link
+ * Subscription#consumer}: up to the options' concurrency at once, on a thread pool. A handler that
  * returns accepts its record; one that throws has it retried (after the {@link
  * RetryException}'s delay, else the backoff for its attempt) or rejected to the dead letter
  * topic ({@link RejectException}, or the {@link ErrorPolicy}); past the queue's max deliveries
@@ -32,6 +33,24 @@ import java.util.concurrent.atomic.AtomicLong;
  * lease.release(); // commits the queue's progress
  * }</pre>
  *
+ * <p><b>Over a subscription</b> ({@link SubscribeOptions#queue}), the consumer reads the
+ * subscription itself (do not read it meanwhile): it handles the deliveries of every lease the
+ * member is assigned, answering each on its own lease, and skips the other events (at {@link
+ * SubscriptionEvent.Revoking} the gateway releases the lease once none of its deliveries is in
+ * flight). Its shutdown stops reading the subscription but keeps its stream open, so that the
+ * member keeps its leases while the handlers drain and their answers land; it hands back what
+ * is unfinished, then closes the subscription: the member leaves, and its leases are released,
+ * committing their progress (after the member's session grace, if it has one). The
+ * subscription's window ({@link QueueOptions#maxInFlight} of its queue settings, default 64)
+ * is what is in flight; the consumer's concurrency is how many handlers run at once.
+ *
+ * <pre>{@code
+ * Subscription member = client.subscribe(SubscribeOptions.of(group, topic).queue(queue));
+ * try (QueueConsumer consumer = member.consumer(ConsumeOptions.of(8), handler)) {
+ *   consumer.run(); // until consumer.shutdown() or the subscription ends; then the member leaves
+ * }
+ * }</pre>
+ *
  * <p>{@link #shutdown} (from any thread, or an interrupt of the thread in {@link #run}) stops
  * taking deliveries: it closes the Deliver and hands back the deliveries received and not
  * started (a retry without delay, reason "the consumer shut down before handling it"), gives
@@ -39,7 +58,7 @@ import java.util.concurrent.atomic.AtomicLong;
  * finish (renewing their deliveries meanwhile, which keeps the lease alive), then hands back
  * the records of those still running (their handlers are interrupted, and their answers
  * dropped). A handed-back record comes again with its attempt one higher. Then release the
- * lease: Release commits what was done.
+ * lease: Release commits what was done. (Over a subscription: see above.)
  *
  * <p>An answer that fails (the connection, the lease ended) is dropped: the gateway delivers
  * the record again after its deadline, so a lost answer costs a redelivery, never a record.
@@ -62,7 +81,7 @@ public final class QueueConsumer implements AutoCloseable {
     }
   }
 
-  private final Lease lease;
+  private final DeliverySource source;
   private final ConsumeOptions options;
   private final DeliveryHandler handler;
   private final Object lock = new Object();
@@ -71,25 +90,30 @@ public final class QueueConsumer implements AutoCloseable {
   private final AtomicBoolean started = new AtomicBoolean();
   private final CountDownLatch finished = new CountDownLatch(1);
   private volatile boolean stopping;
-  private volatile Deliveries deliveries;
   private final AtomicLong accepted = new AtomicLong();
   private final AtomicLong retried = new AtomicLong();
   private final AtomicLong rejected = new AtomicLong();
   private final AtomicLong handedBack = new AtomicLong();
 
   QueueConsumer(Lease lease, ConsumeOptions options, DeliveryHandler handler) {
-    this.lease = lease;
+    this(new DeliverySource.OfLease(lease, options.queue()), options, handler);
+  }
+
+  QueueConsumer(DeliverySource source, ConsumeOptions options, DeliveryHandler handler) {
+    this.source = source;
     this.options = options;
     this.handler = handler;
   }
 
   /**
    * Consumes until {@link #shutdown}, an interrupt, or the lease's end (its release: the
-   * Deliver ends), then drains; returns what it did.
+   * Deliver ends) or the subscription's, then drains (and closes the subscription); returns
+   * what it did.
    *
    * @throws KafkaLeaseException what ended the deliveries otherwise (after draining): the
    *     queue could not open (INVALID_ARGUMENT; NOT_FOUND, TOPIC_NOT_FOUND: the dead letter
-   *     topic is missing), the lease ended, another Deliver took over, reopening failed
+   *     topic is missing), the lease ended, another Deliver took over, reopening failed; the
+   *     error that ended the subscription
    * @throws IllegalStateException when called a second time
    */
   public ConsumeStats run() {
@@ -106,10 +130,7 @@ public final class QueueConsumer implements AutoCloseable {
   /** Stops taking deliveries; {@link #run} drains, hands back, and returns. Any thread. */
   public void shutdown() {
     stopping = true;
-    Deliveries d = deliveries;
-    if (d != null) {
-      d.wake();
-    }
+    source.wake();
     synchronized (lock) {
       lock.notifyAll();
     }
@@ -135,8 +156,8 @@ public final class QueueConsumer implements AutoCloseable {
   }
 
   private ConsumeStats consume() {
-    Deliveries ds = lease.deliveries(options.queue());
-    deliveries = ds;
+    DeliverySource ds = source;
+    ds.open();
     if (stopping) {
       ds.wake();
     }
@@ -160,7 +181,7 @@ public final class QueueConsumer implements AutoCloseable {
         }
         Delivery delivery;
         try {
-          delivery = ds.poll(null);
+          delivery = ds.poll();
         } catch (KafkaLeaseException e) {
           if (e.getCause() instanceof InterruptedException) {
             Thread.interrupted(); // drain and hand back first; set again at the end
@@ -190,7 +211,7 @@ public final class QueueConsumer implements AutoCloseable {
     try {
       interrupted |= drain(ds);
     } finally {
-      ds.close(); // drain closed it already, unless it failed
+      ds.close(); // after the drain: a subscription's member leaves only now
       if (ownPool) {
         pool.shutdown();
       }
@@ -267,7 +288,15 @@ public final class QueueConsumer implements AutoCloseable {
     try {
       if (error == null) {
         accepted.incrementAndGet();
-        delivery.accept();
+        Delivery.Outcome outcome = delivery.accept();
+        var listener = options.onAccepted();
+        if (listener != null) {
+          try {
+            listener.accept(delivery, outcome);
+          } catch (RuntimeException ignored) {
+            // the listener's own business
+          }
+        }
       } else if (error instanceof HandlerError.Reject reject) {
         rejected.incrementAndGet();
         delivery.reject(reject.reason());
@@ -289,17 +318,16 @@ public final class QueueConsumer implements AutoCloseable {
    * those still running, and interrupts them. True if the calling thread was interrupted
    * meanwhile (the drain is then cut short).
    */
-  private boolean drain(Deliveries ds) {
+  private boolean drain(DeliverySource ds) {
     boolean interrupted = false;
     List<CompletableFuture<Delivery.Outcome>> backs = new ArrayList<>();
-    List<Delivery> received = ds.takeReceived();
-    ds.close();
+    List<Delivery> received = ds.pause();
     for (Delivery d : received) {
       backs.add(d.retryAsync(Duration.ZERO, HANDED_BACK));
     }
     long now = System.nanoTime();
     long deadline = now + options.drain().toNanos();
-    long keepalive = Math.max(lease.ttl().toNanos() / 3, TimeUnit.MILLISECONDS.toNanos(100));
+    long keepalive = ds.renewEvery().toNanos();
     long renewAt = now + keepalive;
     List<Running> left;
     while (true) {
@@ -353,8 +381,7 @@ public final class QueueConsumer implements AutoCloseable {
 
   private ThreadFactory threads() {
     String prefix =
-        "kafka-lease-handler-" + POOLS.incrementAndGet() + "-" + lease.topic() + "-"
-            + lease.partition() + "-";
+        "kafka-lease-handler-" + POOLS.incrementAndGet() + "-" + source.name() + "-";
     AtomicInteger n = new AtomicInteger();
     return task -> {
       Thread t = new Thread(task, prefix + n.incrementAndGet());

@@ -2,12 +2,16 @@ package io.github.kafkalease.client;
 
 import io.github.kafkalease.v1.DeliverRequest;
 import io.github.kafkalease.v1.DeliveryOrder;
+import io.github.kafkalease.v1.QueueSettings;
 import java.time.Duration;
 
 /**
- * A queue's settings, for {@link Lease#deliveries(QueueOptions)} and {@link ConsumeOptions}.
- * Everything left unset takes the gateway's default; a lease keeps the settings of its first
- * Deliver, and a later one (a reopen, a second consumer) must ask for the same.
+ * A queue's settings, for {@link Lease#deliveries(QueueOptions)}, {@link ConsumeOptions} and
+ * {@link SubscribeOptions#queue}. Everything left unset takes the gateway's default; a lease
+ * keeps the settings of its first Deliver, and a later one (a reopen, a second consumer) must
+ * ask for the same. For a subscription, the window ({@link #maxInFlight}, {@link
+ * #maxInFlightBytes}) is shared by all the member's leases, the dead letter topic serves
+ * every topic of the subscription, and {@link #reconnectAttempts} does not apply.
  */
 public final class QueueOptions {
   /** How a queue's records may be handed out relative to each other. */
@@ -113,6 +117,28 @@ public final class QueueOptions {
 
   DeliverRequest request(String leaseId) {
     return request.clone().setLeaseId(leaseId).build();
+  }
+
+  /** The settings as a Subscribe carries them. */
+  QueueSettings settings() {
+    QueueSettings.Builder s =
+        QueueSettings.newBuilder()
+            .setOrdering(request.getOrdering())
+            .setMaxInFlight(request.getMaxInFlight())
+            .setMaxInFlightBytes(request.getMaxInFlightBytes())
+            .setMaxDeliveries(request.getMaxDeliveries())
+            .setDeadLetterTopic(request.getDeadLetterTopic());
+    if (request.hasAckDeadline()) {
+      s.setAckDeadline(request.getAckDeadline());
+    }
+    return s.build();
+  }
+
+  /** The ack deadline asked for, or the gateway's default (30 s). */
+  Duration ackDeadline() {
+    return request.hasAckDeadline()
+        ? Protos.duration(request.getAckDeadline())
+        : Duration.ofSeconds(30);
   }
 
   int reconnectAttempts() {

@@ -10,6 +10,7 @@ public final class SubscribeOptions {
   private final SubscribeRequest.Builder request = SubscribeRequest.newBuilder();
   private Duration joinTimeout = Duration.ofSeconds(30);
   private boolean resubscribe = true;
+  private QueueOptions queue;
 
   private SubscribeOptions(String group, List<String> topics) {
     request.setGroup(group).addAllTopics(topics);
@@ -93,8 +94,30 @@ public final class SubscribeOptions {
     return this;
   }
 
+  /**
+   * Queue mode for every lease the member is assigned: their records come as {@link
+   * SubscriptionEvent.Deliveries}, each {@link Delivery} to be answered (the gateway commits
+   * for the member), or are handled by {@link Subscription#consumer}. The window ({@link
+   * QueueOptions#maxInFlight}, default 64) is shared by all the member's leases; the dead
+   * letter topic (default {@code dlq.<group>.<topic>}, one per topic) must exist when the
+   * Subscribe starts, and may not be one of the subscribed topics. At {@link
+   * SubscriptionEvent.Revoking} the gateway stops delivering that lease and releases it
+   * (committing its progress) once none of its deliveries is in flight, or at the deadline.
+   * {@code queue} is copied; its {@link QueueOptions#reconnectAttempts} does not apply.
+   */
+  public SubscribeOptions queue(QueueOptions queue) {
+    this.queue = queue.copy();
+    request.setQueue(this.queue.settings());
+    return this;
+  }
+
   SubscribeRequest request() {
     return request.build();
+  }
+
+  /** The queue settings, or null when the subscription is not in queue mode. */
+  QueueOptions queue() {
+    return queue;
   }
 
   Duration joinTimeout() {

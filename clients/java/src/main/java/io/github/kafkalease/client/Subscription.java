@@ -6,8 +6,10 @@ import io.grpc.Status;
 import io.grpc.StatusRuntimeException;
 import java.time.Duration;
 import java.time.Instant;
+import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.Iterator;
+import java.util.List;
 import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.concurrent.Semaphore;
@@ -49,6 +51,8 @@ public final class Subscription implements Iterator<SubscriptionEvent>, AutoClos
   private final Duration sessionGrace;
   private final boolean resubscribe;
   private final Duration joinTimeout;
+  /** The queue settings; null when not in queue mode. */
+  private final QueueOptions queue;
   private final Map<String, Partition> partitions = new HashMap<>();
   /** Released by {@link #close}: cuts a resubscription's backoff short. */
   private final Semaphore wakeups = new Semaphore(0);
@@ -83,6 +87,7 @@ public final class Subscription implements Iterator<SubscriptionEvent>, AutoClos
     this.sessionGrace = options.sessionGrace();
     this.resubscribe = options.resubscribe() && !sessionGrace.isZero();
     this.joinTimeout = options.joinTimeout();
+    this.queue = options.queue();
   }
 
   static Subscription open(KafkaLeaseClient client, SubscribeOptions options) {
@@ -284,6 +289,26 @@ public final class Subscription implements Iterator<SubscriptionEvent>, AutoClos
     return true;
   }
 
+  /**
+   * A consumer that runs {@code handler} on the deliveries of every lease the member is
+   * assigned, up to {@link ConsumeOptions#of}'s concurrency at once, until {@link
+   * QueueConsumer#shutdown} or the subscription's end; {@link QueueConsumer#run} runs it,
+   * reading this subscription (do not read it meanwhile), and closes it at the end, after the
+   * drain: the member leaves then. The subscription must be in queue mode ({@link
+   * SubscribeOptions#queue}); the options' queue settings are ignored. See {@link
+   * QueueConsumer}.
+   *
+   * @throws IllegalStateException when the subscription is not in queue mode
+   */
+  public QueueConsumer consumer(ConsumeOptions options, DeliveryHandler handler) {
+    if (queue == null) {
+      throw new IllegalStateException(
+          "the subscription is not in queue mode: subscribe with SubscribeOptions.queue");
+    }
+    return new QueueConsumer(
+        new DeliverySource.OfSubscription(this, queue.ackDeadline()), options, handler);
+  }
+
   /** Whether the stream has ended (cancelled, or ended by the gateway), without waiting. */
   public boolean isDone() {
     return done && pending == null;
@@ -341,6 +366,30 @@ public final class Subscription implements Iterator<SubscriptionEvent>, AutoClos
         }
         return new SubscriptionEvent.Records(
             p, Batch.of(b.getRecordsList(), b.getHighWatermark(), b.getSeekEpoch()));
+      }
+      case DELIVERIES -> {
+        var d = r.getDeliveries();
+        Partition p = partition(d.getLeaseId(), d.getTopic(), d.getPartition(), 0);
+        Acks acks = p.acks();
+        List<Delivery> out = new ArrayList<>(d.getDeliveriesCount());
+        for (io.github.kafkalease.v1.Delivery x : d.getDeliveriesList()) {
+          if (!x.hasRecord()) {
+            continue;
+          }
+          Instant due = x.hasDeadline() ? Protos.instant(x.getDeadline()) : Instant.EPOCH;
+          out.add(
+              new Delivery(
+                  p.topic(),
+                  p.partition(),
+                  ConsumedRecord.fromProto(x.getRecord()),
+                  x.getAttempt(),
+                  due,
+                  acks));
+        }
+        if (out.isEmpty()) {
+          return null;
+        }
+        return new SubscriptionEvent.Deliveries(p, List.copyOf(out), d.getHighWatermark());
       }
       case REVOKING -> {
         var v = r.getRevoking();

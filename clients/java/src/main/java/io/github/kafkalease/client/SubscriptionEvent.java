@@ -1,10 +1,11 @@
 package io.github.kafkalease.client;
 
 import java.time.Instant;
+import java.util.List;
 
 /**
  * What a {@link Subscription} carries, per lease in this order: {@link Assigned}, {@link
- * Records} batches, then {@link Revoking} and {@link Revoked} (or {@link Revoked} alone). After
+ * Records} batches (or {@link Deliveries}, in queue mode: {@link SubscribeOptions#queue}), then {@link Revoking} and {@link Revoked} (or {@link Revoked} alone). After
  * the subscription subscribed again by itself (its stream broke within its session grace),
  * each lease the member still holds is announced again: {@link Assigned} at its last commit,
  * with records from there, or {@link Revoking}.
@@ -31,6 +32,18 @@ public sealed interface SubscriptionEvent {
    * @param batch its records, in offset order
    */
   record Records(Partition partition, Batch batch) implements SubscriptionEvent {}
+
+  /**
+   * Deliveries of one of the member's leases, in queue mode ({@link SubscribeOptions#queue}):
+   * answer each one ({@link Delivery#accept}, {@link Delivery#retry}, {@link Delivery#reject})
+   * before its deadline; the answers of a lease go batched on that lease. The gateway commits.
+   *
+   * @param partition the lease
+   * @param deliveries its deliveries, in the order handed out
+   * @param highWatermark the partition's high watermark as the gateway last saw it
+   */
+  record Deliveries(Partition partition, List<Delivery> deliveries, long highWatermark)
+      implements SubscriptionEvent {}
 
   /**
    * The lease moves to another member: no records of it follow. Commit what was processed
