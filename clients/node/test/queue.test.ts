@@ -316,4 +316,41 @@ describe("queue mode against the gateway", () => {
       await next.release();
     }
   });
+
+  test("q-g. a subscription consumer's shutdown: the running handlers finish and their accepts land before the member leaves", async () => {
+    const group = freshGroup("sub-drain-");
+    const subscription = await client.subscribe({
+      group,
+      topics: [Q.topic],
+      queue: { ordering: "unordered", maxInFlight: 2, deadLetterTopic: Q.dead_letter_topic },
+    });
+    const shutdown = new AbortController();
+    const started: number[] = [];
+    const consumed = subscription.consume(
+      async (record) => {
+        started.push(Number(record.offset));
+        await new Promise((r) => setTimeout(r, 800));
+      },
+      { concurrency: 2, signal: shutdown.signal, drainMs: 10_000 },
+    );
+    consumed.catch(() => {});
+    try {
+      await pollUntil(15_000, "two handlers running", async () => (started.length >= 2 ? true : undefined));
+      shutdown.abort();
+      const stats = await within(15_000, "the consumer to stop", consumed);
+      assert.deepEqual(started.sort((a, b) => a - b), [0, 1]);
+      assert.deepEqual(stats, { accepted: 2, retried: 0, rejected: 0, handedBack: 0 });
+    } finally {
+      shutdown.abort();
+      await consumed.catch(() => {});
+      subscription.cancel();
+    }
+    // Both accepts reached the leases before the member left: its release committed past them.
+    const next = await client.acquire({ group, topic: Q.topic, partition: 0, ttlMs: 30_000, waitMs: 10_000 });
+    try {
+      assert.equal(next.offset, 2n);
+    } finally {
+      await next.release();
+    }
+  });
 });
