@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the example (examples/consume.ts) with KAFKA_LEASE_ADDR, KAFKA_LEASE_GROUP and
-# KAFKA_LEASE_TOPIC: installs and builds first if needed, then execs node directly so that
+# KAFKA_LEASE_TOPIC, and KAFKA_LEASE_DEAD_LETTER_TOPIC for queue mode (optional): installs and builds first if needed, then execs node directly so that
 # SIGTERM and SIGINT reach the program. npm's cache is $KAFKA_LEASE_CLIENTS_CACHE/node/npm
 # (default: .cache/clients/node/npm of the repository, which git ignores); node_modules/ and
 # the build (dist/) stay in this folder, ignored by git.

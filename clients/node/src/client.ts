@@ -10,6 +10,7 @@ import {
 } from "./gen/kafka_lease/v1/partition_lease";
 import { type CallOpts, msToDuration, sleep, unary } from "./convert";
 import { Lease } from "./lease";
+import { type SubscribeQueueOptions, queueSettings } from "./queue";
 import { Subscription } from "./subscription";
 
 /**
@@ -71,6 +72,14 @@ export interface SubscribeOptions {
   resubscribe?: boolean;
   /** Called before each attempt to subscribe again, with what broke the stream (or the last attempt). */
   onResubscribe?: (cause: KafkaLeaseError, attempt: number) => void;
+  /**
+   * Queue mode for every lease the member is assigned: `deliveries` events instead of
+   * `records`, each delivery answered on its own, the gateway committing (see
+   * `Subscription.consume`). `maxInFlight` and `maxInFlightBytes` are shared by the member's
+   * leases; `deadLetterTopic` serves every topic (default `dlq.<group>.<topic>` per topic, each
+   * of which must exist when the Subscribe starts).
+   */
+  queue?: SubscribeQueueOptions;
 }
 
 function reset(r: Reset | undefined): OffsetReset {
@@ -145,6 +154,7 @@ export class Client {
       maxPartitions: options.maxPartitions ?? 0,
       revokeGrace: optionalDuration(options.revokeGraceMs),
       sessionGrace: optionalDuration(options.sessionGraceMs),
+      queue: options.queue === undefined ? undefined : queueSettings(options.queue),
     };
     const graceMs = options.sessionGraceMs ?? 0;
     const resubscribe =

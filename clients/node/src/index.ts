@@ -15,7 +15,9 @@ export {
 } from "./queue";
 export type {
   AckOutcome,
+  Answer,
   ConsumeOptions,
+  ConsumerOptions,
   ConsumeStats,
   ErrorPolicy,
   Failure,
@@ -23,9 +25,10 @@ export type {
   HandlerContext,
   Ordering,
   QueueOptions,
+  SubscribeQueueOptions,
 } from "./queue";
 export { Partition, Subscription } from "./subscription";
-export type { SubscriptionEvent } from "./subscription";
+export type { SubscriptionConsumeOptions, SubscriptionEvent } from "./subscription";
 export { ERROR_DOMAIN, decodeStatusDetails, statusDetailsFromMetadata } from "./status";
 export type { StatusDetails } from "./status";
 export type { CallOpts, OffsetLike } from "./convert";

@@ -202,7 +202,8 @@ export class Lease extends LeaseHandle {
   deliveries(options: QueueOptions = {}): DeliveryStream {
     const request = deliverRequest(this.leaseId, options);
     this.#acks ??= new Acknowledger(this.raw, this.leaseId);
-    return new DeliveryStream(() => this.raw.deliver(request), this.#acks, options);
+    const where = { topic: this.topic, partition: this.partition };
+    return new DeliveryStream(() => this.raw.deliver(request), this.#acks, options, where);
   }
 
   /**

@@ -14,6 +14,7 @@ import {
   type DeliverResponse,
   DeliveryOrder,
   type PartitionLeaseServiceClient,
+  type QueueSettings,
 } from "./gen/kafka_lease/v1/partition_lease";
 import { msToDuration, sleep, timestampToDate, unary } from "./convert";
 import { type KafkaLeaseRecord, toRecord } from "./records";
@@ -76,6 +77,18 @@ export function deliverRequest(leaseId: string, options: QueueOptions): DeliverR
     maxDeliveries: options.maxDeliveries ?? 0,
     deadLetterTopic: options.deadLetterTopic ?? "",
   };
+}
+
+/**
+ * A subscription's queue settings (`SubscribeOptions.queue`): a queue's, for every lease the
+ * member is assigned, with `maxInFlight` and `maxInFlightBytes` shared by all of them.
+ */
+export type SubscribeQueueOptions = Omit<QueueOptions, "reconnectAttempts" | "onReconnect">;
+
+/** The Subscribe's QueueSettings of `options`. */
+export function queueSettings(options: SubscribeQueueOptions): QueueSettings {
+  const { leaseId: _, ...settings } = deliverRequest("", options);
+  return settings;
 }
 
 /** Most acknowledgements in one Acknowledge (the gateway's limit). */
@@ -160,7 +173,7 @@ export function truncateReason(reason: string): string {
 export class Delivery {
   readonly #acks: Acknowledger;
 
-  /** Made by a {@link DeliveryStream}. */
+  /** Made by a {@link DeliveryStream}, or a subscription's `deliveries` event. */
   constructor(
     /** The record. */
     readonly record: KafkaLeaseRecord,
@@ -168,7 +181,12 @@ export class Delivery {
     readonly attempt: number,
     /** When the gateway delivers the record again unless it is answered (as of the delivery). */
     readonly deadline: Date | null,
+    /** Where its answers go: the batcher of its lease. */
     acks: Acknowledger,
+    /** The record's topic. */
+    readonly topic: string,
+    /** The record's partition. */
+    readonly partition: number,
   ) {
     this.#acks = acks;
   }
@@ -215,6 +233,11 @@ const MAX_BACKOFF_MS = 3_200;
 const DEFAULT_RECONNECT_ATTEMPTS = 8;
 const CLOSED_REASON = "the delivery stream was closed before handing it out";
 
+/** Gives deliveries received but not handed out back to the gateway (RETRY at once). */
+export function handBack(deliveries: Delivery[]): void {
+  for (const d of deliveries) d.retry(0, CLOSED_REASON).catch(() => {});
+}
+
 /**
  * A lease's deliveries (`Lease.deliveries`): an async iterator of {@link Delivery}s.
  * - a broken stream (transport failure, or UNAVAILABLE with retry advice) is reopened with the
@@ -241,6 +264,8 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
     private readonly open: () => ClientReadableStream<DeliverResponse>,
     private readonly acks: Acknowledger,
     private readonly options: QueueOptions,
+    /** The lease's topic and partition. */
+    private readonly where: { topic: string; partition: number },
   ) {
     this.#attempts = options.reconnectAttempts ?? DEFAULT_RECONNECT_ATTEMPTS;
     this.#start();
@@ -277,7 +302,10 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
       this.#failures = 0;
       for (const d of item.value.deliveries) {
         if (d.record === undefined) continue;
-        this.#ready.push(new Delivery(toRecord(d.record), d.attempt, timestampToDate(d.deadline), this.acks));
+        const { topic, partition } = this.where;
+        this.#ready.push(
+          new Delivery(toRecord(d.record), d.attempt, timestampToDate(d.deadline), this.acks, topic, partition),
+        );
       }
       // Closed while this response was on its way: its deliveries go back too.
       if (this.#done) this.#handBack();
@@ -304,7 +332,7 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
   }
 
   #handBack() {
-    for (const d of this.#ready.splice(0)) d.retry(0, CLOSED_REASON).catch(() => {});
+    handBack(this.#ready.splice(0));
   }
 
   async #reopen(error: KafkaLeaseError): Promise<boolean> {
@@ -321,6 +349,10 @@ export class DeliveryStream implements AsyncIterableIterator<Delivery> {
 
 /** What a handler is told besides its record. */
 export interface HandlerContext {
+  /** The record's topic. */
+  readonly topic: string;
+  /** The record's partition. */
+  readonly partition: number;
   /** 1 for the first delivery, one more for each after it. */
   readonly attempt: number;
   /** When the gateway delivers the record again unless it is answered (as of the delivery). */
@@ -379,11 +411,24 @@ export function defaultErrorPolicy(error: unknown): Failure {
   return { action: "retry", reason: messageOf(error) };
 }
 
-/** How `Lease.consume` runs the handler, and the queue's settings. */
-export interface ConsumeOptions extends QueueOptions {
+/** What a consumer did with a delivery, and what became of the answer (`onAnswer`). */
+export interface Answer {
+  /** `"handBack"`: given back at shutdown, its handler unfinished (a retry at once). */
+  action: "accept" | "retry" | "reject" | "handBack";
+  record: KafkaLeaseRecord;
+  topic: string;
+  partition: number;
+  attempt: number;
+  /** The answer's outcome; undefined when the Acknowledge failed (`error`). */
+  outcome?: AckOutcome;
+  error?: KafkaLeaseError;
+}
+
+/** How a consumer (`Lease.consume`, `Subscription.consume`) runs the handler. */
+export interface ConsumerOptions {
   /**
-   * Handlers running at once (default 1). Also the queue's `maxInFlight` when that is unset,
-   * so that the gateway hands out no more than the consumer runs.
+   * Handlers running at once (default 1). For `Lease.consume`, also the queue's `maxInFlight`
+   * when that is unset, so that the gateway hands out no more than the consumer runs.
    */
   concurrency?: number;
   /** Aborting it shuts the consumer down (see `Lease.consume`). */
@@ -394,7 +439,15 @@ export interface ConsumeOptions extends QueueOptions {
   drainMs?: number;
   /** What a handler's error means (default {@link defaultErrorPolicy}). */
   onError?: ErrorPolicy;
+  /**
+   * Called once each answer the consumer sent has its outcome (or failed): e.g. to act on a
+   * record only once its accept was applied. What it throws is ignored.
+   */
+  onAnswer?: (answer: Answer) => void;
 }
+
+/** How `Lease.consume` runs the handler, and the queue's settings. */
+export interface ConsumeOptions extends QueueOptions, ConsumerOptions {}
 
 /** What a `Lease.consume` did. */
 export interface ConsumeStats {
@@ -421,25 +474,65 @@ interface Task {
   done?: Promise<void>;
 }
 
+/**
+ * Where a consumer takes its deliveries from: a lease's Deliver, or a subscription's
+ * `deliveries` events.
+ */
+export interface DeliverySource {
+  /** The next delivery; done when there are no more. Never called again before it settles. */
+  next(): Promise<IteratorResult<Delivery, undefined>>;
+  /**
+   * Stops taking deliveries as the consumer's shutdown begins, handing back those received
+   * but not taken (and any that arrive later: a pending `next()` then yields none).
+   */
+  pause(): void;
+  /** Ends the source once the handlers are done and their answers have landed. */
+  close(): void;
+}
+
 /** Runs `handler` over a lease's deliveries: see `Lease.consume`. */
 export async function consume(
   open: (options: QueueOptions) => DeliveryStream,
   handler: Handler,
   options: ConsumeOptions = {},
 ): Promise<ConsumeStats> {
-  const concurrency = Math.max(1, Math.floor(options.concurrency ?? 1) || 1);
+  if (options.signal?.aborted) return { accepted: 0, retried: 0, rejected: 0, handedBack: 0 };
+  const concurrency = concurrencyOf(options);
+  const { concurrency: _c, signal: _s, backoff: _b, drainMs: _d, onError: _e, onAnswer: _a, ...queue } = options;
+  const stream = open({ ...queue, maxInFlight: queue.maxInFlight ?? Math.min(concurrency, 10_000) });
+  // Closing the Deliver is what stops the deliveries; the lease stays held until released.
+  const source: DeliverySource = { next: () => stream.next(), pause: () => stream.cancel(), close: () => {} };
+  return runConsumer(source, handler, options);
+}
+
+const concurrencyOf = (options: ConsumerOptions) => Math.max(1, Math.floor(options.concurrency ?? 1) || 1);
+
+/**
+ * Runs `handler` over `source`'s deliveries until `options.signal` aborts or the source ends;
+ * then pauses the source, drains the running handlers, hands back the unfinished ones, and
+ * closes the source.
+ */
+export async function runConsumer(
+  source: DeliverySource,
+  handler: Handler,
+  options: ConsumerOptions = {},
+): Promise<ConsumeStats> {
+  const concurrency = concurrencyOf(options);
   const initialMs = options.backoff?.initialMs ?? 100;
   const maxMs = options.backoff?.maxMs ?? 30_000;
   const drainMs = options.drainMs ?? 10_000;
   const policy = options.onError;
+  const onAnswer = options.onAnswer;
   const backoff = (attempt: number) =>
     Math.min(initialMs * 2 ** Math.min(Math.max(attempt - 1, 0), 20), maxMs, MAX_RETRY_DELAY_MS);
   const stats: ConsumeStats = { accepted: 0, retried: 0, rejected: 0, handedBack: 0 };
   const signal = options.signal;
-  if (signal?.aborted) return stats;
+  if (signal?.aborted) {
+    source.pause();
+    source.close();
+    return stats;
+  }
 
-  const { concurrency: _c, signal: _s, backoff: _b, drainMs: _d, onError: _e, ...queue } = options;
-  const stream = open({ ...queue, maxInFlight: queue.maxInFlight ?? Math.min(concurrency, 10_000) });
   const running = new Set<Task>();
   let wake: (() => void) | undefined;
   const slotFreed = () => new Promise<void>((resolve) => (wake = resolve));
@@ -458,9 +551,28 @@ export async function consume(
     }
   };
 
+  /** Sends an answer and reports it; its outcome (undefined if it failed). Never rejects. */
+  const answer = async (delivery: Delivery, action: Answer["action"], sent: Promise<AckOutcome>) => {
+    const { record, topic, partition, attempt } = delivery;
+    let report: Answer;
+    try {
+      report = { action, record, topic, partition, attempt, outcome: await sent };
+    } catch (e) {
+      report = { action, record, topic, partition, attempt, error: toKafkaLeaseError(e) };
+    }
+    try {
+      onAnswer?.(report);
+    } catch {
+      // the caller's hook: ignored
+    }
+    return report.outcome;
+  };
+
   const start = (delivery: Delivery) => {
     const task: Task = { delivery, abort: new AbortController(), handling: true, handedBack: false };
     const context: HandlerContext = {
+      topic: delivery.topic,
+      partition: delivery.partition,
       attempt: delivery.attempt,
       deadline: delivery.deadline,
       signal: task.abort.signal,
@@ -479,14 +591,14 @@ export async function consume(
       // A lost answer costs a redelivery after the deadline, never a record: nothing to do.
       if (failure === undefined) {
         stats.accepted++;
-        await delivery.accept().catch(() => {});
+        await answer(delivery, "accept", delivery.accept());
       } else if (failure.action === "reject") {
         stats.rejected++;
-        await delivery.reject(failure.reason ?? "").catch(() => {});
+        await answer(delivery, "reject", delivery.reject(failure.reason ?? ""));
       } else {
         stats.retried++;
         const delay = Math.min(Math.max(failure.delayMs ?? backoff(delivery.attempt), 0), MAX_RETRY_DELAY_MS);
-        await delivery.retry(delay, failure.reason ?? "").catch(() => {});
+        await answer(delivery, "retry", delivery.retry(delay, failure.reason ?? ""));
       }
     })().finally(() => {
       running.delete(task);
@@ -502,7 +614,7 @@ export async function consume(
         if ((await Promise.race([slotFreed(), stopped])) === STOP) break;
         continue;
       }
-      pending ??= stream.next();
+      pending ??= source.next();
       const next = await Promise.race([pending, stopped]);
       if (next === STOP) break;
       pending = undefined;
@@ -517,11 +629,14 @@ export async function consume(
   }
 
   // Shutdown: take no more deliveries (those received and not started go back at once).
-  stream.cancel();
-  if (pending !== undefined) {
-    const late = await pending.catch(() => undefined);
-    if (late !== undefined && !late.done) late.value.retry(0, CLOSED_REASON).catch(() => {});
-  }
+  source.pause();
+  // A delivery the source yielded as the shutdown won the race goes back too.
+  const late = pending?.then(
+    (item) => {
+      if (!item.done) handBack([item.value]);
+    },
+    () => {},
+  );
   // Running handlers get the drain time; then the records of those still running go back.
   const drained = new AbortController();
   await Promise.race([Promise.all([...running].map((t) => t.done)), sleep(drainMs, drained.signal)]);
@@ -532,17 +647,18 @@ export async function consume(
     if (task.handling) {
       task.handedBack = true;
       task.abort.abort();
-      handbacks.push(
-        task.delivery.retry(0, HANDED_BACK_REASON).then(
-          () => void stats.handedBack++,
-          () => {},
-        ),
-      );
+      const d = task.delivery;
+      handbacks.push(answer(d, "handBack", d.retry(0, HANDED_BACK_REASON)).then((outcome) => {
+        if (outcome !== undefined) stats.handedBack++;
+      }));
     } else if (task.done !== undefined) {
       answering.push(task.done);
     }
   }
   await Promise.all([...handbacks, ...answering]);
+  // Only now, the answers having landed, the source ends (a subscription's member leaves).
+  source.close();
+  await late;
   if (failure !== undefined) throw failure;
   return stats;
 }

@@ -4,8 +4,18 @@ import type { ClientReadableStream } from "@grpc/grpc-js";
 import { KafkaLeaseError, toKafkaLeaseError, Code, streamBroke } from "./errors";
 import type { PartitionLeaseServiceClient, SubscribeResponse } from "./gen/kafka_lease/v1/partition_lease";
 import { LeaseHandle } from "./lease";
-import { type Batch, toBatch } from "./records";
+import { type Batch, toBatch, toRecord } from "./records";
 import { sleep, timestampToDate } from "./convert";
+import {
+  Acknowledger,
+  type ConsumeStats,
+  type ConsumerOptions,
+  Delivery,
+  type DeliverySource,
+  type Handler,
+  handBack,
+  runConsumer,
+} from "./queue";
 
 /** A lease the member was assigned: commit, seek or release it like any lease. */
 export class Partition extends LeaseHandle {}
@@ -14,10 +24,21 @@ export class Partition extends LeaseHandle {}
 export type SubscriptionEvent =
   | { type: "assigned"; partition: Partition; offset: bigint; highWatermark: bigint }
   | { type: "records"; partition: Partition; batch: Batch }
+  /**
+   * In queue mode (`SubscribeOptions.queue`): deliveries of the lease, each to answer
+   * (`accept`, `retry`, `reject`, `renew`) before its deadline.
+   */
+  | { type: "deliveries"; partition: Partition; highWatermark: bigint; deliveries: Delivery[] }
   /** No records of the lease follow: commit what was processed before `deadline`. */
   | { type: "revoking"; partition: Partition; deadline: Date | null }
   /** The lease ended: `reason` is LEASE_REVOKED after `revoking`, else why. */
   | { type: "revoked"; partition: Partition; reason: string; message: string };
+
+/** How `Subscription.consume` runs the handler. */
+export interface SubscriptionConsumeOptions extends ConsumerOptions {
+  /** Sees every event besides `deliveries` (assignments, revocations); what it throws is ignored. */
+  onEvent?: (event: SubscriptionEvent) => void;
+}
 
 /**
  * How a subscription comes back after its stream broke: `open` subscribes again with the same
@@ -72,6 +93,8 @@ async function firstEvent(call: ClientReadableStream<SubscribeResponse>) {
  */
 export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
   readonly #partitions = new Map<string, Partition>();
+  /** The answer batcher of each lease, in queue mode. */
+  readonly #acks = new Map<string, Acknowledger>();
   #done = false;
   #call: ClientReadableStream<SubscribeResponse>;
   #iterator: AsyncIterator<SubscribeResponse>;
@@ -148,6 +171,23 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
           if (!partition.epochs.admit(r.seekEpoch)) continue;
           return { done: false, value: { type: "records", partition, batch: toBatch(r) } };
         }
+        case "deliveries": {
+          const d = event.deliveries;
+          const partition = this.#partition(d.leaseId, d.topic, d.partition);
+          let acks = this.#acks.get(d.leaseId);
+          if (acks === undefined) {
+            acks = new Acknowledger(this.raw, d.leaseId);
+            this.#acks.set(d.leaseId, acks);
+          }
+          const deliveries: Delivery[] = [];
+          for (const x of d.deliveries) {
+            if (x.record === undefined) continue;
+            const record = toRecord(x.record);
+            deliveries.push(new Delivery(record, x.attempt, timestampToDate(x.deadline), acks, d.topic, d.partition));
+          }
+          if (deliveries.length === 0) continue;
+          return { done: false, value: { type: "deliveries", partition, highWatermark: d.highWatermark, deliveries } };
+        }
         case "revoking": {
           const r = event.revoking;
           const partition = this.#partition(r.leaseId, r.topic, r.partition);
@@ -157,6 +197,7 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
           const r = event.revoked;
           const partition = this.#partition(r.leaseId, r.topic, r.partition);
           this.#partitions.delete(r.leaseId);
+          this.#acks.delete(r.leaseId);
           return { done: false, value: { type: "revoked", partition, reason: r.reason, message: r.message } };
         }
         default:
@@ -170,6 +211,56 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
   async return(): Promise<IteratorResult<SubscriptionEvent, undefined>> {
     this.cancel();
     return { done: true, value: undefined };
+  }
+
+  /**
+   * Runs `handler` on every delivery of the member's leases, as `Lease.consume` does for one
+   * lease, until `signal` aborts or the subscription ends; the subscription must have been
+   * opened with `SubscribeOptions.queue` (set its `maxInFlight`, shared by the member's leases,
+   * to about `concurrency`: deliveries beyond what runs wait, their deadlines running). The
+   * gateway follows assignments and revocations: a revoked lease gets no more deliveries, its
+   * deliveries in flight are still answered, and it moves once none is (or at its deadline).
+   *
+   * When `signal` aborts it stops taking deliveries (those received and not started go back at
+   * once) but keeps the subscription open, so the member keeps its leases while running
+   * handlers drain (`drainMs`) and their answers land; hands back the records of those still
+   * running (RETRY at once); then ends the subscription: the member leaves the group, and its
+   * leases are released, committing their progress (after the session grace, if it has one).
+   * Resolves with what it did, or rejects (after the same drain) with the error that ended the
+   * subscription. The subscription is not to be iterated meanwhile.
+   */
+  consume(handler: Handler, options: SubscriptionConsumeOptions = {}): Promise<ConsumeStats> {
+    const ready: Delivery[] = [];
+    let paused = false;
+    const onEvent = options.onEvent;
+    const source: DeliverySource = {
+      next: async () => {
+        for (;;) {
+          const delivery = ready.shift();
+          if (delivery !== undefined) return { done: false, value: delivery };
+          const item = await this.next();
+          if (item.done) return item;
+          const event = item.value;
+          if (event.type !== "deliveries") {
+            try {
+              onEvent?.(event);
+            } catch {
+              // the caller's hook: ignored
+            }
+          } else if (paused) {
+            handBack(event.deliveries); // arrived during the shutdown
+          } else {
+            ready.push(...event.deliveries);
+          }
+        }
+      },
+      pause: () => {
+        paused = true;
+        handBack(ready.splice(0));
+      },
+      close: () => this.cancel(),
+    };
+    return runConsumer(source, handler, options);
   }
 
   /** Ends the subscription: the member leaves the group and its leases are released. */

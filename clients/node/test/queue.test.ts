@@ -3,7 +3,7 @@
 // poison one.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
-import { Client, Code, KafkaLeaseError, type Lease } from "../src";
+import { type Answer, Client, Code, KafkaLeaseError, type Lease, RejectError } from "../src";
 import { ADDR, FIXTURE, Relay, freshGroup, pollUntil, within } from "./support";
 
 const Q = FIXTURE.queue;
@@ -252,5 +252,105 @@ describe("queue mode against the gateway", () => {
     const next = await acquire(group);
     assert.equal(next.offset, BigInt(Q.records), "everything was done");
     await next.release();
+  });
+
+  test("q-f. a subscription in queue mode: the consumer rejects the poison record, handles the rest, and leaves; the group starts past the end", async () => {
+    const group = freshGroup("sub-queue-");
+    const subscription = await client.subscribe({
+      group,
+      topics: [Q.topic],
+      queue: { ordering: "key", maxInFlight: Q.keys, deadLetterTopic: Q.dead_letter_topic },
+    });
+    const shutdown = new AbortController();
+    const handled = new Set<number>();
+    const where = new Set<string>();
+    const applied: number[] = [];
+    const events: string[] = [];
+    const consumed = subscription.consume(
+      async (record, { topic, partition }) => {
+        where.add(`${topic}/${partition}`);
+        const offset = Number(record.offset);
+        if (record.value?.toString() === "poison") throw new RejectError(`poison at ${offset}`);
+        assert.equal(record.value?.toString(), `v${offset}`);
+        assert.equal(record.key?.toString(), keyOf(offset));
+        handled.add(offset);
+      },
+      {
+        concurrency: Q.keys,
+        signal: shutdown.signal,
+        onAnswer: (a: Answer) => {
+          if (a.action === "accept" && a.outcome === "applied") applied.push(Number(a.record.offset));
+        },
+        onEvent: (e) => events.push(e.type),
+      },
+    );
+    consumed.catch(() => {});
+    try {
+      const info = await pollUntil(30_000, "39 records handled and one dead letter", async () => {
+        if (handled.size < Q.records - 1) return undefined;
+        const queue = await queueInfo(group);
+        return queue !== undefined && queue.deadLetters >= 1n ? queue : undefined;
+      });
+      assert.equal(info.deadLetters, 1n);
+      assert.equal(info.deadLetterTopic, Q.dead_letter_topic);
+      shutdown.abort();
+      const stats = await within(15_000, "the consumer to stop", consumed);
+      assert.deepEqual(stats, { accepted: Q.records - 1, retried: 0, rejected: 1, handedBack: 0 });
+      const all = Array.from({ length: Q.records }, (_, i) => i).filter((o) => o !== Q.poison_offset);
+      assert.deepEqual([...handled].sort((a, b) => a - b), all);
+      assert.deepEqual(applied.sort((a, b) => a - b), all, "every accept applied");
+      assert.deepEqual([...where], [`${Q.topic}/0`], "the handler is told the record's topic and partition");
+      assert.ok(events.includes("assigned"), `events: ${events.join(", ")}`);
+      // The consumer ended the subscription: the member left.
+      assert.deepEqual(await subscription.next(), { done: true, value: undefined });
+    } finally {
+      shutdown.abort();
+      await consumed.catch(() => {});
+      subscription.cancel();
+    }
+    // The member's leases were released as it left, committing the queue's progress.
+    const next = await client.acquire({ group, topic: Q.topic, partition: 0, ttlMs: 30_000, waitMs: 10_000 });
+    try {
+      assert.equal(next.offset, BigInt(Q.records));
+    } finally {
+      await next.release();
+    }
+  });
+
+  test("q-g. a subscription consumer's shutdown: the running handlers finish and their accepts land before the member leaves", async () => {
+    const group = freshGroup("sub-drain-");
+    const subscription = await client.subscribe({
+      group,
+      topics: [Q.topic],
+      queue: { ordering: "unordered", maxInFlight: 2, deadLetterTopic: Q.dead_letter_topic },
+    });
+    const shutdown = new AbortController();
+    const started: number[] = [];
+    const consumed = subscription.consume(
+      async (record) => {
+        started.push(Number(record.offset));
+        await new Promise((r) => setTimeout(r, 800));
+      },
+      { concurrency: 2, signal: shutdown.signal, drainMs: 10_000 },
+    );
+    consumed.catch(() => {});
+    try {
+      await pollUntil(15_000, "two handlers running", async () => (started.length >= 2 ? true : undefined));
+      shutdown.abort();
+      const stats = await within(15_000, "the consumer to stop", consumed);
+      assert.deepEqual(started.sort((a, b) => a - b), [0, 1]);
+      assert.deepEqual(stats, { accepted: 2, retried: 0, rejected: 0, handedBack: 0 });
+    } finally {
+      shutdown.abort();
+      await consumed.catch(() => {});
+      subscription.cancel();
+    }
+    // Both accepts reached the leases before the member left: its release committed past them.
+    const next = await client.acquire({ group, topic: Q.topic, partition: 0, ttlMs: 30_000, waitMs: 10_000 });
+    try {
+      assert.equal(next.offset, 2n);
+    } finally {
+      await next.release();
+    }
   });
 });
