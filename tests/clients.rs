@@ -345,15 +345,11 @@ async fn run_example(services: &Services, gateway: &GatewayProcess, language: &s
     // commits, last when the member's leases are released as it leaves: within moments of
     // the exit, not necessarily before it.
     for p in 0..3 {
-        let committed = wait_for(
-            "the example's commits",
-            Duration::from_secs(15),
-            || async {
-                kafka_committed(services, &group, &topic, p)
-                    .map(|(offset, _)| offset)
-                    .filter(|offset| *offset == 20)
-            },
-        )
+        let committed = wait_for("the example's commits", Duration::from_secs(15), || async {
+            kafka_committed(services, &group, &topic, p)
+                .map(|(offset, _)| offset)
+                .filter(|offset| *offset == 20)
+        })
         .await;
         assert_eq!(committed, 20, "partition {p}'s committed offset");
     }
