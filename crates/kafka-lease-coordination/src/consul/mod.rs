@@ -117,7 +117,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// holds one: a burst of Acquires (a thousand at once, and hundreds waiting) reached 189,
 /// and then the session's own renewals could not connect. Blocking queries (one per
 /// watched topic) and the session's renewals and check passes do not take a turn.
-const MAX_REQUESTS_IN_FLIGHT: usize = 48;
+const MAX_REQUESTS_IN_FLIGHT: usize = 32;
 /// Backoff bounds for creating a new session while Consul is unreachable.
 const CREATE_BACKOFF_MIN: Duration = Duration::from_millis(500);
 const CREATE_BACKOFF_MAX: Duration = Duration::from_secs(5);
