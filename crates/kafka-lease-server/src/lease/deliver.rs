@@ -94,11 +94,6 @@ impl SharedWindow {
             self.freed.notify_waiters();
         }
     }
-
-    /// Records in flight across the queues.
-    pub fn in_flight(&self) -> usize {
-        self.used().0
-    }
 }
 
 /// A queue's settings as the first Deliver gave them.
@@ -392,9 +387,8 @@ impl QueueRun {
 
     /// Applies `acks` in order.
     fn apply(&self, acks: &[Ack], now: Instant) -> Vec<AckOutcome> {
-        let mut letters = false;
-        let outcomes = self.in_window(|state| {
-            let outcomes = acks
+        let (outcomes, letters) = self.in_window(|state| {
+            let outcomes: Vec<AckOutcome> = acks
                 .iter()
                 .map(|ack| {
                     let in_flight = state.queue.in_flight_attempt(ack.offset);
@@ -454,8 +448,7 @@ impl QueueRun {
                     }
                 })
                 .collect();
-            letters = letters || state.queue.dead_letters_due();
-            outcomes
+            (outcomes, state.queue.dead_letters_due())
         });
         self.ready.notify_waiters();
         self.room.notify_waiters();
