@@ -1297,3 +1297,76 @@ async fn a_gateway_stopping_commits_what_was_answered_so_the_next_holder_repeats
     assert_eq!(repeated, 0, "records answered before the stop came again");
     next.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_answers_its_handlers_concurrently_in_few_acknowledge_calls() {
+    // Handlers finishing together must not wait for each other's Acknowledge: their answers
+    // go out batched. A consumer that sent one answer at a time, waiting for each, would make
+    // one Acknowledge call per record and cap a slow handler's throughput at one round trip
+    // per record, whatever its concurrency.
+    let services = kafka_lease_testkit::require_services!();
+    let a = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("gw-a"),
+        &["--metrics-listen", "127.0.0.1:0"],
+    )
+    .await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    const RECORDS: usize = 640;
+    produce(
+        &producer(&services),
+        &topic,
+        0,
+        &(0..RECORDS)
+            .map(|i| keyed(&format!("k{}", i % 100), &format!("v{i}")))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let lease = a
+        .client()
+        .await
+        .acquire(AcquireOptions::new(unique_name("g"), &topic).partition(0))
+        .await
+        .expect("acquire");
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = handled.clone();
+    let stats = lease
+        .consume(
+            ConsumeOptions::new(
+                QueueOptions::new()
+                    .ordering(Ordering::Unordered)
+                    .dead_letter_topic(dead_letters),
+                32,
+            ),
+            async move {
+                while counted.load(std::sync::atomic::Ordering::SeqCst) < RECORDS {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            move |_record, _info| {
+                let handled = handled.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .expect("consume");
+    assert_eq!(stats.accepted, RECORDS as u64, "{stats:?}");
+    let samples = scrape(&a.metrics_endpoint()).await;
+    let calls = metric_value(
+        &samples,
+        "kafka_lease_grpc_requests_total",
+        &[("method", "Acknowledge"), ("code", "OK")],
+    );
+    println!("{RECORDS} records answered in {calls} Acknowledge calls");
+    assert!(
+        calls <= (RECORDS / 4) as f64,
+        "{RECORDS} records took {calls} Acknowledge calls: the answers were not batched"
+    );
+    lease.release().await.expect("release");
+}

@@ -599,7 +599,7 @@ where
         let handler = Arc::new(handler);
         let options = Arc::new(options);
         let mut stats = ConsumeStats::default();
-        let mut running: JoinSet<(Answer, Delivery)> = JoinSet::new();
+        let mut running: JoinSet<Answered> = JoinSet::new();
         let mut out: HashMap<tokio::task::Id, Delivery> = HashMap::new();
         tokio::pin!(shutdown);
         let mut ended = None;
@@ -608,9 +608,9 @@ where
                 biased;
                 () = &mut shutdown => break,
                 Some(joined) = running.join_next_with_id() => {
-                    if let Ok((id, (answer, delivery))) = joined {
+                    if let Ok((id, answered)) = joined {
                         out.remove(&id);
-                        answer.send(&delivery, &options, &mut stats).await;
+                        stats.count(answered);
                     }
                 }
                 next = deliveries.next_delivery(), if running.len() < options.concurrency => match next {
@@ -621,12 +621,16 @@ where
                         let record = delivery.record.clone();
                         let info = delivery.info();
                         let kept = delivery.clone();
+                        let answering = options.clone();
+                        // The task answers too: handlers finishing together then answer
+                        // together, batched into one Acknowledge, instead of each waiting
+                        // for the one before it.
                         let handle = running.spawn(async move {
                             let answer = match handler(record, info).await {
                                 Ok(()) => Answer::Accept,
                                 Err(err) => Answer::Failed(err),
                             };
-                            (answer, delivery)
+                            answer.send(&delivery, &answering).await
                         });
                         out.insert(handle.id(), kept);
                     }
@@ -648,9 +652,9 @@ where
         while !running.is_empty() {
             tokio::select! {
                 joined = running.join_next_with_id() => {
-                    if let Some(Ok((id, (answer, delivery)))) = joined {
+                    if let Some(Ok((id, answered))) = joined {
                         out.remove(&id);
-                        answer.send(&delivery, &options, &mut stats).await;
+                        stats.count(answered);
                     }
                 }
                 _ = renew.tick() => {
@@ -681,29 +685,42 @@ pub(crate) enum Answer {
     Failed(HandlerError),
 }
 
+/// What a handler's answer was, for the stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answered {
+    Accepted,
+    Retried,
+    Rejected,
+}
+
+impl ConsumeStats {
+    fn count(&mut self, answered: Answered) {
+        match answered {
+            Answered::Accepted => self.accepted += 1,
+            Answered::Retried => self.retried += 1,
+            Answered::Rejected => self.rejected += 1,
+        }
+    }
+}
+
 impl Answer {
-    pub(crate) async fn send(
-        self,
-        delivery: &Delivery,
-        options: &ConsumeOptions,
-        stats: &mut ConsumeStats,
-    ) {
-        let sent = match self {
+    /// Sends the answer; waits for its batch's Acknowledge. A lost answer costs a
+    /// redelivery after the deadline, never a record: its outcome is not needed.
+    pub(crate) async fn send(self, delivery: &Delivery, options: &ConsumeOptions) -> Answered {
+        match self {
             Answer::Accept => {
-                stats.accepted += 1;
-                delivery.accept().await
+                let _ = delivery.accept().await;
+                Answered::Accepted
             }
             Answer::Failed(HandlerError::Retry { delay, reason }) => {
-                stats.retried += 1;
                 let delay = delay.unwrap_or_else(|| options.delay(delivery.attempt));
-                delivery.retry(delay, reason).await
+                let _ = delivery.retry(delay, reason).await;
+                Answered::Retried
             }
             Answer::Failed(HandlerError::Reject { reason }) => {
-                stats.rejected += 1;
-                delivery.reject(reason).await
+                let _ = delivery.reject(reason).await;
+                Answered::Rejected
             }
-        };
-        // A lost answer costs a redelivery after the deadline, never a record: nothing to do.
-        let _ = sent;
+        }
     }
 }
