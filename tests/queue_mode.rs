@@ -1370,3 +1370,62 @@ async fn a_consumer_answers_its_handlers_concurrently_in_few_acknowledge_calls()
     );
     lease.release().await.expect("release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_order_runs_one_handler_at_a_time_in_offset_order_whatever_the_concurrency() {
+    let services = kafka_lease_testkit::require_services!();
+    let a = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw-a"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let dead_letters = create_topic(&services, 1).await;
+    const RECORDS: usize = 200;
+    produce(
+        &producer(&services),
+        &topic,
+        0,
+        &(0..RECORDS)
+            .map(|i| keyed(&format!("k{}", i % 7), &format!("v{i}")))
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let lease = a
+        .client()
+        .await
+        .acquire(AcquireOptions::new(unique_name("g"), &topic).partition(0))
+        .await
+        .expect("acquire");
+    let order: Arc<Mutex<Vec<i64>>> = Arc::default();
+    let running = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (seen, handled, watched) = (
+        order.clone(),
+        order.clone(),
+        (running.clone(), most.clone()),
+    );
+    let stats = lease
+        .consume(
+            ConsumeOptions::new(QueueOptions::new().dead_letter_topic(dead_letters), 8),
+            async move {
+                while seen.lock().expect("order").len() < RECORDS {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            move |record, _info| {
+                let (order, (running, most)) = (handled.clone(), watched.clone());
+                async move {
+                    let now = running.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    order.lock().expect("order").push(record.offset);
+                    running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok(())
+                }
+            },
+        )
+        .await
+        .expect("consume");
+    assert_eq!(stats.accepted, RECORDS as u64, "{stats:?}");
+    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let order = order.lock().expect("order").clone();
+    assert_eq!(order, (0..RECORDS as i64).collect::<Vec<_>>());
+    lease.release().await.expect("release");
+}

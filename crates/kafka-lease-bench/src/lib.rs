@@ -13,6 +13,7 @@ use serde_json::{Map, Value};
 
 mod consul;
 mod env;
+pub mod member;
 mod progress;
 mod report;
 mod scenarios;
@@ -40,6 +41,10 @@ pub const SCENARIOS: &[&str] = &[
     "groups",
     "rebalance",
     "drain-subscribe",
+    "queue-slow-handler",
+    "queue-poison",
+    "queue-overhead",
+    "queue-vs-share-group",
 ];
 
 /// How big a run is.
@@ -110,6 +115,15 @@ pub struct Plan {
     pub groups: (usize, usize),
     /// `rebalance`: joins of a new member measured.
     pub rebalance_rounds: usize,
+    /// `queue-slow-handler` and `queue-poison`: records per KEY-order run (also the topic's
+    /// size), records per PARTITION-order run.
+    pub queue_slow_records: (usize, usize),
+    /// `queue-overhead`: records per run (Read and queue mode).
+    pub queue_overhead_records: usize,
+    /// `queue-vs-share-group`: SIGKILL runs of each arm (a share group's take 30 s), and
+    /// the records of their topic.
+    pub queue_kill_rounds: usize,
+    pub queue_kill_records: usize,
 }
 
 impl Plan {
@@ -138,6 +152,10 @@ impl Plan {
                 contended: (20, 5),
                 groups: (5, 2),
                 rebalance_rounds: 2,
+                queue_slow_records: (10_000, 40),
+                queue_overhead_records: 5_000,
+                queue_kill_rounds: 1,
+                queue_kill_records: 50_000,
             },
             Mode::Quick => Plan {
                 rounds: 3,
@@ -161,6 +179,10 @@ impl Plan {
                 contended: (100, 30),
                 groups: (100, 10),
                 rebalance_rounds: 20,
+                queue_slow_records: (40_000, 300),
+                queue_overhead_records: 300_000,
+                queue_kill_rounds: 2,
+                queue_kill_records: 200_000,
             },
             Mode::Full => Plan {
                 rounds: 5,
@@ -184,6 +206,10 @@ impl Plan {
                 contended: (100, 100),
                 groups: (100, 10),
                 rebalance_rounds: 50,
+                queue_slow_records: (100_000, 1_500),
+                queue_overhead_records: 1_000_000,
+                queue_kill_rounds: 3,
+                queue_kill_records: 200_000,
             },
         }
     }

@@ -31,6 +31,10 @@ struct Cli {
     /// Run only this scenario (repeatable); default: all.
     #[arg(long = "scenario", value_parser = clap::builder::PossibleValuesParser::new(SCENARIOS))]
     scenarios: Vec<String>,
+    /// Internal: run as a queue-mode Subscribe member (ENDPOINT GROUP TOPIC DEAD_LETTER_TOPIC
+    /// HANDLER_MS CONCURRENCY), printing what it handles, for `queue-vs-share-group`.
+    #[arg(long, hide = true, num_args = 6, value_names = ["ENDPOINT", "GROUP", "TOPIC", "DEAD_LETTER_TOPIC", "HANDLER_MS", "CONCURRENCY"])]
+    queue_member: Option<Vec<String>>,
 }
 
 fn after_help() -> String {
@@ -44,6 +48,19 @@ fn after_help() -> String {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(values) = cli.queue_member {
+        let outcome = match kafka_lease_bench::member::MemberArgs::parse(&values) {
+            Ok(args) => kafka_lease_bench::member::run(args).await,
+            Err(err) => Err(err),
+        };
+        return match outcome {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("kafka-lease-bench --queue-member: {err:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mode = if cli.smoke {
         Mode::Smoke
     } else if cli.quick {

@@ -42,6 +42,16 @@ const ROWS: &[(&str, &[&str])] = &[
     ),
     ("rebalance", &["rebalance"]),
     ("drain-subscribe", &["drain-subscribe"]),
+    (
+        "queue-slow-handler",
+        &["queue-slow-handler", "queue-slow-handler-vs-partition"],
+    ),
+    ("queue-poison", &["queue-poison"]),
+    ("queue-overhead", &["queue-overhead"]),
+    (
+        "queue-vs-share-group",
+        &["queue-vs-share-group", "queue-vs-share-group-redelivery"],
+    ),
 ];
 
 fn number(row: &Value, field: &str) -> f64 {

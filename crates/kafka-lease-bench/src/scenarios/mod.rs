@@ -13,8 +13,10 @@ mod first_record;
 mod groups;
 mod handoff;
 mod latency;
+mod queue;
 mod rebalance;
 mod scale;
+mod share_group;
 mod waiters;
 
 /// Runs scenario `name`.
@@ -36,6 +38,10 @@ pub(crate) async fn run(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
         "acquire-contended" => waiters::contended(env).await,
         "rebalance" => rebalance::run(env).await,
         "drain-subscribe" => rebalance::drain(env).await,
+        "queue-slow-handler" => queue::slow_handler(env).await,
+        "queue-poison" => queue::poison(env).await,
+        "queue-overhead" => queue::overhead(env).await,
+        "queue-vs-share-group" => share_group::run(env).await,
         other => bail!("unknown scenario {other}"),
     }
 }
