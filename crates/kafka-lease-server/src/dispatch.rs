@@ -42,7 +42,7 @@ pub struct Delivery {
     pub deadline: Instant,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone, Copy)]
 enum State {
     Waiting {
         not_before: Option<Instant>,
@@ -63,6 +63,11 @@ struct Record {
 }
 
 /// The records of one lease fetched and not done, and which are in flight.
+///
+/// Besides the records, three indexes, kept in step with each record's state, so that a
+/// delivery, an answer and a deadline cost a few tree operations rather than a walk of every
+/// record held (up to the window plus the lookahead): `ready` (waiting, and due), `delayed`
+/// (waiting for the end of a retry's delay) and `deadlines` (in flight).
 #[derive(Debug)]
 pub struct Dispatcher {
     order: Order,
@@ -71,6 +76,12 @@ pub struct Dispatcher {
     records: BTreeMap<i64, Record>,
     /// Key → its offsets not done (Key order only).
     keys: HashMap<Vec<u8>, BTreeSet<i64>>,
+    /// Waiting records that may go out (their delay, if any, has ended).
+    ready: BTreeSet<i64>,
+    /// Waiting records whose retry delay has not ended yet: (its end, offset).
+    delayed: BTreeSet<(Instant, i64)>,
+    /// Records in flight: (deadline, offset).
+    deadlines: BTreeSet<(Instant, i64)>,
     in_flight: usize,
     in_flight_bytes: usize,
 }
@@ -83,6 +94,9 @@ impl Dispatcher {
             ack_deadline,
             records: BTreeMap::new(),
             keys: HashMap::new(),
+            ready: BTreeSet::new(),
+            delayed: BTreeSet::new(),
+            deadlines: BTreeSet::new(),
             in_flight: 0,
             in_flight_bytes: 0,
         }
@@ -108,6 +122,7 @@ impl Dispatcher {
                 state: State::Waiting { not_before: None },
             },
         );
+        self.ready.insert(offset);
     }
 
     /// Records offered and not done.
@@ -135,13 +150,55 @@ impl Dispatcher {
         self.records.get(&offset).map_or(0, |r| r.attempts)
     }
 
-    /// Whether `record` at `offset` may go out now, ordering aside from the window.
-    fn eligible(&self, offset: i64, record: &Record, now: Instant) -> bool {
-        let State::Waiting { not_before } = record.state else {
-            return false;
+    /// Moves `offset` (a record held) to `state`, keeping the indexes and the window's
+    /// counts in step.
+    fn set_state(&mut self, offset: i64, state: State) {
+        let Some(record) = self.records.get_mut(&offset) else {
+            return;
         };
-        if not_before.is_some_and(|t| t > now) {
-            return false;
+        match std::mem::replace(&mut record.state, state) {
+            State::Waiting { not_before } => {
+                if !self.ready.remove(&offset) {
+                    if let Some(t) = not_before {
+                        self.delayed.remove(&(t, offset));
+                    }
+                }
+            }
+            State::InFlight { deadline } => {
+                self.deadlines.remove(&(deadline, offset));
+                self.in_flight -= 1;
+                self.in_flight_bytes -= record.bytes;
+            }
+            State::Held => {}
+        }
+        match state {
+            State::Waiting { not_before: None } => {
+                self.ready.insert(offset);
+            }
+            State::Waiting {
+                not_before: Some(t),
+            } => {
+                self.delayed.insert((t, offset));
+            }
+            State::InFlight { deadline } => {
+                self.deadlines.insert((deadline, offset));
+                self.in_flight += 1;
+                self.in_flight_bytes += record.bytes;
+            }
+            State::Held => {}
+        }
+    }
+
+    /// Whether the ready record `offset` may go out at `now`, as far as its delay and the
+    /// ordering go.
+    fn in_order(&self, offset: i64, record: &Record, now: Instant) -> bool {
+        if let State::Waiting {
+            not_before: Some(t),
+        } = record.state
+        {
+            if t > now {
+                return false;
+            }
         }
         match self.order {
             Order::Unordered => true,
@@ -158,25 +215,47 @@ impl Dispatcher {
     /// The next record to hand out at `now`, if the ordering and the window let one go: the
     /// lowest offset that may. It is in flight until answered or its deadline passes.
     pub fn next(&mut self, now: Instant) -> Option<Delivery> {
-        self.next_where(now, |_| true)
+        self.next_up_to(now, i64::MAX)
     }
 
-    /// [`Dispatcher::next`] among the offsets `allowed` says may go.
-    pub fn next_where(&mut self, now: Instant, allowed: impl Fn(i64) -> bool) -> Option<Delivery> {
+    /// [`Dispatcher::next`] among the offsets up to `limit`.
+    pub fn next_up_to(&mut self, now: Instant, limit: i64) -> Option<Delivery> {
+        // Retries whose delay has ended are ready again.
+        while let Some(&(t, offset)) = self.delayed.first() {
+            if t > now {
+                break;
+            }
+            self.delayed.pop_first();
+            self.ready.insert(offset);
+        }
         if self.in_flight >= self.window.max_records {
             return None;
         }
         let room = self.window.max_bytes.saturating_sub(self.in_flight_bytes);
-        let offset = self.records.iter().find_map(|(&offset, record)| {
-            let fits = record.bytes <= room || self.in_flight == 0;
-            (fits && allowed(offset) && self.eligible(offset, record, now)).then_some(offset)
-        })?;
-        let record = self.records.get_mut(&offset)?;
+        let offset = match self.order {
+            // Only the lowest record not done may go, and only alone.
+            Order::Partition => {
+                let (&first, record) = self.records.first_key_value()?;
+                let fits = record.bytes <= room || self.in_flight == 0;
+                (first <= limit
+                    && fits
+                    && self.ready.contains(&first)
+                    && self.in_order(first, record, now))
+                .then_some(first)?
+            }
+            Order::Key | Order::Unordered => {
+                self.ready.range(..=limit).copied().find(|offset| {
+                    self.records.get(offset).is_some_and(|record| {
+                        (record.bytes <= room || self.in_flight == 0)
+                            && self.in_order(*offset, record, now)
+                    })
+                })?
+            }
+        };
         let deadline = now + self.ack_deadline;
-        record.state = State::InFlight { deadline };
+        self.set_state(offset, State::InFlight { deadline });
+        let record = self.records.get_mut(&offset)?;
         record.attempts = record.attempts.saturating_add(1);
-        self.in_flight += 1;
-        self.in_flight_bytes += record.bytes;
         Some(Delivery {
             offset,
             attempt: record.attempts,
@@ -184,21 +263,14 @@ impl Dispatcher {
         })
     }
 
-    fn land(&mut self, offset: i64) -> Option<&mut Record> {
-        let record = self.records.get_mut(&offset)?;
-        if let State::InFlight { .. } = record.state {
-            self.in_flight -= 1;
-            self.in_flight_bytes -= record.bytes;
-        }
-        Some(record)
-    }
-
     /// `offset` is done (accepted, or its dead letter written): it leaves, and the next
     /// record of its key may go. False for a record not offered or done already.
     pub fn finish(&mut self, offset: i64) -> bool {
-        if self.land(offset).is_none() {
+        if !self.records.contains_key(&offset) {
             return false;
         }
+        // Out of every index first.
+        self.set_state(offset, State::Held);
         let Some(record) = self.records.remove(&offset) else {
             return false;
         };
@@ -222,31 +294,30 @@ impl Dispatcher {
         ) {
             return false;
         }
-        if let Some(record) = self.land(offset) {
-            record.state = State::Waiting {
+        self.set_state(
+            offset,
+            State::Waiting {
                 not_before: Some(not_before),
-            };
-        }
+            },
+        );
         true
     }
 
     /// `offset` is not to be handed out again until it is finished (its dead letter is being
     /// written); its key waits for it. False for a record not offered or done already.
     pub fn hold(&mut self, offset: i64) -> bool {
-        match self.land(offset) {
-            Some(record) => {
-                record.state = State::Held;
-                true
-            }
-            None => false,
+        if !self.records.contains_key(&offset) {
+            return false;
         }
+        self.set_state(offset, State::Held);
+        true
     }
 
     /// `offset`, in flight, gets until `deadline`. False unless it was in flight.
     pub fn renew(&mut self, offset: i64, deadline: Instant) -> bool {
-        match self.records.get_mut(&offset).map(|r| &mut r.state) {
-            Some(State::InFlight { deadline: d }) => {
-                *d = deadline;
+        match self.records.get(&offset).map(|r| r.state) {
+            Some(State::InFlight { .. }) => {
+                self.set_state(offset, State::InFlight { deadline });
                 true
             }
             _ => false,
@@ -256,37 +327,251 @@ impl Dispatcher {
     /// The records in flight whose deadline has passed at `now`, taken back to be handed
     /// out again (each delivery counts as an attempt).
     pub fn expire(&mut self, now: Instant) -> Vec<i64> {
-        let late: Vec<i64> = self
-            .records
-            .iter()
-            .filter(|(_, r)| matches!(r.state, State::InFlight { deadline } if deadline <= now))
-            .map(|(&offset, _)| offset)
-            .collect();
-        for &offset in &late {
-            if let Some(record) = self.land(offset) {
-                record.state = State::Waiting { not_before: None };
+        let mut late = Vec::new();
+        while let Some(&(deadline, offset)) = self.deadlines.first() {
+            if deadline > now {
+                break;
             }
+            self.set_state(offset, State::Waiting { not_before: None });
+            late.push(offset);
         }
+        late.sort_unstable();
         late
     }
 
     /// When something changes by itself: the earliest deadline in flight or end of a
     /// retry's delay.
     pub fn next_wake(&self) -> Option<Instant> {
-        self.records
-            .values()
-            .filter_map(|r| match r.state {
-                State::InFlight { deadline } => Some(deadline),
-                State::Waiting { not_before } => not_before,
-                State::Held => None,
-            })
-            .min()
+        let deadline = self.deadlines.first().map(|&(t, _)| t);
+        let delay = self.delayed.first().map(|&(t, _)| t);
+        deadline.into_iter().chain(delay).min()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The dispatcher as it was before its indexes: a walk of every record for each
+    /// delivery and deadline. The indexed one must choose exactly as it did.
+    mod reference {
+        use super::super::{Delivery, Order, Window};
+        use std::collections::{BTreeMap, BTreeSet, HashMap};
+        use std::time::Duration;
+        use tokio::time::Instant;
+
+        #[derive(Debug)]
+        enum State {
+            Waiting { not_before: Option<Instant> },
+            InFlight { deadline: Instant },
+            Held,
+        }
+
+        #[derive(Debug)]
+        struct Record {
+            key: Option<Vec<u8>>,
+            bytes: usize,
+            attempts: u32,
+            state: State,
+        }
+
+        #[derive(Debug)]
+        pub(super) struct Reference {
+            order: Order,
+            window: Window,
+            ack_deadline: Duration,
+            records: BTreeMap<i64, Record>,
+            keys: HashMap<Vec<u8>, BTreeSet<i64>>,
+            in_flight: usize,
+            in_flight_bytes: usize,
+        }
+
+        impl Reference {
+            pub(super) fn new(order: Order, window: Window, ack_deadline: Duration) -> Self {
+                Reference {
+                    order,
+                    window,
+                    ack_deadline,
+                    records: BTreeMap::new(),
+                    keys: HashMap::new(),
+                    in_flight: 0,
+                    in_flight_bytes: 0,
+                }
+            }
+
+            pub(super) fn offer(
+                &mut self,
+                offset: i64,
+                key: Option<Vec<u8>>,
+                bytes: usize,
+                attempts: u32,
+            ) {
+                if self.records.contains_key(&offset) {
+                    return;
+                }
+                if self.order == Order::Key {
+                    if let Some(key) = &key {
+                        self.keys.entry(key.clone()).or_default().insert(offset);
+                    }
+                }
+                self.records.insert(
+                    offset,
+                    Record {
+                        key,
+                        bytes,
+                        attempts,
+                        state: State::Waiting { not_before: None },
+                    },
+                );
+            }
+
+            pub(super) fn len(&self) -> usize {
+                self.records.len()
+            }
+
+            pub(super) fn in_flight(&self) -> (usize, usize) {
+                (self.in_flight, self.in_flight_bytes)
+            }
+
+            fn eligible(&self, offset: i64, record: &Record, now: Instant) -> bool {
+                let State::Waiting { not_before } = record.state else {
+                    return false;
+                };
+                if not_before.is_some_and(|t| t > now) {
+                    return false;
+                }
+                match self.order {
+                    Order::Unordered => true,
+                    Order::Partition => {
+                        self.in_flight == 0 && self.records.keys().next() == Some(&offset)
+                    }
+                    Order::Key => match &record.key {
+                        None => true,
+                        Some(key) => {
+                            self.keys.get(key).and_then(|offsets| offsets.first()) == Some(&offset)
+                        }
+                    },
+                }
+            }
+
+            pub(super) fn next_where(
+                &mut self,
+                now: Instant,
+                allowed: impl Fn(i64) -> bool,
+            ) -> Option<Delivery> {
+                if self.in_flight >= self.window.max_records {
+                    return None;
+                }
+                let room = self.window.max_bytes.saturating_sub(self.in_flight_bytes);
+                let offset = self.records.iter().find_map(|(&offset, record)| {
+                    let fits = record.bytes <= room || self.in_flight == 0;
+                    (fits && allowed(offset) && self.eligible(offset, record, now))
+                        .then_some(offset)
+                })?;
+                let record = self.records.get_mut(&offset)?;
+                let deadline = now + self.ack_deadline;
+                record.state = State::InFlight { deadline };
+                record.attempts = record.attempts.saturating_add(1);
+                self.in_flight += 1;
+                self.in_flight_bytes += record.bytes;
+                Some(Delivery {
+                    offset,
+                    attempt: record.attempts,
+                    deadline,
+                })
+            }
+
+            fn land(&mut self, offset: i64) -> Option<&mut Record> {
+                let record = self.records.get_mut(&offset)?;
+                if let State::InFlight { .. } = record.state {
+                    self.in_flight -= 1;
+                    self.in_flight_bytes -= record.bytes;
+                }
+                Some(record)
+            }
+
+            pub(super) fn finish(&mut self, offset: i64) -> bool {
+                if self.land(offset).is_none() {
+                    return false;
+                }
+                let Some(record) = self.records.remove(&offset) else {
+                    return false;
+                };
+                if let Some(key) = record.key {
+                    if let Some(offsets) = self.keys.get_mut(&key) {
+                        offsets.remove(&offset);
+                        if offsets.is_empty() {
+                            self.keys.remove(&key);
+                        }
+                    }
+                }
+                true
+            }
+
+            pub(super) fn retry(&mut self, offset: i64, not_before: Instant) -> bool {
+                if !matches!(
+                    self.records.get(&offset).map(|r| &r.state),
+                    Some(State::InFlight { .. })
+                ) {
+                    return false;
+                }
+                if let Some(record) = self.land(offset) {
+                    record.state = State::Waiting {
+                        not_before: Some(not_before),
+                    };
+                }
+                true
+            }
+
+            pub(super) fn hold(&mut self, offset: i64) -> bool {
+                match self.land(offset) {
+                    Some(record) => {
+                        record.state = State::Held;
+                        true
+                    }
+                    None => false,
+                }
+            }
+
+            pub(super) fn renew(&mut self, offset: i64, deadline: Instant) -> bool {
+                match self.records.get_mut(&offset).map(|r| &mut r.state) {
+                    Some(State::InFlight { deadline: d }) => {
+                        *d = deadline;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+
+            pub(super) fn expire(&mut self, now: Instant) -> Vec<i64> {
+                let late: Vec<i64> = self
+                    .records
+                    .iter()
+                    .filter(
+                        |(_, r)| matches!(r.state, State::InFlight { deadline } if deadline <= now),
+                    )
+                    .map(|(&offset, _)| offset)
+                    .collect();
+                for &offset in &late {
+                    if let Some(record) = self.land(offset) {
+                        record.state = State::Waiting { not_before: None };
+                    }
+                }
+                late
+            }
+
+            pub(super) fn next_wake(&self) -> Option<Instant> {
+                self.records
+                    .values()
+                    .filter_map(|r| match r.state {
+                        State::InFlight { deadline } => Some(deadline),
+                        State::Waiting { not_before } => not_before,
+                        State::Held => None,
+                    })
+                    .min()
+            }
+        }
+    }
     use proptest::prelude::*;
 
     const WIDE: Window = Window {
@@ -335,6 +620,29 @@ mod tests {
         );
         assert!(d.finish(0));
         assert_eq!(d.next(now).map(|d| d.offset), Some(2));
+    }
+
+    #[test]
+    fn a_retry_due_behind_a_full_window_wakes_nobody_before_the_window_can_change() {
+        let now = Instant::now();
+        let window = Window {
+            max_records: 1,
+            max_bytes: usize::MAX,
+        };
+        let mut d = Dispatcher::new(Order::Unordered, window, Duration::from_secs(30));
+        d.offer(0, None, 1, 0);
+        d.offer(1, None, 1, 0);
+        assert_eq!(d.next(now).map(|d| d.offset), Some(0));
+        assert!(d.retry(0, now + Duration::from_millis(100)));
+        assert_eq!(d.next(now).map(|d| d.offset), Some(1));
+        // The retry is due, but the window is full: nothing can go out until offset 1 is
+        // answered or its deadline passes, so that is the next wake-up, not the delay's end
+        // (which is past, and would make the caller wake again at once, over and over).
+        let later = now + Duration::from_millis(200);
+        assert_eq!(d.next(later), None);
+        assert_eq!(d.next_wake(), Some(now + Duration::from_secs(30)));
+        assert!(d.finish(1));
+        assert_eq!(d.next(later).map(|d| (d.offset, d.attempt)), Some((0, 2)));
     }
 
     #[test]
@@ -397,6 +705,87 @@ mod tests {
             1 => (0_usize..64, 0_u64..3).prop_map(|(i, s)| Op::Retry(i, s)),
             1 => (0_u64..40).prop_map(Op::Expire),
         ]
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Next(i64),
+        Finish(usize),
+        Retry(usize, u64),
+        Hold(usize),
+        Renew(usize, u64),
+        Advance(u64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (0_i64..80).prop_map(|l| Step::Next(if l > 60 { i64::MAX } else { l })),
+            3 => (0_usize..80).prop_map(Step::Finish),
+            1 => (0_usize..80, 0_u64..3).prop_map(|(i, s)| Step::Retry(i, s)),
+            1 => (0_usize..80).prop_map(Step::Hold),
+            1 => (0_usize..80, 1_u64..30).prop_map(|(i, s)| Step::Renew(i, s)),
+            1 => (0_u64..15).prop_map(Step::Advance),
+        ]
+    }
+
+    proptest! {
+        /// The indexed dispatcher makes exactly the choices of the walking one it replaced:
+        /// the same deliveries (offset, attempt, deadline), the same answers accepted or
+        /// refused, the same records taken back at their deadlines, the same wake-ups.
+        #[test]
+        fn the_indexes_change_no_choice(
+            order in prop_oneof![Just(Order::Partition), Just(Order::Key), Just(Order::Unordered)],
+            keys in proptest::collection::vec(proptest::option::of(0_u8..8), 1..60),
+            sizes in proptest::collection::vec(1_usize..40, 60),
+            steps in proptest::collection::vec(step(), 0..300),
+        ) {
+            let start = Instant::now();
+            let window = Window { max_records: 6, max_bytes: 80 };
+            let ack = Duration::from_secs(10);
+            let mut new = Dispatcher::new(order, window, ack);
+            let mut old = reference::Reference::new(order, window, ack);
+            for (i, k) in keys.iter().enumerate() {
+                let attempts = (i % 3) as u32;
+                new.offer(i as i64, k.map(|k| vec![k]), sizes[i], attempts);
+                old.offer(i as i64, k.map(|k| vec![k]), sizes[i], attempts);
+            }
+            let mut now = start;
+            let n = keys.len();
+            for step in steps {
+                match step {
+                    Step::Next(limit) => {
+                        let a = new.next_up_to(now, limit);
+                        let b = old.next_where(now, |o| o <= limit);
+                        prop_assert_eq!(a, b);
+                    }
+                    Step::Finish(i) => prop_assert_eq!(new.finish((i % n) as i64), old.finish((i % n) as i64)),
+                    Step::Retry(i, s) => {
+                        let at = now + Duration::from_secs(s);
+                        prop_assert_eq!(new.retry((i % n) as i64, at), old.retry((i % n) as i64, at));
+                    }
+                    Step::Hold(i) => prop_assert_eq!(new.hold((i % n) as i64), old.hold((i % n) as i64)),
+                    Step::Renew(i, s) => {
+                        let at = now + Duration::from_secs(s);
+                        prop_assert_eq!(new.renew((i % n) as i64, at), old.renew((i % n) as i64, at));
+                    }
+                    Step::Advance(s) => {
+                        now += Duration::from_secs(s);
+                        prop_assert_eq!(new.expire(now), old.expire(now));
+                    }
+                }
+                prop_assert_eq!(new.in_flight(), old.in_flight());
+                // One difference, on purpose: the walking one also woke for the end of a
+                // retry's delay that had passed while the record could not go out yet (a
+                // full window), so its caller woke again at once, and again, until the
+                // window freed. The indexed one wakes for the next thing still to come.
+                match (new.next_wake(), old.next_wake()) {
+                    (a, Some(b)) if b > now => prop_assert_eq!(a, Some(b)),
+                    (Some(a), Some(b)) => prop_assert!(a >= b),
+                    (a, b) => prop_assert!(a.is_none() || b.is_some(), "{:?} {:?}", a, b),
+                }
+                prop_assert_eq!(new.len(), old.len());
+            }
+        }
     }
 
     proptest! {

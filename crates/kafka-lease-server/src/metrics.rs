@@ -246,10 +246,32 @@ impl std::fmt::Debug for QueueCounters {
     }
 }
 
-/// Counts one answer to a delivery.
-pub fn record_answer(kind: &'static str, applied: bool) {
-    let outcome = if applied { "applied" } else { "stale" };
-    metrics::counter!(QUEUE_ANSWERS, "type" => kind, "outcome" => outcome).increment(1);
+/// Answers of one Acknowledge by type and outcome, recorded together
+/// ([`AnswerCounts::record`]): one counter lookup per kind seen, not one per answer.
+#[derive(Debug, Default)]
+pub struct AnswerCounts {
+    /// (type, applied) → count, in the order first seen (four types, two outcomes).
+    counts: Vec<(&'static str, bool, u64)>,
+}
+
+impl AnswerCounts {
+    pub fn add(&mut self, kind: &'static str, applied: bool) {
+        match self
+            .counts
+            .iter_mut()
+            .find(|(k, a, _)| *k == kind && *a == applied)
+        {
+            Some((_, _, n)) => *n += 1,
+            None => self.counts.push((kind, applied, 1)),
+        }
+    }
+
+    pub fn record(&self) {
+        for &(kind, applied, n) in &self.counts {
+            let outcome = if applied { "applied" } else { "stale" };
+            metrics::counter!(QUEUE_ANSWERS, "type" => kind, "outcome" => outcome).increment(n);
+        }
+    }
 }
 
 impl std::fmt::Debug for Delivered {

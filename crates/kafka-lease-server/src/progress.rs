@@ -35,6 +35,10 @@ pub struct Progress {
     done: BTreeMap<i64, i64>,
     /// Offset (≥ `base`, not done) → deliveries so far.
     attempts: BTreeMap<i64, u32>,
+    /// The bytes the runs and the attempts take in the encoding (without the two counts in
+    /// front of them), kept up to date by every change: a queue asks for the length before
+    /// each delivery, and counting it afresh would cost a walk of every record in flight.
+    entry_bytes: usize,
 }
 
 /// Why a metadata string holds no usable progress.
@@ -79,7 +83,29 @@ impl Progress {
         if self.is_done(offset) {
             return;
         }
-        self.attempts.remove(&offset);
+        self.change_attempts(offset, |attempts| {
+            attempts.remove(&offset);
+        });
+        // The runs whose encoding can change: from the one below `offset` to the first one
+        // beyond the run `offset` may join; and the first attempt, should the base move.
+        let low = self
+            .done
+            .range(..offset)
+            .next_back()
+            .map_or(offset, |(&s, _)| s);
+        let high = self
+            .done
+            .range(offset.saturating_add(2)..)
+            .next()
+            .map_or(i64::MAX, |(&s, _)| s);
+        let before = self.runs_bytes(low, high) + self.first_attempt_bytes();
+        self.join_done(offset);
+        let after = self.runs_bytes(low, high) + self.first_attempt_bytes();
+        self.entry_bytes = self.entry_bytes + after - before;
+    }
+
+    /// Puts `offset` (not done) into the runs, or moves the base past it.
+    fn join_done(&mut self, offset: i64) {
         let (mut start, mut end) = (offset, offset + 1);
         // Join the run that ends right at `offset`, and the one that starts right after it.
         if let Some((&s, &e)) = self.done.range(..offset).next_back() {
@@ -104,9 +130,74 @@ impl Progress {
         if self.is_done(offset) {
             return 0;
         }
-        let count = self.attempts.entry(offset).or_insert(0);
-        *count = count.saturating_add(1);
-        *count
+        let mut count = 0;
+        self.change_attempts(offset, |attempts| {
+            let entry = attempts.entry(offset).or_insert(0);
+            *entry = entry.saturating_add(1);
+            count = *entry;
+        });
+        count
+    }
+
+    /// Changes the attempts at `offset` (the base unchanged), keeping `entry_bytes`: only
+    /// the entry at `offset` and the one after it encode differently.
+    fn change_attempts(&mut self, offset: i64, change: impl FnOnce(&mut BTreeMap<i64, u32>)) {
+        let next = self
+            .attempts
+            .range(offset.saturating_add(1)..)
+            .next()
+            .map(|(&o, _)| o);
+        let cost = |p: &Progress| p.attempt_bytes(offset) + next.map_or(0, |n| p.attempt_bytes(n));
+        let before = cost(self);
+        change(&mut self.attempts);
+        let after = cost(self);
+        self.entry_bytes = self.entry_bytes + after - before;
+    }
+
+    /// The bytes of the attempts entry at `offset` (0 if there is none).
+    fn attempt_bytes(&self, offset: i64) -> usize {
+        let Some(&count) = self.attempts.get(&offset) else {
+            return 0;
+        };
+        let previous = self
+            .attempts
+            .range(..offset)
+            .next_back()
+            .map_or(self.base, |(&o, _)| o);
+        varint_len((offset - previous) as u64) + varint_len(u64::from(count))
+    }
+
+    fn first_attempt_bytes(&self) -> usize {
+        self.attempts
+            .keys()
+            .next()
+            .map_or(0, |&first| self.attempt_bytes(first))
+    }
+
+    /// The bytes of the runs starting in `low ..= high`.
+    fn runs_bytes(&self, low: i64, high: i64) -> usize {
+        let mut previous_end = self
+            .done
+            .range(..low)
+            .next_back()
+            .map_or(self.base + 1, |(_, &e)| e + 1);
+        let mut bytes = 0;
+        for (&start, &end) in self.done.range(low..=high) {
+            bytes +=
+                varint_len((start - previous_end) as u64) + varint_len((end - start - 1) as u64);
+            previous_end = end + 1;
+        }
+        bytes
+    }
+
+    /// `entry_bytes` counted afresh.
+    fn count_entry_bytes(&self) -> usize {
+        self.runs_bytes(i64::MIN, i64::MAX)
+            + self
+                .attempts
+                .keys()
+                .map(|&o| self.attempt_bytes(o))
+                .sum::<usize>()
     }
 
     /// How often `offset` has been delivered (0 for one never delivered, or done).
@@ -147,20 +238,9 @@ impl Progress {
 
     /// The length of [`Progress::encode`], without making it.
     pub fn encoded_len(&self) -> usize {
-        let mut bytes = varint_len(self.done.len() as u64);
-        let mut previous_end = self.base + 1;
-        for (&start, &end) in &self.done {
-            bytes += varint_len((start - previous_end) as u64);
-            bytes += varint_len((end - start - 1) as u64);
-            previous_end = end + 1;
-        }
-        bytes += varint_len(self.attempts.len() as u64);
-        let mut previous = self.base;
-        for (&offset, &count) in &self.attempts {
-            bytes += varint_len((offset - previous) as u64);
-            bytes += varint_len(u64::from(count));
-            previous = offset;
-        }
+        let bytes = varint_len(self.done.len() as u64)
+            + varint_len(self.attempts.len() as u64)
+            + self.entry_bytes;
         TAG.len() + (bytes * 4).div_ceil(3)
     }
 
@@ -194,6 +274,7 @@ impl Progress {
             progress.attempts.insert(offset, count);
             previous = offset;
         }
+        progress.entry_bytes = progress.count_entry_bytes();
         match bytes.len() - reader.at {
             0 => Ok(progress),
             left => Err(ProgressError::Trailing(left)),
@@ -392,10 +473,15 @@ mod tests {
             for (offset, times) in &retried {
                 for _ in 0..*times {
                     p.delivered(base + offset);
+                    prop_assert_eq!(p.entry_bytes, p.count_entry_bytes());
                 }
             }
-            for offset in &marks {
+            for (i, offset) in marks.iter().enumerate() {
                 p.mark_done(base + offset);
+                prop_assert_eq!(p.entry_bytes, p.count_entry_bytes());
+                // Deliveries between the marks, as a queue makes them.
+                p.delivered(base + (offset * 7 + i as i64) % 3_000);
+                prop_assert_eq!(p.entry_bytes, p.count_entry_bytes());
             }
             let metadata = format!("kafka-lease token=42;{}", p.encode());
             let decoded = Progress::from_metadata(p.base(), &metadata).expect("decodes");

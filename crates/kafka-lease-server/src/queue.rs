@@ -99,7 +99,7 @@ impl Queue {
             self.failed(offset);
         }
         let limit = self.brake();
-        let delivery = self.dispatcher.next_where(now, |offset| offset <= limit)?;
+        let delivery = self.dispatcher.next_up_to(now, limit)?;
         self.progress.delivered(delivery.offset);
         Some(delivery)
     }

@@ -333,6 +333,8 @@ impl QueueRun {
     /// The deliveries the queue lets go at `now`, as one response's worth.
     fn take_ready(&self, now: Instant) -> DeliverBatch {
         let mut batch = DeliverBatch::new();
+        // Every delivery of the batch gets the same deadline: now + the ack deadline.
+        let wall_now = SystemTime::now();
         let letters_due = self.in_window(|state| {
             let before = state.queue.in_flight();
             while batch.len() < RESPONSE_RECORDS && batch.wire_len() < RESPONSE_BYTES {
@@ -353,7 +355,7 @@ impl QueueRun {
                 let Some(record) = state.bodies.get(&delivery.offset) else {
                     continue;
                 };
-                let deadline = SystemTime::now() + delivery.deadline.saturating_duration_since(now);
+                let deadline = wall_now + delivery.deadline.saturating_duration_since(now);
                 batch.push(&record.field, delivery.attempt, timestamp_parts(deadline));
                 let delivered_here_before = state.out_at.insert(delivery.offset, now).is_some();
                 // The attempt counts in the progress: the next commit carries it.
@@ -387,6 +389,8 @@ impl QueueRun {
 
     /// Applies `acks` in order.
     fn apply(&self, acks: &[Ack], now: Instant) -> Vec<AckOutcome> {
+        // The answers by kind and outcome, counted once for the whole call.
+        let mut answers = crate::metrics::AnswerCounts::default();
         let (outcomes, letters) = self.in_window(|state| {
             let outcomes: Vec<AckOutcome> = acks
                 .iter()
@@ -440,7 +444,7 @@ impl QueueRun {
                                 .renew(ack.offset, now + self.settings.queue.ack_deadline),
                         ),
                     };
-                    crate::metrics::record_answer(kind, applied);
+                    answers.add(kind, applied);
                     if applied {
                         AckOutcome::Applied
                     } else {
@@ -450,6 +454,7 @@ impl QueueRun {
                 .collect();
             (outcomes, state.queue.dead_letters_due())
         });
+        answers.record();
         self.ready.notify_waiters();
         self.room.notify_waiters();
         if letters {
