@@ -20,6 +20,10 @@ const SCENARIOS: &[&str] = &[
     "scale",
     "rebalance",
     "drain-subscribe",
+    "queue-slow-handler",
+    "queue-poison",
+    "queue-overhead",
+    "queue-vs-share-group",
 ];
 
 /// Rows each scenario writes.
