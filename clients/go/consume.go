@@ -13,6 +13,12 @@ const (
 	defaultBackoff    = 100 * time.Millisecond
 	defaultMaxBackoff = 30 * time.Second
 	defaultDrain      = 10 * time.Second
+	// While draining, the running handlers' deliveries are renewed no more often than every
+	// minRenewWhileDraining, and on a subscription at least every maxRenewWhileDraining.
+	minRenewWhileDraining = 100 * time.Millisecond
+	maxRenewWhileDraining = 2 * time.Second
+	// A queue's ack deadline when the gateway's default applies.
+	defaultAckDeadline = 30 * time.Second
 )
 
 // Handler handles one record of a queue (Lease.Consume). Returning nil accepts it; an error
@@ -104,8 +110,9 @@ type ConsumeOptions struct {
 	// attempt, at most MaxBackoff; 0: 100 ms and 30 s.
 	Backoff    time.Duration
 	MaxBackoff time.Duration
-	// At shutdown, how long running handlers may take to finish; the records of those that
-	// do not are handed back (retried at once). nil: 10 s.
+	// At shutdown, how long running handlers may take to finish (their deliveries renewed
+	// meanwhile); the records of those that do not are handed back (retried at once). nil:
+	// 10 s.
 	Drain *time.Duration
 	// What becomes of a record whose handler failed; nil: DefaultErrorPolicy.
 	OnError ErrorPolicy
@@ -166,11 +173,13 @@ type consumeTask struct {
 // letter topic, as opts.OnError decides; a record failing its queue's MaxDeliveries-th
 // delivery goes there too.
 //
-// When ctx ends, Consume stops taking deliveries, gives running handlers opts.Drain to
-// finish, hands back the records of those still running (a retry at once, with the reason
-// "the consumer shut down before handling it"; their handlers' ctx is cancelled), and
-// returns what it did with a nil error. Release the lease then: Release commits what was
-// done.
+// When ctx ends, Consume stops taking deliveries (the Deliver stream closes), gives running
+// handlers opts.Drain to finish, hands back the records of those still running (a retry at
+// once, with the reason "the consumer shut down before handling it"; their handlers' ctx is
+// cancelled), and returns what it did with a nil error. While draining it renews the
+// deliveries of the handlers still running every third of the lease's TTL (at least 100 ms):
+// with no Deliver open, those calls keep the lease alive however long the drain. Release the
+// lease then: Release commits what was done.
 //
 // Errors: what opening the deliveries failed with, or the error that ended them (the lease
 // ended, or a broken stream could not be reopened), as Deliveries yields them; the stats
@@ -194,6 +203,8 @@ type deliverySource interface {
 	pause() []*Delivery
 	// close ends the source, once every delivery taken is answered.
 	close()
+	// renewEvery is how often the running handlers' deliveries are renewed while draining.
+	renewEvery() time.Duration
 }
 
 // leaseSource is a lease's Deliver: paused, its stream closes (the lease stays held).
@@ -207,6 +218,12 @@ func (s *leaseSource) pause() []*Delivery {
 }
 
 func (s *leaseSource) close() {}
+
+// renewEvery is a third of the TTL: with the Deliver closed, the renewals keep the lease
+// alive.
+func (s *leaseSource) renewEvery() time.Duration {
+	return max(s.dv.lease.TTL/3, minRenewWhileDraining)
+}
 
 // consume runs handler on the source's deliveries, as Lease.Consume describes.
 func consume(ctx context.Context, opts ConsumeOptions, handler Handler, src deliverySource) (ConsumeStats, error) {
@@ -299,16 +316,28 @@ loop:
 		}
 	}
 
-	// Shutdown: take no more, give the running handlers the drain time, hand back the rest.
+	// Shutdown: take no more, give the running handlers the drain time (renewing their
+	// deliveries), hand back the rest.
 	stopFetching()
 	<-fetcherDone
 	timer := time.NewTimer(drain)
 	defer timer.Stop()
+	renew := time.NewTicker(src.renewEvery())
+	defer renew.Stop()
+	var renewals sync.WaitGroup
+	defer renewals.Wait()
 drain:
 	for len(running) > 0 {
 		select {
 		case t := <-results:
 			delete(running, t)
+		case <-renew.C:
+			for t := range running {
+				if !t.answered.Load() {
+					// A lost renewal costs nothing: the drain ends soon.
+					renewals.Go(func() { _, _ = t.d.Renew(answerCtx) })
+				}
+			}
 		case <-timer.C:
 			break drain
 		}

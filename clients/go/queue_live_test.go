@@ -325,6 +325,79 @@ func TestQueueShutdownHandsBackUnfinishedRecords(t *testing.T) {
 	}
 }
 
+// b2. While draining, Consume renews the running handlers' deliveries every third of the
+// lease's TTL: with the Deliver closed, those calls are what keep the lease alive. A handler
+// that runs for three TTLs after shutdown began still has its accept applied, nothing is
+// handed back, and the lease is still held afterwards.
+func TestQueueDrainRenewalsKeepTheLeaseAlive(t *testing.T) {
+	client, fx, _ := live(t)
+	queueFixture(t, fx)
+	q := fx.Queue
+	ctx := testContext(t, time.Minute)
+	group := fx.freshGroup()
+	ttl := 2 * time.Second
+	lease, err := client.Acquire(ctx, group, q.Topic, kafkalease.AcquireOptions{Partition: p0, TTL: ttl})
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	defer func() { _ = lease.Release(context.Background()) }()
+	if lease.TTL != ttl {
+		t.Fatalf("TTL granted %v, want %v", lease.TTL, ttl)
+	}
+	type answer struct {
+		offset  int64
+		outcome kafkalease.AckOutcome
+		err     error
+	}
+	accepts := make(chan answer, 10)
+	drain := 10 * time.Second
+	opts := kafkalease.ConsumeOptions{
+		Queue: kafkalease.QueueOptions{DeadLetterTopic: q.DeadLetterTopic},
+		Drain: &drain,
+		OnAccept: func(d *kafkalease.Delivery, outcome kafkalease.AckOutcome, err error) {
+			accepts <- answer{d.Offset(), outcome, err}
+		},
+	}
+	started, shutdown := make(chan int64, 10), make(chan struct{})
+	bg := consumeInBackground(ctx, lease, opts, func(hctx context.Context, d *kafkalease.Delivery) error {
+		started <- d.Offset()
+		<-shutdown
+		select { // three TTLs into the drain
+		case <-time.After(3 * ttl):
+			return nil
+		case <-hctx.Done():
+			return hctx.Err()
+		}
+	})
+	var first int64
+	select {
+	case first = <-started:
+	case <-ctx.Done():
+		t.Fatal("no handler started")
+	}
+	bg.cancel()
+	close(shutdown)
+	res := bg.stop()
+	if res.err != nil || res.stats != (kafkalease.ConsumeStats{Accepted: 1}) || len(started) != 0 {
+		t.Fatalf("consume: %+v %v, %d more started; want 1 accepted, nothing handed back", res.stats, res.err, len(started))
+	}
+	select {
+	case a := <-accepts:
+		if a.offset != first || a.err != nil || a.outcome != kafkalease.AckApplied {
+			t.Fatalf("the accept of offset %d: %v %v, want offset %d APPLIED (did the lease expire while draining?)",
+				a.offset, a.outcome, a.err, first)
+		}
+	default:
+		t.Fatal("no accept answered")
+	}
+	if queueInfo(ctx, t, client, group, q.Topic) == nil {
+		t.Fatal("the lease is no longer listed after the drain")
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("release after the drain: %v", err)
+	}
+}
+
 // c. A queue-mode lease refuses Commit and Seek (WRONG_MODE), an answer after Release fails
 // with the lease-ended error, and a missing dead letter topic fails the first Deliver.
 func TestQueueAnswerAfterReleaseFailsAndWrongMode(t *testing.T) {

@@ -2,6 +2,7 @@ package kafkalease
 
 import (
 	"context"
+	"time"
 )
 
 // Consume runs handler on every delivery of the member's leases, as Lease.Consume does for
@@ -14,10 +15,11 @@ import (
 //
 // When ctx ends, Consume stops taking deliveries but keeps the subscription open, so the
 // member keeps its leases while running handlers get opts.Drain to finish and their answers
-// land; it hands back the deliveries received and not started, and those whose handlers
-// are still running after the drain (a retry at once). Then it closes the subscription: the
-// member leaves, and its leases are released (after SessionGrace), committing what was
-// done. It returns what it did with a nil error.
+// land (their deliveries renewed every third of the ack deadline, at most 2 s, at least
+// 100 ms, to keep their deadlines ahead); it hands back the deliveries received and not
+// started, and those whose handlers are still running after the drain (a retry at once).
+// Then it closes the subscription: the member leaves, and its leases are released (after
+// SessionGrace), committing what was done. It returns what it did with a nil error.
 //
 // Errors: the error that ended the subscription (see Next), with the stats; nil when the
 // gateway ended it with OK. The subscription is closed either way.
@@ -111,6 +113,16 @@ func (src *subscriptionSource) pause() []*Delivery {
 	out := src.pending
 	src.pending = nil
 	return out
+}
+
+// renewEvery is a third of the ack deadline, at most 2 s: the open stream keeps the leases,
+// the renewals keep the deliveries' deadlines ahead.
+func (src *subscriptionSource) renewEvery() time.Duration {
+	deadline := defaultAckDeadline
+	if d := src.s.req.GetQueue().GetAckDeadline(); d != nil {
+		deadline = d.AsDuration()
+	}
+	return min(max(deadline/3, minRenewWhileDraining), maxRenewWhileDraining)
 }
 
 // close ends the subscription: the member leaves.
