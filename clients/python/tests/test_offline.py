@@ -596,6 +596,29 @@ def test_subscription_consume_answers_per_lease_and_leaves_only_after_the_drain(
     assert sub.next_event(timeout=1) is None
 
 
+def test_subscription_consume_renews_what_still_runs_while_draining(fake) -> None:
+    gateway, client = fake
+    gateway.subscribe_scripts = [[JOINED, subscribed_deliveries("A", 0, 0, 2), HOLD]]
+    stop = threading.Event()
+    started: list[int] = []
+
+    def handler(delivery) -> None:
+        started.append(delivery.offset)
+        if len(started) == 2:
+            stop.set()
+        if delivery.offset == 2:
+            time.sleep(1.0)  # a third of the 1 s ack deadline: renewed about 3 times meanwhile
+
+    sub = client.subscribe("g", ["t"], queue=QueueOptions(ordering="unordered", max_in_flight=2, ack_deadline=1))
+    stats = sub.consume(handler, concurrency=2, stop=stop, drain=5)
+    assert stats == ConsumeStats(accepted=2)
+    answers = [(a.offset, a.type) for r in gateway.ack_requests for a in r.acknowledgements]
+    renewals = [offset for offset, kind in answers if kind == pb.ACK_TYPE_RENEW]
+    # Only the running handler's delivery, not the one answered at once; its accept last.
+    assert renewals and set(renewals) == {2} and 2 <= len(renewals) <= 4, answers
+    assert answers[-1] == (2, pb.ACK_TYPE_ACCEPT) and (0, pb.ACK_TYPE_ACCEPT) in answers
+
+
 def test_subscription_consume_needs_queue_mode(fake) -> None:
     gateway, client = fake
     gateway.subscribe_scripts = [[JOINED, HOLD]]

@@ -194,6 +194,34 @@ def test_shutdown_hands_back_the_records_still_running(client: Client, fixture: 
         assert len(started) == 3, "the first consume started no handler after its stop"
 
 
+def test_draining_handlers_keep_the_lease_alive_past_its_ttl(client: Client, fixture: Fixture, queue: QueueFixture) -> None:
+    """Once stopped, the consumer closes the Deliver; a handler that runs on for 3 TTLs is
+    still answered on the same lease: the drain renews its delivery every third of the TTL,
+    and those calls keep the lease alive."""
+    group = fixture.fresh_group() + "-drain-renews"
+    options = QueueOptions(dead_letter_topic=queue.dead_letter_topic)
+    shutdown = threading.Event()
+    started = threading.Event()
+    told: list[tuple[int, AckType, AckOutcome]] = []
+
+    def slow(delivery: Delivery) -> None:
+        started.set()
+        shutdown.wait(DEADLINE)
+        time.sleep(3 * lease.ttl)  # well past the TTL, within the drain
+
+    with client.acquire(group, queue.topic, partition=0, ttl=2) as lease:
+        assert lease.ttl == 2.0
+        run = Background(
+            lease.consume, slow, options, drain=4 * lease.ttl, on_answer=lambda d, k, o: told.append((d.offset, k, o))
+        )
+        assert started.wait(DEADLINE), "no handler started"
+        shutdown.set()
+        stats = run.finish()
+        assert stats == ConsumeStats(accepted=1)
+        assert told == [(0, AckType.ACCEPT, AckOutcome.APPLIED)], "the accept was lost: the lease expired while draining"
+        lease.release()  # still held: no LeaseEndedError
+
+
 def test_an_answer_after_release_fails_with_the_lease_end(client: Client, fixture: Fixture, queue: QueueFixture) -> None:
     group = fixture.fresh_group() + "-after-release"
     lease = client.acquire(group, queue.topic, partition=0, ttl=30)

@@ -276,10 +276,12 @@ class Lease(LeaseHandle):
         ``max_deliveries`` a failing record goes to the dead letter topic. The handler may
         call ``delivery.renew()`` for more time; it should not answer the delivery itself.
 
-        At the end it stops taking deliveries, gives the running handlers ``drain`` seconds,
-        then hands back the records of those still running (and any received but not
-        started): a RETRY without delay, reason :data:`SHUT_DOWN_REASON`; a handler that
-        finishes later is not answered. Then release the lease: Release commits what was
+        At the end it stops taking deliveries (closing the Deliver), gives the running
+        handlers ``drain`` seconds, renewing their deliveries every third of the lease's
+        ``ttl`` (at least 0.1 s) meanwhile, which keeps the lease alive, then hands back the
+        records of those still running (and any received but not started): a RETRY without
+        delay, reason :data:`SHUT_DOWN_REASON`; a handler that finishes later is not
+        answered. Then release the lease: Release commits what was
         done.
 
         ``on_answer(delivery, ack_type, outcome)``, if given, is told of each answer sent
@@ -295,6 +297,7 @@ class Lease(LeaseHandle):
             handler,
             options,
             concurrency=concurrency,
+            ttl=self.ttl,
             stop=stop,
             error_policy=error_policy,
             backoff=backoff,

@@ -35,6 +35,8 @@ _FIRST_BACKOFF, _MAX_BACKOFF = 0.1, 3.2
 _ACK_ATTEMPTS = 4
 #: Why a record still being handled at the end of a consume's drain is handed back.
 SHUT_DOWN_REASON = "the consumer shut down before handling it"
+#: The shortest and (for a subscription) longest wait between a drain's renewals.
+_MIN_RENEW_EVERY, _MAX_SUBSCRIPTION_RENEW_EVERY = 0.1, 2.0
 
 
 class Ordering(enum.IntEnum):
@@ -466,6 +468,10 @@ class DeliverySource(Protocol):
         """After the drain: ends what ``pause`` left open."""
         ...
 
+    def renew_every(self) -> float:
+        """How often (seconds) the drain renews the deliveries of the running handlers."""
+        ...
+
 
 _RUNNING, _ANSWERING, _HANDED_BACK = "running", "answering", "handed back"
 
@@ -556,16 +562,27 @@ class _Consumer:
         except Exception:  # noqa: BLE001 - documented: ignored, the consumer goes on
             pass
 
-    def drain(self, drain: float, unstarted: list[Delivery]) -> None:
-        """Gives running handlers ``drain`` seconds, then hands back the records of those
-        still running and ``unstarted``; returns once every answer is sent."""
-        give_up = time.monotonic() + drain
-        with self.lock:
-            while any(s == _RUNNING for s, _ in self.state.values()):
-                left = give_up - time.monotonic()
-                if left <= 0:
+    def drain(self, drain: float, unstarted: list[Delivery], renew_every: float) -> None:
+        """Gives running handlers ``drain`` seconds, renewing their deliveries every
+        ``renew_every`` seconds meanwhile, then hands back the records of those still running
+        and ``unstarted``; returns once every answer is sent."""
+        now = time.monotonic()
+        give_up, renew_at = now + drain, now + renew_every
+        while True:
+            with self.lock:
+                now = time.monotonic()
+                running = [d for s, d in self.state.values() if s == _RUNNING]
+                if not running or now >= give_up:
                     break
-                self.lock.wait(left)
+                if now < renew_at:
+                    self.lock.wait(min(give_up, renew_at) - now)
+                    continue
+                renew_at = now + renew_every
+            # Outside the lock, without waiting: a lost renewal costs nothing (the drain ends
+            # soon), and one that comes after the handler's answer is merely STALE.
+            for delivery in running:
+                delivery.answer(AckType.RENEW)
+        with self.lock:
             back = list(unstarted)
             for token, (s, delivery) in list(self.state.items()):
                 if s == _RUNNING:
@@ -587,8 +604,9 @@ class _Consumer:
 class _LeaseSource:
     """A lease's :class:`Deliveries` as a consumer's source: pausing closes the Deliver."""
 
-    def __init__(self, deliveries: Deliveries) -> None:
+    def __init__(self, deliveries: Deliveries, ttl: float) -> None:
         self.deliveries = deliveries
+        self._ttl = ttl
 
     def next_delivery(self, timeout: float | None = None) -> Delivery | None:
         return self.deliveries.next_delivery(timeout)
@@ -599,6 +617,10 @@ class _LeaseSource:
     def close(self) -> None:
         pass
 
+    def renew_every(self) -> float:
+        # A third of the TTL: with the Deliver closed, the renewals keep the lease alive.
+        return max(self._ttl / 3, _MIN_RENEW_EVERY)
+
 
 def consume(
     open_deliveries: Callable[[QueueOptions], Deliveries],
@@ -606,14 +628,15 @@ def consume(
     options: QueueOptions | None,
     *,
     concurrency: int,
+    ttl: float,
     **kwargs: Any,
 ) -> ConsumeStats:
     """:meth:`Lease.consume`: :func:`consume_from` the lease's Deliver, with
-    ``max_in_flight`` = ``concurrency`` unless set."""
+    ``max_in_flight`` = ``concurrency`` unless set; ``ttl`` is the lease's (seconds)."""
     queue_options = options or QueueOptions()
     if not queue_options.max_in_flight:
         queue_options = replace(queue_options, max_in_flight=min(max(1, int(concurrency)), _MAX_BATCH))
-    source = _LeaseSource(open_deliveries(queue_options))
+    source = _LeaseSource(open_deliveries(queue_options), ttl)
     return consume_from(source, handler, concurrency=concurrency, **kwargs)
 
 
@@ -631,7 +654,8 @@ def consume_from(
 ) -> ConsumeStats:
     """The consumer loop: ``handler`` on up to ``concurrency`` threads over ``source``'s
     deliveries until ``stop`` is set or the source ends; then ``source.pause()``, the drain
-    (running handlers get ``drain`` seconds, then what is unfinished is handed back), and
+    (running handlers get ``drain`` seconds, their deliveries renewed every
+    ``source.renew_every()`` seconds meanwhile, then what is unfinished is handed back), and
     only then ``source.close()``."""
     concurrency = max(1, int(concurrency))
     consumer = _Consumer(handler, concurrency, error_policy or retry_with_backoff, backoff, on_answer)
@@ -664,7 +688,7 @@ def consume_from(
         # answers still reach their leases.
         try:
             unstarted = deliveries.pause()
-            consumer.drain(as_seconds(drain), unstarted)
+            consumer.drain(as_seconds(drain), unstarted, deliveries.renew_every())
         finally:
             deliveries.close()
     if ended is not None:

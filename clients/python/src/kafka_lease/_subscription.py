@@ -22,15 +22,19 @@ from kafka_lease._queue import (
     QueueOptions,
     Stop,
     _Acks,
+    _MAX_SUBSCRIPTION_RENEW_EVERY,
+    _MIN_RENEW_EVERY,
     consume_from,
 )
 from kafka_lease._stream import Pump, deadline_of, stream_broke
-from kafka_lease._types import Batch, OffsetReset, Seconds, as_seconds, to_datetime, to_duration
+from kafka_lease._types import Batch, OffsetReset, Seconds, as_seconds, seconds_of, to_datetime, to_duration
 from kafka_lease._types import offset_reset as _offset_reset
 from kafka_lease.v1 import partition_lease_pb2 as pb
 
 #: The wait before a resubscription: doubling from the first to the most.
 _FIRST_BACKOFF, _MAX_BACKOFF = 0.1, 2.0
+#: The gateway's ack deadline when the queue settings leave it unset.
+_DEFAULT_ACK_DEADLINE = 30.0
 
 
 class Partition(LeaseHandle):
@@ -302,10 +306,12 @@ class Subscription:
 
         Runs until ``stop`` is set (checked every 0.1 s) or the subscription ends. Then it
         takes no more deliveries but keeps the stream open (the member keeps its leases, so
-        the answers land), gives running handlers ``drain`` seconds, hands back what is
-        unfinished (RETRY without delay, :data:`SHUT_DOWN_REASON`), and only then closes the
-        subscription: the member leaves, its leases are released and their progress
-        committed (after the ``session_grace``, if it has one). Returns the
+        the answers land), gives running handlers ``drain`` seconds (renewing their
+        deliveries meanwhile every third of the queue's ack deadline, at most 2 s, at least
+        0.1 s), hands back what is unfinished (RETRY without delay,
+        :data:`SHUT_DOWN_REASON`), and only then closes the subscription: the member leaves,
+        its leases are released and their progress committed (after the ``session_grace``,
+        if it has one). Returns the
         :class:`ConsumeStats`; raises, after the drain, the error that ended the
         subscription.
         """
@@ -389,3 +395,9 @@ class _SubscriptionSource:
 
     def close(self) -> None:
         self._subscription.close()
+
+    def renew_every(self) -> float:
+        # The open stream keeps the leases; renewals keep the deliveries' deadlines ahead.
+        # An ack deadline of 0 is unset: the gateway's default.
+        ack_deadline = seconds_of(self._subscription._request.queue.ack_deadline) or _DEFAULT_ACK_DEADLINE
+        return max(_MIN_RENEW_EVERY, min(ack_deadline / 3, _MAX_SUBSCRIPTION_RENEW_EVERY))
