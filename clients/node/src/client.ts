@@ -166,7 +166,8 @@ export class Client {
             graceMs,
             onResubscribe: options.onResubscribe,
           };
-    return Subscription.open(this.raw, this.raw.subscribe(request, callOptions), resubscribe);
+    const call = this.raw.subscribe(request, callOptions);
+    return Subscription.open(this.raw, call, resubscribe, options.queue?.ackDeadlineMs);
   }
 
   /** The members subscribed to `group` (or only to `topic`), across every gateway instance. */

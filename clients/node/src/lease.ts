@@ -214,14 +214,15 @@ export class Lease extends LeaseHandle {
    * decides otherwise); after the queue's `maxDeliveries` a failing record goes there too.
    *
    * When `signal` aborts it stops taking deliveries, gives running handlers the drain time
-   * (`drainMs`, 10 s), then hands back the records of those still running (RETRY at once; their
-   * handler's `signal` aborts) and resolves with what it did. Then release the lease: Release
-   * commits the queue's progress. It resolves as well when the lease is released meanwhile,
-   * and rejects (after the same drain) with the error that ended the deliveries: the lease
-   * ended, or a broken stream could not be reopened.
+   * (`drainMs`, 10 s), renewing their deliveries every third of the lease's TTL (with the
+   * Deliver closed, these keep the lease alive), then hands back the records of those still
+   * running (RETRY at once; their handler's `signal` aborts) and resolves with what it did.
+   * Then release the lease: Release commits the queue's progress. It resolves as well when the
+   * lease is released meanwhile, and rejects (after the same drain) with the error that ended
+   * the deliveries: the lease ended, or a broken stream could not be reopened.
    */
   consume(handler: Handler, options: ConsumeOptions = {}): Promise<ConsumeStats> {
-    return consume((queue) => this.deliveries(queue), handler, options);
+    return consume((queue) => this.deliveries(queue), this.ttlMs, handler, options);
   }
 }
 

@@ -435,7 +435,10 @@ export interface ConsumerOptions {
   signal?: AbortSignal;
   /** The delay of a retry without one: `initialMs` (100) doubling with each attempt, at most `maxMs` (30 s). */
   backoff?: { initialMs?: number; maxMs?: number };
-  /** At shutdown, how long running handlers may take to finish (default 10 s). */
+  /**
+   * At shutdown, how long running handlers may take to finish (default 10 s); their deliveries
+   * are renewed meanwhile (see `Lease.consume`, `Subscription.consume`).
+   */
   drainMs?: number;
   /** What a handler's error means (default {@link defaultErrorPolicy}). */
   onError?: ErrorPolicy;
@@ -488,11 +491,36 @@ export interface DeliverySource {
   pause(): void;
   /** Ends the source once the handlers are done and their answers have landed. */
   close(): void;
+  /** How often the running handlers' deliveries are renewed while draining, in ms. */
+  readonly renewEveryMs: number;
 }
 
-/** Runs `handler` over a lease's deliveries: see `Lease.consume`. */
+/** The shortest period of the renewals while draining. */
+const MIN_RENEW_EVERY_MS = 100;
+/** The gateway's default ack deadline. */
+const DEFAULT_ACK_DEADLINE_MS = 30_000;
+
+/**
+ * A lease consumer's renewals while draining: every third of the lease's TTL (at least 100 ms).
+ * With its Deliver closed, these calls on the lease are what keep it alive.
+ */
+export function leaseRenewEveryMs(ttlMs: number): number {
+  return Math.max(ttlMs / 3, MIN_RENEW_EVERY_MS);
+}
+
+/**
+ * A subscription consumer's renewals while draining: every third of the ack deadline (default
+ * 30 s), at most 2 s, at least 100 ms. The open stream keeps the leases; the renewals keep the
+ * deliveries' deadlines ahead.
+ */
+export function subscriptionRenewEveryMs(ackDeadlineMs = DEFAULT_ACK_DEADLINE_MS): number {
+  return Math.max(Math.min(ackDeadlineMs / 3, 2_000), MIN_RENEW_EVERY_MS);
+}
+
+/** Runs `handler` over the deliveries of a lease whose TTL is `ttlMs`: see `Lease.consume`. */
 export async function consume(
   open: (options: QueueOptions) => DeliveryStream,
+  ttlMs: number,
   handler: Handler,
   options: ConsumeOptions = {},
 ): Promise<ConsumeStats> {
@@ -501,7 +529,12 @@ export async function consume(
   const { concurrency: _c, signal: _s, backoff: _b, drainMs: _d, onError: _e, onAnswer: _a, ...queue } = options;
   const stream = open({ ...queue, maxInFlight: queue.maxInFlight ?? Math.min(concurrency, 10_000) });
   // Closing the Deliver is what stops the deliveries; the lease stays held until released.
-  const source: DeliverySource = { next: () => stream.next(), pause: () => stream.cancel(), close: () => {} };
+  const source: DeliverySource = {
+    next: () => stream.next(),
+    pause: () => stream.cancel(),
+    close: () => {},
+    renewEveryMs: leaseRenewEveryMs(ttlMs),
+  };
   return runConsumer(source, handler, options);
 }
 
@@ -509,8 +542,8 @@ const concurrencyOf = (options: ConsumerOptions) => Math.max(1, Math.floor(optio
 
 /**
  * Runs `handler` over `source`'s deliveries until `options.signal` aborts or the source ends;
- * then pauses the source, drains the running handlers, hands back the unfinished ones, and
- * closes the source.
+ * then pauses the source, drains the running handlers (renewing their deliveries every
+ * `source.renewEveryMs`), hands back the unfinished ones, and closes the source.
  */
 export async function runConsumer(
   source: DeliverySource,
@@ -637,10 +670,22 @@ export async function runConsumer(
     },
     () => {},
   );
-  // Running handlers get the drain time; then the records of those still running go back.
+  // Running handlers get the drain time, their deliveries renewed meanwhile (for a lease, whose
+  // Deliver is closed now, that is what keeps it alive); then the records of those still
+  // running go back.
   const drained = new AbortController();
-  await Promise.race([Promise.all([...running].map((t) => t.done)), sleep(drainMs, drained.signal)]);
-  drained.abort();
+  const renewing = setInterval(() => {
+    for (const task of running) {
+      // Only those not answered yet; a lost renewal costs nothing.
+      if (task.handling && !task.handedBack) task.delivery.renew().catch(() => {});
+    }
+  }, Math.max(source.renewEveryMs, MIN_RENEW_EVERY_MS));
+  try {
+    await Promise.race([Promise.all([...running].map((t) => t.done)), sleep(drainMs, drained.signal)]);
+  } finally {
+    clearInterval(renewing);
+    drained.abort();
+  }
   const handbacks: Promise<void>[] = [];
   const answering: Promise<void>[] = [];
   for (const task of running) {

@@ -15,6 +15,7 @@ import {
   type Handler,
   handBack,
   runConsumer,
+  subscriptionRenewEveryMs,
 } from "./queue";
 
 /** A lease the member was assigned: commit, seek or release it like any lease. */
@@ -111,6 +112,8 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
     readonly memberId: string,
     gateway: string,
     private readonly resubscribe: Resubscribe | undefined,
+    /** The queue's ack deadline, when the subscription set one. */
+    private readonly ackDeadlineMs: number | undefined,
   ) {
     this.#call = call;
     this.#iterator = iterator;
@@ -122,14 +125,18 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
     return this.#gateway;
   }
 
-  /** Opens the stream and waits for `joined`; with `resubscribe`, comes back after a break. */
+  /**
+   * Opens the stream and waits for `joined`; with `resubscribe`, comes back after a break.
+   * `ackDeadlineMs` is the queue's (`SubscribeQueueOptions.ackDeadlineMs`), if set.
+   */
   static async open(
     raw: PartitionLeaseServiceClient,
     call: ClientReadableStream<SubscribeResponse>,
     resubscribe?: Resubscribe,
+    ackDeadlineMs?: number,
   ) {
     const { iterator, joined } = await firstEvent(call);
-    return new Subscription(raw, call, iterator, joined.memberId, joined.gateway, resubscribe);
+    return new Subscription(raw, call, iterator, joined.memberId, joined.gateway, resubscribe, ackDeadlineMs);
   }
 
   [Symbol.asyncIterator](): this {
@@ -223,8 +230,9 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
    *
    * When `signal` aborts it stops taking deliveries (those received and not started go back at
    * once) but keeps the subscription open, so the member keeps its leases while running
-   * handlers drain (`drainMs`) and their answers land; hands back the records of those still
-   * running (RETRY at once); then ends the subscription: the member leaves the group, and its
+   * handlers drain (`drainMs`; their deliveries renewed every third of the ack deadline, at
+   * most 2 s) and their answers land; hands back the records of those still running (RETRY at
+   * once); then ends the subscription: the member leaves the group, and its
    * leases are released, committing their progress (after the session grace, if it has one).
    * Resolves with what it did, or rejects (after the same drain) with the error that ended the
    * subscription. The subscription is not to be iterated meanwhile.
@@ -259,6 +267,7 @@ export class Subscription implements AsyncIterableIterator<SubscriptionEvent> {
         handBack(ready.splice(0));
       },
       close: () => this.cancel(),
+      renewEveryMs: subscriptionRenewEveryMs(this.ackDeadlineMs),
     };
     return runConsumer(source, handler, options);
   }

@@ -353,4 +353,57 @@ describe("queue mode against the gateway", () => {
       await next.release();
     }
   });
+
+  test("q-h. a drain longer than the lease's TTL: the renewals keep the lease alive, and the handler's accept is applied", async () => {
+    const group = freshGroup("drain-ttl-");
+    const ttlMs = 2_000;
+    const lease = await acquire(group, ttlMs);
+    const shutdown = new AbortController();
+    const started: number[] = [];
+    const answers: Answer[] = [];
+    const consumed = lease.consume(
+      async (record) => {
+        started.push(Number(record.offset));
+        // Once the shutdown begins (the Deliver closed), three TTLs more.
+        await new Promise((resolve) => {
+          if (shutdown.signal.aborted) resolve(undefined);
+          else shutdown.signal.addEventListener("abort", resolve, { once: true });
+        });
+        await new Promise((r) => setTimeout(r, 3 * ttlMs));
+      },
+      {
+        concurrency: 1,
+        deadLetterTopic: Q.dead_letter_topic,
+        signal: shutdown.signal,
+        drainMs: 5 * ttlMs,
+        onAnswer: (a) => answers.push(a),
+      },
+    );
+    consumed.catch(() => {});
+    let released = false;
+    try {
+      await pollUntil(15_000, "a handler running", async () => (started.length >= 1 ? true : undefined));
+      shutdown.abort();
+      const stats = await within(14_000, "the consumer to stop", consumed);
+      assert.deepEqual(started, [0]);
+      assert.deepEqual(stats, { accepted: 1, retried: 0, rejected: 0, handedBack: 0 });
+      assert.deepEqual(
+        answers.map((a) => [a.action, Number(a.record.offset), a.outcome, a.error?.reason]),
+        [["accept", 0, "applied", undefined]],
+      );
+      // The lease outlived the drain: Release works and commits the accepted record.
+      await lease.release();
+      released = true;
+    } finally {
+      shutdown.abort();
+      await consumed.catch(() => {});
+      if (!released) await lease.release().catch(() => {});
+    }
+    const next = await acquire(group);
+    try {
+      assert.equal(next.offset, 1n);
+    } finally {
+      await next.release();
+    }
+  });
 });

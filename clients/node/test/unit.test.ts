@@ -8,6 +8,7 @@ import { BinaryWriter } from "@bufbuild/protobuf/wire";
 import * as grpc from "@grpc/grpc-js";
 import { Client, Code, type Delivery, EpochFilter, KafkaLeaseError, RejectError, RetryError, decodeStatusDetails, proto } from "../src";
 import { seekPosition } from "../src/lease";
+import { leaseRenewEveryMs, subscriptionRenewEveryMs } from "../src/queue";
 
 /** A google.rpc.Status with an ErrorInfo and, optionally, a RetryInfo, as the gateway sends it. */
 function statusBytes(code: number, reason: string, metadata: Record<string, string>, retryMs?: number, domain = "kafka-lease") {
@@ -236,7 +237,7 @@ describe("queue mode (fake gateway)", () => {
   type AckCall = { request: proto.AcknowledgeRequest; answer: (outcomes?: proto.AckOutcome[]) => void };
 
   /** A fake whose Deliver plays `scripts` (one per call; `"break"` ends it UNAVAILABLE, else OK). */
-  async function queueGateway(scripts: (proto.DeliverResponse | "break" | "hold")[][], autoAnswer = false) {
+  async function queueGateway(scripts: (proto.DeliverResponse | "break" | "hold")[][], autoAnswer = false, ttlMs?: number) {
     const delivers: proto.DeliverRequest[] = [];
     const acks: AckCall[] = [];
     let onAck: (() => void) | undefined;
@@ -263,7 +264,7 @@ describe("queue mode (fake gateway)", () => {
         onAck?.();
       },
     });
-    const lease = await fake.client.acquire({ group: "g", topic: "t" });
+    const lease = await fake.client.acquire({ group: "g", topic: "t", ttlMs });
     const nextAck = (n: number) =>
       new Promise<void>((resolve) => {
         const check = () => acks.length >= n && resolve();
@@ -317,6 +318,16 @@ describe("queue mode (fake gateway)", () => {
       q.fake.client.close();
       q.fake.server.forceShutdown();
     }
+  });
+
+  test("renewals while draining: a third of a lease's TTL; a third of a subscription's ack deadline, at most 2 s; at least 100 ms", () => {
+    assert.equal(leaseRenewEveryMs(30_000), 10_000);
+    assert.equal(leaseRenewEveryMs(1_500), 500);
+    assert.equal(leaseRenewEveryMs(150), 100);
+    assert.equal(subscriptionRenewEveryMs(), 2_000, "the gateway's default ack deadline, 30 s");
+    assert.equal(subscriptionRenewEveryMs(60_000), 2_000);
+    assert.equal(subscriptionRenewEveryMs(1_500), 500);
+    assert.equal(subscriptionRenewEveryMs(150), 100);
   });
 
   test("a broken Deliver is reopened with the same request; closing hands back what was not handed out", async () => {
@@ -397,6 +408,43 @@ describe("queue mode (fake gateway)", () => {
       assert.deepEqual(answers.get(4n), [proto.AckType.ACK_TYPE_REJECT, undefined, "poison"]);
       assert.deepEqual(answers.get(5n), [proto.AckType.ACK_TYPE_REJECT, undefined, "typed"]);
       assert.deepEqual(answers.get(6n), [proto.AckType.ACK_TYPE_RETRY, ms(0), "the consumer shut down before handling it"]);
+    } finally {
+      q.fake.client.close();
+      q.fake.server.forceShutdown();
+    }
+  });
+
+  test("consume: while draining, the deliveries of the handlers still running are renewed every third of the TTL, and no more after", async () => {
+    const q = await queueGateway([[deliveries([1n, 1], [2n, 1]), "hold"]], true, 300);
+    try {
+      const shutdown = new AbortController();
+      const started: bigint[] = [];
+      const since = (ms: number) => new Promise((r) => setTimeout(r, ms));
+      const stats = q.lease.consume(
+        async (record) => {
+          started.push(record.offset);
+          await new Promise((resolve) => shutdown.signal.addEventListener("abort", resolve, { once: true }));
+          await since(record.offset === 1n ? 150 : 650);
+        },
+        { concurrency: 2, signal: shutdown.signal, drainMs: 5_000 },
+      );
+      while (started.length < 2) await since(10);
+      shutdown.abort();
+      assert.deepEqual(await stats, { accepted: 2, retried: 0, rejected: 0, handedBack: 0 });
+      const sent = () => q.acks.flatMap((a) => a.request.acknowledgements).map((a) => [a.offset, a.type] as const);
+      const after = sent().length;
+      await since(400);
+      assert.equal(sent().length, after, "no renewal after the drain");
+      const renewals = (offset: bigint) =>
+        sent().filter(([o, type]) => o === offset && type === proto.AckType.ACK_TYPE_RENEW).length;
+      const answered = (offset: bigint) =>
+        sent().findIndex(([o, type]) => o === offset && type === proto.AckType.ACK_TYPE_ACCEPT);
+      assert.ok(renewals(2n) >= 3 && renewals(2n) <= 7, `offset 2 (650 ms, every 100 ms) renewed ${renewals(2n)} times`);
+      assert.ok(renewals(1n) < renewals(2n), `offset 1 (150 ms) renewed ${renewals(1n)} times`);
+      for (const offset of [1n, 2n]) {
+        const renewedAfter = sent().slice(answered(offset)).some(([o, type]) => o === offset && type === proto.AckType.ACK_TYPE_RENEW);
+        assert.ok(answered(offset) >= 0 && !renewedAfter, `offset ${offset}: not renewed once answered`);
+      }
     } finally {
       q.fake.client.close();
       q.fake.server.forceShutdown();
