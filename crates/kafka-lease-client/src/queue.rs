@@ -324,12 +324,15 @@ pub struct Deliveries {
     attempts: u32,
     /// Closed by a consumer's shutdown: not reopened.
     closed: bool,
+    /// Failed attempts to reopen the stream since it last delivered: kept here, not in the
+    /// future reading the next delivery, so that a caller dropping that future (a `select!`
+    /// taking another branch) does not reset the count of attempts.
+    failures: u32,
 }
 
 impl Deliveries {
     /// The next delivery; `None` once the lease was released.
     pub async fn next(&mut self) -> Option<Result<Delivery>> {
-        let mut failures = 0;
         loop {
             if let Some(delivery) = self.ready.pop_front() {
                 return Some(Ok(delivery));
@@ -343,9 +346,9 @@ impl Deliveries {
                     Ok(response) => self.inner.insert(response.into_inner()),
                     Err(status) => {
                         let err = Error::from(status);
-                        failures += 1;
-                        if err.is_retryable() && failures <= self.attempts {
-                            tokio::time::sleep(backoff(failures)).await;
+                        self.failures += 1;
+                        if err.is_retryable() && self.failures <= self.attempts {
+                            tokio::time::sleep(backoff(self.failures)).await;
                             continue;
                         }
                         return Some(Err(err));
@@ -354,7 +357,7 @@ impl Deliveries {
             };
             match inner.next().await {
                 Some(Ok(response)) => {
-                    failures = 0;
+                    self.failures = 0;
                     for delivery in response.deliveries {
                         if let Some(delivery) =
                             Delivery::from_proto(delivery, &self.topic, self.partition, &self.acks)
@@ -367,9 +370,9 @@ impl Deliveries {
                 Some(Err(status)) => {
                     self.inner = None;
                     let err = Error::from(status);
-                    failures += 1;
-                    if err.is_retryable() && failures <= self.attempts {
-                        tokio::time::sleep(backoff(failures)).await;
+                    self.failures += 1;
+                    if err.is_retryable() && self.failures <= self.attempts {
+                        tokio::time::sleep(backoff(self.failures)).await;
                         continue;
                     }
                     return Some(Err(err));
@@ -510,6 +513,7 @@ impl Lease {
                 .reconnect_attempts
                 .unwrap_or(DEFAULT_RECONNECT_ATTEMPTS),
             closed: false,
+            failures: 0,
         })
     }
 

@@ -255,6 +255,20 @@ pub struct Subscription {
     gateway: String,
     /// Deliveries of the last `deliveries` event not yet taken by a consumer.
     pending: std::collections::VecDeque<Delivery>,
+    /// The stream broke and the subscription is coming back: kept here, not in the future
+    /// that reads the next event, so that a caller dropping that future (a `select!` taking
+    /// another branch) resumes the rejoin where it was instead of reading the broken stream
+    /// again, which would then look ended.
+    rejoining: Option<Rejoining>,
+}
+
+/// A rejoin under way: why, until when, the next attempt and its backoff.
+#[derive(Debug)]
+struct Rejoining {
+    last: Error,
+    until: tokio::time::Instant,
+    next_try: tokio::time::Instant,
+    pause: Duration,
 }
 
 /// How long a subscription may try to come back after its stream broke: its session grace.
@@ -283,37 +297,64 @@ impl Subscription {
             member_id: joined.member_id,
             gateway: joined.gateway,
             pending: std::collections::VecDeque::new(),
+            rejoining: None,
         })
     }
 
-    /// After the stream broke with `err`: subscribes again, with backoff, while the session
-    /// grace lasts; the error when it cannot.
-    async fn rejoin(&mut self, err: Error) -> Result<()> {
+    /// After the stream broke with `err`: marks the subscription as coming back, if its
+    /// session grace allows (the error otherwise). [`Subscription::rejoin`] does the rest.
+    fn broke(&mut self, err: Error) -> Result<()> {
+        self.stream = None;
         let grace = session_grace(&self.request);
         if grace.is_zero() || !breaks_the_stream(&err) {
             return Err(err);
         }
-        let until = tokio::time::Instant::now() + grace;
-        let mut pause = Duration::from_millis(50);
-        let mut last = err;
-        while tokio::time::Instant::now() + pause < until {
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(1));
+        let now = tokio::time::Instant::now();
+        let pause = Duration::from_millis(50);
+        self.rejoining = Some(Rejoining {
+            last: err,
+            until: now + grace,
+            next_try: now + pause,
+            pause,
+        });
+        Ok(())
+    }
+
+    /// Subscribes again, with backoff, while the session grace lasts; the last error when it
+    /// cannot. Cancel-safe: its progress lives in `self.rejoining`.
+    async fn rejoin(&mut self) -> Result<()> {
+        loop {
+            let Some(state) = self.rejoining.as_mut() else {
+                return Ok(());
+            };
+            if state.next_try >= state.until {
+                let state = self.rejoining.take().expect("checked above");
+                return Err(state.last);
+            }
+            let next_try = state.next_try;
+            tokio::time::sleep_until(next_try).await;
             match join(&self.client, &self.request).await {
                 Ok((stream, joined)) => {
                     self.stream = Some(stream);
                     self.gateway = joined.gateway;
+                    self.rejoining = None;
                     return Ok(());
                 }
                 // The gateway may not have noticed the old stream's end yet: it still sees
                 // the member attached. It will, within the grace.
                 Err(e) if e.reason() == Some(Reason::MemberActive) || breaks_the_stream(&e) => {
-                    last = e;
+                    if let Some(state) = self.rejoining.as_mut() {
+                        state.last = e;
+                        state.pause = (state.pause * 2).min(Duration::from_secs(1));
+                        state.next_try = tokio::time::Instant::now() + state.pause;
+                    }
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.rejoining = None;
+                    return Err(e);
+                }
             }
         }
-        Err(last)
     }
 
     /// Whether a batch of `lease_id` at `epoch` is of a position a seek through one of
@@ -340,10 +381,15 @@ impl Subscription {
     /// ended it otherwise (the gateway shutting down, a transport failure: subscribe again).
     pub async fn next_event(&mut self) -> Option<Result<SubscriptionEvent>> {
         loop {
+            if self.rejoining.is_some() {
+                if let Err(err) = self.rejoin().await {
+                    return Some(Err(err));
+                }
+            }
             let response = match self.stream.as_mut()?.message().await {
                 Ok(Some(response)) => response,
                 Ok(None) => return None,
-                Err(status) => match self.rejoin(Error::from(status)).await {
+                Err(status) => match self.broke(Error::from(status)) {
                     Ok(()) => continue,
                     Err(err) => return Some(Err(err)),
                 },
@@ -456,6 +502,7 @@ impl DeliverySource for Subscription {
         // The member leaves with its stream (after its session grace, if it has one); its
         // leases are released then, committing what was done.
         self.stream = None;
+        self.rejoining = None;
     }
 
     async fn next_delivery(&mut self) -> Option<Result<Delivery>> {
