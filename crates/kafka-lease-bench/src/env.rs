@@ -364,6 +364,40 @@ pub(crate) async fn produce_fill(
     per_partition: usize,
     value_size: usize,
 ) -> Result<()> {
+    produce(
+        env,
+        label,
+        topic,
+        partitions,
+        per_partition,
+        value_size,
+        None,
+    )
+    .await
+}
+
+/// Produces `count` records of `value_size` bytes to partition 0 of `topic`, keyed `k<i mod
+/// keys>`, and waits until every one is acknowledged.
+pub(crate) async fn produce_keyed(
+    env: &Env,
+    label: &str,
+    topic: &str,
+    count: usize,
+    keys: usize,
+    value_size: usize,
+) -> Result<()> {
+    produce(env, label, topic, 1, count, value_size, Some(keys)).await
+}
+
+async fn produce(
+    env: &Env,
+    label: &str,
+    topic: &str,
+    partitions: i32,
+    per_partition: usize,
+    value_size: usize,
+    keys: Option<usize>,
+) -> Result<()> {
     let producer = bulk_producer(env)?;
     let value: Vec<u8> = (0..value_size).map(|i| (i % 251) as u8).collect();
     let total = per_partition * partitions as usize;
@@ -381,9 +415,13 @@ pub(crate) async fn produce_fill(
     let mut results = futures::stream::iter(0..total)
         .map(|i| async move {
             let partition = (i % partitions as usize) as i32;
-            let record = FutureRecord::<[u8], [u8]>::to(topic)
+            let key = keys.map(|keys| format!("k{}", i % keys));
+            let mut record = FutureRecord::<[u8], [u8]>::to(topic)
                 .partition(partition)
                 .payload(value_ref);
+            if let Some(key) = &key {
+                record = record.key(key.as_bytes());
+            }
             let r = producer_ref.send(record, Duration::from_secs(30)).await;
             done_ref.fetch_add(1, Ordering::Relaxed);
             r.map(|_| ()).map_err(|(e, _)| e)
@@ -392,8 +430,9 @@ pub(crate) async fn produce_fill(
     while let Some(r) = results.next().await {
         r.context("producing")?;
     }
+    let over = keys.map_or(String::new(), |keys| format!(" over {keys} keys"));
     env.progress.say(format!(
-        "  {label}: produced {total} records of {value_size} B in {:.1}s",
+        "  {label}: produced {total} records of {value_size} B{over} in {:.1}s",
         started.elapsed().as_secs_f64()
     ));
     Ok(())

@@ -14,17 +14,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
-use futures::StreamExt;
 use kafka_lease_client::{
     AcquireOptions, Client, ConsumeOptions, HandlerError, Ordering, QueueOptions, ReadOptions,
 };
-use rdkafka::producer::FutureRecord;
 use serde_json::{json, Map};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{acquire, r3, ratio, Row};
-use crate::env::{bulk_producer, create_topic, proc_cpu_seconds, Env, Gateway};
+use crate::env::{create_topic, proc_cpu_seconds, produce_keyed, Env, Gateway};
 use crate::report::{Chart, ScenarioResult};
 use crate::stats::median;
 
@@ -64,49 +62,6 @@ impl QueueRun {
     fn cpu_us_per_record(&self) -> f64 {
         self.gateway_cpu_secs * 1e6 / self.handled as f64
     }
-}
-
-/// Produces `count` records of `value_size` bytes to partition 0 of `topic`, keyed `k<i mod
-/// keys>`.
-async fn produce_keyed(
-    env: &Env,
-    label: &str,
-    topic: &str,
-    count: usize,
-    keys: usize,
-    value_size: usize,
-) -> Result<()> {
-    let producer = bulk_producer(env)?;
-    let value: Vec<u8> = (0..value_size).map(|i| (i % 251) as u8).collect();
-    let done = Arc::new(AtomicU64::new(0));
-    let _ticker = env.progress.ticker(
-        format!("{label} producing"),
-        done.clone(),
-        count as u64,
-        "records",
-    );
-    let started = Instant::now();
-    let (producer, value, done) = (&producer, value.as_slice(), &done);
-    let mut sent = futures::stream::iter(0..count)
-        .map(|i| async move {
-            let key = format!("k{}", i % keys);
-            let record = FutureRecord::<[u8], [u8]>::to(topic)
-                .partition(0)
-                .key(key.as_bytes())
-                .payload(value);
-            let r = producer.send(record, Duration::from_secs(30)).await;
-            done.fetch_add(1, AtomicOrdering::Relaxed);
-            r.map(|_| ()).map_err(|(e, _)| e)
-        })
-        .buffer_unordered(50_000);
-    while let Some(r) = sent.next().await {
-        r.context("producing")?;
-    }
-    env.progress.say(format!(
-        "  {label}: produced {count} records of {value_size} B over {keys} keys in {:.1}s",
-        started.elapsed().as_secs_f64()
-    ));
-    Ok(())
 }
 
 /// How a consumer run goes.
