@@ -1364,8 +1364,12 @@ async fn a_consumer_answers_its_handlers_concurrently_in_few_acknowledge_calls()
         &[("method", "Acknowledge"), ("code", "OK")],
     );
     println!("{RECORDS} records answered in {calls} Acknowledge calls");
+    // One call per record is what a consumer answering one at a time makes; batching makes
+    // a handful of answers share each call. How many share one depends on how closely the
+    // handlers' ends bunch, which a loaded machine spreads (82 calls here idle, 163 under CI's
+    // load), so the bound is half of one-per-record: far from both.
     assert!(
-        calls <= (RECORDS / 4) as f64,
+        calls <= (RECORDS / 2) as f64,
         "{RECORDS} records took {calls} Acknowledge calls: the answers were not batched"
     );
     lease.release().await.expect("release");
