@@ -10,7 +10,7 @@
 //!   back its key, not the partition. Records without a key are ordered by nothing.
 //! - [`Order::Unordered`]: any record, in parallel.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -73,15 +73,18 @@ pub struct Dispatcher {
     order: Order,
     window: Window,
     ack_deadline: Duration,
-    records: BTreeMap<i64, Record>,
+    records: OffsetMap<Record>,
     /// Key → its offsets not done (Key order only).
     keys: HashMap<Vec<u8>, BTreeSet<i64>>,
     /// Waiting records that may go out (their delay, if any, has ended).
     ready: BTreeSet<i64>,
     /// Waiting records whose retry delay has not ended yet: (its end, offset).
     delayed: BTreeSet<(Instant, i64)>,
-    /// Records in flight: (deadline, offset).
-    deadlines: BTreeSet<(Instant, i64)>,
+    /// Records in flight: (deadline, offset), in deadline order. A delivery's deadline is
+    /// mostly the latest yet (now plus the ack deadline), so it goes at the back; an entry
+    /// left behind by an answer or a renewal stays until it reaches the front (or until such
+    /// entries outnumber the live ones), and the front is always live.
+    deadlines: VecDeque<(Instant, i64)>,
     in_flight: usize,
     in_flight_bytes: usize,
 }
@@ -92,11 +95,11 @@ impl Dispatcher {
             order,
             window,
             ack_deadline,
-            records: BTreeMap::new(),
+            records: OffsetMap::new(),
             keys: HashMap::new(),
             ready: BTreeSet::new(),
             delayed: BTreeSet::new(),
-            deadlines: BTreeSet::new(),
+            deadlines: VecDeque::new(),
             in_flight: 0,
             in_flight_bytes: 0,
         }
@@ -105,7 +108,7 @@ impl Dispatcher {
     /// A record fetched: `attempts` deliveries it has had already (a handover carries them).
     /// Records are offered in offset order; one offered again is ignored.
     pub fn offer(&mut self, offset: i64, key: Option<Vec<u8>>, bytes: usize, attempts: u32) {
-        if self.records.contains_key(&offset) {
+        if self.records.contains_key(offset) {
             return;
         }
         if self.order == Order::Key {
@@ -141,21 +144,22 @@ impl Dispatcher {
 
     /// The attempt of `offset`'s delivery in flight, if it is in flight.
     pub fn in_flight_attempt(&self, offset: i64) -> Option<u32> {
-        let record = self.records.get(&offset)?;
+        let record = self.records.get(offset)?;
         matches!(record.state, State::InFlight { .. }).then_some(record.attempts)
     }
 
     /// Deliveries `offset` has had.
     pub fn attempts(&self, offset: i64) -> u32 {
-        self.records.get(&offset).map_or(0, |r| r.attempts)
+        self.records.get(offset).map_or(0, |r| r.attempts)
     }
 
     /// Moves `offset` (a record held) to `state`, keeping the indexes and the window's
     /// counts in step.
     fn set_state(&mut self, offset: i64, state: State) {
-        let Some(record) = self.records.get_mut(&offset) else {
+        let Some(record) = self.records.get_mut(offset) else {
             return;
         };
+        let mut left_flight = false;
         match std::mem::replace(&mut record.state, state) {
             State::Waiting { not_before } => {
                 if !self.ready.remove(&offset) {
@@ -165,9 +169,13 @@ impl Dispatcher {
                 }
             }
             State::InFlight { deadline } => {
-                self.deadlines.remove(&(deadline, offset));
+                if state_is_in_flight_until(&state, deadline) {
+                    // Renewed to the deadline it had: its entry stands.
+                    return;
+                }
                 self.in_flight -= 1;
                 self.in_flight_bytes -= record.bytes;
+                left_flight = true;
             }
             State::Held => {}
         }
@@ -181,11 +189,42 @@ impl Dispatcher {
                 self.delayed.insert((t, offset));
             }
             State::InFlight { deadline } => {
-                self.deadlines.insert((deadline, offset));
+                if self.deadlines.back().is_none_or(|&(t, _)| t <= deadline) {
+                    self.deadlines.push_back((deadline, offset));
+                } else {
+                    let at = self.deadlines.partition_point(|&e| e <= (deadline, offset));
+                    self.deadlines.insert(at, (deadline, offset));
+                }
                 self.in_flight += 1;
                 self.in_flight_bytes += record.bytes;
             }
             State::Held => {}
+        }
+        if left_flight {
+            self.clean_deadlines();
+        }
+    }
+
+    /// Whether the deadlines' entry `(deadline, offset)` is its record's deadline in flight.
+    fn live(&self, (deadline, offset): (Instant, i64)) -> bool {
+        self.records
+            .get(offset)
+            .is_some_and(|r| state_is_in_flight_until(&r.state, deadline))
+    }
+
+    /// Drops the deadlines' entries left behind from the front (so that the front is live),
+    /// and all of them once they outnumber the live ones.
+    fn clean_deadlines(&mut self) {
+        while let Some(&front) = self.deadlines.front() {
+            if self.live(front) {
+                break;
+            }
+            self.deadlines.pop_front();
+        }
+        if self.deadlines.len() > 2 * self.in_flight + 64 {
+            let mut deadlines = std::mem::take(&mut self.deadlines);
+            deadlines.retain(|&entry| self.live(entry));
+            self.deadlines = deadlines;
         }
     }
 
@@ -202,7 +241,9 @@ impl Dispatcher {
         }
         match self.order {
             Order::Unordered => true,
-            Order::Partition => self.in_flight == 0 && self.records.keys().next() == Some(&offset),
+            Order::Partition => {
+                self.in_flight == 0 && self.records.first().map(|(first, _)| first) == Some(offset)
+            }
             Order::Key => match &record.key {
                 None => true,
                 Some(key) => {
@@ -235,7 +276,7 @@ impl Dispatcher {
         let offset = match self.order {
             // Only the lowest record not done may go, and only alone.
             Order::Partition => {
-                let (&first, record) = self.records.first_key_value()?;
+                let (first, record) = self.records.first()?;
                 let fits = record.bytes <= room || self.in_flight == 0;
                 (first <= limit
                     && fits
@@ -245,7 +286,7 @@ impl Dispatcher {
             }
             Order::Key | Order::Unordered => {
                 self.ready.range(..=limit).copied().find(|offset| {
-                    self.records.get(offset).is_some_and(|record| {
+                    self.records.get(*offset).is_some_and(|record| {
                         (record.bytes <= room || self.in_flight == 0)
                             && self.in_order(*offset, record, now)
                     })
@@ -254,7 +295,7 @@ impl Dispatcher {
         };
         let deadline = now + self.ack_deadline;
         self.set_state(offset, State::InFlight { deadline });
-        let record = self.records.get_mut(&offset)?;
+        let record = self.records.get_mut(offset)?;
         record.attempts = record.attempts.saturating_add(1);
         Some(Delivery {
             offset,
@@ -266,12 +307,12 @@ impl Dispatcher {
     /// `offset` is done (accepted, or its dead letter written): it leaves, and the next
     /// record of its key may go. False for a record not offered or done already.
     pub fn finish(&mut self, offset: i64) -> bool {
-        if !self.records.contains_key(&offset) {
+        if !self.records.contains_key(offset) {
             return false;
         }
         // Out of every index first.
         self.set_state(offset, State::Held);
-        let Some(record) = self.records.remove(&offset) else {
+        let Some(record) = self.records.remove(offset) else {
             return false;
         };
         if let Some(key) = record.key {
@@ -289,7 +330,7 @@ impl Dispatcher {
     /// waits for it meanwhile. False unless it was in flight.
     pub fn retry(&mut self, offset: i64, not_before: Instant) -> bool {
         if !matches!(
-            self.records.get(&offset).map(|r| &r.state),
+            self.records.get(offset).map(|r| &r.state),
             Some(State::InFlight { .. })
         ) {
             return false;
@@ -306,7 +347,7 @@ impl Dispatcher {
     /// `offset` is not to be handed out again until it is finished (its dead letter is being
     /// written); its key waits for it. False for a record not offered or done already.
     pub fn hold(&mut self, offset: i64) -> bool {
-        if !self.records.contains_key(&offset) {
+        if !self.records.contains_key(offset) {
             return false;
         }
         self.set_state(offset, State::Held);
@@ -315,7 +356,7 @@ impl Dispatcher {
 
     /// `offset`, in flight, gets until `deadline`. False unless it was in flight.
     pub fn renew(&mut self, offset: i64, deadline: Instant) -> bool {
-        match self.records.get(&offset).map(|r| r.state) {
+        match self.records.get(offset).map(|r| r.state) {
             Some(State::InFlight { .. }) => {
                 self.set_state(offset, State::InFlight { deadline });
                 true
@@ -328,7 +369,7 @@ impl Dispatcher {
     /// out again (each delivery counts as an attempt).
     pub fn expire(&mut self, now: Instant) -> Vec<i64> {
         let mut late = Vec::new();
-        while let Some(&(deadline, offset)) = self.deadlines.first() {
+        while let Some(&(deadline, offset)) = self.deadlines.front() {
             if deadline > now {
                 break;
             }
@@ -342,15 +383,153 @@ impl Dispatcher {
     /// When something changes by itself: the earliest deadline in flight or end of a
     /// retry's delay.
     pub fn next_wake(&self) -> Option<Instant> {
-        let deadline = self.deadlines.first().map(|&(t, _)| t);
+        let deadline = self.deadlines.front().map(|&(t, _)| t);
         let delay = self.delayed.first().map(|&(t, _)| t);
         deadline.into_iter().chain(delay).min()
+    }
+}
+
+/// Whether `state` is in flight until `deadline`.
+fn state_is_in_flight_until(state: &State, deadline: Instant) -> bool {
+    matches!(state, State::InFlight { deadline: d } if *d == deadline)
+}
+
+/// Values by offset, for offsets that arrive in increasing order and leave in any: a deque
+/// in offset order whose removed entries stay as holes until the front passes them, or until
+/// holes outnumber values, when it is compacted. While offsets arrive one after another
+/// (a partition's usual case), each sits at its distance from the front, so a lookup is one
+/// index; after a gap in the offsets or a compaction it is a binary search of the deque. The
+/// dispatcher's records and the queue's bodies are kept this way: a tree's lookups were most
+/// of a delivery's cost.
+#[derive(Debug)]
+pub struct OffsetMap<T> {
+    /// In offset order; the front is never a hole.
+    entries: VecDeque<(i64, Option<T>)>,
+    len: usize,
+}
+
+impl<T> Default for OffsetMap<T> {
+    fn default() -> Self {
+        OffsetMap {
+            entries: VecDeque::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T> OffsetMap<T> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Values held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Where `offset` sits in `entries`, hole or not.
+    fn index(&self, offset: i64) -> Result<usize, usize> {
+        let Some(&(first, _)) = self.entries.front() else {
+            return Err(0);
+        };
+        if offset < first {
+            return Err(0);
+        }
+        // Offsets rise by at least one per entry: `offset` sits at its distance from the
+        // front (the usual case), or before it by the offsets missing below it.
+        let last = self.entries.len() - 1;
+        let mut high = usize::try_from(offset - first).map_or(last, |d| d.min(last));
+        match self.entries[high].0.cmp(&offset) {
+            std::cmp::Ordering::Equal => return Ok(high),
+            std::cmp::Ordering::Less => return Err(high + 1),
+            std::cmp::Ordering::Greater => {}
+        }
+        // Steps back, doubling, until below it; then a binary search between.
+        let mut low = 0;
+        let mut step = 1;
+        while step <= high {
+            let at = high - step;
+            if self.entries[at].0 <= offset {
+                low = at;
+                break;
+            }
+            high = at;
+            step *= 2;
+        }
+        while low < high {
+            let mid = low + (high - low) / 2;
+            match self.entries[mid].0.cmp(&offset) {
+                std::cmp::Ordering::Equal => return Ok(mid),
+                std::cmp::Ordering::Less => low = mid + 1,
+                std::cmp::Ordering::Greater => high = mid,
+            }
+        }
+        Err(low)
+    }
+
+    pub fn contains_key(&self, offset: i64) -> bool {
+        self.get(offset).is_some()
+    }
+
+    pub fn get(&self, offset: i64) -> Option<&T> {
+        let at = self.index(offset).ok()?;
+        self.entries[at].1.as_ref()
+    }
+
+    pub fn get_mut(&mut self, offset: i64) -> Option<&mut T> {
+        let at = self.index(offset).ok()?;
+        self.entries[at].1.as_mut()
+    }
+
+    /// Puts `value` at `offset`; false (and nothing changes) if it holds one there already.
+    pub fn insert(&mut self, offset: i64, value: T) -> bool {
+        if self.entries.back().is_none_or(|&(last, _)| last < offset) {
+            self.entries.push_back((offset, Some(value)));
+            self.len += 1;
+            return true;
+        }
+        match self.index(offset) {
+            Ok(at) if self.entries[at].1.is_some() => return false,
+            Ok(at) => self.entries[at].1 = Some(value),
+            Err(at) => self.entries.insert(at, (offset, Some(value))),
+        }
+        self.len += 1;
+        true
+    }
+
+    pub fn remove(&mut self, offset: i64) -> Option<T> {
+        let at = self.index(offset).ok()?;
+        let value = self.entries[at].1.take()?;
+        self.len -= 1;
+        while self.entries.front().is_some_and(|(_, v)| v.is_none()) {
+            self.entries.pop_front();
+        }
+        if self.entries.len() > 2 * self.len + 64 {
+            self.entries.retain(|(_, v)| v.is_some());
+        }
+        Some(value)
+    }
+
+    /// The lowest offset held, and its value.
+    pub fn first(&self) -> Option<(i64, &T)> {
+        let (offset, value) = self.entries.front()?;
+        Some((*offset, value.as_ref()?))
+    }
+
+    /// The values, in offset order.
+    pub fn values(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter().filter_map(|(_, v)| v.as_ref())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     /// The dispatcher as it was before its indexes: a walk of every record for each
     /// delivery and deadline. The indexed one must choose exactly as it did.
@@ -726,6 +905,51 @@ mod tests {
             1 => (0_usize..80, 1_u64..30).prop_map(|(i, s)| Step::Renew(i, s)),
             1 => (0_u64..15).prop_map(Step::Advance),
         ]
+    }
+
+    proptest! {
+        /// The offset map holds what a tree would, whatever the order of removals, the gaps
+        /// between offsets, an offset put back or offered out of order.
+        #[test]
+        fn the_offset_map_is_a_map(
+            ops in proptest::collection::vec((0_u8..10, 0_i64..40), 0..600),
+        ) {
+            let mut map = OffsetMap::new();
+            let mut tree = BTreeMap::new();
+            let mut next = 0_i64;
+            for (op, n) in ops {
+                match op {
+                    // Mostly the next offset, sometimes past a gap.
+                    0..=3 => {
+                        next += if n < 30 { 1 } else { n * 1_000 };
+                        prop_assert_eq!(map.insert(next, next * 3), tree.insert(next, next * 3).is_none());
+                    }
+                    // An offset already seen, or below the lowest held.
+                    4 => {
+                        let offset = next - n;
+                        let fresh = !tree.contains_key(&offset);
+                        prop_assert_eq!(map.insert(offset, offset * 3), fresh);
+                        tree.entry(offset).or_insert(offset * 3);
+                    }
+                    // A removal near the top, or of the lowest.
+                    5..=8 => {
+                        let offset = if op == 8 { tree.keys().next().copied().unwrap_or(0) } else { next - n };
+                        prop_assert_eq!(map.remove(offset), tree.remove(&offset));
+                    }
+                    _ => {
+                        let offset = next - n;
+                        prop_assert_eq!(map.get(offset), tree.get(&offset));
+                    }
+                }
+                prop_assert_eq!(map.len(), tree.len());
+                prop_assert_eq!(map.first(), tree.iter().next().map(|(&o, v)| (o, v)));
+                prop_assert!(map.entries.len() <= 2 * map.len() + 64 || map.entries.front().is_some_and(|e| e.1.is_some()));
+            }
+            prop_assert_eq!(map.values().collect::<Vec<_>>(), tree.values().collect::<Vec<_>>());
+            for offset in 0..=next {
+                prop_assert_eq!(map.get(offset), tree.get(&offset));
+            }
+        }
     }
 
     proptest! {

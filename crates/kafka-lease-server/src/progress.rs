@@ -79,49 +79,115 @@ impl Progress {
     }
 
     /// Marks `offset` done; the base moves past it and every done offset right above it.
+    ///
+    /// The encoding's length changes only where `offset` sits: its attempts entry goes (and
+    /// the next entry's delta with it), the run below it or above it grows (or a run of its
+    /// own appears, or the two merge), the first run above changes its gap, and, should the
+    /// base move, the first attempts entry its delta. Each is counted from a few lookups.
     pub fn mark_done(&mut self, offset: i64) {
-        if self.is_done(offset) {
+        if offset < self.base {
             return;
         }
-        self.change_attempts(offset, |attempts| {
-            attempts.remove(&offset);
-        });
-        // The runs whose encoding can change: from the one below `offset` to the first one
-        // beyond the run `offset` may join; and the first attempt, should the base move.
-        let low = self
+        let below = self
             .done
-            .range(..offset)
+            .range(..=offset)
             .next_back()
-            .map_or(offset, |(&s, _)| s);
-        let high = self
+            .map(|(&s, &e)| (s, e));
+        if below.is_some_and(|(_, e)| offset < e) {
+            return;
+        }
+        self.remove_attempt(offset);
+        let next = self
             .done
-            .range(offset.saturating_add(2)..)
+            .range(offset.saturating_add(1)..)
             .next()
-            .map_or(i64::MAX, |(&s, _)| s);
-        let before = self.runs_bytes(low, high) + self.first_attempt_bytes();
-        self.join_done(offset);
-        let after = self.runs_bytes(low, high) + self.first_attempt_bytes();
-        self.entry_bytes = self.entry_bytes + after - before;
-    }
-
-    /// Puts `offset` (not done) into the runs, or moves the base past it.
-    fn join_done(&mut self, offset: i64) {
-        let (mut start, mut end) = (offset, offset + 1);
-        // Join the run that ends right at `offset`, and the one that starts right after it.
-        if let Some((&s, &e)) = self.done.range(..offset).next_back() {
-            if e == offset {
-                self.done.remove(&s);
-                start = s;
+            .map(|(&s, &e)| (s, e));
+        let joins_above = next.filter(|&(s, _)| s == offset + 1);
+        let old_base = self.base;
+        // Bytes the change adds and takes away (apart, so that none goes below zero).
+        let (mut add, mut sub) = (0, 0);
+        if offset == self.base {
+            match joins_above {
+                // The run right above goes into the base.
+                Some((s, e)) => {
+                    sub += run_bytes(self.base + 1, s, e);
+                    self.done.remove(&s);
+                    self.base = e;
+                }
+                // The base moves by one: the first run's gap shrinks.
+                None => {
+                    if let Some((s, e)) = next {
+                        sub += run_bytes(offset + 1, s, e);
+                        add += run_bytes(offset + 2, s, e);
+                    }
+                    self.base = offset + 1;
+                }
+            }
+        } else {
+            // Where the gap before `offset` starts counting: past the run below, or the base.
+            let from = below.map_or(self.base + 1, |(_, e)| e + 1);
+            match (below.filter(|&(_, e)| e == offset), joins_above) {
+                // A run of its own; the next run's gap shrinks.
+                (None, None) => {
+                    add += run_bytes(from, offset, offset + 1);
+                    if let Some((s, e)) = next {
+                        sub += run_bytes(from, s, e);
+                        add += run_bytes(offset + 2, s, e);
+                    }
+                    self.done.insert(offset, offset + 1);
+                }
+                // The run below grows by one; the next run's gap shrinks.
+                (Some((ps, _)), None) => {
+                    sub += varint_len((offset - ps - 1) as u64);
+                    add += varint_len((offset - ps) as u64);
+                    if let Some((s, e)) = next {
+                        sub += run_bytes(offset + 1, s, e);
+                        add += run_bytes(offset + 2, s, e);
+                    }
+                    self.done.insert(ps, offset + 1);
+                }
+                // The run above starts one lower.
+                (None, Some((s, e))) => {
+                    sub += run_bytes(from, s, e);
+                    add += run_bytes(from, offset, e);
+                    self.done.remove(&s);
+                    self.done.insert(offset, e);
+                }
+                // The runs below and above become one.
+                (Some((ps, _)), Some((s, e))) => {
+                    sub += varint_len((offset - ps - 1) as u64) + run_bytes(offset + 1, s, e);
+                    add += varint_len((e - ps - 1) as u64);
+                    self.done.remove(&s);
+                    self.done.insert(ps, e);
+                }
             }
         }
-        if let Some(e) = self.done.remove(&end) {
-            end = e;
+        if self.base != old_base {
+            if let Some((&first, _)) = self.attempts.first_key_value() {
+                sub += varint_len((first - old_base) as u64);
+                add += varint_len((first - self.base) as u64);
+            }
         }
-        if start == self.base {
-            self.base = end;
-        } else {
-            self.done.insert(start, end);
+        self.entry_bytes = self.entry_bytes + add - sub;
+    }
+
+    /// Takes `offset`'s attempts entry out, if it has one (the base unchanged).
+    fn remove_attempt(&mut self, offset: i64) {
+        let Some(count) = self.attempts.remove(&offset) else {
+            return;
+        };
+        let previous = self
+            .attempts
+            .range(..offset)
+            .next_back()
+            .map_or(self.base, |(&o, _)| o);
+        let mut sub = varint_len((offset - previous) as u64) + varint_len(u64::from(count));
+        let mut add = 0;
+        if let Some((&next, _)) = self.attempts.range(offset.saturating_add(1)..).next() {
+            sub += varint_len((next - offset) as u64);
+            add += varint_len((next - previous) as u64);
         }
+        self.entry_bytes = self.entry_bytes + add - sub;
     }
 
     /// Notes one more delivery of `offset`; returns the count so far (0 for a record that is
@@ -130,74 +196,51 @@ impl Progress {
         if self.is_done(offset) {
             return 0;
         }
-        let mut count = 0;
-        self.change_attempts(offset, |attempts| {
-            let entry = attempts.entry(offset).or_insert(0);
-            *entry = entry.saturating_add(1);
-            count = *entry;
-        });
-        count
-    }
-
-    /// Changes the attempts at `offset` (the base unchanged), keeping `entry_bytes`: only
-    /// the entry at `offset` and the one after it encode differently.
-    fn change_attempts(&mut self, offset: i64, change: impl FnOnce(&mut BTreeMap<i64, u32>)) {
-        let next = self
+        let below = self
             .attempts
-            .range(offset.saturating_add(1)..)
-            .next()
-            .map(|(&o, _)| o);
-        let cost = |p: &Progress| p.attempt_bytes(offset) + next.map_or(0, |n| p.attempt_bytes(n));
-        let before = cost(self);
-        change(&mut self.attempts);
-        let after = cost(self);
-        self.entry_bytes = self.entry_bytes + after - before;
-    }
-
-    /// The bytes of the attempts entry at `offset` (0 if there is none).
-    fn attempt_bytes(&self, offset: i64) -> usize {
-        let Some(&count) = self.attempts.get(&offset) else {
-            return 0;
-        };
-        let previous = self
-            .attempts
-            .range(..offset)
+            .range_mut(..=offset)
             .next_back()
-            .map_or(self.base, |(&o, _)| o);
-        varint_len((offset - previous) as u64) + varint_len(u64::from(count))
+            .map(|(&o, count)| (o, count));
+        match below {
+            Some((o, count)) if o == offset => {
+                let old = *count;
+                *count = old.saturating_add(1);
+                let new = *count;
+                self.entry_bytes =
+                    self.entry_bytes + varint_len(u64::from(new)) - varint_len(u64::from(old));
+                new
+            }
+            below => {
+                // A new entry between the one below (or the base) and the next: the next's
+                // delta shrinks.
+                let previous = below.map_or(self.base, |(o, _)| o);
+                let mut add = varint_len((offset - previous) as u64) + varint_len(1);
+                let mut sub = 0;
+                if let Some((&next, _)) = self.attempts.range(offset.saturating_add(1)..).next() {
+                    sub += varint_len((next - previous) as u64);
+                    add += varint_len((next - offset) as u64);
+                }
+                self.entry_bytes = self.entry_bytes + add - sub;
+                self.attempts.insert(offset, 1);
+                1
+            }
+        }
     }
 
-    fn first_attempt_bytes(&self) -> usize {
-        self.attempts
-            .keys()
-            .next()
-            .map_or(0, |&first| self.attempt_bytes(first))
-    }
-
-    /// The bytes of the runs starting in `low ..= high`.
-    fn runs_bytes(&self, low: i64, high: i64) -> usize {
-        let mut previous_end = self
-            .done
-            .range(..low)
-            .next_back()
-            .map_or(self.base + 1, |(_, &e)| e + 1);
+    /// `entry_bytes` counted afresh: a walk of every run and attempts entry.
+    fn count_entry_bytes(&self) -> usize {
         let mut bytes = 0;
-        for (&start, &end) in self.done.range(low..=high) {
-            bytes +=
-                varint_len((start - previous_end) as u64) + varint_len((end - start - 1) as u64);
-            previous_end = end + 1;
+        let mut from = self.base + 1;
+        for (&start, &end) in &self.done {
+            bytes += run_bytes(from, start, end);
+            from = end + 1;
+        }
+        let mut previous = self.base;
+        for (&offset, &count) in &self.attempts {
+            bytes += varint_len((offset - previous) as u64) + varint_len(u64::from(count));
+            previous = offset;
         }
         bytes
-    }
-
-    /// `entry_bytes` counted afresh.
-    fn count_entry_bytes(&self) -> usize {
-        self.runs_bytes(i64::MIN, i64::MAX)
-            + self
-                .attempts
-                .keys()
-                .map(|&o| self.attempt_bytes(o))
-                .sum::<usize>()
     }
 
     /// How often `offset` has been delivered (0 for one never delivered, or done).
@@ -295,6 +338,12 @@ fn put(bytes: &mut Vec<u8>, mut value: u64) {
         value >>= 7;
     }
     bytes.push(value as u8);
+}
+
+/// The bytes of the run `start..end` in the encoding, the previous run ending (or the base
+/// sitting) right before `from`.
+fn run_bytes(from: i64, start: i64, end: i64) -> usize {
+    varint_len((start - from) as u64) + varint_len((end - start - 1) as u64)
 }
 
 fn varint_len(value: u64) -> usize {
@@ -468,7 +517,10 @@ mod tests {
             base in 0_i64..1_000_000_000_000,
             marks in proptest::collection::vec(0_i64..3_000, 0..400),
             retried in proptest::collection::vec((0_i64..3_000, 1_u32..20), 0..40),
+            // Some runs crowd the marks into a short span, where runs join and the base moves.
+            span in prop_oneof![Just(3_000_i64), 20_i64..400],
         ) {
+            let marks: Vec<i64> = marks.iter().map(|offset| offset % span).collect();
             let mut p = Progress::new(base);
             for (offset, times) in &retried {
                 for _ in 0..*times {

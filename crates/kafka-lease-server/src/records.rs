@@ -305,6 +305,8 @@ impl EncodedRecords {
             let body_at = at + 1 + (before - rest.len());
             let field = all.slice(at..body_at + len);
             let (offset, key) = offset_and_key(&all[body_at..body_at + len]);
+            // The key as a slice of the shared buffer: no copy.
+            let key = key.map(|key| all.slice_ref(key));
             records.push(OneRecord { offset, key, field });
             at = body_at + len;
         }
@@ -323,7 +325,8 @@ impl EncodedRecords {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OneRecord {
     pub offset: i64,
-    pub key: Option<Vec<u8>>,
+    /// Its key, sharing the batch's buffer.
+    pub key: Option<Bytes>,
     /// The record as a length-delimited field 1: `ReadResponse.records` and
     /// `Delivery.record` alike.
     pub field: Bytes,
@@ -340,7 +343,7 @@ impl OneRecord {
 
 /// The offset and key of a `KafkaRecord` body written by [`EncodedRecords::push`] (offset,
 /// then key: the first two fields when present).
-fn offset_and_key(mut body: &[u8]) -> (i64, Option<Vec<u8>>) {
+fn offset_and_key(mut body: &[u8]) -> (i64, Option<&[u8]>) {
     use prost::encoding::{decode_key, decode_varint, WireType};
     let mut offset = 0;
     while !body.is_empty() {
@@ -353,7 +356,7 @@ fn offset_and_key(mut body: &[u8]) -> (i64, Option<Vec<u8>>) {
             }
             (2, WireType::LengthDelimited) => {
                 let len = decode_varint(&mut body).unwrap_or_default() as usize;
-                return (offset, body.get(..len).map(<[u8]>::to_vec));
+                return (offset, body.get(..len));
             }
             // Past the key's place: the record has none.
             _ => break,

@@ -15,7 +15,6 @@
 //! slot of the lease: a Deliver supersedes a Read or Deliver open on it, and keeps the lease
 //! alive the same way.
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,6 +25,7 @@ use kafka_lease_proto::wire::EncodedDeliverResponse;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::dispatch::{OffsetMap, Order};
 use crate::error::LeaseError;
 use crate::kafka::{BatchLimits, DeadLetter, DeadLetters};
 use crate::progress::Progress;
@@ -143,19 +143,11 @@ pub struct QueueSnapshot {
 #[derive(Debug)]
 struct RunState {
     queue: Queue,
-    /// The records offered and not done, by offset.
-    bodies: BTreeMap<i64, OneRecord>,
+    /// The records offered and not done, by offset, with what the answers to them left.
+    held: OffsetMap<Held>,
     body_bytes: usize,
     /// The offset the fetcher takes next.
     next_fetch: i64,
-    /// When each record in flight went out.
-    out_at: HashMap<i64, Instant>,
-    /// Why a record was retried or rejected, for its dead letter.
-    reasons: HashMap<i64, String>,
-    /// Records answered RETRY, until delivered again (a redelivery's cause).
-    retried: std::collections::HashSet<i64>,
-    /// Records answered REJECT, until their dead letter is written (its cause).
-    rejected: std::collections::HashSet<i64>,
     /// The progress changed since the last commit.
     dirty: bool,
     /// The lease ended: what it had in flight went back to the shared window.
@@ -167,15 +159,25 @@ struct RunState {
     dead_letters: u64,
 }
 
+/// A record offered and not done: its bytes, and what its deliveries and answers left.
+#[derive(Debug)]
+struct Held {
+    record: OneRecord,
+    /// When it last went out from this gateway (kept past a deadline: a redelivery's cause).
+    out_at: Option<Instant>,
+    /// Why it was retried or rejected, for its dead letter.
+    reason: Option<String>,
+    /// Answered RETRY, until delivered again (a redelivery's cause).
+    retried: bool,
+    /// Answered REJECT, until its dead letter is written (its cause).
+    rejected: bool,
+}
+
 impl RunState {
     fn done(&mut self, offset: i64) {
-        if let Some(record) = self.bodies.remove(&offset) {
-            self.body_bytes -= record.field.len();
+        if let Some(held) = self.held.remove(offset) {
+            self.body_bytes -= held.record.field.len();
         }
-        self.out_at.remove(&offset);
-        self.reasons.remove(&offset);
-        self.retried.remove(&offset);
-        self.rejected.remove(&offset);
         self.dirty = true;
     }
 }
@@ -221,13 +223,9 @@ impl QueueRun {
             shared,
             state: Mutex::new(RunState {
                 queue: Queue::new(settings.queue, progress),
-                bodies: BTreeMap::new(),
+                held: OffsetMap::new(),
                 body_bytes: 0,
                 next_fetch,
-                out_at: HashMap::new(),
-                reasons: HashMap::new(),
-                retried: Default::default(),
-                rejected: Default::default(),
                 dirty: false,
                 closed: false,
                 writing: 0,
@@ -260,13 +258,13 @@ impl QueueRun {
         let window = self.settings.queue.window;
         let max_records = window.max_records + LOOKAHEAD_RECORDS;
         let max_bytes = window.max_bytes.saturating_add(LOOKAHEAD_BYTES);
-        if state.bodies.len() >= max_records || state.body_bytes >= max_bytes {
+        if state.held.len() >= max_records || state.body_bytes >= max_bytes {
             return None;
         }
         Some((
             state.next_fetch,
             BatchLimits {
-                max_records: (max_records - state.bodies.len()).min(RESPONSE_RECORDS),
+                max_records: (max_records - state.held.len()).min(RESPONSE_RECORDS),
                 max_bytes: RESPONSE_BYTES,
             },
         ))
@@ -277,17 +275,26 @@ impl QueueRun {
         if records.is_empty() {
             return;
         }
+        // Only key order looks at keys.
+        let keyed = self.settings.queue.order == Order::Key;
         {
             let mut state = self.state();
             for record in records {
                 state.next_fetch = record.offset + 1;
-                let offered =
-                    state
-                        .queue
-                        .offer(record.offset, record.key.clone(), record.field.len());
+                let key = record.key.as_deref().filter(|_| keyed).map(<[u8]>::to_vec);
+                let offered = state.queue.offer(record.offset, key, record.field.len());
                 if offered == Offered::Queued {
                     state.body_bytes += record.field.len();
-                    state.bodies.insert(record.offset, record);
+                    state.held.insert(
+                        record.offset,
+                        Held {
+                            record,
+                            out_at: None,
+                            reason: None,
+                            retried: false,
+                            rejected: false,
+                        },
+                    );
                 }
             }
         }
@@ -352,19 +359,24 @@ impl QueueRun {
                 let Some(delivery) = state.queue.next(now) else {
                     break;
                 };
-                let Some(record) = state.bodies.get(&delivery.offset) else {
+                let Some(held) = state.held.get_mut(delivery.offset) else {
                     continue;
                 };
                 let deadline = wall_now + delivery.deadline.saturating_duration_since(now);
-                batch.push(&record.field, delivery.attempt, timestamp_parts(deadline));
-                let delivered_here_before = state.out_at.insert(delivery.offset, now).is_some();
+                batch.push(
+                    &held.record.field,
+                    delivery.attempt,
+                    timestamp_parts(deadline),
+                );
+                let delivered_here_before = held.out_at.replace(now).is_some();
+                let retried = std::mem::take(&mut held.retried);
                 // The attempt counts in the progress: the next commit carries it.
                 state.dirty = true;
                 state.deliveries += 1;
                 self.counters.deliveries.increment(1);
                 if delivery.attempt > 1 {
                     state.redeliveries += 1;
-                    let cause = if state.retried.remove(&delivery.offset) {
+                    let cause = if retried {
                         &self.counters.redelivered_retry
                     } else if delivered_here_before {
                         &self.counters.redelivered_deadline
@@ -398,7 +410,7 @@ impl QueueRun {
                     let in_flight = state.queue.in_flight_attempt(ack.offset);
                     let this_delivery =
                         in_flight.is_some_and(|a| ack.attempt.is_none_or(|asked| asked == a));
-                    let sent_at = state.out_at.get(&ack.offset).copied();
+                    let sent_at = state.held.get(ack.offset).and_then(|held| held.out_at);
                     let latency = |histogram: &metrics::Histogram| {
                         if let Some(at) = sent_at.filter(|_| this_delivery) {
                             histogram.record(now.saturating_duration_since(at).as_secs_f64());
@@ -422,19 +434,23 @@ impl QueueRun {
                         AckKind::Reject { .. } if !this_delivery => ("reject", false),
                         AckKind::Renew if !this_delivery => ("renew", false),
                         AckKind::Retry { delay, reason } => {
-                            if !reason.is_empty() {
-                                state.reasons.insert(ack.offset, reason.clone());
+                            if let Some(held) = state.held.get_mut(ack.offset) {
+                                if !reason.is_empty() {
+                                    held.reason = Some(reason.clone());
+                                }
+                                held.out_at = None;
+                                held.retried = true;
                             }
                             latency(&self.counters.ack_retry);
-                            state.out_at.remove(&ack.offset);
-                            state.retried.insert(ack.offset);
                             ("retry", state.queue.retry(ack.offset, now + *delay))
                         }
                         AckKind::Reject { reason } => {
-                            state.reasons.insert(ack.offset, reason.clone());
+                            if let Some(held) = state.held.get_mut(ack.offset) {
+                                held.reason = Some(reason.clone());
+                                held.out_at = None;
+                                held.rejected = true;
+                            }
                             latency(&self.counters.ack_reject);
-                            state.out_at.remove(&ack.offset);
-                            state.rejected.insert(ack.offset);
                             ("reject", state.queue.reject(ack.offset))
                         }
                         AckKind::Renew => (
@@ -471,8 +487,13 @@ impl QueueRun {
         QueueSnapshot {
             settings: self.settings.clone(),
             in_flight,
-            oldest_in_flight: state.out_at.values().min().map(|at| now - *at),
-            waiting: state.bodies.len().saturating_sub(in_flight),
+            oldest_in_flight: state
+                .held
+                .values()
+                .filter_map(|held| held.out_at)
+                .min()
+                .map(|at| now - at),
+            waiting: state.held.len().saturating_sub(in_flight),
             deliveries: state.deliveries,
             redeliveries: state.redeliveries,
             dead_letters: state.dead_letters,
@@ -764,11 +785,11 @@ async fn write_dead_letter(
 ) -> bool {
     let letter = {
         let state = run.state();
-        let Some(record) = state.bodies.get(&offset) else {
+        let Some(held) = state.held.get(offset) else {
             return true;
         };
         let attempts = state.queue.attempts(offset);
-        let reason = state.reasons.get(&offset).cloned().unwrap_or_else(|| {
+        let reason = held.reason.clone().unwrap_or_else(|| {
             format!(
                 "not handled in {attempts} deliveries (max_deliveries {})",
                 run.settings.queue.max_deliveries
@@ -777,7 +798,7 @@ async fn write_dead_letter(
         dead_letter_of(
             lease,
             &run.settings.dead_letter_topic,
-            record,
+            &held.record,
             attempts,
             reason,
         )
@@ -802,7 +823,7 @@ async fn write_dead_letter(
     {
         let mut state = run.state();
         if state.queue.dead_lettered(offset) {
-            if state.rejected.contains(&offset) {
+            if state.held.get(offset).is_some_and(|held| held.rejected) {
                 run.counters.dead_letters_rejected.increment(1);
             } else {
                 run.counters.dead_letters_max_deliveries.increment(1);
@@ -1023,7 +1044,7 @@ mod tests {
         offsets
             .map(|offset| OneRecord {
                 offset,
-                key: Some(b"k".to_vec()),
+                key: Some(bytes::Bytes::from_static(b"k")),
                 field: bytes::Bytes::from(vec![0x0a, 0x00]),
             })
             .collect()
