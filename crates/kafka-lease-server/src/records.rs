@@ -387,6 +387,8 @@ const SUBSCRIBED_DELIVERIES: u8 = 5;
 pub struct DeliverBatch {
     /// Each delivery: its record's field, and the `attempt` and `deadline` fields after it.
     deliveries: Vec<(Bytes, Bytes)>,
+    /// Where the tails are written: one allocation for many, each tail a slice of it.
+    tails: BytesMut,
     wire_len: usize,
 }
 
@@ -398,16 +400,21 @@ impl DeliverBatch {
     /// Adds a delivery of `record` (a [`OneRecord::field`]), its `attempt`, and its
     /// deadline as a `google.protobuf.Timestamp` (seconds, nanos).
     pub fn push(&mut self, record: &Bytes, attempt: u32, deadline: (i64, i32)) {
-        let mut tail = BytesMut::with_capacity(24);
-        put_int(&mut tail, DELIVERY_ATTEMPT, i64::from(attempt));
+        // A tail takes at most 2 + 5 + 2 + 11 + 6 bytes.
+        if self.tails.capacity() < 32 {
+            self.tails.reserve(32 * 64);
+        }
+        let tail = &mut self.tails;
+        put_int(tail, DELIVERY_ATTEMPT, i64::from(attempt));
         let (seconds, nanos) = deadline;
         let timestamp_len = int_field_len(seconds) + int_field_len(i64::from(nanos));
         tail.put_u8(key(DELIVERY_DEADLINE, LENGTH_DELIMITED));
-        encode_varint(timestamp_len as u64, &mut tail);
-        put_int(&mut tail, 1, seconds);
-        put_int(&mut tail, 2, i64::from(nanos));
+        encode_varint(timestamp_len as u64, tail);
+        put_int(tail, 1, seconds);
+        put_int(tail, 2, i64::from(nanos));
+        let tail = tail.split().freeze();
         self.wire_len += delimited_len(record.len() + tail.len());
-        self.deliveries.push((record.clone(), tail.freeze()));
+        self.deliveries.push((record.clone(), tail));
     }
 
     pub fn len(&self) -> usize {

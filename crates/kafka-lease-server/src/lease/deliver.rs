@@ -252,13 +252,16 @@ impl QueueRun {
     }
 
     /// Where the fetcher goes on and how much it may take now; `None` while the lookahead is
-    /// full.
+    /// full, or nearly.
     fn fetch_room(&self) -> Option<(i64, BatchLimits)> {
         let state = self.state();
         let window = self.settings.queue.window;
         let max_records = window.max_records + LOOKAHEAD_RECORDS;
         let max_bytes = window.max_bytes.saturating_add(LOOKAHEAD_BYTES);
-        if state.held.len() >= max_records || state.body_bytes >= max_bytes {
+        // While the lookahead is three quarters full, the fetcher waits for room for a fair
+        // batch rather than fetching the few records each answer frees.
+        let least = RESPONSE_RECORDS.min(max_records / 4);
+        if state.held.len() + least > max_records || state.body_bytes >= max_bytes {
             return None;
         }
         Some((
@@ -373,7 +376,6 @@ impl QueueRun {
                 // The attempt counts in the progress: the next commit carries it.
                 state.dirty = true;
                 state.deliveries += 1;
-                self.counters.deliveries.increment(1);
                 if delivery.attempt > 1 {
                     state.redeliveries += 1;
                     let cause = if retried {
@@ -388,6 +390,10 @@ impl QueueRun {
             }
             state.queue.dead_letters_due()
         });
+        // Counted once for the batch.
+        if !batch.is_empty() {
+            self.counters.deliveries.increment(batch.len() as u64);
+        }
         if letters_due {
             self.letters.notify_waiters();
         }
