@@ -30,7 +30,7 @@ use crate::error::LeaseError;
 use crate::kafka::{BatchLimits, DeadLetter, DeadLetters};
 use crate::progress::Progress;
 use crate::queue::{Offered, Queue, QueueSettings};
-use crate::records::{DeliverBatch, EncodedRecords, OneRecord};
+use crate::records::{DeliverBatch, OneRecord};
 
 use super::read::Stop;
 use super::Lease;
@@ -713,7 +713,8 @@ async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
             }
             continue;
         }
-        let mut batch = EncodedRecords::new();
+        // Sized as the last batch was, so that filling it does not grow it copy by copy.
+        let mut batch = feed.new_batch(limits);
         if feed.take_queued(&mut batch, from, limits) && batch.is_empty() {
             let got = tokio::select! {
                 more = feed.take_next(&mut batch, from, limits) => more,
@@ -724,6 +725,7 @@ async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
             }
         }
         let high = feed.cached_high_watermark();
+        feed.filled(&mut batch);
         drop(feed_guard);
         if let Some(high) = high {
             lease.note_high_watermark(high);
