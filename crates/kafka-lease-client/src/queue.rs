@@ -261,6 +261,18 @@ impl Delivery {
         self.record.offset
     }
 
+    /// Moves the record's key, value and headers out, leaving its offset and timestamp.
+    fn take_record(&mut self) -> Record {
+        Record {
+            offset: self.record.offset,
+            key: self.record.key.take(),
+            value: self.record.value.take(),
+            headers: std::mem::take(&mut self.record.headers),
+            timestamp: self.record.timestamp,
+            timestamp_type: self.record.timestamp_type,
+        }
+    }
+
     /// Where it came from, for a handler.
     pub fn info(&self) -> DeliveryInfo {
         DeliveryInfo {
@@ -620,10 +632,12 @@ where
                 next = deliveries.next_delivery(), if running.len() < options.concurrency => match next {
                     None => break,
                     Some(Err(err)) => { ended = Some(err); break }
-                    Some(Ok(delivery)) => {
+                    Some(Ok(mut delivery)) => {
                         let handler = handler.clone();
-                        let record = delivery.record.clone();
                         let info = delivery.info();
+                        // The handler owns the record; the delivery keeps its offset, and
+                        // what renews or hands it back, without a copy of the record.
+                        let record = delivery.take_record();
                         let kept = delivery.clone();
                         let answering = options.clone();
                         // The task answers too: handlers finishing together then answer
