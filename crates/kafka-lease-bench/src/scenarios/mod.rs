@@ -90,6 +90,13 @@ fn r3(x: f64) -> f64 {
 }
 
 /// `gateway / baseline`, `None` when the baseline is 0.
+/// Whether `value` is at most `goal`, past the rounding of floating point: CPU times are
+/// differences of whole clock ticks read as seconds, so two arms a whole number of ticks apart
+/// (the goal exactly) can differ from it in the last bits.
+fn at_most(value: f64, goal: f64) -> bool {
+    value <= goal * (1.0 + 1e-9)
+}
+
 fn ratio(gateway: f64, baseline: f64) -> Option<f64> {
     (baseline != 0.0).then(|| gateway / baseline)
 }
