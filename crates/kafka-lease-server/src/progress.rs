@@ -474,6 +474,21 @@ mod tests {
     }
 
     #[test]
+    fn each_record_in_flight_costs_about_three_characters() {
+        // A first delivery's attempt count is an entry: a delta and a count, a byte each, so
+        // a thousand records in flight take two thirds of the budget, and the brake (at 3/4
+        // of it) holds a window at about 1,100 records in flight.
+        let mut p = Progress::new(0);
+        for offset in 0..1_000 {
+            p.delivered(offset);
+        }
+        // No runs (1 byte), a thousand entries (2 bytes), each entry 2 bytes; in base64.
+        let raw: usize = 1 + 2 + 1_000 * 2;
+        assert_eq!(p.encoded_len(), "q1=".len() + (raw * 4).div_ceil(3));
+        assert!(p.encoded_len() * 4 < METADATA_BUDGET * 3);
+    }
+
+    #[test]
     fn the_budget_holds_some_hundreds_of_gaps() {
         // Every other record done: the worst case for runs, each gap and length one byte.
         let mut p = Progress::new(0);
