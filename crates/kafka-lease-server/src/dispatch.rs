@@ -373,6 +373,12 @@ impl Dispatcher {
             if deadline > now {
                 break;
             }
+            if !self.live((deadline, offset)) {
+                // The front is kept live; should an entry be left behind anyway, it goes
+                // rather than taking a record that is not in flight back.
+                self.deadlines.pop_front();
+                continue;
+            }
             self.set_state(offset, State::Waiting { not_before: None });
             late.push(offset);
         }
