@@ -108,23 +108,20 @@ impl Dispatcher {
     /// A record fetched: `attempts` deliveries it has had already (a handover carries them).
     /// Records are offered in offset order; one offered again is ignored.
     pub fn offer(&mut self, offset: i64, key: Option<Vec<u8>>, bytes: usize, attempts: u32) {
-        if self.records.contains_key(offset) {
+        let indexed = key.clone().filter(|_| self.order == Order::Key);
+        let record = Record {
+            key,
+            bytes,
+            attempts,
+            state: State::Waiting { not_before: None },
+        };
+        // One lookup: the insert itself refuses an offset held already.
+        if !self.records.insert(offset, record) {
             return;
         }
-        if self.order == Order::Key {
-            if let Some(key) = &key {
-                self.keys.entry(key.clone()).or_default().insert(offset);
-            }
+        if let Some(key) = indexed {
+            self.keys.entry(key).or_default().insert(offset);
         }
-        self.records.insert(
-            offset,
-            Record {
-                key,
-                bytes,
-                attempts,
-                state: State::Waiting { not_before: None },
-            },
-        );
         self.ready.insert(offset);
     }
 

@@ -173,6 +173,19 @@ struct Held {
     rejected: bool,
 }
 
+impl Held {
+    /// A record fetched, not delivered yet.
+    fn new(record: OneRecord) -> Self {
+        Held {
+            record,
+            out_at: None,
+            reason: None,
+            retried: false,
+            rejected: false,
+        }
+    }
+}
+
 impl RunState {
     fn done(&mut self, offset: i64) {
         if let Some(held) = self.held.remove(offset) {
@@ -288,16 +301,7 @@ impl QueueRun {
                 let offered = state.queue.offer(record.offset, key, record.field.len());
                 if offered == Offered::Queued {
                     state.body_bytes += record.field.len();
-                    state.held.insert(
-                        record.offset,
-                        Held {
-                            record,
-                            out_at: None,
-                            reason: None,
-                            retried: false,
-                            rejected: false,
-                        },
-                    );
+                    state.held.insert(record.offset, Held::new(record));
                 }
             }
         }
