@@ -1,6 +1,10 @@
-//! How leases end when things go wrong around them: a gateway cut off from Consul ends every
-//! lease at once (Reads on idle partitions end "lease lost" within the fence window, not one
-//! after another), and a Release is not held up by a Read whose client stopped reading.
+//! How leases end, or do not, when things go wrong around them: a gateway cut off from
+//! Consul suspends every lease once its fence window passes (nothing is handed over, a
+//! commit is answered UNAVAILABLE), carries on with the same leases if Consul confirms its
+//! session before the session's TTL has passed (a Consul leader election, a short outage),
+//! and otherwise ends every lease at once (Reads on idle partitions end "lease lost"
+//! together, not one after another); and a Release is not held up by a Read whose client
+//! stopped reading.
 
 mod support;
 
@@ -16,7 +20,7 @@ use tokio::time::Instant;
 const DEADLINE: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cut_off_from_consul_every_idle_read_ends_lease_lost_within_the_fence_window() {
+async fn cut_off_from_consul_for_a_session_ttl_every_idle_read_ends_lease_lost_together() {
     let services = kafka_lease_testkit::require_services!();
     let (relay, relayed) = consul_relay(&services).await;
     // TTL-only: the agent's check would dial the gateway directly, around the relay.
@@ -58,6 +62,7 @@ async fn cut_off_from_consul_every_idle_read_ends_lease_lost_within_the_fence_wi
     }))
     .await;
     let mut slowest = Duration::ZERO;
+    let mut fastest = DEADLINE;
     for (end, after) in ends {
         let end = end.expect("the Read ends");
         match end {
@@ -67,15 +72,127 @@ async fn cut_off_from_consul_every_idle_read_ends_lease_lost_within_the_fence_wi
             other => panic!("expected the Read to end with lease lost, got {other:?}"),
         }
         slowest = slowest.max(after);
+        fastest = fastest.min(after);
     }
-    println!("all {LEASES} idle Reads ended 'lease lost' within {slowest:?} of the cut");
-    // The fence window is 1.25 s from the last confirmed renew; renews go out every 312.5 ms.
+    println!("all {LEASES} idle Reads ended 'lease lost' {fastest:?} to {slowest:?} after the cut");
+    // Suspended after the fence window (1.25 s from the last confirmed renew), given up after
+    // the session TTL (10 s from it; renews go out every 312.5 ms).
     assert!(
-        slowest < Duration::from_millis(1250 + 1500),
-        "every Read ends within the fence window (plus scheduling slack), not one lease after \
-         another: the slowest took {slowest:?}"
+        fastest > Duration::from_millis(1250 + 1000),
+        "the Reads wait through the suspension rather than ending at the fence window: the \
+         first ended after {fastest:?}"
+    );
+    assert!(
+        slowest < Duration::from_millis(10_000 + 1500),
+        "every Read ends once the session TTL has passed (plus scheduling slack): the slowest \
+         took {slowest:?}"
+    );
+    assert!(
+        slowest - fastest < Duration::from_millis(1000),
+        "every Read ends together, not one lease after another: {fastest:?} to {slowest:?}"
     );
     relay.release();
+}
+
+/// Cut off from Consul for longer than the fence window but well within the session's TTL (as
+/// in a Consul leader election), a lease is suspended, not ended: its Read hands nothing over
+/// and a commit is answered UNAVAILABLE (Consul unavailable, retryable) while the gateway
+/// cannot confirm its session; once Consul answers, the same Read goes on from where it
+/// stopped, with no gap and no repeat, and the commit goes through. Before the suspension,
+/// the Read ended "lease lost" at the fence window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_consul_outage_suspends_a_lease_and_the_same_read_goes_on() {
+    let services = kafka_lease_testkit::require_services!();
+    let (relay, relayed) = consul_relay(&services).await;
+    let gateway = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("gw"),
+        &["--consul", &relayed, "--consul-check", "none"],
+    )
+    .await;
+    let topic = create_topic(&services, 1).await;
+    let group = unique_name("g");
+    let kafka = producer(&services);
+    let first: Vec<TestRecord> = (0..20)
+        .map(|i| TestRecord::value(format!("a{i}")))
+        .collect();
+    produce(&kafka, &topic, 0, &first).await;
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(&group, &topic).partition(0))
+        .await
+        .expect("acquire");
+    let mut stream = lease
+        .records(ReadOptions::new().reconnect_attempts(0))
+        .await
+        .expect("read");
+    let mut next = 0;
+    while next < 20 {
+        let batch = stream
+            .next_batch()
+            .await
+            .expect("a batch")
+            .expect("records");
+        for record in batch.records {
+            assert_eq!(record.offset, next, "no gap, no repeat");
+            next += 1;
+        }
+    }
+
+    relay.cut();
+    relay.hold();
+    let cut_at = Instant::now();
+    // Past the fence window (1.25 s), while the session lives on in Consul (TTL 10 s).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let second: Vec<TestRecord> = (0..20)
+        .map(|i| TestRecord::value(format!("b{i}")))
+        .collect();
+    produce(&kafka, &topic, 0, &second).await;
+    let during = tokio::time::timeout(Duration::from_millis(1500), stream.next_batch()).await;
+    assert!(
+        during.is_err(),
+        "nothing is handed over while the lock is suspended: {during:?}"
+    );
+    match lease.commit(20).await {
+        Err(err @ Error::Unavailable { .. }) => {
+            assert_eq!(err.reason(), Some(Reason::ConsulUnavailable), "{err}");
+            assert!(err.is_retryable(), "{err}");
+        }
+        other => panic!("a commit while suspended: {other:?}"),
+    }
+    let suspended_for = cut_at.elapsed();
+
+    relay.release();
+    while next < 40 {
+        let batch = tokio::time::timeout(DEADLINE, stream.next_batch())
+            .await
+            .expect("the same Read goes on once Consul answers")
+            .expect("a batch")
+            .expect("records, not the lease's end");
+        for record in batch.records {
+            assert_eq!(record.offset, next, "no gap, no repeat");
+            next += 1;
+        }
+    }
+    println!("suspended {suspended_for:?}; the same Read went on to offset {next}");
+    let committed = wait_commit(&lease, 40).await;
+    assert_eq!(committed, 40);
+    lease.release().await.expect("release");
+}
+
+/// Commits `offset` once the gateway confirms its session again (UNAVAILABLE until then).
+async fn wait_commit(lease: &kafka_lease_client::Lease, offset: i64) -> i64 {
+    let started = Instant::now();
+    loop {
+        match lease.commit(offset).await {
+            Ok(()) => return offset,
+            Err(err) if err.is_retryable() && started.elapsed() < DEADLINE => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("commit after the outage: {err}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

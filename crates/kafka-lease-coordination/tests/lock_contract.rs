@@ -729,12 +729,14 @@ async fn consul_wait_ends_with_the_lock_delay() {
     rig.finish().await;
 }
 
-/// Cut off from Consul, an instance declares its session lost once its fence window has
-/// passed since its last confirmed renew, while Consul still holds its lock (nobody else can
-/// have it yet); reconnected, it gets a new session and its old one is gone. Run for a
-/// TTL-only session and check-bound ones (all: window = lock-delay - 250 ms). With a TTL
-/// check the passes fail too, so Consul may end the session by the check at about the time
-/// of the fence; either way nobody else can take the key before the fence.
+/// Cut off from Consul, an instance suspends its locks once its fence window has passed
+/// since its last confirmed renew (`valid_until` is past, while Consul still holds its lock:
+/// nobody else can have it yet), keeps the session while it waits, and declares the session
+/// lost once a whole session TTL has passed without a confirmation; reconnected, it gets a
+/// new session and its old one is gone. Run for a TTL-only session and check-bound ones
+/// (all: window = lock-delay - 250 ms). With a check, Consul may end the session by the check
+/// during the wait, and another instance may then take the key: the suspended instance does
+/// nothing with it.
 async fn self_fences_when_unreachable_and_recovers(test: &str, check: Check) {
     let Some(services) = Services::require(test) else {
         return;
@@ -778,13 +780,31 @@ async fn self_fences_when_unreachable_and_recovers(test: &str, check: Check) {
         a.ping().await.is_err(),
         "ping must fail while Consul is unreachable"
     );
+    // Suspended: the deadline passes, the session stays.
+    let until = a.valid_until().expect("a deadline while live");
+    tokio::time::sleep_until(until).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        *a.session_state().borrow(),
+        SessionState::Live { id: old.clone() },
+        "suspended, not lost, once the fence window passes"
+    );
+    assert!(
+        a.valid_until().is_some_and(|u| u <= Instant::now()),
+        "no side effect may pass the fence while suspended"
+    );
+    if check == Check::None {
+        // Consul still holds the lock for the old session: the fence came first.
+        assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-a")));
+    }
     let mut state = a.session_state();
+    let ttl = a.config().session_ttl;
     let lost = tokio::time::timeout(
-        window + PROMPT,
+        ttl + PROMPT,
         state.wait_for(|s| *s != SessionState::Live { id: old.clone() }),
     )
     .await
-    .expect("self-fence")
+    .expect("the session given up")
     .unwrap()
     .clone();
     let silent = a.last_confirmed().expect("a renew was confirmed").elapsed();
@@ -793,27 +813,11 @@ async fn self_fences_when_unreachable_and_recovers(test: &str, check: Check) {
         panic!("expected Lost, got {lost:?}")
     };
     assert!(reason.contains("consul unreachable since"), "{reason}");
-    // Not before a whole window of silence, and not much later.
+    // Not before a whole session TTL of silence, and not much later.
     assert!(
-        silent >= window && silent < window + Duration::from_secs(2),
-        "fenced after {silent:?} (window {window:?})"
+        silent >= ttl && silent < ttl + Duration::from_secs(2),
+        "given up after {silent:?} (session TTL {ttl:?}, window {window:?})"
     );
-    if check == Check::Ttl {
-        // The key is held still, or Consul ended the session by the check a moment ago and
-        // the lock-delay keeps it: either way the fence came first.
-        let taken = b
-            .try_acquire(&key, &holder("late", "gw-late"))
-            .await
-            .expect("try_acquire");
-        assert!(
-            matches!(taken, Acquisition::Held | Acquisition::Delayed),
-            "{taken:?}"
-        );
-    } else {
-        // Consul still holds the lock for the old session at this point: the fence came
-        // first.
-        assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-a")));
-    }
 
     relay.reopen().await.unwrap();
     let new = wait_for(
@@ -873,6 +877,79 @@ enum Check {
     None,
     Tcp,
     Ttl,
+}
+
+/// Cut off from Consul for longer than its fence window but less than its session's TTL
+/// (what a Consul leader election costs), an instance keeps its session: its locks are
+/// suspended while no renew is confirmed, and once Consul answers again, the same session
+/// is confirmed, the deadline moves ahead, and the lock was held by it all along. (Before
+/// the suspension, the instance gave the session up at the fence window, and every lease
+/// of the gateway ended with it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consul_resumes_the_same_session_after_an_outage_shorter_than_its_ttl() {
+    let test = "consul_resumes_the_same_session_after_an_outage_shorter_than_its_ttl";
+    let Some(services) = Services::require(test) else {
+        return;
+    };
+    let consul = services.consul_http_addr.clone();
+    let upstream = consul
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    let upstream = tokio::net::lookup_host(&upstream)
+        .await
+        .unwrap()
+        .next()
+        .expect("Consul's address");
+    let relay = Relay::start(upstream).await.unwrap();
+    let prefix = unique_name("kafka-lease-test");
+    let key = LockKey::new(unique_name("g"), "orders", 0);
+    let relayed = format!("http://{}", relay.addr());
+    let lock_delay = Duration::from_secs(1);
+    let a = ConsulLocks::connect(consul_config(&relayed, &prefix, "gw-a", lock_delay))
+        .await
+        .unwrap();
+    let b = ConsulLocks::connect(consul_config(&consul, &prefix, "gw-b", lock_delay))
+        .await
+        .unwrap();
+    let window = a.config().fence_window();
+    let grant = acquire(&a, &key, &holder("m1", "gw-a")).await;
+    let old = live_id(&a);
+
+    relay.close().await;
+    // Three fence windows of silence: suspended all along, never lost.
+    let mut state = a.session_state();
+    let changed = tokio::time::timeout(
+        window * 3,
+        state.wait_for(|s| *s != SessionState::Live { id: old.clone() }),
+    )
+    .await;
+    assert!(
+        changed.is_err(),
+        "the session was given up: {:?}",
+        *a.session_state().borrow()
+    );
+    assert!(
+        a.valid_until().is_some_and(|u| u <= Instant::now()),
+        "suspended: no side effect may pass the fence"
+    );
+    assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-a")));
+
+    relay.reopen().await.unwrap();
+    let resumed = wait_for("the deadline ahead again", DEADLINE, || async {
+        a.valid_until().filter(|u| *u > Instant::now())
+    })
+    .await;
+    assert!(resumed > Instant::now());
+    assert_eq!(
+        *a.session_state().borrow(),
+        SessionState::Live { id: old.clone() },
+        "the same session, confirmed again"
+    );
+    assert_eq!(grant.session(), old);
+    assert_eq!(busy(&b, &key).await.0, Some(holder("m1", "gw-a")));
+    a.shutdown().await;
+    b.shutdown().await;
 }
 
 // ---------------------------------------------------------------------------------------------

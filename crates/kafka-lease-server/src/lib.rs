@@ -21,6 +21,7 @@ pub mod config;
 /// The partition locks: a crate of its own, so that "knows nothing of Kafka or gRPC" is a
 /// rule the compiler enforces.
 pub use kafka_lease_coordination as coordination;
+pub mod defects;
 pub mod dev;
 pub mod dispatch;
 pub mod error;

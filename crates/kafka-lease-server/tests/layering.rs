@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// is below them all).
 const LAYERS: &[&[&str]] = &[
     &[
-        "metrics", "records", "reload", "balance", "progress", "dispatch",
+        "metrics", "records", "reload", "balance", "progress", "dispatch", "defects",
     ],
     &["error", "tls", "waiters", "queue"],
     &["kafka", "validate", "auth"],

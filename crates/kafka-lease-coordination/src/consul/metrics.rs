@@ -3,14 +3,18 @@
 
 /// Seconds a session renew took to answer (or to fail).
 pub const RENEW_SECONDS: &str = "kafka_lease_consul_renew_duration_seconds";
-/// Session renews that failed (no answer, an error); the session lives on until its
-/// fence window passes without a confirmed one.
+/// Session renews that failed (no answer, an error); the session lives on until a session
+/// TTL passes without a confirmed one.
 pub const RENEW_FAILURES: &str = "kafka_lease_consul_renew_failures_total";
 /// Lock sessions created (at startup, and after each loss).
 pub const SESSIONS_CREATED: &str = "kafka_lease_consul_sessions_created_total";
 /// Lock sessions lost, by `cause`: `invalidated` (Consul ended it) or `self_fence` (no
-/// renew confirmed for a whole fence window: every lock of the instance was void).
+/// renew confirmed for a whole session TTL: the instance gave the session up, and every
+/// lock of it was void).
 pub const SESSIONS_LOST: &str = "kafka_lease_consul_sessions_lost_total";
+/// Times the locks were suspended: no renew confirmed for a whole fence window, so no side
+/// effect passed the fence until Consul confirmed the session again (or it was lost).
+pub const SESSIONS_SUSPENDED: &str = "kafka_lease_consul_session_suspensions_total";
 /// Consul requests that failed or went unanswered, by `operation`.
 pub const ERRORS: &str = "kafka_lease_consul_errors_total";
 /// Passes of the TTL check that failed or went unanswered, after the first that succeeded
@@ -29,6 +33,10 @@ pub fn describe_metrics() {
     describe_counter!(RENEW_FAILURES, "Consul session renews that failed");
     describe_counter!(SESSIONS_CREATED, "Consul lock sessions created");
     describe_counter!(SESSIONS_LOST, "Consul lock sessions lost, by cause");
+    describe_counter!(
+        SESSIONS_SUSPENDED,
+        "times the locks were suspended for want of a confirmed session renew"
+    );
     describe_counter!(ERRORS, "Consul requests that failed, by operation");
     describe_counter!(
         CHECK_PASS_FAILURES,
@@ -37,6 +45,7 @@ pub fn describe_metrics() {
     ::metrics::counter!(CHECK_PASS_FAILURES).increment(0);
     ::metrics::counter!(RENEW_FAILURES).increment(0);
     ::metrics::counter!(SESSIONS_CREATED).increment(0);
+    ::metrics::counter!(SESSIONS_SUSPENDED).increment(0);
     for cause in ["invalidated", "self_fence"] {
         ::metrics::counter!(SESSIONS_LOST, "cause" => cause).increment(0);
     }

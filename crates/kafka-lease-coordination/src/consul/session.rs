@@ -378,7 +378,16 @@ impl Shared {
     /// Renews `held` until it is lost; returns how. A renew goes out every `renew_interval`
     /// (and at once when poked) whether or not the earlier ones have answered, so a slow or
     /// lost request does not hold up the next; each confirmation moves `S` to its own send
-    /// time. The session is lost when `S + fence_window` passes.
+    /// time.
+    ///
+    /// When `S + fence_window` passes, the locks are *suspended*: `valid_until` is past, so
+    /// no side effect passes the fence, but the session is kept and renews go on. A renew
+    /// that Consul then confirms proves the session (and so every lock of it) was never
+    /// invalidated in between, and moves `valid_until` ahead again: a Consul leader election,
+    /// or a few seconds without the agent, costs a pause rather than every lease. The session
+    /// is given up (lost) when Consul says it is gone, or when `S + session_ttl` passes
+    /// without a confirmation: by then Consul may have expired it, and the instance has
+    /// waited long enough to say so to its clients.
     pub(super) async fn keep_alive(&self, held: &mut Held) -> Loss {
         let instance = &self.config.instance;
         let every = self.config.renew_interval();
@@ -386,8 +395,11 @@ impl Shared {
         let limit = REQUEST_TIMEOUT.min(self.fence_window);
         let mut attempts = FuturesUnordered::new();
         let mut next = held.confirmed + every;
+        let give_up = self.config.session_ttl.max(self.fence_window);
+        let mut suspended = false;
         loop {
             let fence_at = held.confirmed + self.fence_window;
+            let give_up_at = held.confirmed + give_up;
             tokio::select! {
                 biased;
                 Some((sent, outcome)) = attempts.next(), if !attempts.is_empty() => {
@@ -396,6 +408,14 @@ impl Shared {
                             if sent > held.confirmed {
                                 held.confirmed = sent;
                                 self.confirm(&held.id, sent);
+                                if suspended && Instant::now() < sent + self.fence_window {
+                                    suspended = false;
+                                    tracing::info!(
+                                        %instance,
+                                        session = %held.id,
+                                        "consul confirmed the lock session again; its locks are no longer suspended",
+                                    );
+                                }
                             }
                         }
                         Renewal::Gone => return Loss::Invalidated,
@@ -411,7 +431,20 @@ impl Shared {
                         }
                     }
                 }
-                () = tokio::time::sleep_until(fence_at) => return Loss::Unreachable,
+                () = tokio::time::sleep_until(fence_at), if !suspended => {
+                    suspended = true;
+                    ::metrics::counter!(super::metrics::SESSIONS_SUSPENDED).increment(1);
+                    tracing::warn!(
+                        %instance,
+                        session = %held.id,
+                        fence_window = ?self.fence_window,
+                        give_up_in = ?give_up_at.saturating_duration_since(Instant::now()),
+                        "no renew confirmed for a whole fence window; every lock is suspended (self-fence) until consul confirms the session",
+                    );
+                }
+                () = tokio::time::sleep_until(give_up_at), if !no_self_fence_planted() => {
+                    return Loss::Unreachable
+                }
                 () = tokio::time::sleep_until(next) => {
                     attempts.push(self.renew_once(&held.id, limit));
                     next = Instant::now() + every;
@@ -423,6 +456,20 @@ impl Shared {
             }
         }
     }
+}
+
+/// Whether the fault tests planted the defect `no-self-fence` in this process
+/// (`KAFKA_LEASE_PLANTED_DEFECT`, read only in a build with the `planted-defects` feature,
+/// which no release enables; the server's `defects.rs` holds the other half): the renew task
+/// then never gives up a session it cannot confirm.
+#[cfg(feature = "planted-defects")]
+fn no_self_fence_planted() -> bool {
+    std::env::var("KAFKA_LEASE_PLANTED_DEFECT").is_ok_and(|d| d == "no-self-fence")
+}
+
+#[cfg(not(feature = "planted-defects"))]
+fn no_self_fence_planted() -> bool {
+    false
 }
 
 /// A live session as the renew task tracks it.
@@ -492,8 +539,10 @@ pub(super) async fn run_renewer(shared: Arc<Shared>, first: Held) {
                 let since = humantime::format_rfc3339_seconds(since);
                 shared.set_state(SessionState::Lost {
                     reason: format!(
-                        "consul unreachable since {since} (no renew confirmed for {silent:?}, \
-                         fence window {window:?})"
+                        "consul unreachable since {since} (no renew confirmed for {silent:?}: \
+                         the locks were suspended after the fence window, {window:?}, and \
+                         given up after the session TTL, {:?})",
+                        shared.config.session_ttl
                     ),
                 });
                 tracing::warn!(
@@ -501,7 +550,7 @@ pub(super) async fn run_renewer(shared: Arc<Shared>, first: Held) {
                     session = %held.id,
                     ?silent,
                     fence_window = ?window,
-                    "no renew confirmed for a whole fence window; every lock is void (self-fence)",
+                    "no renew confirmed for a whole session TTL; every lock is void, creating a new session",
                 );
                 abandoned.push(held.id.clone());
             }

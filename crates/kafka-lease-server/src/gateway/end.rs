@@ -133,6 +133,14 @@ impl Gateway {
         }
         metrics::counter!(crate::metrics::LEASES_ENDED, "reason" => reason.label()).increment(1);
         self.table().remove_ended(lease, reason.clone());
+        use crate::defects::{planted, Defect};
+        if planted(Defect::NoCommitGate)
+            || (planted(Defect::ReleaseWithoutWaiting) && matches!(reason, EndReason::Released))
+        {
+            self.dismantle_and_release(lease).await;
+            tracing::info!(parent: &lease.span, %reason, "lease ended");
+            return;
+        }
         match tokio::time::timeout(COMMIT_SETTLE_WAIT, lease.commits_settled()).await {
             Ok(_settled) => self.dismantle_and_release(lease).await,
             Err(_) => {

@@ -32,8 +32,8 @@ use crate::progress::Progress;
 use crate::queue::{Offered, Queue, QueueSettings};
 use crate::records::{DeliverBatch, OneRecord};
 
-use super::read::Stop;
-use super::Lease;
+use super::read::{Stop, SUSPENDED_LOOK};
+use super::{Fence, Lease};
 
 /// How often the keeper commits the progress while it changes.
 pub const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
@@ -817,8 +817,16 @@ async fn write_dead_letter(
     };
     let mut interrupts = lease.interrupts.subscribe();
     loop {
-        if lease.fenced().is_err() {
-            return false;
+        match lease.fence() {
+            Fence::Open => {}
+            Fence::Suspended(_) => {
+                tokio::select! {
+                    () = tokio::time::sleep(SUSPENDED_LOOK) => {}
+                    _ = interrupts.changed() => {}
+                }
+                continue;
+            }
+            Fence::Closed(_) => return false,
         }
         match dead_letters.write(&letter).await {
             Ok(()) => break,
@@ -937,8 +945,17 @@ async fn step(lease: Arc<Lease>, run: Arc<QueueRun>, generation: u64) -> Step {
         if let Some(stop) = lease.read_stop(&lease.state(), generation) {
             return Step::Stop(stop);
         }
-        if let Err(fenced) = lease.fenced() {
-            return Step::Stop(Stop::Failed(fenced));
+        match lease.fence() {
+            Fence::Open => {}
+            Fence::Suspended(_) => {
+                // Nothing goes out until Consul confirms the session again.
+                tokio::select! {
+                    () = tokio::time::sleep(SUSPENDED_LOOK) => {}
+                    _ = interrupts.changed() => {}
+                }
+                continue;
+            }
+            Fence::Closed(fenced) => return Step::Stop(Stop::Failed(fenced)),
         }
         let now = Instant::now();
         let batch = run.take_ready(now);

@@ -33,7 +33,9 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::coordination::{FencingToken, LockBackend, LockGrant, LockKey, SessionState};
+use crate::coordination::{
+    CoordinationError, FencingToken, LockBackend, LockGrant, LockKey, SessionState,
+};
 use crate::error::{EndReason, LeaseError};
 use crate::kafka::{CommitGate, CommitsSettled, GroupClient, PartitionFeed};
 
@@ -84,6 +86,26 @@ struct LeaseState {
     ended: Option<EndReason>,
     committed: Option<i64>,
     high_watermark: i64,
+}
+
+/// What a lease's fence says at one moment ([`Lease::fence`]).
+#[derive(Debug)]
+pub enum Fence {
+    /// Side effects may happen.
+    Open,
+    /// None may happen now, but the lease lives: the gateway waits for Consul to confirm its
+    /// session. A Read or Deliver holds its records back until then; a call gets the error
+    /// (UNAVAILABLE, retryable).
+    Suspended(LeaseError),
+    /// None may happen, ever: the lease has ended or is about to (the error says why).
+    Closed(LeaseError),
+}
+
+impl Fence {
+    /// Whether side effects are only suspended.
+    pub fn is_suspended(&self) -> bool {
+        matches!(self, Fence::Suspended(_))
+    }
 }
 
 /// A lease served by this gateway.
@@ -348,23 +370,44 @@ impl Lease {
     /// and the self-fence deadline has not passed. Checked synchronously at the moment of the
     /// side effect, so a gateway that was paused cannot act on a lock that may have moved.
     pub fn fenced(&self) -> Result<(), LeaseError> {
+        match self.fence() {
+            Fence::Open => Ok(()),
+            Fence::Suspended(err) | Fence::Closed(err) => Err(err),
+        }
+    }
+
+    /// The fence, told apart: open, suspended (the session is the lease's, but no renew has
+    /// been confirmed for a fence window: the lease waits for Consul, it has not ended), or
+    /// closed (the lease ended, or its session is gone).
+    pub fn fence(&self) -> Fence {
         if let Some(reason) = &self.state().ended {
-            return Err(self.ended_error(reason));
+            return Fence::Closed(self.ended_error(reason));
         }
         let same_session = matches!(
             &*self.locks.session_state().borrow(),
             SessionState::Live { id } if *id == self.session
         );
+        if !same_session {
+            return Fence::Closed(self.ended_error(&EndReason::Lost(
+                "the gateway cannot confirm its Consul lock (self-fenced)".into(),
+            )));
+        }
         let in_time = self
             .locks
             .valid_until()
-            .is_some_and(|until| Instant::now() < until);
-        if same_session && in_time {
-            Ok(())
+            .is_some_and(|until| Instant::now() < until)
+            || crate::defects::planted(crate::defects::Defect::NoSelfFence);
+        if in_time {
+            Fence::Open
         } else {
-            Err(self.ended_error(&EndReason::Lost(
-                "the gateway cannot confirm its Consul lock (self-fenced)".into(),
-            )))
+            Fence::Suspended(LeaseError::Coordination(CoordinationError::Unavailable {
+                operation: "confirming the lease's lock",
+                detail: "no renew of the gateway's Consul session has been confirmed for a \
+                         fence window (Consul unreachable, or electing a leader); the lease \
+                         is kept, and acts again once Consul confirms the session, or ends \
+                         \"lease lost\" if it cannot"
+                    .into(),
+            }))
         }
     }
 

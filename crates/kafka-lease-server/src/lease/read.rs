@@ -18,7 +18,7 @@ use crate::error::LeaseError;
 use crate::kafka::BatchLimits;
 use crate::records::EncodedRecords;
 
-use super::{Lease, SeekEpoch};
+use super::{Fence, Lease, SeekEpoch};
 
 /// Limits of one Read, validated.
 #[derive(Clone, Copy, Debug)]
@@ -70,6 +70,9 @@ enum Fill {
 type FillFuture = Pin<Box<dyn Future<Output = Fill> + Send>>;
 
 /// Fills one batch for Read `generation`, starting at the lease position.
+/// How often a Read or Deliver looks again at a suspended lock.
+pub(crate) const SUSPENDED_LOOK: Duration = Duration::from_millis(50);
+
 async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
     // Subscribe before looking at the state, so an interrupt after the look is not missed.
     let mut interrupts = lease.interrupts.subscribe();
@@ -77,6 +80,16 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
     // is idle, and this Read must end rather than wait behind it.
     if let Some(stop) = lease.read_stop(&lease.state(), generation) {
         return Fill::Stop(stop);
+    }
+    // While the lock is suspended (the gateway waits for Consul to confirm its session),
+    // fetch nothing to hand over: look again shortly, or at once on an interrupt (a Seek, a
+    // Release, the lease's end).
+    if lease.fence().is_suspended() {
+        tokio::select! {
+            () = tokio::time::sleep(SUSPENDED_LOOK) => {}
+            _ = interrupts.changed() => {}
+        }
+        return Fill::Again;
     }
     let mut feed_guard = tokio::select! {
         guard = lease.feed.lock() => guard,
@@ -255,9 +268,15 @@ impl futures::Stream for ReadStream {
                 } => {
                     // The handoff: under the state lock, so a Seek either happened before
                     // (and this batch is dropped) or happens after the batch is handed over.
-                    if let Err(fenced) = this.lease.fenced() {
-                        this.finished = true;
-                        return Poll::Ready(Some(Err(fenced)));
+                    match this.lease.fence() {
+                        Fence::Open => {}
+                        // Dropped (the next fill seeks back to the position and waits for
+                        // the session's confirmation first).
+                        Fence::Suspended(_) => continue,
+                        Fence::Closed(fenced) => {
+                            this.finished = true;
+                            return Poll::Ready(Some(Err(fenced)));
+                        }
                     }
                     let mut state = this.lease.state();
                     if let Some(stop) = this.lease.read_stop(&state, this.generation) {

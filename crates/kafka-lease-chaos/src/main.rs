@@ -1,0 +1,653 @@
+//! `kafka-lease-chaos`: brings up a cluster of three Consul servers, three Kafka brokers and
+//! the gateways (each with a Consul client agent), every node in a network namespace of its
+//! own; runs the workload under the nemesis; writes the history; and checks it.
+//!
+//! `scripts/chaos` runs it with the paths of the services `scripts/services install` fetched.
+
+mod cluster;
+mod nemesis;
+mod workload;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+use kafka_lease_chaos::{checker, history};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::Consumer;
+use rdkafka::ClientConfig;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+use cluster::{Cluster, Role, Spec};
+use workload::{Behaviour, LiveLeases, Recorder};
+
+/// Progress lines, so that nobody stares at a silent terminal.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        println!("[chaos] {}", format!($($arg)*));
+    }};
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Fault tests of kafka-lease on a cluster in network namespaces"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Bring the cluster up, run the workload under the nemesis, check the history.
+    Run(Box<RunArgs>),
+    /// Check a history written by `run`.
+    Check {
+        /// The history (JSON lines).
+        history: PathBuf,
+    },
+    /// Remove the namespaces (and kill their processes) a run left behind.
+    Cleanup {
+        #[arg(long, default_value = "klc")]
+        prefix: String,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The faults, in order (comma-separated), from: kill-gateway, pause-gateway,
+    /// cut-gateway-consul, cut-gateway-kafka, kill-consul-leader, isolate-consul-leader,
+    /// restart-consul-servers, kill-partition-leader, isolate-partition-leader,
+    /// kill-group-coordinator; `short` for one of each kind, `all` for every one.
+    #[arg(long, default_value = "short")]
+    nemesis: String,
+    /// Run the faults in a random mix until this much time has passed (e.g. 30m); without
+    /// it, each fault of --nemesis runs once.
+    #[arg(long, value_parser = humantime_secs)]
+    soak: Option<u64>,
+    /// How long each fault is held (seconds).
+    #[arg(long, default_value_t = 6)]
+    hold: u64,
+    /// Quiet time after each fault is healed (seconds).
+    #[arg(long, default_value_t = 8)]
+    recover: u64,
+    #[arg(long, default_value_t = 3)]
+    gateways: usize,
+    #[arg(long, default_value_t = 9)]
+    clients: usize,
+    #[arg(long, default_value_t = 6)]
+    partitions: i32,
+    /// At a lease's end, the odds that a client sends its last commit and the Release
+    /// together (what the commit gate is for).
+    #[arg(long, default_value_t = 0.3)]
+    commit_with_release: f64,
+    /// The odds that a lease is held 30 to 90 s rather than 3 to 10 s.
+    #[arg(long, default_value_t = 0.3)]
+    long_hold: f64,
+    /// The odds, at each 400 ms tick, that a client stalls past its lease's TTL.
+    #[arg(long, default_value_t = 0.015)]
+    stall: f64,
+    /// Records a second the producer writes.
+    #[arg(long, default_value_t = 150)]
+    rate: u32,
+    /// Where the history, the report and the nodes' logs go.
+    #[arg(long, default_value = "chaos-out")]
+    out: PathBuf,
+    #[arg(long, default_value = "klc")]
+    prefix: String,
+    /// The bridge's /24, as three octets.
+    #[arg(long, default_value = "10.99.0")]
+    subnet: String,
+    #[arg(long, env = "KAFKA_LEASE_CONSUL_BIN")]
+    consul_bin: PathBuf,
+    #[arg(long, env = "KAFKA_LEASE_JAVA")]
+    java: PathBuf,
+    #[arg(long, env = "KAFKA_LEASE_KAFKA_LIBS")]
+    kafka_libs: PathBuf,
+    #[arg(long, env = "KAFKA_LEASE_KAFKA_STORAGE_CLASS")]
+    kafka_storage_class: String,
+    #[arg(long, env = "KAFKA_LEASE_KAFKA_LOG4J")]
+    kafka_log4j: PathBuf,
+    #[arg(long, default_value = "512m")]
+    kafka_heap: String,
+    #[arg(long)]
+    gateway_bin: PathBuf,
+    /// Extra arguments for each gateway's `serve` (repeatable).
+    #[arg(long = "gateway-arg", allow_hyphen_values = true)]
+    gateway_args: Vec<String>,
+    /// Run the gateways with a defect planted on purpose (no-self-fence, no-commit-gate,
+    /// release-without-waiting); the gateway must be built with the `planted-defects`
+    /// feature. The run then succeeds only if the checker finds an anomaly.
+    #[arg(long)]
+    planted_defect: Option<String>,
+}
+
+fn humantime_secs(text: &str) -> Result<u64, String> {
+    let (number, unit) = text.split_at(
+        text.find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(text.len()),
+    );
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 90s, 30m or 1h"))?;
+    match unit {
+        "" | "s" => Ok(n),
+        "m" => Ok(n * 60),
+        "h" => Ok(n * 3600),
+        _ => Err(format!("{text:?}: the unit must be s, m or h")),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Check { history } => check_file(&history),
+        Command::Cleanup { prefix } => cluster::remove_leftovers(&prefix).map(|n| {
+            say!("removed {n} namespaces");
+            true
+        }),
+        Command::Run(args) => run(*args),
+    };
+    match result {
+        Ok(true) => std::process::ExitCode::SUCCESS,
+        Ok(false) => std::process::ExitCode::from(1),
+        Err(e) => {
+            eprintln!("[chaos] error: {e:#}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+fn check_file(path: &PathBuf) -> Result<bool> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let events = history::parse(&text).map_err(anyhow::Error::msg)?;
+    let report = checker::check(&events);
+    print!("{}", checker::render_markdown(&report));
+    Ok(report.valid())
+}
+
+fn run(args: RunArgs) -> Result<bool> {
+    let octets: Vec<u8> = args
+        .subnet
+        .split('.')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("--subnet {:?}: three octets like 10.99.0", args.subnet))?;
+    let [a, b, c] = octets[..] else {
+        bail!("--subnet {:?}: three octets like 10.99.0", args.subnet);
+    };
+    let nemeses: Vec<String> = match args.nemesis.as_str() {
+        "short" => nemesis::SHORT.iter().map(|s| s.to_string()).collect(),
+        "all" => nemesis::ALL.iter().map(|s| s.to_string()).collect(),
+        list => list.split(',').map(|s| s.trim().to_string()).collect(),
+    };
+    for n in &nemeses {
+        if !nemesis::ALL.contains(&n.as_str()) {
+            bail!(
+                "--nemesis: no fault named {n:?} (known: {})",
+                nemesis::ALL.join(", ")
+            );
+        }
+    }
+    std::fs::create_dir_all(&args.out)?;
+    let out = std::fs::canonicalize(&args.out)?;
+    let run_dir = out.join("nodes");
+    let _ = std::fs::remove_dir_all(&run_dir);
+    std::fs::create_dir_all(&run_dir)?;
+    let spec = Spec {
+        prefix: args.prefix.clone(),
+        subnet: [a, b, c],
+        gateways: args.gateways,
+        consul_bin: args.consul_bin.clone(),
+        java: args.java.clone(),
+        kafka_libs: args.kafka_libs.clone(),
+        kafka_storage_class: args.kafka_storage_class.clone(),
+        kafka_log4j: args.kafka_log4j.clone(),
+        kafka_heap: args.kafka_heap.clone(),
+        gateway_bin: std::fs::canonicalize(&args.gateway_bin)
+            .with_context(|| format!("--gateway-bin {}", args.gateway_bin.display()))?,
+        gateway_args: args.gateway_args.clone(),
+        gateway_env: args
+            .planted_defect
+            .iter()
+            .map(|d| ("KAFKA_LEASE_PLANTED_DEFECT".to_string(), d.clone()))
+            .collect(),
+        run_dir,
+    };
+    say!(
+        "creating {} network namespaces on {}.0/24 (prefix {})",
+        7 + spec.gateways,
+        args.subnet,
+        spec.prefix
+    );
+    let nodes = Cluster::create_network(&spec)?;
+    let cluster = Arc::new(Cluster::new(spec.clone(), nodes));
+    // From here on this thread, and every thread it starts, lives in the hub.
+    Cluster::enter_hub(&spec)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = runtime.block_on(async {
+        let work = run_in_cluster(cluster.clone(), &args, &nemeses, &out);
+        tokio::select! {
+            r = work => r,
+            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+        }
+    });
+    if let Err(e) = &result {
+        eprintln!("[chaos] error: {e:#}");
+    }
+    runtime.block_on(async {
+        say!("tearing the cluster down");
+        cluster.teardown().await;
+    });
+    if result.is_err() {
+        say!("the nodes' logs are under {}", out.join("nodes").display());
+    }
+    result
+}
+
+async fn run_in_cluster(
+    cluster: Arc<Cluster>,
+    args: &RunArgs,
+    nemeses: &[String],
+    out: &std::path::Path,
+) -> Result<bool> {
+    let t0 = Instant::now();
+    say!("formatting the brokers' storage");
+    cluster.prepare().await?;
+    say!("starting 3 Consul servers and 3 Kafka brokers");
+    for node in cluster.of_role(Role::Consul) {
+        cluster.start(node, "consul")?;
+    }
+    for node in cluster.of_role(Role::Broker) {
+        cluster.start(node, "kafka")?;
+    }
+    for node in cluster.of_role(Role::Gateway) {
+        cluster.start(node, "consul")?;
+    }
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let bootstrap = cluster.bootstrap();
+    let metadata = Arc::new(workload::observer_consumer(&bootstrap)?);
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let recorder = Recorder::new(t0, tx);
+    let live: LiveLeases = LiveLeases::default();
+    let nemesis = nemesis::Nemesis {
+        cluster: cluster.clone(),
+        recorder: recorder.clone(),
+        live: live.clone(),
+        http: http.clone(),
+        metadata: metadata.clone(),
+        at: Arc::default(),
+    };
+    wait_until(
+        "a Consul leader and 6 agents",
+        Duration::from_secs(60),
+        || {
+            let http = http.clone();
+            let c1 = cluster.node("c1").map(|n| n.addr);
+            async move {
+                let c1 = c1.ok()?;
+                let text = http
+                    .get(format!(
+                        "http://{c1}:{}/v1/catalog/nodes",
+                        cluster::CONSUL_HTTP_PORT
+                    ))
+                    .send()
+                    .await
+                    .ok()?
+                    .text()
+                    .await
+                    .ok()?;
+                let nodes: serde_json::Value = serde_json::from_str(&text).ok()?;
+                (nodes.as_array()?.len() >= 6).then_some(())
+            }
+        },
+    )
+    .await?;
+    wait_until("3 Kafka brokers", Duration::from_secs(90), || {
+        let md = metadata.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let m = md.fetch_metadata(None, Duration::from_secs(2)).ok()?;
+                (m.brokers().len() == 3).then_some(())
+            })
+            .await
+            .ok()
+            .flatten()
+        }
+    })
+    .await?;
+    say!(
+        "creating topic {} ({} partitions, replication factor 3, min.insync.replicas 2)",
+        workload::TOPIC,
+        args.partitions
+    );
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()?;
+    let topic = NewTopic::new(workload::TOPIC, args.partitions, TopicReplication::Fixed(3))
+        .set("min.insync.replicas", "2");
+    // Retried: a client that has just learnt the brokers' ids from its bootstrap addresses
+    // can drop a request in flight ("broker handle destroyed"), seen with Kafka 3.9.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+        let outcome = match admin.create_topics([&topic], &options).await {
+            Ok(results) => results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(_) => Ok(()),
+                    Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists)) => Ok(()),
+                    Err((name, code)) => Err(anyhow::anyhow!("creating topic {name}: {code}")),
+                })
+                .collect::<Result<Vec<()>>>()
+                .map(|_| ()),
+            Err(e) => Err(anyhow::anyhow!("creating the topic: {e}")),
+        };
+        match outcome {
+            Ok(()) => break,
+            Err(e) if attempt < 5 => {
+                say!("{e:#}; again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    say!("starting {} gateways", cluster.spec.gateways);
+    for node in cluster.of_role(Role::Gateway) {
+        cluster.start(node, "gateway")?;
+    }
+    for node in cluster.of_role(Role::Gateway) {
+        nemesis.wait_gateway(node).await?;
+    }
+    say!("cluster up after {:.1} s", t0.elapsed().as_secs_f64());
+    let peak_rss = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sampler = {
+        let cluster = cluster.clone();
+        let peak = peak_rss.clone();
+        tokio::spawn(async move {
+            loop {
+                let now = cluster.rss_kib();
+                peak.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+
+    // The history writer.
+    let history_path = out.join("history.jsonl");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&history_path)?);
+    let writer = tokio::spawn(async move {
+        let mut events = Vec::new();
+        while let Some(event) = rx.recv().await {
+            if let Ok(line) = serde_json::to_string(&event) {
+                let _ = writeln!(file, "{line}");
+            }
+            events.push(event);
+        }
+        let _ = file.flush();
+        events
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let producer = tokio::spawn(workload::producer_loop(
+        bootstrap.clone(),
+        args.partitions,
+        args.rate,
+        recorder.clone(),
+        stop_rx.clone(),
+    ));
+    let observer = tokio::spawn(workload::observer_loop(
+        bootstrap.clone(),
+        args.partitions,
+        recorder.clone(),
+        stop_rx.clone(),
+    ));
+    let gateways: Vec<_> = cluster.of_role(Role::Gateway).cloned().collect();
+    let mut clients = Vec::new();
+    for i in 0..args.clients {
+        let g = &gateways[i % gateways.len()];
+        clients.push(tokio::spawn(workload::client_loop(
+            format!("client-{i}"),
+            cluster.gateway_endpoint(g),
+            g.name.clone(),
+            recorder.clone(),
+            live.clone(),
+            Behaviour {
+                commit_with_release: args.commit_with_release.clamp(0.0, 1.0),
+                long_hold: args.long_hold.clamp(0.0, 1.0),
+                stall: args.stall.clamp(0.0, 1.0),
+                ..Behaviour::default()
+            },
+            stop_rx.clone(),
+        )));
+    }
+    say!(
+        "workload running: {} clients over {} gateways, a producer at {} records/s",
+        args.clients,
+        gateways.len(),
+        args.rate
+    );
+    tokio::time::sleep(Duration::from_secs(8)).await;
+
+    let hold = Duration::from_secs(args.hold);
+    let recover = Duration::from_secs(args.recover);
+    let mut nemesis_errors = Vec::new();
+    match args.soak {
+        None => {
+            for (i, name) in nemeses.iter().enumerate() {
+                say!("fault {}/{}: {name}", i + 1, nemeses.len());
+                if let Err(e) = nemesis.run(name, hold).await {
+                    say!("fault {name} failed: {e:#}");
+                    nemesis_errors.push(format!("{name}: {e:#}"));
+                    let _ = cluster.heal();
+                }
+                tokio::time::sleep(recover).await;
+            }
+        }
+        Some(seconds) => {
+            let until = Instant::now() + Duration::from_secs(seconds);
+            let mut n = 0;
+            while Instant::now() < until {
+                n += 1;
+                let name = &nemeses[rand::random_range(0..nemeses.len())];
+                let left = until.saturating_duration_since(Instant::now()).as_secs();
+                say!("soak fault {n}: {name} ({left} s left)");
+                if let Err(e) = nemesis.run(name, hold).await {
+                    say!("fault {name} failed: {e:#}");
+                    nemesis_errors.push(format!("{name}: {e:#}"));
+                    let _ = cluster.heal();
+                }
+                tokio::time::sleep(recover).await;
+            }
+        }
+    }
+
+    say!("stopping the workload");
+    let _ = stop_tx.send(true);
+    for c in clients {
+        let _ = c.await;
+    }
+    producer.await??;
+    // Let the last commits reach the observer.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    observer.await??;
+    let partitions = args.partitions;
+    // A fault just healed can leave a leader or a coordinator moving: ask again for a while.
+    let mut attempt = 0;
+    let finals = loop {
+        attempt += 1;
+        let md = metadata.clone();
+        let got = tokio::task::spawn_blocking(move || -> Result<Vec<(i32, i64, i64)>> {
+            let committed = workload::committed(&md, partitions)?;
+            let mut v = Vec::new();
+            for p in 0..partitions {
+                let (_, high) = md.fetch_watermarks(workload::TOPIC, p, Duration::from_secs(5))?;
+                v.push((p, committed.get(&p).map(|c| c.0).unwrap_or(0), high));
+            }
+            Ok(v)
+        })
+        .await?;
+        match got {
+            Ok(v) => break v,
+            Err(e) if attempt < 20 => {
+                say!("reading the final offsets: {e:#}; again in 1 s");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) => return Err(e.context("reading the final offsets")),
+        }
+    };
+    for (partition, committed, high_watermark) in finals {
+        recorder.record(
+            "observer",
+            history::Op::Final {
+                partition,
+                committed,
+                high_watermark,
+            },
+        );
+    }
+    drop(recorder);
+    drop(nemesis);
+    let events = writer.await?;
+    let report = checker::check(&events);
+    let markdown = checker::render_markdown(&report);
+    std::fs::write(out.join("report.md"), &markdown)?;
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    print!("{markdown}");
+    say!(
+        "history: {} events in {}; report in {}",
+        events.len(),
+        history_path.display(),
+        out.join("report.md").display()
+    );
+    for fault in report.faults.iter().filter(|f| !f.took_effect) {
+        nemesis_errors.push(format!(
+            "{} on {} was not seen to take effect: {}",
+            fault.name, fault.target, fault.evidence
+        ));
+    }
+    let all_took_effect = nemesis_errors.is_empty();
+    for line in attribution(&report) {
+        say!("{line}");
+    }
+    for e in &nemesis_errors {
+        say!("a fault could not be run: {e}");
+    }
+    sampler.abort();
+    say!(
+        "run took {:.1} s; peak resident memory of the cluster and the harness {:.0} MiB",
+        t0.elapsed().as_secs_f64(),
+        peak_rss.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1024.0
+    );
+    if let Some(defect) = &args.planted_defect {
+        let caught = !report.valid();
+        say!(
+            "planted defect {defect}: {}",
+            if caught {
+                "caught"
+            } else {
+                "NOT caught: the checker found no anomaly"
+            }
+        );
+        return Ok(caught && all_took_effect);
+    }
+    Ok(report.valid() && all_took_effect)
+}
+
+/// For each kind of anomaly, when it first showed and the fault it followed: the last fault
+/// that began before the anomaly's last event, and how long after its start it showed.
+fn attribution(report: &checker::Report) -> Vec<String> {
+    let mut lines = Vec::new();
+    for total in &report.anomaly_totals {
+        let first = report
+            .anomalies
+            .iter()
+            .filter(|a| a.kind == total.kind)
+            .map(|a| a.excerpt.iter().map(|e| e.t_ms).fold(0.0_f64, f64::max))
+            .min_by(f64::total_cmp);
+        let Some(at) = first else { continue };
+        let fault = report
+            .faults
+            .iter()
+            .filter(|f| f.start_ms <= at)
+            .max_by(|x, y| x.start_ms.total_cmp(&y.start_ms));
+        lines.push(match fault {
+            Some(f) => format!(
+                "{} x {}: the first at {:.0} ms, {:.0} ms after {} on {} began",
+                total.count,
+                total.kind,
+                at,
+                at - f.start_ms,
+                f.name,
+                f.target
+            ),
+            None => format!(
+                "{} x {}: the first at {:.0} ms, before any fault",
+                total.count, total.kind, at
+            ),
+        });
+    }
+    lines
+}
+
+/// Polls `probe` every 250 ms until it gives `Some`, for at most `deadline`, saying what it
+/// waits for every 10 s.
+async fn wait_until<F, Fut>(what: &str, deadline: Duration, mut probe: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<()>>,
+{
+    let t0 = Instant::now();
+    let mut next_note = Duration::from_secs(10);
+    loop {
+        if probe().await.is_some() {
+            say!("{what}: ready after {:.1} s", t0.elapsed().as_secs_f64());
+            return Ok(());
+        }
+        if t0.elapsed() > deadline {
+            bail!("{what}: not ready within {deadline:?}");
+        }
+        if t0.elapsed() > next_note {
+            say!(
+                "still waiting for {what} ({:.0} s)",
+                t0.elapsed().as_secs_f64()
+            );
+            next_note += Duration::from_secs(10);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::humantime_secs;
+
+    #[test]
+    fn soak_durations_take_seconds_minutes_and_hours() {
+        assert_eq!(humantime_secs("90"), Ok(90));
+        assert_eq!(humantime_secs("90s"), Ok(90));
+        assert_eq!(humantime_secs("30m"), Ok(1800));
+        assert_eq!(humantime_secs("1h"), Ok(3600));
+        assert!(humantime_secs("30x").is_err_and(|e| e.contains("s, m or h")));
+        assert!(humantime_secs("m").is_err_and(|e| e.contains("30m")));
+    }
+}
