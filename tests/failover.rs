@@ -8,7 +8,7 @@ mod support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use kafka_lease_client::{AcquireOptions, Error, ReadOptions};
+use kafka_lease_client::{AcquireOptions, Error, ReadOptions, Reason};
 use kafka_lease_testkit::unique_name;
 use support::{create_topic, kafka_committed, produce_n, producer, unique_prefix, GatewayProcess};
 use tokio::time::Instant;
@@ -147,12 +147,26 @@ async fn a_paused_gateway_fences_itself_and_changes_nothing_when_resumed() {
     successor.commit(15).await.expect("the new holder commits");
 
     a.signal("CONT");
-    // The old holder's commit changes nothing, and its stream ends.
-    match old.commit(30).await {
-        Err(e @ (Error::LeaseEnded { .. } | Error::FailedPrecondition { .. })) => {
-            println!("old commit refused: {e}")
+    // The old holder's commit changes nothing, and its stream ends. Right after the resume
+    // the lease may still be suspended (the gateway has not yet heard from Consul that its
+    // session is gone): the commit is then refused as UNAVAILABLE, retryable, and a retry is
+    // refused for good once the gateway knows.
+    let started = Instant::now();
+    loop {
+        match old.commit(30).await {
+            Err(e @ (Error::LeaseEnded { .. } | Error::FailedPrecondition { .. })) => {
+                println!("old commit refused: {e}");
+                break;
+            }
+            Err(e @ Error::Unavailable { .. })
+                if e.reason() == Some(Reason::ConsulUnavailable)
+                    && started.elapsed() < DEADLINE =>
+            {
+                println!("old commit refused while suspended: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => panic!("the paused holder's commit must be refused: {other:?}"),
         }
-        other => panic!("the paused holder's commit must be refused: {other:?}"),
     }
     let end = tokio::time::timeout(DEADLINE, async {
         loop {
