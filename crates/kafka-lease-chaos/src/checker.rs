@@ -24,6 +24,14 @@ pub const LISTED_PER_PARTITION: usize = 20;
 /// At most this many events in an anomaly's excerpt.
 pub const EXCERPT_LEN: usize = 8;
 
+/// The reasons of a `LeaseEnded` that say the client chose to end the lease (went quiet on
+/// purpose, stalled on purpose, or left the group), as the workload writes them.
+pub const LET_GO: &[&str] = &[
+    crate::history::ABANDONED,
+    crate::history::STALLED,
+    crate::history::MEMBER_LEFT,
+];
+
 /// A fault that was never stopped is taken to last this long when measuring the gap in
 /// deliveries during it.
 pub const OPEN_FAULT_WINDOW_MS: f64 = 30_000.0;
@@ -93,6 +101,8 @@ pub struct Counts {
     pub seek: OutcomeCounts,
     /// Release calls.
     pub release: OutcomeCounts,
+    /// Queue-mode answers (Acknowledge), one per delivery answered.
+    pub ack: OutcomeCounts,
     /// The producer's writes.
     pub produce: OutcomeCounts,
 }
@@ -115,6 +125,13 @@ pub enum AnomalyKind {
     WrongValue,
     /// A batch delivered a value that was never produced.
     PhantomRecord,
+    /// In queue mode, the committed offset passed a record its lease never answered for
+    /// good (accepted, rejected, or retried at its last delivery) and that is not in the
+    /// dead letter topic.
+    UnansweredCommit,
+    /// In queue mode, a record answered into the dead letter topic (a reject, or a retry at
+    /// its last delivery) that the committed offset passed, but that is not there.
+    DeadLetterLost,
 }
 
 impl AnomalyKind {
@@ -128,6 +145,8 @@ impl AnomalyKind {
             AnomalyKind::LostRecord => "lost-record",
             AnomalyKind::WrongValue => "wrong-value",
             AnomalyKind::PhantomRecord => "phantom-record",
+            AnomalyKind::UnansweredCommit => "unanswered-commit",
+            AnomalyKind::DeadLetterLost => "dead-letter-lost",
         }
     }
 }
@@ -255,6 +274,10 @@ pub struct Failover {
     /// The lease itself read on after the fault was healed, before any lease with a greater
     /// token: it was suspended, not lost, and no failover was needed.
     pub kept: bool,
+    /// Its own client let the lease go during the fault, before any lease with a greater
+    /// token read (a Release that took effect, or one of [`LET_GO`]'s ends): the partition
+    /// moved by the workload's choice, not the fault's, so no failover is measured.
+    pub let_go: bool,
     /// The lease of that batch.
     pub to_lease: Option<String>,
     /// Its token.
@@ -280,6 +303,8 @@ pub struct FaultKindSummary {
     pub not_recovered: u64,
     /// Leases of the target that were kept through the fault (suspended, then went on).
     pub kept: u64,
+    /// Leases of the target that their clients let go during the fault.
+    pub let_go: u64,
     /// The longest gap in deliveries during one of these faults.
     pub max_gap_ms: Option<f64>,
     /// The partition of that gap.
@@ -301,6 +326,7 @@ pub fn check(history: &[Event]) -> Report {
     check_observations(history, &ix, &mut found);
     check_values(history, &ix, &mut found);
     let lost = check_lost(history, &ix, &mut found);
+    check_queue(history, &ix, &mut found);
     let (anomalies, anomaly_totals) = finish_anomalies(history, found);
 
     let delivery = delivery(history, &ix, &late, &lost);
@@ -380,6 +406,9 @@ struct Lease<'a> {
     /// When it ended: a release that took effect, a `LeaseEnded`, or the grant of a lease
     /// with a greater token, whichever came first.
     ended_ms: Option<f64>,
+    /// When its client chose to end it: a release that took effect, or a `LeaseEnded` with
+    /// one of [`LET_GO`]'s reasons.
+    chosen_end_ms: Option<f64>,
 }
 
 impl Lease<'_> {
@@ -457,6 +486,10 @@ struct Index<'a> {
     commits: HashMap<(i32, u64), Vec<usize>>,
     /// Seeks that took effect, by (partition, token).
     seeks_ok: HashMap<(i32, u64), Vec<usize>>,
+    /// Queue-mode answers of any outcome, by (partition, token).
+    acks: HashMap<(i32, u64), Vec<usize>>,
+    /// (partition, offset) → a record of the dead letter topic that came from there.
+    dead_letters: HashMap<(i32, i64), usize>,
     /// (partition, offset) → the `Produced` event.
     produced_at: HashMap<(i32, i64), usize>,
     /// Every value written, acknowledged or not.
@@ -481,6 +514,7 @@ impl<'a> Index<'a> {
             acquired: None,
             first_seen: None,
             ended_ms: None,
+            chosen_end_ms: None,
         });
         ids.push(l);
         self.part(partition).leases.push(l);
@@ -490,6 +524,11 @@ impl<'a> Index<'a> {
     fn seen(&mut self, partition: i32, id: &'a str, token: u64, event: usize) {
         let l = self.lease(partition, id, token);
         self.leases[l].first_seen.get_or_insert(event);
+    }
+
+    fn chose_to_end(&mut self, partition: i32, id: &'a str, token: u64, t_ms: f64) {
+        let l = self.lease(partition, id, token);
+        self.leases[l].chosen_end_ms.get_or_insert(t_ms);
     }
 
     fn ended(&mut self, partition: i32, id: &'a str, token: u64, t_ms: f64) {
@@ -590,6 +629,7 @@ impl<'a> Index<'a> {
                 if *outcome == Outcome::Ok {
                     self.seen(*partition, lease, *token, i);
                     self.ended(*partition, lease, *token, e.t_ms);
+                    self.chose_to_end(*partition, lease, *token, e.t_ms);
                     self.part(*partition).ok_calls.push(i);
                 }
             }
@@ -597,8 +637,32 @@ impl<'a> Index<'a> {
                 lease,
                 partition,
                 token,
+                reason,
+            } => {
+                self.ended(*partition, lease, *token, e.t_ms);
+                if LET_GO.contains(&reason.as_str()) {
+                    self.chose_to_end(*partition, lease, *token, e.t_ms);
+                }
+            }
+            Op::Ack {
+                lease,
+                partition,
+                token,
+                outcome,
                 ..
-            } => self.ended(*partition, lease, *token, e.t_ms),
+            } => {
+                self.counts.ack.add(*outcome);
+                self.acks.entry((*partition, *token)).or_default().push(i);
+                if *outcome == Outcome::Ok {
+                    self.seen(*partition, lease, *token, i);
+                    self.part(*partition).ok_calls.push(i);
+                }
+            }
+            Op::DeadLetter {
+                partition, offset, ..
+            } => {
+                self.dead_letters.entry((*partition, *offset)).or_insert(i);
+            }
             Op::Committed { partition, .. } => self.part(*partition).observations.push(i),
             Op::Nemesis { .. } => self.nemesis.push(i),
             Op::Final { partition, .. } => self.part(*partition).final_event = Some(i),
@@ -1106,6 +1170,102 @@ fn check_lost(history: &[Event], ix: &Index<'_>, found: &mut Vec<Found>) -> BTre
     lost
 }
 
+/// Queue mode: the gateway commits a queue lease's progress, and may pass a record only once
+/// it is done: answered for good by the lease (an ACCEPT; a REJECT or a RETRY at the last
+/// delivery, which send it to the dead letter topic), or dead-lettered by the gateway (ack
+/// deadlines missed to the last delivery). A record sent to the dead letter topic and passed
+/// must be there. An answer whose outcome is unknown counts as given: it may have been
+/// applied. A queue lease's records are one at a time in offset order (the workload's
+/// queues keep partition order), so what was done is the prefix below the committed offset.
+fn check_queue(history: &[Event], ix: &Index<'_>, found: &mut Vec<Found>) {
+    for (&(p, token), acks) in &ix.acks {
+        let Some(part) = ix.parts.get(&p) else {
+            continue;
+        };
+        let start = ix.lease_keys.get(&(p, token)).and_then(|ls| {
+            ls.iter()
+                .filter_map(|&l| ix.leases[l].acquired)
+                .find_map(|a| match &history[a].op {
+                    Op::Acquired { offset, .. } => Some((*offset, a)),
+                    _ => None,
+                })
+        });
+        let Some((start, acquired)) = start else {
+            continue;
+        };
+        // Offset → the answer that ended it (Ok or unknown outcome), and the answers that
+        // send it to the dead letter topic.
+        let mut done: BTreeMap<i64, usize> = BTreeMap::new();
+        let mut to_dead: BTreeMap<i64, usize> = BTreeMap::new();
+        for &i in acks {
+            if let Op::Ack {
+                offset,
+                answer,
+                terminal,
+                outcome,
+                ..
+            } = &history[i].op
+            {
+                if *terminal && *outcome != Outcome::Failed {
+                    done.entry(*offset).or_insert(i);
+                    if answer != "accept" && *outcome == Outcome::Ok {
+                        to_dead.entry(*offset).or_insert(i);
+                    }
+                }
+            }
+        }
+        // The greatest offset committed under this token, and the reading that showed it.
+        let passed = part
+            .observations
+            .iter()
+            .filter_map(|&i| match observation(&history[i]) {
+                Some((offset, Some(t))) if t == token => Some((offset, i)),
+                _ => None,
+            })
+            .max_by_key(|&(o, _)| o);
+        let Some((committed, reading)) = passed else {
+            continue;
+        };
+        if let Some(o) = (start..committed)
+            .find(|o| !done.contains_key(o) && !ix.dead_letters.contains_key(&(p, *o)))
+        {
+            let mut excerpt = vec![reading, acquired];
+            excerpt.extend(done.range(..o).next_back().map(|(_, &i)| i));
+            excerpt.extend(done.range(o + 1..).next().map(|(_, &i)| i));
+            excerpt.extend(part.delivered.get(&o).copied());
+            found.push(Found {
+                kind: AnomalyKind::UnansweredCommit,
+                partition: p,
+                at_ms: history[reading].t_ms,
+                description: format!(
+                    "The queue lease with token {token} on partition {p} started at {start}, \
+                     and the observer read its committed offset {committed} at {} ms, but \
+                     record {o} was never answered for good under it nor dead-lettered.",
+                    ms(history[reading].t_ms)
+                ),
+                excerpt,
+            });
+        }
+        for (&o, &i) in to_dead.range(..committed) {
+            if ix.dead_letters.contains_key(&(p, o)) {
+                continue;
+            }
+            found.push(Found {
+                kind: AnomalyKind::DeadLetterLost,
+                partition: p,
+                at_ms: history[i].t_ms,
+                description: format!(
+                    "Record {o} of partition {p} was answered into the dead letter topic by \
+                     the lease with token {token} at {} ms and its committed offset passed \
+                     it ({committed}), but the dead letter topic does not hold it.",
+                    ms(history[i].t_ms)
+                ),
+                excerpt: vec![i, reading],
+            });
+        }
+    }
+}
+
 /// Lists the anomalies: grouped by kind and partition, in time order, at most
 /// [`LISTED_PER_PARTITION`] a group, with their excerpts copied out.
 fn finish_anomalies(history: &[Event], found: Vec<Found>) -> (Vec<Anomaly>, Vec<AnomalyTotal>) {
@@ -1305,12 +1465,27 @@ fn failover(
                 && successor_at.is_none_or(|s| history[i].t_ms < s)
         })
     });
-    let next = if kept { None } else { next };
+    // Let go: its client released it, or chose to end it, before any successor read.
+    let successor_at = next.as_ref().map(|n| n.0 + start);
+    let let_go = !kept
+        && ix
+            .lease_keys
+            .get(&(partition, live.token))
+            .into_iter()
+            .flatten()
+            .any(|&l| {
+                ix.leases[l].id == live.id
+                    && ix.leases[l]
+                        .chosen_end_ms
+                        .is_some_and(|t| t >= start && successor_at.is_none_or(|s| t <= s))
+            });
+    let next = if kept || let_go { None } else { next };
     Some(Failover {
         partition,
         from_lease: live.id.to_string(),
         from_token: live.token,
         kept,
+        let_go,
         ms: next.as_ref().map(|n| n.0),
         to_lease: next.as_ref().map(|n| n.1.clone()),
         to_token: next.map(|n| n.2),
@@ -1360,7 +1535,12 @@ fn fault_kinds(faults: &[Fault]) -> Vec<FaultKindSummary> {
             let not_recovered = faults
                 .iter()
                 .flat_map(|f| &f.failover_ms)
-                .filter(|o| o.ms.is_none() && !o.kept)
+                .filter(|o| o.ms.is_none() && !o.kept && !o.let_go)
+                .count() as u64;
+            let let_go = faults
+                .iter()
+                .flat_map(|f| &f.failover_ms)
+                .filter(|o| o.let_go)
                 .count() as u64;
             let kept = faults
                 .iter()
@@ -1384,6 +1564,7 @@ fn fault_kinds(faults: &[Fault]) -> Vec<FaultKindSummary> {
                 failover_p99_ms: nearest_rank(&times, 99),
                 not_recovered,
                 kept,
+                let_go,
                 max_gap_ms: max_gap.map(|m| m.0),
                 max_gap_partition: max_gap.and_then(|m| m.1),
             }
@@ -1427,6 +1608,7 @@ fn render(report: &Report, out: &mut String) -> fmt::Result {
         ("commit", c.commit),
         ("seek", c.seek),
         ("release", c.release),
+        ("ack", c.ack),
         ("produce", c.produce),
     ] {
         writeln!(out, "| {name} | {} | {} | {} |", k.ok, k.failed, k.unknown)?;
@@ -1439,9 +1621,9 @@ fn render(report: &Report, out: &mut String) -> fmt::Result {
         writeln!(
             out,
             "| fault | faults | took effect | failover p50 ms | failover p99 ms | max gap ms | \
-             kept | not recovered |"
+             kept | let go | not recovered |"
         )?;
-        writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
         for k in &report.fault_kinds {
             let gap = match (k.max_gap_ms, k.max_gap_partition) {
                 (Some(g), Some(p)) => format!("{} (p{p})", ms(g)),
@@ -1449,13 +1631,14 @@ fn render(report: &Report, out: &mut String) -> fmt::Result {
             };
             writeln!(
                 out,
-                "| {} | {} | {} | {} | {} | {gap} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {gap} | {} | {} | {} |",
                 k.name,
                 k.faults,
                 k.took_effect,
                 opt_ms(k.failover_p50_ms),
                 opt_ms(k.failover_p99_ms),
                 k.kept,
+                k.let_go,
                 k.not_recovered
             )?;
         }
@@ -1473,6 +1656,7 @@ fn render(report: &Report, out: &mut String) -> fmt::Result {
                 .map(|o| match o.ms {
                     Some(t) => format!("{} (p{})", ms(t), o.partition),
                     None if o.kept => format!("kept (p{})", o.partition),
+                    None if o.let_go => format!("let go (p{})", o.partition),
                     None => format!("not recovered (p{})", o.partition),
                 })
                 .collect();
@@ -2144,6 +2328,52 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_its_client_lets_go_during_a_fault_is_not_a_failover() {
+        let mut h: Vec<Event> = (0..12).map(|o| produced(1.0, 0, o)).collect();
+        h.extend([
+            acquired(10.0, 5.0, "A", 0, 1, 0, "g1"),
+            batch(20.0, "A", 0, 1, 0, 4),
+            nemesis(100.0, "skew-gateway-clock", Phase::Start, "g1"),
+            // The client's own choice, in the middle of the fault.
+            ev(
+                2000.0,
+                "client-1",
+                Op::LeaseEnded {
+                    lease: "A".to_string(),
+                    partition: 0,
+                    token: 1,
+                    reason: crate::history::ABANDONED.to_string(),
+                },
+            ),
+            nemesis(3000.0, "skew-gateway-clock", Phase::Stop, "g1"),
+            acquired(9000.0, 8990.0, "B", 0, 2, 4, "g2"),
+            batch(9010.0, "B", 0, 2, 4, 12),
+        ]);
+        let report = check(&h);
+        assert!(report.valid(), "{:?}", report.anomalies);
+        let f = &report.faults[0].failover_ms;
+        assert_eq!(f.len(), 1);
+        assert!(f[0].let_go && !f[0].kept);
+        assert_eq!(f[0].ms, None);
+        let k = &report.fault_kinds[0];
+        assert_eq!(
+            (k.let_go, k.kept, k.not_recovered, k.failovers),
+            (1, 0, 0, 0)
+        );
+        assert!(render_markdown(&report).contains("let go (p0)"));
+        // The same lease lost to the fault (it ends with another reason) is a failover.
+        for e in &mut h {
+            if let Op::LeaseEnded { reason, .. } = &mut e.op {
+                *reason = "read ended: lease lost".to_string();
+            }
+        }
+        let report = check(&h);
+        let f = &report.faults[0].failover_ms;
+        assert!(!f[0].let_go);
+        assert_eq!(f[0].ms, Some(8910.0));
+    }
+
+    #[test]
     fn a_lease_that_reads_on_after_the_fault_is_kept_not_failed_over() {
         let mut h: Vec<Event> = (0..12).map(|o| produced(1.0, 0, o)).collect();
         h.extend([
@@ -2368,5 +2598,111 @@ mod tests {
             prop_assert_eq!(report.delivery.delivered, final_committed as u64);
             prop_assert_eq!(report.counts.acquire.ok, turns.len() as u64);
         }
+    }
+
+    fn ack(
+        t: f64,
+        lease: &str,
+        p: i32,
+        token: u64,
+        offset: i64,
+        answer: &str,
+        terminal: bool,
+    ) -> Event {
+        ev(
+            t,
+            "queue-1",
+            Op::Ack {
+                invoked_ms: t - 1.0,
+                lease: lease.to_string(),
+                partition: p,
+                token,
+                offset,
+                attempt: 1,
+                answer: answer.to_string(),
+                terminal,
+                outcome: Outcome::Ok,
+                error: None,
+            },
+        )
+    }
+
+    fn dead_letter(t: f64, p: i32, offset: i64) -> Event {
+        ev(
+            t,
+            "observer",
+            Op::DeadLetter {
+                partition: p,
+                offset,
+                token: Some(7),
+                attempts: Some(1),
+                reason: "chaos: rejected".to_string(),
+            },
+        )
+    }
+
+    /// A queue lease Q (token 7) starting at 0: 0 accepted, 1 retried then accepted, 2
+    /// rejected (in the dead letter topic), 3 accepted; the gateway commits 4.
+    fn queue_history() -> Vec<Event> {
+        let mut h: Vec<Event> = (0..5).map(|o| produced(1.0 + o as f64, 0, o)).collect();
+        h.extend([
+            acquired(10.0, 9.0, "Q", 0, 7, 0, "gw-1"),
+            batch(11.0, "Q", 0, 7, 0, 1),
+            ack(12.0, "Q", 0, 7, 0, "accept", true),
+            batch(13.0, "Q", 0, 7, 1, 2),
+            ack(14.0, "Q", 0, 7, 1, "retry", false),
+            batch(15.0, "Q", 0, 7, 1, 2),
+            ack(16.0, "Q", 0, 7, 1, "accept", true),
+            batch(17.0, "Q", 0, 7, 2, 3),
+            ack(18.0, "Q", 0, 7, 2, "reject", true),
+            batch(19.0, "Q", 0, 7, 3, 4),
+            ack(20.0, "Q", 0, 7, 3, "accept", true),
+            observed(30.0, 0, 4, Some(7)),
+            final_(40.0, 0, 4, 5),
+            dead_letter(41.0, 0, 2),
+        ]);
+        h
+    }
+
+    #[test]
+    fn a_queue_that_commits_only_what_was_answered_is_valid() {
+        let report = check(&queue_history());
+        assert!(report.valid(), "{:?}", report.anomalies);
+        assert_eq!(report.counts.ack.ok, 5);
+    }
+
+    #[test]
+    fn a_queue_commit_past_a_record_answered_only_with_a_retry_is_caught() {
+        let mut h = queue_history();
+        // Record 1's second answer never came: only the retry, which is not the last
+        // delivery, answered it.
+        h.retain(|e| !(matches!(&e.op, Op::Ack { offset: 1, answer, .. } if answer == "accept")));
+        let report = check(&h);
+        assert_eq!(
+            kinds(&report),
+            vec![(AnomalyKind::UnansweredCommit, Some(0))]
+        );
+        assert!(report.anomalies[0]
+            .description
+            .contains("record 1 was never answered"));
+    }
+
+    #[test]
+    fn a_rejected_record_passed_but_missing_from_the_dead_letter_topic_is_caught() {
+        let mut h = queue_history();
+        h.retain(|e| !matches!(e.op, Op::DeadLetter { .. }));
+        let report = check(&h);
+        // Record 2 is both: rejected (so counted as answered) and not dead-lettered.
+        assert_eq!(kinds(&report), vec![(AnomalyKind::DeadLetterLost, Some(0))]);
+    }
+
+    #[test]
+    fn a_record_the_gateway_dead_lettered_by_itself_may_be_passed_unanswered() {
+        let mut h = queue_history();
+        // Record 3's deliveries all timed out: the gateway dead-lettered it; no answer.
+        h.retain(|e| !(matches!(&e.op, Op::Ack { offset: 3, .. })));
+        h.push(dead_letter(42.0, 0, 3));
+        let report = check(&h);
+        assert!(report.valid(), "{:?}", report.anomalies);
     }
 }

@@ -68,6 +68,10 @@ pub(crate) struct Spec {
     pub(crate) gateway_args: Vec<String>,
     /// Extra environment for every gateway (the planted defect).
     pub(crate) gateway_env: Vec<(String, String)>,
+    /// The clockshift library (`clockshift/clockshift.c`), preloaded into every gateway when
+    /// set, so that the clock fault can step a gateway's wall clock (and only its wall
+    /// clock: the monotonic clock runs on) by writing the node's `clock-offset` file.
+    pub(crate) clockshift_lib: Option<PathBuf>,
     /// Data dirs and logs.
     pub(crate) run_dir: PathBuf,
 }
@@ -77,6 +81,8 @@ pub(crate) const KAFKA_CONTROLLER_PORT: u16 = 9093;
 pub(crate) const CONSUL_HTTP_PORT: u16 = 8500;
 pub(crate) const CONSUL_SERVER_PORT: u16 = 8300;
 pub(crate) const GATEWAY_PORT: u16 = 7070;
+/// Each gateway's metrics endpoint (for a look at its counters during a run).
+pub(crate) const GATEWAY_METRICS_PORT: u16 = 9464;
 
 /// A process the cluster started.
 #[derive(Debug)]
@@ -451,6 +457,8 @@ impl Cluster {
                     // The bridge is a private network the harness made; TLS is tested
                     // elsewhere (tests/security.rs).
                     "--plaintext".into(),
+                    "--metrics-listen".into(),
+                    format!("{}:{GATEWAY_METRICS_PORT}", node.addr),
                 ];
                 v.extend(self.spec.gateway_args.iter().cloned());
                 v
@@ -496,6 +504,17 @@ impl Cluster {
         if what == "gateway" {
             command.env("RUST_LOG", "info");
             command.envs(self.spec.gateway_env.iter().cloned());
+            if let Some(lib) = &self.spec.clockshift_lib {
+                // The file keeps the offset across restarts of the process: a fault that
+                // is healed wrote "0" back.
+                let file = self.clock_offset_file(node);
+                if !file.exists() {
+                    std::fs::write(&file, "0\n")?;
+                }
+                command
+                    .env("LD_PRELOAD", lib)
+                    .env("KAFKA_LEASE_CLOCKSHIFT_FILE", &file);
+            }
         }
         let child = command
             .spawn()
@@ -504,6 +523,12 @@ impl Cluster {
         let mut procs = self.procs.lock().unwrap_or_else(|p| p.into_inner());
         procs.insert(Self::key(node, what), Proc { child, pid });
         Ok(pid)
+    }
+
+    /// The file whose content (`0`, `+300`, `-120`: seconds) is a gateway's wall-clock
+    /// offset.
+    pub(crate) fn clock_offset_file(&self, node: &Node) -> PathBuf {
+        self.node_dir(node).join("clock-offset")
     }
 
     /// The pid of a node's process, if it runs.

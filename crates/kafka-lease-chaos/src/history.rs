@@ -8,12 +8,21 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A `LeaseEnded` reason: the client went quiet on purpose, for the gateway to end the lease
+/// by its TTL.
+pub const ABANDONED: &str = "abandoned";
+/// A `LeaseEnded` reason: the client stalled past its TTL on purpose.
+pub const STALLED: &str = "stalled past its TTL";
+/// A `LeaseEnded` reason: the Subscribe member left the group (its stream ended).
+pub const MEMBER_LEFT: &str = "the member left";
+
 /// One line of the history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Event {
     /// When the event completed (ms since the run began).
     pub t_ms: f64,
-    /// Who: `producer`, `client-3`, `member-1`, `nemesis`, `observer`.
+    /// Who: `producer`, `client-3` (Acquire and Read), `member-1` (Subscribe), `queue-2`
+    /// (Acquire and Deliver), `nemesis`, `observer`.
     pub process: String,
     #[serde(flatten)]
     pub op: Op,
@@ -43,7 +52,7 @@ pub enum Op {
     },
     /// A write whose acknowledgement never came: it may or may not be in the log.
     ProduceUnknown { value: String, error: String },
-    /// An Acquire answered with a lease.
+    /// An Acquire answered with a lease, or a Subscribe member's `assigned` event.
     Acquired {
         invoked_ms: f64,
         lease: String,
@@ -63,7 +72,8 @@ pub enum Op {
         error: String,
         via: String,
     },
-    /// Records handed to the client by a Read (or a Subscribe member's stream), in order.
+    /// Records handed to the client by a Read (or a Subscribe member's stream), in order; in
+    /// queue mode, one delivery (a record delivered again is another `Batch`).
     Batch {
         lease: String,
         partition: i32,
@@ -107,6 +117,32 @@ pub enum Op {
         lease: String,
         partition: i32,
         token: u64,
+        reason: String,
+    },
+    /// A queue-mode answer to one delivery (Acknowledge): `accept`, `retry` or `reject`.
+    Ack {
+        invoked_ms: f64,
+        lease: String,
+        partition: i32,
+        token: u64,
+        offset: i64,
+        /// The delivery's attempt (1 for the first).
+        attempt: u32,
+        answer: String,
+        /// Whether the answer ends the record: an accept, a reject, or a retry of the last
+        /// delivery the queue allows (the gateway dead-letters it).
+        terminal: bool,
+        /// Ok only when the gateway applied it (a stale answer changed nothing: Failed).
+        outcome: Outcome,
+        error: Option<String>,
+    },
+    /// A record of the dead letter topic, read by the observer at the end of the run, with
+    /// where it came from (the gateway's `kafka-lease.*` headers).
+    DeadLetter {
+        partition: i32,
+        offset: i64,
+        token: Option<u64>,
+        attempts: Option<u32>,
         reason: String,
     },
     /// The group's committed offset of a partition as the observer read it from Kafka, with

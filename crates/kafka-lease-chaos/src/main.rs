@@ -66,7 +66,8 @@ struct RunArgs {
     /// The faults, in order (comma-separated), from: kill-gateway, pause-gateway,
     /// cut-gateway-consul, cut-gateway-kafka, kill-consul-leader, isolate-consul-leader,
     /// restart-consul-servers, kill-partition-leader, isolate-partition-leader,
-    /// kill-group-coordinator; `short` for one of each kind, `all` for every one.
+    /// kill-group-coordinator, skew-gateway-clock; `short` for one of each kind, `all` for
+    /// every one.
     #[arg(long, default_value = "short")]
     nemesis: String,
     /// Run the faults in a random mix until this much time has passed (e.g. 30m); without
@@ -81,8 +82,15 @@ struct RunArgs {
     recover: u64,
     #[arg(long, default_value_t = 3)]
     gateways: usize,
+    /// Clients that Acquire and Read.
     #[arg(long, default_value_t = 9)]
     clients: usize,
+    /// Subscribe members of the same group, joining and leaving.
+    #[arg(long, default_value_t = 2)]
+    members: usize,
+    /// Queue-mode consumers of the same group (Acquire and Deliver, answering each record).
+    #[arg(long, default_value_t = 2)]
+    queue_consumers: usize,
     #[arg(long, default_value_t = 6)]
     partitions: i32,
     /// At a lease's end, the odds that a client sends its last commit and the Release
@@ -128,6 +136,10 @@ struct RunArgs {
     /// feature. The run then succeeds only if the checker finds an anomaly.
     #[arg(long)]
     planted_defect: Option<String>,
+    /// The clockshift library built from `clockshift/clockshift.c` (scripts/chaos builds
+    /// it), preloaded into the gateways; needed by the skew-gateway-clock fault.
+    #[arg(long)]
+    clockshift_lib: Option<PathBuf>,
 }
 
 fn humantime_secs(text: &str) -> Result<u64, String> {
@@ -198,6 +210,12 @@ fn run(args: RunArgs) -> Result<bool> {
             );
         }
     }
+    if nemeses.iter().any(|n| n == "skew-gateway-clock") && args.clockshift_lib.is_none() {
+        bail!(
+            "--nemesis skew-gateway-clock needs --clockshift-lib (the library built from \
+             crates/kafka-lease-chaos/clockshift/clockshift.c; scripts/chaos builds and passes it)"
+        );
+    }
     std::fs::create_dir_all(&args.out)?;
     let out = std::fs::canonicalize(&args.out)?;
     let run_dir = out.join("nodes");
@@ -221,6 +239,12 @@ fn run(args: RunArgs) -> Result<bool> {
             .iter()
             .map(|d| ("KAFKA_LEASE_PLANTED_DEFECT".to_string(), d.clone()))
             .collect(),
+        clockshift_lib: args
+            .clockshift_lib
+            .as_ref()
+            .map(std::fs::canonicalize)
+            .transpose()
+            .context("--clockshift-lib")?,
         run_dir,
     };
     say!(
@@ -341,13 +365,15 @@ async fn run_in_cluster(
         .create()?;
     let topic = NewTopic::new(workload::TOPIC, args.partitions, TopicReplication::Fixed(3))
         .set("min.insync.replicas", "2");
+    let dead_letters = NewTopic::new(workload::DEAD_LETTER_TOPIC, 1, TopicReplication::Fixed(3))
+        .set("min.insync.replicas", "2");
     // Retried: a client that has just learnt the brokers' ids from its bootstrap addresses
     // can drop a request in flight ("broker handle destroyed"), seen with Kafka 3.9.
     let mut attempt = 0;
     loop {
         attempt += 1;
         let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-        let outcome = match admin.create_topics([&topic], &options).await {
+        let outcome = match admin.create_topics([&topic, &dead_letters], &options).await {
             Ok(results) => results
                 .into_iter()
                 .map(|r| match r {
@@ -437,9 +463,34 @@ async fn run_in_cluster(
             stop_rx.clone(),
         )));
     }
+    for i in 0..args.members {
+        let g = &gateways[(i + 1) % gateways.len()];
+        clients.push(tokio::spawn(workload::member_loop(
+            format!("member-{i}"),
+            cluster.gateway_endpoint(g),
+            g.name.clone(),
+            recorder.clone(),
+            live.clone(),
+            stop_rx.clone(),
+        )));
+    }
+    for i in 0..args.queue_consumers {
+        let g = &gateways[(i + 2) % gateways.len()];
+        clients.push(tokio::spawn(workload::queue_loop(
+            format!("queue-{i}"),
+            cluster.gateway_endpoint(g),
+            g.name.clone(),
+            recorder.clone(),
+            live.clone(),
+            stop_rx.clone(),
+        )));
+    }
     say!(
-        "workload running: {} clients over {} gateways, a producer at {} records/s",
+        "workload running: {} clients, {} Subscribe members and {} queue consumers over {} \
+         gateways, a producer at {} records/s",
         args.clients,
+        args.members,
+        args.queue_consumers,
         gateways.len(),
         args.rate
     );
@@ -521,6 +572,19 @@ async fn run_in_cluster(
                 high_watermark,
             },
         );
+    }
+    let dead = {
+        let bootstrap = bootstrap.clone();
+        tokio::task::spawn_blocking(move || workload::dead_letters(&bootstrap)).await?
+    }
+    .context("reading the dead letter topic")?;
+    say!(
+        "{} dead letters in {}",
+        dead.len(),
+        workload::DEAD_LETTER_TOPIC
+    );
+    for op in dead {
+        recorder.record("observer", op);
     }
     drop(recorder);
     drop(nemesis);

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use rand::seq::IndexedRandom;
+use rand::Rng;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use tokio::time::Instant;
 
@@ -27,6 +28,7 @@ pub(crate) const ALL: &[&str] = &[
     "kill-partition-leader",
     "isolate-partition-leader",
     "kill-group-coordinator",
+    "skew-gateway-clock",
 ];
 
 /// One of each kind: a gateway process, a gateway's network, Consul, Kafka.
@@ -37,6 +39,7 @@ pub(crate) const SHORT: &[&str] = &[
     "cut-gateway-kafka",
     "kill-consul-leader",
     "kill-partition-leader",
+    "skew-gateway-clock",
 ];
 
 /// What the nemesis needs.
@@ -62,6 +65,8 @@ impl std::fmt::Debug for Nemesis {
 enum Undo {
     StartAgain(Node, &'static str),
     Continue(Node, &'static str),
+    /// Set the gateway's clock offset back to zero.
+    Unskew(Node),
     Heal,
     Nothing,
 }
@@ -325,6 +330,33 @@ impl Nemesis {
                 self.start_event(name, &node.name, ok, evidence);
                 Ok((node.name.clone(), Undo::StartAgain(node.clone(), "kafka")))
             }
+            "skew-gateway-clock" => {
+                let g = self.busiest_gateway()?;
+                // A step of 2 to 10 minutes, forward or back: far beyond every TTL and
+                // fence window, as a badly set clock corrected by NTP would be.
+                let minutes = rand::rng().random_range(2..=10_i64);
+                let skew = if rand::rng().random_bool(0.5) {
+                    minutes * 60
+                } else {
+                    -minutes * 60
+                };
+                let before = self.gateway_clock_offset(&g).await;
+                std::fs::write(self.cluster.clock_offset_file(&g), format!("{skew:+}\n"))?;
+                let seen = self.wait_gateway_clock_offset(&g, skew).await;
+                let (ok, evidence) = match seen {
+                    Ok(offset) => (
+                        true,
+                        format!(
+                            "wall clock stepped {skew:+} s: the expiries of its leases were \
+                             {} s off the harness's clock before, {offset:+.1} s after",
+                            before.map_or("unknown".into(), |b| format!("{b:+.1}"))
+                        ),
+                    ),
+                    Err(e) => (false, format!("wall clock stepped {skew:+} s: {e:#}")),
+                };
+                self.start_event(name, &g.name, ok, evidence);
+                Ok((g.name.clone(), Undo::Unskew(g)))
+            }
             other => bail!("no such nemesis: {other} (known: {})", ALL.join(", ")),
         }
     }
@@ -342,6 +374,17 @@ impl Nemesis {
             Undo::Continue(node, what) => {
                 let pid = cluster.signal(&node, what, "CONT")?;
                 Ok(format!("{what} on {} continued (pid {pid})", node.name))
+            }
+            Undo::Unskew(node) => {
+                std::fs::write(cluster.clock_offset_file(&node), "0\n")?;
+                let seen = self.wait_gateway_clock_offset(&node, 0).await;
+                Ok(match seen {
+                    Ok(offset) => format!(
+                        "wall clock set back: the expiries of its leases are {offset:+.1} s off \
+                         the harness's clock"
+                    ),
+                    Err(e) => format!("wall clock set back: {e:#}"),
+                })
             }
             Undo::Heal => Ok(format!("{} routes removed", cluster.heal()?)),
             Undo::Nothing => Ok("nothing to heal".into()),
@@ -503,6 +546,66 @@ impl Nemesis {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         bail!("{} knew no leader within 30 s", server.name)
+    }
+
+    /// How far a gateway's wall clock is off the harness's, in seconds, from the expiries
+    /// it reports for the leases it serves (ListLeases: its wall clock's now plus the time
+    /// the lease has left, at most its TTL): the smallest of them minus the harness's now,
+    /// so the true offset or up to a lease TTL (3 s, a member's 12 s) above it. (The `Date`
+    /// header of its HTTP answers was tried first: hyper renews its cached date only once
+    /// the clock passes the next second it expects, so after a step back it stays frozen.)
+    async fn gateway_clock_offset(&self, node: &Node) -> Result<f64> {
+        let client = kafka_lease_client::Client::connect(self.cluster.gateway_endpoint(node))
+            .await
+            .with_context(|| format!("connecting to {}", node.name))?;
+        let request = kafka_lease_client::proto::ListLeasesRequest {
+            group: Some(GROUP.to_string()),
+            topic: Some(TOPIC.to_string()),
+            ..Default::default()
+        };
+        let answer =
+            tokio::time::timeout(Duration::from_secs(5), client.raw().list_leases(request))
+                .await
+                .map_err(|_| anyhow!("ListLeases on {}: no answer within 5 s", node.name))?
+                .with_context(|| format!("ListLeases on {}", node.name))?
+                .into_inner();
+        let now = std::time::SystemTime::now();
+        let secs = |t: std::time::SystemTime| -> f64 {
+            match t.duration_since(std::time::UNIX_EPOCH) {
+                Ok(d) => d.as_secs_f64(),
+                Err(e) => -e.duration().as_secs_f64(),
+            }
+        };
+        answer
+            .leases
+            .iter()
+            .filter(|l| l.gateway == node.name)
+            .filter_map(|l| l.expires_at)
+            .map(|t| t.seconds as f64 + f64::from(t.nanos) / 1e9 - secs(now))
+            .min_by(f64::total_cmp)
+            .ok_or_else(|| anyhow!("{} serves no lease to show its clock by", node.name))
+    }
+
+    /// Waits (15 s at most: the clockshift library reads its file every 200 ms) until a
+    /// gateway's wall clock shows `want` seconds off the harness's (from 2 s below to 13 s
+    /// above: the leases' time left); the offset seen.
+    async fn wait_gateway_clock_offset(&self, node: &Node, want: i64) -> Result<f64> {
+        let t0 = Instant::now();
+        let mut last = None;
+        let want = want as f64;
+        while t0.elapsed() < Duration::from_secs(15) {
+            match self.gateway_clock_offset(node).await {
+                Ok(offset) if offset >= want - 2.0 && offset <= want + 13.0 => return Ok(offset),
+                Ok(offset) => last = Some(format!("{offset:+.1} s off")),
+                Err(e) => last = Some(format!("{e:#}")),
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        bail!(
+            "{} did not show a clock {want:+} s off the harness's within 15 s (last: {})",
+            node.name,
+            last.unwrap_or_else(|| "no answer".into())
+        )
     }
 
     /// Waits until a gateway accepts connections again.

@@ -9,7 +9,11 @@ use std::time::Duration;
 
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
-use kafka_lease_client::{AcquireOptions, Client, Error, Lease, ReadOptions, SeekTo};
+use kafka_lease_client::{
+    AckOutcome, AcquireOptions, Client, Delivery, Error, Lease, Partition, QueueOptions,
+    ReadOptions, SeekTo, SubscribeOptions, Subscription, SubscriptionEvent,
+};
+use rand::seq::IndexedRandom;
 use rand::Rng;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -17,10 +21,14 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use kafka_lease_chaos::history::{Event, Op, Outcome};
+use kafka_lease_chaos::history::{self, Event, Op, Outcome};
 
 pub(crate) const GROUP: &str = "chaos";
 pub(crate) const TOPIC: &str = "chaos";
+/// Where queue-mode consumers' dead letters go (created with the topic).
+pub(crate) const DEAD_LETTER_TOPIC: &str = "dlq.chaos.chaos";
+/// The deliveries a queue-mode record gets before the gateway dead-letters it.
+const MAX_DELIVERIES: u32 = 3;
 /// The lease TTL the clients ask for.
 pub(crate) const LEASE_TTL: Duration = Duration::from_secs(3);
 /// The longest a client waits for one call before it counts the outcome unknown.
@@ -118,71 +126,12 @@ pub(crate) async fn client_loop(
 ) {
     let mut client: Option<Client> = None;
     while !*stop.borrow() {
-        let c = match &client {
-            Some(c) => c.clone(),
-            None => {
-                match tokio::time::timeout(CALL_DEADLINE, Client::connect(endpoint.clone())).await {
-                    Ok(Ok(c)) => {
-                        client = Some(c.clone());
-                        c
-                    }
-                    _ => {
-                        pause(&mut stop, Duration::from_millis(500)).await;
-                        continue;
-                    }
-                }
-            }
+        let Some(c) = connected(&mut client, &endpoint, &mut stop).await else {
+            continue;
         };
-        let invoked = recorder.now();
-        let options = AcquireOptions::new(GROUP, TOPIC)
-            .member(name.clone())
-            .ttl(LEASE_TTL)
-            .wait(Duration::from_secs(2))
-            .retries(0);
-        let acquired = tokio::time::timeout(CALL_DEADLINE, c.acquire(options)).await;
-        let lease = match acquired {
-            Ok(Ok(lease)) => lease,
-            Ok(Err(e)) => {
-                let busy = matches!(e, Error::Busy { .. });
-                recorder.record(
-                    &name,
-                    Op::AcquireFailed {
-                        invoked_ms: invoked,
-                        outcome: outcome_of(&e),
-                        error: short(&e),
-                        via: via.clone(),
-                    },
-                );
-                if !busy {
-                    pause(&mut stop, Duration::from_millis(300)).await;
-                }
-                continue;
-            }
-            Err(_) => {
-                recorder.record(
-                    &name,
-                    Op::AcquireFailed {
-                        invoked_ms: invoked,
-                        outcome: Outcome::Unknown,
-                        error: "no answer within 10 s".into(),
-                        via: via.clone(),
-                    },
-                );
-                continue;
-            }
+        let Some(lease) = acquire(&name, &c, &via, &recorder, &mut stop).await else {
+            continue;
         };
-        recorder.record(
-            &name,
-            Op::Acquired {
-                invoked_ms: invoked,
-                lease: lease.lease_id().to_string(),
-                partition: lease.partition(),
-                token: lease.fencing_token(),
-                offset: lease.offset(),
-                gateway: lease.gateway().to_string(),
-                via: via.clone(),
-            },
-        );
         live.lock().unwrap_or_else(|p| p.into_inner()).insert(
             lease.lease_id().to_string(),
             (lease.partition(), lease.gateway().to_string()),
@@ -207,7 +156,13 @@ struct Held {
 
 impl Held {
     fn ended(&self, recorder: &Recorder, name: &str, reason: String) {
-        recorder.record(
+        self.ended_at(recorder.now(), recorder, name, reason);
+    }
+
+    /// The lease ended at `t_ms` (a client that stalled let it go when it stopped).
+    fn ended_at(&self, t_ms: f64, recorder: &Recorder, name: &str, reason: String) {
+        recorder.record_at(
+            t_ms,
             name,
             Op::LeaseEnded {
                 lease: self.lease.clone(),
@@ -327,12 +282,13 @@ async fn hold(
                 } else if roll < behaviour.seek + behaviour.break_stream + behaviour.stall {
                     // A stall past the TTL: no Read, no call; the lease must end, and the
                     // commit after it must be refused.
+                    let stalled = recorder.now();
                     drop(stream);
                     tokio::time::sleep(LEASE_TTL + Duration::from_millis(1500)).await;
                     if let Some(offset) = next {
                         commit(name, &lease, &held, offset, recorder).await;
                     }
-                    return held.ended(recorder, name, "stalled past its TTL".into());
+                    return held.ended_at(stalled, recorder, name, history::STALLED.into());
                 }
             }
         }
@@ -340,7 +296,7 @@ async fn hold(
     drop(stream);
     if rand::rng().random_bool(behaviour.abandon) {
         // Gone quiet: the gateway ends the lease after its TTL.
-        return held.ended(recorder, name, "abandoned".into());
+        return held.ended(recorder, name, history::ABANDONED.into());
     }
     match next {
         Some(offset) if rand::rng().random_bool(behaviour.commit_with_release) => {
@@ -393,12 +349,27 @@ async fn release(name: &str, client: &Client, held: &Held, recorder: &Recorder) 
 
 /// Commits and records it; false when the lease is over (the caller stops using it).
 async fn commit(name: &str, lease: &Lease, held: &Held, offset: i64, recorder: &Recorder) -> bool {
+    commit_with(name, held, offset, recorder, || lease.commit(offset)).await
+}
+
+/// Commits with `call` and records it; false when the lease is over.
+async fn commit_with<F, Fut>(
+    name: &str,
+    held: &Held,
+    offset: i64,
+    recorder: &Recorder,
+    call: F,
+) -> bool
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>>,
+{
     let invoked = recorder.now();
     // Retryable refusals (the gateway waits for Consul or Kafka) are retried, as a client
     // should, within the call's deadline.
     let result = tokio::time::timeout(CALL_DEADLINE, async {
         loop {
-            match lease.commit(offset).await {
+            match call().await {
                 Err(e) if e.is_retryable() => {
                     tokio::time::sleep(e.retry_after().unwrap_or(Duration::from_millis(200))).await;
                 }
@@ -545,4 +516,524 @@ pub(crate) async fn observer_loop(
         pause(&mut stop, Duration::from_millis(250)).await;
     }
     Ok(())
+}
+
+/// A client connected to `endpoint`, made once and kept; `None` (after a pause) when the
+/// gateway does not answer.
+async fn connected(
+    client: &mut Option<Client>,
+    endpoint: &str,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Client> {
+    if let Some(c) = client {
+        return Some(c.clone());
+    }
+    match tokio::time::timeout(CALL_DEADLINE, Client::connect(endpoint.to_string())).await {
+        Ok(Ok(c)) => {
+            *client = Some(c.clone());
+            Some(c)
+        }
+        _ => {
+            pause(stop, Duration::from_millis(500)).await;
+            None
+        }
+    }
+}
+
+/// A member's lease, as the member tracks it.
+struct MemberLease {
+    held: Held,
+    handle: Partition,
+    /// Where the lease started.
+    start: i64,
+    /// The offset after the last record processed.
+    next: Option<i64>,
+}
+
+/// A Subscribe member: joins the group through one gateway, takes what it is assigned,
+/// processes and commits, seeks now and then, commits when asked to give a partition up,
+/// and leaves after 10 to 40 s (its stream ends), to join again a moment later.
+pub(crate) async fn member_loop(
+    name: String,
+    endpoint: String,
+    via: String,
+    recorder: Recorder,
+    live: LiveLeases,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut client: Option<Client> = None;
+    while !*stop.borrow() {
+        let Some(c) = connected(&mut client, &endpoint, &mut stop).await else {
+            continue;
+        };
+        let options = SubscribeOptions::new(GROUP, [TOPIC])
+            .member(name.clone())
+            .max_records(100)
+            .max_wait(Duration::from_millis(300))
+            .revoke_grace(Duration::from_secs(2));
+        let subscription = match tokio::time::timeout(CALL_DEADLINE, c.subscribe(options)).await {
+            Ok(Ok(s)) => s,
+            _ => {
+                pause(&mut stop, Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        let stay = Duration::from_millis(rand::rng().random_range(10_000..40_000));
+        member_session(&name, subscription, &via, &recorder, &live, stay, &mut stop).await;
+        let away = Duration::from_millis(rand::rng().random_range(1_000..5_000));
+        pause(&mut stop, away).await;
+    }
+}
+
+/// One membership: from the join until the member leaves or its stream ends.
+async fn member_session(
+    name: &str,
+    mut subscription: Subscription,
+    via: &str,
+    recorder: &Recorder,
+    live: &LiveLeases,
+    stay: Duration,
+    stop: &mut watch::Receiver<bool>,
+) {
+    let gateway = subscription.gateway().to_string();
+    let until = Instant::now() + stay;
+    let mut leases: HashMap<String, MemberLease> = HashMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(400));
+    let ended = loop {
+        tokio::select! {
+            event = subscription.next_event() => match event {
+                Some(Ok(SubscriptionEvent::Assigned { partition, offset, .. })) => {
+                    let held = Held {
+                        lease: partition.lease_id().to_string(),
+                        partition: partition.partition(),
+                        token: partition.fencing_token(),
+                    };
+                    recorder.record(name, Op::Acquired {
+                        invoked_ms: recorder.now(),
+                        lease: held.lease.clone(),
+                        partition: held.partition,
+                        token: held.token,
+                        offset,
+                        gateway: gateway.clone(),
+                        via: via.to_string(),
+                    });
+                    live.lock().unwrap_or_else(|p| p.into_inner())
+                        .insert(held.lease.clone(), (held.partition, gateway.clone()));
+                    leases.insert(held.lease.clone(), MemberLease { held, handle: partition, start: offset, next: None });
+                }
+                Some(Ok(SubscriptionEvent::Records { partition, batch })) => {
+                    let Some(lease) = leases.get_mut(partition.lease_id()) else {
+                        continue;
+                    };
+                    let offsets: Vec<i64> = batch.records.iter().map(|r| r.offset).collect();
+                    let values = batch
+                        .records
+                        .iter()
+                        .map(|r| String::from_utf8_lossy(r.value.as_deref().unwrap_or_default()).into_owned())
+                        .collect();
+                    lease.next = batch.next_offset().or(lease.next);
+                    recorder.record(name, Op::Batch {
+                        lease: lease.held.lease.clone(),
+                        partition: lease.held.partition,
+                        token: lease.held.token,
+                        offsets,
+                        values,
+                    });
+                    if rand::rng().random_bool(0.5) {
+                        if let Some(offset) = lease.next {
+                            let handle = &lease.handle;
+                            commit_quietly(name, &lease.held, offset, recorder, || handle.commit(offset)).await;
+                        }
+                    }
+                }
+                Some(Ok(SubscriptionEvent::Revoking { partition, .. })) => {
+                    // Commit what was processed: that lets the partition move at once.
+                    if let Some(lease) = leases.get(partition.lease_id()) {
+                        if let Some(offset) = lease.next {
+                            let handle = &lease.handle;
+                            commit_quietly(name, &lease.held, offset, recorder, || handle.commit(offset)).await;
+                        }
+                    }
+                }
+                Some(Ok(SubscriptionEvent::Revoked { partition, reason, message })) => {
+                    if let Some(lease) = leases.remove(partition.lease_id()) {
+                        let why: String = message.chars().take(160).collect();
+                        lease.held.ended(recorder, name, format!("revoked ({reason:?}): {why}"));
+                        live.lock().unwrap_or_else(|p| p.into_inner()).remove(&lease.held.lease);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => break format!("the subscription ended: {}", short(&e)),
+                None => break "the subscription ended without an error".to_string(),
+            },
+            _ = tick.tick() => {
+                if *stop.borrow() || Instant::now() >= until {
+                    // Leaving: the last commits first, as a member shutting down would.
+                    for lease in leases.values() {
+                        if let Some(offset) = lease.next {
+                            if rand::rng().random_bool(0.7) {
+                                let handle = &lease.handle;
+                                commit_quietly(name, &lease.held, offset, recorder, || handle.commit(offset)).await;
+                            }
+                        }
+                    }
+                    break history::MEMBER_LEFT.to_string();
+                }
+                if rand::rng().random_bool(0.05) {
+                    let ids: Vec<String> = leases.keys().cloned().collect();
+                    let Some(id) = ids.choose(&mut rand::rng()) else { continue };
+                    let Some(lease) = leases.get_mut(id) else { continue };
+                    let upto = lease.next.unwrap_or(lease.start).max(lease.start);
+                    let to = rand::rng().random_range(lease.start..=upto);
+                    let invoked = recorder.now();
+                    let result = tokio::time::timeout(CALL_DEADLINE, lease.handle.seek(SeekTo::Offset(to))).await;
+                    let (outcome, resolved, error) = match result {
+                        Ok(Ok(done)) => (Outcome::Ok, Some(done.offset), None),
+                        Ok(Err(e)) => (outcome_of(&e), None, Some(short(&e))),
+                        Err(_) => (Outcome::Unknown, None, Some("no answer within 10 s".into())),
+                    };
+                    recorder.record(name, Op::Seek {
+                        invoked_ms: invoked,
+                        lease: lease.held.lease.clone(),
+                        partition: lease.held.partition,
+                        token: lease.held.token,
+                        to,
+                        resolved,
+                        outcome,
+                        error,
+                    });
+                    if outcome == Outcome::Ok {
+                        lease.next = resolved;
+                    }
+                }
+            }
+        }
+    };
+    drop(subscription);
+    for lease in leases.into_values() {
+        lease.held.ended(recorder, name, ended.clone());
+        live.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&lease.held.lease);
+    }
+}
+
+/// Commits and records it, without ending the lease on a refusal (a member's lease ends
+/// when the gateway says so, with `revoked`).
+async fn commit_quietly<F, Fut>(name: &str, held: &Held, offset: i64, recorder: &Recorder, call: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), Error>>,
+{
+    let invoked = recorder.now();
+    let result = tokio::time::timeout(CALL_DEADLINE, async {
+        loop {
+            match call().await {
+                Err(e) if e.is_retryable() => {
+                    tokio::time::sleep(e.retry_after().unwrap_or(Duration::from_millis(200))).await;
+                }
+                other => return other,
+            }
+        }
+    })
+    .await;
+    let (outcome, error) = match result {
+        Ok(Ok(())) => (Outcome::Ok, None),
+        Ok(Err(e)) => (outcome_of(&e), Some(short(&e))),
+        Err(_) => (Outcome::Unknown, Some("no answer within 10 s".into())),
+    };
+    recorder.record(
+        name,
+        Op::Commit {
+            invoked_ms: invoked,
+            lease: held.lease.clone(),
+            partition: held.partition,
+            token: held.token,
+            offset,
+            outcome,
+            error,
+        },
+    );
+}
+
+/// A queue-mode consumer: Acquire, then Deliver, answering each record (mostly accept, some
+/// retries, a few rejects to the dead letter topic) until it lets go: a Release (which
+/// commits what was done), or going quiet past its TTL.
+pub(crate) async fn queue_loop(
+    name: String,
+    endpoint: String,
+    via: String,
+    recorder: Recorder,
+    live: LiveLeases,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut client: Option<Client> = None;
+    while !*stop.borrow() {
+        let Some(c) = connected(&mut client, &endpoint, &mut stop).await else {
+            continue;
+        };
+        let Some(lease) = acquire(&name, &c, &via, &recorder, &mut stop).await else {
+            continue;
+        };
+        live.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            lease.lease_id().to_string(),
+            (lease.partition(), lease.gateway().to_string()),
+        );
+        let id = lease.lease_id().to_string();
+        hold_queue(&name, &c, lease, &recorder, &mut stop).await;
+        live.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+    }
+}
+
+/// One Acquire, recorded; the lease, or `None` after a pause.
+async fn acquire(
+    name: &str,
+    client: &Client,
+    via: &str,
+    recorder: &Recorder,
+    stop: &mut watch::Receiver<bool>,
+) -> Option<Lease> {
+    let invoked = recorder.now();
+    let options = AcquireOptions::new(GROUP, TOPIC)
+        .member(name.to_string())
+        .ttl(LEASE_TTL)
+        .wait(Duration::from_secs(2))
+        .retries(0);
+    let (outcome, error, busy) =
+        match tokio::time::timeout(CALL_DEADLINE, client.acquire(options)).await {
+            Ok(Ok(lease)) => {
+                recorder.record(
+                    name,
+                    Op::Acquired {
+                        invoked_ms: invoked,
+                        lease: lease.lease_id().to_string(),
+                        partition: lease.partition(),
+                        token: lease.fencing_token(),
+                        offset: lease.offset(),
+                        gateway: lease.gateway().to_string(),
+                        via: via.to_string(),
+                    },
+                );
+                return Some(lease);
+            }
+            Ok(Err(e)) => (outcome_of(&e), short(&e), matches!(e, Error::Busy { .. })),
+            Err(_) => (Outcome::Unknown, "no answer within 10 s".to_string(), false),
+        };
+    recorder.record(
+        name,
+        Op::AcquireFailed {
+            invoked_ms: invoked,
+            outcome,
+            error,
+            via: via.to_string(),
+        },
+    );
+    if !busy {
+        pause(stop, Duration::from_millis(300)).await;
+    }
+    None
+}
+
+/// Answers one delivery as the roll says, and records it; false when the lease is over.
+async fn answer(name: &str, held: &Held, delivery: &Delivery, recorder: &Recorder) -> bool {
+    let roll: f64 = rand::rng().random();
+    let invoked = recorder.now();
+    let (kind, result) = if roll < 0.9 {
+        (
+            "accept",
+            tokio::time::timeout(CALL_DEADLINE, delivery.accept()).await,
+        )
+    } else if roll < 0.97 {
+        (
+            "retry",
+            tokio::time::timeout(
+                CALL_DEADLINE,
+                delivery.retry(Duration::from_millis(200), "chaos: try again"),
+            )
+            .await,
+        )
+    } else {
+        (
+            "reject",
+            tokio::time::timeout(CALL_DEADLINE, delivery.reject("chaos: rejected")).await,
+        )
+    };
+    let (outcome, error, over) = match result {
+        Ok(Ok(AckOutcome::Applied)) => (Outcome::Ok, None, false),
+        Ok(Ok(other)) => (Outcome::Failed, Some(format!("{other:?}")), false),
+        Ok(Err(e)) => {
+            let over = matches!(e, Error::LeaseEnded { .. } | Error::NotFound { .. });
+            (outcome_of(&e), Some(short(&e)), over)
+        }
+        Err(_) => (
+            Outcome::Unknown,
+            Some("no answer within 10 s".into()),
+            false,
+        ),
+    };
+    recorder.record(
+        name,
+        Op::Ack {
+            invoked_ms: invoked,
+            lease: held.lease.clone(),
+            partition: held.partition,
+            token: held.token,
+            offset: delivery.offset(),
+            attempt: delivery.attempt,
+            answer: kind.to_string(),
+            terminal: kind != "retry" || delivery.attempt >= MAX_DELIVERIES,
+            outcome,
+            error,
+        },
+    );
+    !over
+}
+
+/// Takes deliveries under one lease until it ends or the consumer lets it go.
+async fn hold_queue(
+    name: &str,
+    client: &Client,
+    lease: Lease,
+    recorder: &Recorder,
+    stop: &mut watch::Receiver<bool>,
+) {
+    let held = Held {
+        lease: lease.lease_id().to_string(),
+        partition: lease.partition(),
+        token: lease.fencing_token(),
+    };
+    let options = QueueOptions::new()
+        .ack_deadline(Duration::from_secs(5))
+        .max_deliveries(MAX_DELIVERIES)
+        .dead_letter_topic(DEAD_LETTER_TOPIC);
+    let mut deliveries = match tokio::time::timeout(CALL_DEADLINE, lease.deliveries(options)).await
+    {
+        Ok(Ok(d)) => d,
+        Ok(Err(e)) => return held.ended(recorder, name, format!("deliver refused: {}", short(&e))),
+        Err(_) => return held.ended(recorder, name, "deliver: no answer within 10 s".into()),
+    };
+    let until = Instant::now() + Duration::from_millis(rand::rng().random_range(5_000..30_000));
+    let mut tick = tokio::time::interval(Duration::from_millis(400));
+    loop {
+        tokio::select! {
+            delivery = deliveries.next() => match delivery {
+                Some(Ok(delivery)) => {
+                    let value = String::from_utf8_lossy(delivery.record.value.as_deref().unwrap_or_default()).into_owned();
+                    recorder.record(name, Op::Batch {
+                        lease: held.lease.clone(),
+                        partition: held.partition,
+                        token: held.token,
+                        offsets: vec![delivery.offset()],
+                        values: vec![value],
+                    });
+                    if !answer(name, &held, &delivery, recorder).await {
+                        return held.ended(recorder, name, "an answer found the lease ended".into());
+                    }
+                }
+                Some(Err(e)) => return held.ended(recorder, name, format!("deliveries ended: {}", short(&e))),
+                None => return held.ended(recorder, name, "deliveries ended without an error".into()),
+            },
+            _ = tick.tick() => {
+                if *stop.borrow() || Instant::now() >= until {
+                    break;
+                }
+                if rand::rng().random_bool(0.01) {
+                    // Gone quiet past the TTL: the deliveries in flight come again to the
+                    // next holder.
+                    let stalled = recorder.now();
+                    drop(deliveries);
+                    tokio::time::sleep(LEASE_TTL + Duration::from_millis(1500)).await;
+                    return held.ended_at(stalled, recorder, name, history::STALLED.into());
+                }
+            }
+        }
+    }
+    drop(deliveries);
+    // Release commits what was done.
+    release(name, client, &held, recorder).await;
+}
+
+/// Every record of the dead letter topic, with the `kafka-lease.*` headers that say where it
+/// came from.
+pub(crate) fn dead_letters(bootstrap: &str) -> anyhow::Result<Vec<Op>> {
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "chaos-dead-letter-reader")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let metadata = consumer.fetch_metadata(Some(DEAD_LETTER_TOPIC), Duration::from_secs(5))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .filter(|t| t.name() == DEAD_LETTER_TOPIC)
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    let mut list = TopicPartitionList::new();
+    // Partition → (low, high, next offset to read, records read).
+    let mut progress: BTreeMap<i32, (i64, i64, i64, u64)> = BTreeMap::new();
+    for &p in &partitions {
+        let (low, high) =
+            consumer.fetch_watermarks(DEAD_LETTER_TOPIC, p, Duration::from_secs(5))?;
+        if high > low {
+            list.add_partition_offset(DEAD_LETTER_TOPIC, p, Offset::Offset(low))?;
+            progress.insert(p, (low, high, low, 0));
+        }
+    }
+    let mut out = Vec::new();
+    if progress.is_empty() {
+        return Ok(out);
+    }
+    consumer.assign(&list)?;
+    // Until every partition was read up to its high watermark; 120 polls of at most 500 ms.
+    for _ in 0..120 {
+        // The consumer's position also passes what is not a record (a transaction marker).
+        if let Ok(positions) = consumer.position() {
+            for e in positions.elements() {
+                if let (Some(entry), Offset::Offset(at)) =
+                    (progress.get_mut(&e.partition()), e.offset())
+                {
+                    entry.2 = entry.2.max(at);
+                }
+            }
+        }
+        if progress.values().all(|&(_, high, next, _)| next >= high) {
+            break;
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(500)) else {
+            continue;
+        };
+        let message = message?;
+        if let Some(entry) = progress.get_mut(&message.partition()) {
+            entry.2 = entry.2.max(message.offset() + 1);
+            entry.3 += 1;
+        }
+        let mut fields: HashMap<String, String> = HashMap::new();
+        if let Some(headers) = message.headers() {
+            for h in headers.iter() {
+                if let Some(v) = h.value {
+                    fields.insert(h.key.to_string(), String::from_utf8_lossy(v).into_owned());
+                }
+            }
+        }
+        let field = |k: &str| fields.get(k).cloned().unwrap_or_default();
+        out.push(Op::DeadLetter {
+            partition: field("kafka-lease.partition").parse().unwrap_or(-1),
+            offset: field("kafka-lease.offset").parse().unwrap_or(-1),
+            token: field("kafka-lease.fencing-token").parse().ok(),
+            attempts: field("kafka-lease.attempts").parse().ok(),
+            reason: field("kafka-lease.reason"),
+        });
+    }
+    let short: Vec<String> = progress
+        .iter()
+        .filter(|(_, &(_, high, next, _))| next < high)
+        .map(|(p, &(low, high, next, read))| {
+            format!("partition {p}: {read} records read, offsets {low}..{next} of {low}..{high}")
+        })
+        .collect();
+    if !short.is_empty() {
+        anyhow::bail!("not read to the end within 60 s: {}", short.join("; "));
+    }
+    Ok(out)
 }
