@@ -584,6 +584,35 @@ impl Cluster {
         }
     }
 
+    /// The processes that have exited since they were started (and were not waited for by
+    /// [`Cluster::wait_exit`]): (node, what, exit status). They are forgotten here.
+    pub(crate) fn exited(&self) -> Vec<(Node, String, String)> {
+        let mut procs = self.procs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut gone = Vec::new();
+        procs.retain(|key, proc| match proc.child.try_wait() {
+            Ok(Some(status)) => {
+                gone.push((key.clone(), format!("pid {} exited: {status}", proc.pid)));
+                false
+            }
+            _ => true,
+        });
+        gone.into_iter()
+            .filter_map(|(key, status)| {
+                let (name, what) = key.split_once('/')?;
+                let node = self.nodes.iter().find(|n| n.name == name)?.clone();
+                Some((node, what.to_string(), status))
+            })
+            .collect()
+    }
+
+    /// The last `lines` lines of a node's process log.
+    pub(crate) fn log_tail(&self, node: &Node, what: &str, lines: usize) -> String {
+        let path = self.node_dir(node).join(format!("{what}.log"));
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
     /// The resident memory of every process the cluster runs now, and of the harness, in KiB.
     pub(crate) fn rss_kib(&self) -> u64 {
         let pids: Vec<u32> = {

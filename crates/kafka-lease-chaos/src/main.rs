@@ -74,6 +74,10 @@ struct RunArgs {
     /// it, each fault of --nemesis runs once.
     #[arg(long, value_parser = humantime_secs)]
     soak: Option<u64>,
+    /// With --soak, the odds that a fault runs together with another (one that neither
+    /// undoes nor aims at the same process).
+    #[arg(long, default_value_t = 0.4)]
+    overlap: f64,
     /// How long each fault is held (seconds).
     #[arg(long, default_value_t = 6)]
     hold: u64,
@@ -509,6 +513,7 @@ async fn run_in_cluster(
                     let _ = cluster.heal();
                 }
                 tokio::time::sleep(recover).await;
+                crashed(&cluster, &nemesis, &mut nemesis_errors).await;
             }
         }
         Some(seconds) => {
@@ -518,13 +523,35 @@ async fn run_in_cluster(
                 n += 1;
                 let name = &nemeses[rand::random_range(0..nemeses.len())];
                 let left = until.saturating_duration_since(Instant::now()).as_secs();
-                say!("soak fault {n}: {name} ({left} s left)");
-                if let Err(e) = nemesis.run(name, hold).await {
+                // At --overlap odds, two faults at once.
+                let partners: Vec<&String> = nemeses
+                    .iter()
+                    .filter(|other| nemesis::compatible(name, other))
+                    .collect();
+                let partner = if rand::random_bool(args.overlap.clamp(0.0, 1.0)) {
+                    partners
+                        .get(rand::random_range(0..partners.len().max(1)))
+                        .copied()
+                } else {
+                    None
+                };
+                let result = match partner {
+                    Some(other) => {
+                        say!("soak fault {n}: {name} and {other} at once ({left} s left)");
+                        nemesis.run_pair(name, other, hold).await
+                    }
+                    None => {
+                        say!("soak fault {n}: {name} ({left} s left)");
+                        nemesis.run(name, hold).await
+                    }
+                };
+                if let Err(e) = result {
                     say!("fault {name} failed: {e:#}");
                     nemesis_errors.push(format!("{name}: {e:#}"));
                     let _ = cluster.heal();
                 }
                 tokio::time::sleep(recover).await;
+                crashed(&cluster, &nemesis, &mut nemesis_errors).await;
             }
         }
     }
@@ -635,6 +662,32 @@ async fn run_in_cluster(
         return Ok(caught && all_took_effect);
     }
     Ok(report.valid() && all_took_effect)
+}
+
+/// Processes that exited on their own (no fault of the nemesis's stopped them, or it would
+/// have started them again): each is a failure of the run, said with the end of its log,
+/// and is started again so that the run goes on.
+async fn crashed(cluster: &Cluster, nemesis: &nemesis::Nemesis, errors: &mut Vec<String>) {
+    for (node, what, status) in cluster.exited() {
+        say!(
+            "{what} on {} exited on its own ({status}); the end of its log:\n{}",
+            node.name,
+            cluster.log_tail(&node, &what, 30)
+        );
+        errors.push(format!(
+            "{what} on {} exited on its own ({status})",
+            node.name
+        ));
+        match cluster.start(&node, &what) {
+            Ok(pid) => {
+                say!("{what} on {} started again (pid {pid})", node.name);
+                if what == "gateway" {
+                    let _ = nemesis.wait_gateway(&node).await;
+                }
+            }
+            Err(e) => say!("{what} on {} could not be started again: {e:#}", node.name),
+        }
+    }
 }
 
 /// For each kind of anomaly, when it first showed and the fault it followed: the last fault

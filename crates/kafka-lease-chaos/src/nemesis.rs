@@ -42,6 +42,49 @@ pub(crate) const SHORT: &[&str] = &[
     "skew-gateway-clock",
 ];
 
+/// Faults that act on one gateway (the busiest): two of them at once would aim at the same
+/// process.
+const ON_A_GATEWAY: &[&str] = &[
+    "kill-gateway",
+    "pause-gateway",
+    "cut-gateway-consul",
+    "cut-gateway-kafka",
+    "skew-gateway-clock",
+];
+
+/// Faults healed by removing every blackhole route: of two at once, the first healed would
+/// heal the other too.
+const BY_ROUTES: &[&str] = &[
+    "cut-gateway-consul",
+    "cut-gateway-kafka",
+    "isolate-consul-leader",
+    "isolate-partition-leader",
+];
+
+/// Faults on the same service's processes (Consul's servers, Kafka's brokers) that must not
+/// overlap: the second could pick the node the first took down.
+fn service(name: &str) -> Option<&'static str> {
+    match name {
+        "kill-consul-leader" | "isolate-consul-leader" | "restart-consul-servers" => Some("consul"),
+        "kill-partition-leader" | "isolate-partition-leader" | "kill-group-coordinator" => {
+            Some("kafka")
+        }
+        _ => None,
+    }
+}
+
+/// Whether two faults can run at once: different kinds, not both on a gateway, not both
+/// made of routes, not both on one service, and neither the rolling restart of every Consul
+/// server (it is not held: it runs to its end at once).
+pub(crate) fn compatible(a: &str, b: &str) -> bool {
+    a != b
+        && !(ON_A_GATEWAY.contains(&a) && ON_A_GATEWAY.contains(&b))
+        && !(BY_ROUTES.contains(&a) && BY_ROUTES.contains(&b))
+        && (service(a).is_none() || service(a) != service(b))
+        && a != "restart-consul-servers"
+        && b != "restart-consul-servers"
+}
+
 /// What the nemesis needs.
 #[derive(Clone)]
 pub(crate) struct Nemesis {
@@ -113,6 +156,29 @@ impl Nemesis {
         }
         let evidence = self.undo(undo).await?;
         self.stop_event(name, &target, evidence);
+        Ok(())
+    }
+
+    /// Runs two faults at once: `first` starts, then `second`; both are held for `hold`,
+    /// then healed in the reverse order. [`compatible`] tells which pairs can overlap.
+    pub(crate) async fn run_pair(&self, first: &str, second: &str, hold: Duration) -> Result<()> {
+        *self.at.lock().unwrap_or_else(|p| p.into_inner()) = self.recorder.now();
+        let (first_target, first_undo) = self.start(first).await?;
+        *self.at.lock().unwrap_or_else(|p| p.into_inner()) = self.recorder.now();
+        let second_started = self.start(second).await;
+        let (second_target, second_undo) = match second_started {
+            Ok(started) => started,
+            Err(e) => {
+                let evidence = self.undo(first_undo).await?;
+                self.stop_event(first, &first_target, evidence);
+                return Err(e);
+            }
+        };
+        tokio::time::sleep(hold).await;
+        let evidence = self.undo(second_undo).await?;
+        self.stop_event(second, &second_target, evidence);
+        let evidence = self.undo(first_undo).await?;
+        self.stop_event(first, &first_target, evidence);
         Ok(())
     }
 
@@ -637,7 +703,24 @@ pub(crate) fn coordinator_partition(group: &str, partitions: i32) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::coordinator_partition;
+    use super::{compatible, coordinator_partition, ALL};
+
+    #[test]
+    fn faults_overlap_only_where_neither_undoes_or_aims_at_the_other() {
+        assert!(compatible("kill-gateway", "kill-consul-leader"));
+        assert!(compatible("cut-gateway-consul", "kill-partition-leader"));
+        assert!(compatible("skew-gateway-clock", "isolate-consul-leader"));
+        assert!(!compatible("kill-gateway", "pause-gateway"));
+        assert!(!compatible("cut-gateway-kafka", "isolate-partition-leader"));
+        assert!(!compatible("kill-consul-leader", "isolate-consul-leader"));
+        assert!(!compatible("kill-gateway", "restart-consul-servers"));
+        // Every fault has a partner.
+        for a in ALL {
+            if *a != "restart-consul-servers" {
+                assert!(ALL.iter().any(|b| compatible(a, b)), "{a} has no partner");
+            }
+        }
+    }
 
     #[test]
     fn the_coordinator_partition_follows_javas_string_hash() {
