@@ -318,10 +318,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let bound = listener.local_addr()?;
     let advertise = args.advertise(bound)?;
-    let locks = match ConsulLocks::connect(args.consul_config(&instance, bound)).await {
-        Ok(locks) => locks,
-        Err(err) => return Err(consul_failed(&args.consul, err).await),
-    };
+    let locks = connect_consul(&args, &instance, bound).await?;
     let kafka = Kafka::new(args.kafka_settings(&instance, kafka_properties))?;
     let gateway = Gateway::serving(
         instance,
@@ -346,6 +343,65 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let options = args.serve_options(tls, auth)?;
     kafka_lease_server::server::serve(listener, gateway, shutdown_signal(), options).await?;
     Ok(())
+}
+
+/// How long a starting gateway waits for a Consul agent that answers but cannot open a
+/// session yet (its servers out of reach, or electing a leader) before it gives up.
+const CONSUL_STARTUP_WAIT: Duration = Duration::from_secs(120);
+
+/// Opens the lock session, waiting (with backoff, up to [`CONSUL_STARTUP_WAIT`]) while
+/// Consul listens but cannot serve yet; at once when nothing listens at its address, or
+/// when it refuses (a 4xx: an ACL, a bad request) or the settings cannot work.
+async fn connect_consul(
+    args: &ServeArgs,
+    instance: &str,
+    bound: std::net::SocketAddr,
+) -> anyhow::Result<ConsulLocks> {
+    let started = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(500);
+    let mut attempt = 1u32;
+    loop {
+        let err = match ConsulLocks::connect(args.consul_config(instance, bound)).await {
+            Ok(locks) => return Ok(locks),
+            Err(err) => err,
+        };
+        let waited = started.elapsed();
+        if !consul_may_recover(&err)
+            || waited + pause > CONSUL_STARTUP_WAIT
+            || unreachable(&args.consul).await.is_some()
+        {
+            return Err(consul_failed(&args.consul, err).await);
+        }
+        tracing::warn!(
+            consul = %args.consul,
+            attempt,
+            error = %err,
+            retry_in = ?pause,
+            waited = ?waited,
+            gives_up_after = ?CONSUL_STARTUP_WAIT,
+            "Consul answers but cannot open a session yet (its servers out of reach, or \
+             electing a leader); trying again",
+        );
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = shutdown_signal() => anyhow::bail!("stopped while waiting for Consul at {}", args.consul),
+        }
+        pause = (pause * 2).min(Duration::from_secs(5));
+        attempt += 1;
+    }
+}
+
+/// Whether a failure to open the session may pass by itself: a timeout or a server error,
+/// not settings that cannot work or a refusal (HTTP 4xx).
+fn consul_may_recover(err: &kafka_lease_server::coordination::CoordinationError) -> bool {
+    use kafka_lease_server::coordination::CoordinationError as E;
+    match err {
+        E::Unavailable { operation, detail } => {
+            !operation.starts_with("connect (") && !detail.contains("HTTP 4")
+        }
+        E::NoSession { .. } => true,
+        _ => false,
+    }
 }
 
 /// Why the gateway cannot start with Consul, in one line: where nothing answers at the

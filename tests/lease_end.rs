@@ -3,8 +3,9 @@
 //! commit is answered UNAVAILABLE), carries on with the same leases if Consul confirms its
 //! session before the session's TTL has passed (a Consul leader election, a short outage),
 //! and otherwise ends every lease at once (Reads on idle partitions end "lease lost"
-//! together, not one after another); and a Release is not held up by a Read whose client
-//! stopped reading.
+//! together, not one after another); a Release is not held up by a Read whose client
+//! stopped reading; and a gateway started while its Consul agent answers nothing (its
+//! servers out of reach, or electing a leader) waits for it instead of exiting.
 
 mod support;
 
@@ -224,4 +225,53 @@ async fn release_is_not_held_up_by_a_reader_that_stopped_reading() {
         .expect("release");
     println!("Release with a stalled reader took {:?}", started.elapsed());
     drop(stream);
+}
+
+/// The fault tests' soak found it: a gateway killed during a Consul leader's isolation was
+/// started again, its agent (pinned to the isolated server) accepted the connection and
+/// answered nothing, and the gateway exited after 5 s ("cannot open a Consul session ...
+/// no answer within 5s"), to stay down. It now waits for Consul, saying so in its log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_started_while_consul_answers_nothing_waits_for_it() {
+    let services = kafka_lease_testkit::require_services!();
+    let (relay, relayed) = consul_relay(&services).await;
+    // Connections are accepted, nothing is forwarded: an agent with no server to ask.
+    relay.hold();
+    let instance = unique_name("gw-wait");
+    let starting = {
+        let (services, relayed, instance) = (services.clone(), relayed.clone(), instance.clone());
+        tokio::spawn(async move {
+            GatewayProcess::start(
+                &services,
+                &unique_prefix(),
+                &instance,
+                &["--consul", &relayed, "--consul-check", "none"],
+            )
+            .await
+        })
+    };
+    // Past the 5 s a request to Consul may take, and then some.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        !starting.is_finished(),
+        "the gateway is still waiting for Consul"
+    );
+    relay.release();
+    let gateway = tokio::time::timeout(DEADLINE, starting)
+        .await
+        .expect("the gateway listens once Consul answers")
+        .expect("start task");
+    let log = gateway.log();
+    assert!(
+        log.contains("cannot open a session yet"),
+        "the gateway said it was waiting: {log}"
+    );
+    let topic = create_topic(&services, 1).await;
+    let lease = gateway
+        .client()
+        .await
+        .acquire(AcquireOptions::new(unique_name("g"), &topic))
+        .await
+        .expect("an Acquire works once the gateway is up");
+    assert_eq!(lease.partition(), 0);
 }
