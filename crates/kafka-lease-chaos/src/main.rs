@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use cluster::{Cluster, Role, Spec};
-use workload::{Behaviour, LiveLeases, Recorder};
+use workload::{Behaviour, LiveLeases, Recorder, Style};
 
 /// Progress lines, so that nobody stares at a silent terminal.
 #[macro_export]
@@ -458,12 +458,12 @@ async fn run_in_cluster(
             g.name.clone(),
             recorder.clone(),
             live.clone(),
-            Behaviour {
+            Style::Read(Behaviour {
                 commit_with_release: args.commit_with_release.clamp(0.0, 1.0),
                 long_hold: args.long_hold.clamp(0.0, 1.0),
                 stall: args.stall.clamp(0.0, 1.0),
                 ..Behaviour::default()
-            },
+            }),
             stop_rx.clone(),
         )));
     }
@@ -480,12 +480,13 @@ async fn run_in_cluster(
     }
     for i in 0..args.queue_consumers {
         let g = &gateways[(i + 2) % gateways.len()];
-        clients.push(tokio::spawn(workload::queue_loop(
+        clients.push(tokio::spawn(workload::client_loop(
             format!("queue-{i}"),
             cluster.gateway_endpoint(g),
             g.name.clone(),
             recorder.clone(),
             live.clone(),
+            Style::Queue,
             stop_rx.clone(),
         )));
     }

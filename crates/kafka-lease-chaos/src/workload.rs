@@ -114,6 +114,17 @@ impl Default for Behaviour {
     }
 }
 
+/// How a client uses the leases it acquires.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Style {
+    /// Read, process and commit, with the odds of each action.
+    Read(Behaviour),
+    /// Queue mode: Deliver, answering each record (mostly accept, some retries, a few
+    /// rejects to the dead letter topic) until it lets go: a Release (which commits what
+    /// was done), or going quiet past its TTL.
+    Queue,
+}
+
 /// One client: its own connection to one gateway, looping over leases until `stop`.
 pub(crate) async fn client_loop(
     name: String,
@@ -121,7 +132,7 @@ pub(crate) async fn client_loop(
     via: String,
     recorder: Recorder,
     live: LiveLeases,
-    behaviour: Behaviour,
+    style: Style,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut client: Option<Client> = None;
@@ -137,7 +148,10 @@ pub(crate) async fn client_loop(
             (lease.partition(), lease.gateway().to_string()),
         );
         let id = lease.lease_id().to_string();
-        hold(&name, &c, lease, &recorder, behaviour, &mut stop).await;
+        match style {
+            Style::Read(behaviour) => hold(&name, &c, lease, &recorder, behaviour, &mut stop).await,
+            Style::Queue => hold_queue(&name, &c, lease, &recorder, &mut stop).await,
+        }
         live.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
     }
 }
@@ -352,7 +366,8 @@ async fn commit(name: &str, lease: &Lease, held: &Held, offset: i64, recorder: &
     commit_with(name, held, offset, recorder, || lease.commit(offset)).await
 }
 
-/// Commits with `call` and records it; false when the lease is over.
+/// Commits with `call` and records it; false when the lease is over (a refusal or no
+/// answer ends it: the caller stops using it).
 async fn commit_with<F, Fut>(
     name: &str,
     held: &Held,
@@ -364,45 +379,13 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<(), Error>>,
 {
-    let invoked = recorder.now();
-    // Retryable refusals (the gateway waits for Consul or Kafka) are retried, as a client
-    // should, within the call's deadline.
-    let result = tokio::time::timeout(CALL_DEADLINE, async {
-        loop {
-            match call().await {
-                Err(e) if e.is_retryable() => {
-                    tokio::time::sleep(e.retry_after().unwrap_or(Duration::from_millis(200))).await;
-                }
-                other => return other,
-            }
+    match commit_quietly(name, held, offset, recorder, call).await {
+        None => true,
+        Some(error) => {
+            held.ended(recorder, name, format!("commit failed: {error}"));
+            false
         }
-    })
-    .await;
-    let (outcome, error, over) = match result {
-        Ok(Ok(())) => (Outcome::Ok, None, false),
-        Ok(Err(e)) => (outcome_of(&e), Some(short(&e)), true),
-        Err(_) => (Outcome::Unknown, Some("no answer within 10 s".into()), true),
-    };
-    recorder.record(
-        name,
-        Op::Commit {
-            invoked_ms: invoked,
-            lease: held.lease.clone(),
-            partition: held.partition,
-            token: held.token,
-            offset,
-            outcome,
-            error: error.clone(),
-        },
-    );
-    if over {
-        held.ended(
-            recorder,
-            name,
-            format!("commit failed: {}", error.unwrap_or_default()),
-        );
     }
-    !over
 }
 
 /// Writes `v<n>` values round-robin over the partitions at about `rate` a second, acks=all,
@@ -719,8 +702,16 @@ async fn member_session(
 }
 
 /// Commits and records it, without ending the lease on a refusal (a member's lease ends
-/// when the gateway says so, with `revoked`).
-async fn commit_quietly<F, Fut>(name: &str, held: &Held, offset: i64, recorder: &Recorder, call: F)
+/// when the gateway says so, with `revoked`); the error when it did not take effect.
+/// Retryable refusals (the gateway waits for Consul or Kafka) are retried, as a client
+/// should, within the call's deadline.
+async fn commit_quietly<F, Fut>(
+    name: &str,
+    held: &Held,
+    offset: i64,
+    recorder: &Recorder,
+    call: F,
+) -> Option<String>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<(), Error>>,
@@ -751,38 +742,10 @@ where
             token: held.token,
             offset,
             outcome,
-            error,
+            error: error.clone(),
         },
     );
-}
-
-/// A queue-mode consumer: Acquire, then Deliver, answering each record (mostly accept, some
-/// retries, a few rejects to the dead letter topic) until it lets go: a Release (which
-/// commits what was done), or going quiet past its TTL.
-pub(crate) async fn queue_loop(
-    name: String,
-    endpoint: String,
-    via: String,
-    recorder: Recorder,
-    live: LiveLeases,
-    mut stop: watch::Receiver<bool>,
-) {
-    let mut client: Option<Client> = None;
-    while !*stop.borrow() {
-        let Some(c) = connected(&mut client, &endpoint, &mut stop).await else {
-            continue;
-        };
-        let Some(lease) = acquire(&name, &c, &via, &recorder, &mut stop).await else {
-            continue;
-        };
-        live.lock().unwrap_or_else(|p| p.into_inner()).insert(
-            lease.lease_id().to_string(),
-            (lease.partition(), lease.gateway().to_string()),
-        );
-        let id = lease.lease_id().to_string();
-        hold_queue(&name, &c, lease, &recorder, &mut stop).await;
-        live.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-    }
+    error
 }
 
 /// One Acquire, recorded; the lease, or `None` after a pause.

@@ -32,7 +32,7 @@ use crate::progress::Progress;
 use crate::queue::{Offered, Queue, QueueSettings};
 use crate::records::{DeliverBatch, OneRecord};
 
-use super::read::{Stop, SUSPENDED_LOOK};
+use super::read::{suspended_pause, Stop};
 use super::{Fence, Lease};
 
 /// How often the keeper commits the progress while it changes.
@@ -820,10 +820,7 @@ async fn write_dead_letter(
         match lease.fence() {
             Fence::Open => {}
             Fence::Suspended(_) => {
-                tokio::select! {
-                    () = tokio::time::sleep(SUSPENDED_LOOK) => {}
-                    _ = interrupts.changed() => {}
-                }
+                suspended_pause(&mut interrupts).await;
                 continue;
             }
             Fence::Closed(_) => return false,
@@ -949,10 +946,7 @@ async fn step(lease: Arc<Lease>, run: Arc<QueueRun>, generation: u64) -> Step {
             Fence::Open => {}
             Fence::Suspended(_) => {
                 // Nothing goes out until Consul confirms the session again.
-                tokio::select! {
-                    () = tokio::time::sleep(SUSPENDED_LOOK) => {}
-                    _ = interrupts.changed() => {}
-                }
+                suspended_pause(&mut interrupts).await;
                 continue;
             }
             Fence::Closed(fenced) => return Step::Stop(Stop::Failed(fenced)),

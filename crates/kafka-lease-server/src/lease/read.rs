@@ -69,10 +69,20 @@ enum Fill {
 
 type FillFuture = Pin<Box<dyn Future<Output = Fill> + Send>>;
 
-/// Fills one batch for Read `generation`, starting at the lease position.
 /// How often a Read or Deliver looks again at a suspended lock.
 pub(crate) const SUSPENDED_LOOK: Duration = Duration::from_millis(50);
 
+/// Waits once while the lock is suspended (the gateway waits for Consul to confirm its
+/// session): [`SUSPENDED_LOOK`], or less when the lease is interrupted (a Seek, a Release,
+/// its end).
+pub(crate) async fn suspended_pause(interrupts: &mut tokio::sync::watch::Receiver<u64>) {
+    tokio::select! {
+        () = tokio::time::sleep(SUSPENDED_LOOK) => {}
+        _ = interrupts.changed() => {}
+    }
+}
+
+/// Fills one batch for Read `generation`, starting at the lease position.
 async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
     // Subscribe before looking at the state, so an interrupt after the look is not missed.
     let mut interrupts = lease.interrupts.subscribe();
@@ -85,10 +95,7 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
     // fetch nothing to hand over: look again shortly, or at once on an interrupt (a Seek, a
     // Release, the lease's end).
     if lease.fence().is_suspended() {
-        tokio::select! {
-            () = tokio::time::sleep(SUSPENDED_LOOK) => {}
-            _ = interrupts.changed() => {}
-        }
+        suspended_pause(&mut interrupts).await;
         return Fill::Again;
     }
     let mut feed_guard = tokio::select! {
