@@ -63,6 +63,8 @@ pub(crate) struct Spec {
     pub(crate) kafka_storage_class: String,
     pub kafka_log4j: PathBuf,
     pub(crate) kafka_heap: String,
+    /// Consul autopilot's `min_quorum` on the servers (0: Consul's default, no minimum).
+    pub(crate) consul_min_quorum: u32,
     pub(crate) gateway_bin: PathBuf,
     /// Extra arguments for every gateway's `serve`.
     pub(crate) gateway_args: Vec<String>,
@@ -430,6 +432,19 @@ impl Cluster {
                 ];
                 if node.role == Role::Consul {
                     v.extend(["-server".into(), "-bootstrap-expect".into(), "3".into()]);
+                    if self.spec.consul_min_quorum > 0 {
+                        // Autopilot removes a server dead for ~10 s from the Raft
+                        // configuration, leaving two voters of which both are needed, and
+                        // takes it back as a non-voter for its stabilization time: a second
+                        // fault then costs the quorum (docs/FAULTS.md, finding 9).
+                        v.extend([
+                            "-hcl".into(),
+                            format!(
+                                "autopilot {{ min_quorum = {} }}",
+                                self.spec.consul_min_quorum
+                            ),
+                        ]);
+                    }
                 }
                 for server in self.of_role(Role::Consul) {
                     if server.name != node.name {

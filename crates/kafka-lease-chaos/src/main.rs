@@ -65,9 +65,9 @@ enum Command {
 struct RunArgs {
     /// The faults, in order (comma-separated), from: kill-gateway, pause-gateway,
     /// cut-gateway-consul, cut-gateway-kafka, kill-consul-leader, isolate-consul-leader,
-    /// restart-consul-servers, kill-partition-leader, isolate-partition-leader,
-    /// kill-group-coordinator, skew-gateway-clock; `short` for one of each kind, `all` for
-    /// every one.
+    /// restart-consul-servers, isolate-consul-leader-after-restart, kill-partition-leader,
+    /// isolate-partition-leader, kill-group-coordinator, skew-gateway-clock; `short` for one
+    /// of each kind, `all` for every one.
     #[arg(long, default_value = "short")]
     nemesis: String,
     /// Run the faults in a random mix until this much time has passed (e.g. 30m); without
@@ -130,6 +130,13 @@ struct RunArgs {
     kafka_log4j: PathBuf,
     #[arg(long, default_value = "512m")]
     kafka_heap: String,
+    /// Consul autopilot's `min_quorum` on the servers: it stops removing dead servers from
+    /// the Raft configuration at this many. 3 (the default here, and the advice in
+    /// docs/OPERATIONS.md) keeps a server that was down a voter when it comes back; 0 is
+    /// Consul's own default, under which a server down for ~10 s is removed and rejoins as
+    /// a non-voter for autopilot's stabilization time.
+    #[arg(long, default_value_t = 3)]
+    consul_min_quorum: u32,
     #[arg(long)]
     gateway_bin: PathBuf,
     /// Extra arguments for each gateway's `serve` (repeatable).
@@ -235,6 +242,7 @@ fn run(args: RunArgs) -> Result<bool> {
         kafka_storage_class: args.kafka_storage_class.clone(),
         kafka_log4j: args.kafka_log4j.clone(),
         kafka_heap: args.kafka_heap.clone(),
+        consul_min_quorum: args.consul_min_quorum,
         gateway_bin: std::fs::canonicalize(&args.gateway_bin)
             .with_context(|| format!("--gateway-bin {}", args.gateway_bin.display()))?,
         gateway_args: args.gateway_args.clone(),

@@ -25,6 +25,7 @@ pub(crate) const ALL: &[&str] = &[
     "kill-consul-leader",
     "isolate-consul-leader",
     "restart-consul-servers",
+    "isolate-consul-leader-after-restart",
     "kill-partition-leader",
     "isolate-partition-leader",
     "kill-group-coordinator",
@@ -58,6 +59,7 @@ const BY_ROUTES: &[&str] = &[
     "cut-gateway-consul",
     "cut-gateway-kafka",
     "isolate-consul-leader",
+    "isolate-consul-leader-after-restart",
     "isolate-partition-leader",
 ];
 
@@ -65,7 +67,10 @@ const BY_ROUTES: &[&str] = &[
 /// overlap: the second could pick the node the first took down.
 fn service(name: &str) -> Option<&'static str> {
     match name {
-        "kill-consul-leader" | "isolate-consul-leader" | "restart-consul-servers" => Some("consul"),
+        "kill-consul-leader"
+        | "isolate-consul-leader"
+        | "restart-consul-servers"
+        | "isolate-consul-leader-after-restart" => Some("consul"),
         "kill-partition-leader" | "isolate-partition-leader" | "kill-group-coordinator" => {
             Some("kafka")
         }
@@ -74,16 +79,22 @@ fn service(name: &str) -> Option<&'static str> {
 }
 
 /// Whether two faults can run at once: different kinds, not both on a gateway, not both
-/// made of routes, not both on one service, and neither the rolling restart of every Consul
-/// server (it is not held: it runs to its end at once).
+/// made of routes, not both on one service, and neither one of those that run [`ALONE`].
 pub(crate) fn compatible(a: &str, b: &str) -> bool {
     a != b
         && !(ON_A_GATEWAY.contains(&a) && ON_A_GATEWAY.contains(&b))
         && !(BY_ROUTES.contains(&a) && BY_ROUTES.contains(&b))
         && (service(a).is_none() || service(a) != service(b))
-        && a != "restart-consul-servers"
-        && b != "restart-consul-servers"
+        && !ALONE.contains(&a)
+        && !ALONE.contains(&b)
 }
+
+/// Faults that run alone: the rolling restart of every Consul server is not held (it runs
+/// to its end at once), and the isolation after a restart spends 20 s on its first part.
+const ALONE: &[&str] = &[
+    "restart-consul-servers",
+    "isolate-consul-leader-after-restart",
+];
 
 /// What the nemesis needs.
 #[derive(Clone)]
@@ -293,7 +304,14 @@ impl Nemesis {
                             t0.elapsed().as_millis()
                         ),
                     ),
-                    Err(e) => (false, format!("killed {}; {e:#}", leader.name)),
+                    Err(e) => (
+                        false,
+                        format!(
+                            "killed {}; {e:#} (Raft configuration: {})",
+                            leader.name,
+                            self.suffrages(&leader).await
+                        ),
+                    ),
                 };
                 self.start_event(name, &leader.name, ok, evidence);
                 Ok((leader.name.clone(), Undo::StartAgain(leader, "consul")))
@@ -313,7 +331,60 @@ impl Nemesis {
                             t0.elapsed().as_millis()
                         ),
                     ),
-                    Err(e) => (false, format!("isolated {}; {e:#}", leader.name)),
+                    Err(e) => (
+                        false,
+                        format!(
+                            "isolated {}; {e:#} (Raft configuration: {})",
+                            leader.name,
+                            self.suffrages(&leader).await
+                        ),
+                    ),
+                };
+                self.start_event(name, &leader.name, ok, evidence);
+                Ok((leader.name.clone(), Undo::Heal))
+            }
+            "isolate-consul-leader-after-restart" => {
+                // A follower down past autopilot's dead-server cleanup (it acts ~10 s after
+                // a server fails) and started again; at once, the leader cut off. The
+                // majority is the returned server and the third: it elects a leader only if
+                // the returned server came back a voter (docs/FAULTS.md, finding 9).
+                let leader = self.consul_leader(None).await?;
+                let follower = cluster
+                    .of_role(Role::Consul)
+                    .find(|n| n.name != leader.name)
+                    .cloned()
+                    .ok_or_else(|| anyhow!("no Consul server but the leader"))?;
+                cluster.signal(&follower, "consul", "KILL")?;
+                let _ = cluster
+                    .wait_exit(&follower, "consul", Duration::from_secs(5))
+                    .await;
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                cluster.start(&follower, "consul")?;
+                let back = self.wait_consul_leader_with(&follower).await;
+                let suffrage = self.suffrages(&follower).await;
+                let leader = match back {
+                    Ok(l) => l,
+                    Err(_) => leader,
+                };
+                *self.at.lock().unwrap_or_else(|p| p.into_inner()) = self.recorder.now();
+                self.isolate(&leader)?;
+                let t0 = Instant::now();
+                let next = self.wait_new_consul_leader(&leader).await;
+                let before = format!(
+                    "{} killed, started again 20 s later (Raft configuration then: {suffrage}); \
+                     isolated {}",
+                    follower.name, leader.name
+                );
+                let (ok, evidence) = match next {
+                    Ok(n) => (
+                        true,
+                        format!(
+                            "{before}; {} leads the majority after {} ms",
+                            n.name,
+                            t0.elapsed().as_millis()
+                        ),
+                    ),
+                    Err(e) => (false, format!("{before}; {e:#}")),
                 };
                 self.start_event(name, &leader.name, ok, evidence);
                 Ok((leader.name.clone(), Undo::Heal))
@@ -600,6 +671,49 @@ impl Nemesis {
         bail!("no new leader within 20 s")
     }
 
+    /// Each server's place in the Raft configuration (voter, non-voter, or absent), as the
+    /// first server other than `except` that answers knows it (a stale read: there may be
+    /// no leader).
+    async fn suffrages(&self, except: &Node) -> String {
+        for s in self.cluster.of_role(Role::Consul) {
+            if s.name == except.name {
+                continue;
+            }
+            let url = format!(
+                "http://{}:{CONSUL_HTTP_PORT}/v1/operator/raft/configuration?stale",
+                s.addr
+            );
+            let Ok(answer) = self.http.get(&url).send().await else {
+                continue;
+            };
+            let Ok(text) = answer.text().await else {
+                continue;
+            };
+            let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else {
+                continue;
+            };
+            let servers = config["Servers"].as_array().cloned().unwrap_or_default();
+            return self
+                .cluster
+                .of_role(Role::Consul)
+                .map(|n| {
+                    let entry = servers
+                        .iter()
+                        .find(|e| e["Node"].as_str() == Some(n.name.as_str()));
+                    let what = match entry.map(|e| e["Voter"].as_bool()) {
+                        Some(Some(true)) => "voter",
+                        Some(_) => "non-voter",
+                        None => "absent",
+                    };
+                    format!("{} {what}", n.name)
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+                + &format!(" (as {} knows it)", s.name);
+        }
+        "unknown (no server answered)".into()
+    }
+
     /// Waits until `server` answers and knows a leader.
     async fn wait_consul_leader_with(&self, server: &Node) -> Result<Node> {
         let t0 = Instant::now();
@@ -703,7 +817,7 @@ pub(crate) fn coordinator_partition(group: &str, partitions: i32) -> i32 {
 
 #[cfg(test)]
 mod tests {
-    use super::{compatible, coordinator_partition, ALL};
+    use super::{compatible, coordinator_partition, ALL, ALONE};
 
     #[test]
     fn faults_overlap_only_where_neither_undoes_or_aims_at_the_other() {
@@ -714,9 +828,13 @@ mod tests {
         assert!(!compatible("cut-gateway-kafka", "isolate-partition-leader"));
         assert!(!compatible("kill-consul-leader", "isolate-consul-leader"));
         assert!(!compatible("kill-gateway", "restart-consul-servers"));
+        assert!(!compatible(
+            "skew-gateway-clock",
+            "isolate-consul-leader-after-restart"
+        ));
         // Every fault has a partner.
         for a in ALL {
-            if *a != "restart-consul-servers" {
+            if !ALONE.contains(a) {
                 assert!(ALL.iter().any(|b| compatible(a, b)), "{a} has no partner");
             }
         }
