@@ -2,7 +2,8 @@
 //! partition; `groups` groups each lease `per_group` partitions of their own, each lease with
 //! an open Read that must deliver its record. Then the gateway's RSS and OS threads (goal:
 //! <= 64 threads and <= 256 MiB at 100 groups x 10 leases; each group costs the gateway a
-//! librdkafka client today, see docs/ARCHITECTURE.md).
+//! librdkafka client today, see docs/ARCHITECTURE.md). The same figures at a tenth of the
+//! groups first, so the cost of one more group is a slope within one run (docs/CAPACITY.md).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,6 +41,7 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     let name = "groups";
     let (groups, per_group) = env.plan.groups;
     let partitions = groups * per_group;
+    let mid_groups = (groups / 10).max(1);
     let topic = env.name("groups");
     create_topic(env, &topic, partitions as i32).await?;
     produce_fill(env, name, &topic, partitions as i32, 1, 100).await?;
@@ -59,45 +61,77 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
             .collect();
         let started = Instant::now();
         let opened = Arc::new(AtomicU64::new(0));
-        tasks
-            .extend(open_leases(&clients, &topic, "bench-groups", own, &opened, &delivered).await?);
-        delivered_all(&delivered, partitions as u64).await?;
-        env.progress.say(format!(
-            "  {name}: {groups} groups x {per_group} leases open in {:.1}s; settling {:?}",
-            started.elapsed().as_secs_f64(),
-            env.plan.scale_settle
-        ));
-        tokio::time::sleep(env.plan.scale_settle).await;
-        let (rss, threads) = proc_status(gateway.pid())?;
-        env.progress.say(format!(
-            "  {name}: RSS {:.1} MiB, {threads} threads",
-            rss as f64 / 1048576.0
-        ));
-        Ok::<_, anyhow::Error>((idle_rss, idle_threads, rss, threads))
+        // A tenth of the groups first, then the rest: two points of one run.
+        let mut own = own;
+        let rest = own.split_off(mid_groups * per_group);
+        let mut points = Vec::new();
+        for (step, leases) in [(mid_groups, own), (groups, rest)] {
+            tasks.extend(
+                open_leases(
+                    &clients,
+                    &topic,
+                    "bench-groups",
+                    leases,
+                    &opened,
+                    &delivered,
+                )
+                .await?,
+            );
+            delivered_all(&delivered, (step * per_group) as u64).await?;
+            env.progress.say(format!(
+                "  {name}: {step} groups x {per_group} leases open in {:.1}s; settling {:?}",
+                started.elapsed().as_secs_f64(),
+                env.plan.scale_settle
+            ));
+            tokio::time::sleep(env.plan.scale_settle).await;
+            let (rss, threads) = proc_status(gateway.pid())?;
+            env.progress.say(format!(
+                "  {name}: {step} groups: RSS {:.1} MiB, {threads} threads",
+                rss as f64 / 1048576.0
+            ));
+            points.push((rss, threads));
+        }
+        let [(mid_rss, mid_threads), (rss, threads)] = points[..] else {
+            bail!("two points measured, not {}", points.len());
+        };
+        Ok::<_, anyhow::Error>((idle_rss, idle_threads, mid_rss, mid_threads, rss, threads))
     }
     .await;
     gateway.stop().await;
     for t in &tasks {
         t.abort();
     }
-    let (idle_rss, idle_threads, rss, threads) = result?;
+    let (idle_rss, idle_threads, mid_rss, mid_threads, rss, threads) = result?;
     let mib = |b: u64| b as f64 / 1048576.0;
+    // The cost of one more group (with its leases), between the two points.
+    let more = (groups - mid_groups).max(1) as f64;
+    let rss_per_group = (mib(rss) - mib(mid_rss)) / more;
+    let threads_per_group = (threads as f64 - mid_threads as f64) / more;
     let mut details = Map::new();
     details.insert("groups".into(), groups.into());
     details.insert("leases_per_group".into(), per_group.into());
     details.insert("idle_rss_mib".into(), r3(mib(idle_rss)).into());
     details.insert("idle_threads".into(), idle_threads.into());
+    details.insert("mid_groups".into(), mid_groups.into());
+    details.insert("mid_rss_mib".into(), r3(mib(mid_rss)).into());
+    details.insert("mid_threads".into(), mid_threads.into());
     details.insert("rss_mib".into(), r3(mib(rss)).into());
     details.insert("threads".into(), threads.into());
+    details.insert("rss_mib_per_group".into(), r3(rss_per_group).into());
+    details.insert("threads_per_group".into(), r3(threads_per_group).into());
     details.insert("timing".into(), format!("VmRSS and Threads from /proc/<pid>/status {:?} after every Read delivered its record; each group leases partitions of its own", env.plan.scale_settle).into());
-    let chart = |title: &str, unit: &str, values: [f64; 2], limit: f64| Chart {
+    let chart = |title: &str, unit: &str, values: [f64; 3], limit: f64| Chart {
         title: title.into(),
         unit: unit.into(),
         groups: vec![
             ("idle".into(), vec![("gateway".into(), values[0])]),
             (
-                format!("{groups} groups x {per_group}"),
+                format!("{mid_groups} groups x {per_group}"),
                 vec![("gateway".into(), values[1])],
+            ),
+            (
+                format!("{groups} groups x {per_group}"),
+                vec![("gateway".into(), values[2])],
             ),
         ],
         lines: vec![(format!("limit {limit}"), limit)],
@@ -113,12 +147,17 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         ratio_definition: "VmRSS / 256 MiB (met when <= 1)",
         goal: format!("<= 256 MiB at {groups} groups x {per_group} leases"),
         met: mib(rss) <= RSS_LIMIT_MIB,
-        summary: format!("{:.1} MiB ({:.1} idle)", mib(rss), mib(idle_rss)),
+        summary: format!(
+            "{:.1} MiB ({:.1} idle, {:.1} at {mid_groups} groups: {rss_per_group:.2} MiB per group)",
+            mib(rss),
+            mib(idle_rss),
+            mib(mid_rss)
+        ),
         details: details.clone(),
         chart: chart(
             "groups: gateway RSS",
             "MiB",
-            [mib(idle_rss), mib(rss)],
+            [mib(idle_rss), mib(mid_rss), mib(rss)],
             RSS_LIMIT_MIB,
         ),
     }
@@ -134,12 +173,15 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         ratio_definition: "OS threads / 64 (met when <= 1)",
         goal: format!("<= 64 threads at {groups} groups x {per_group} leases"),
         met: threads as f64 <= THREAD_LIMIT,
-        summary: format!("{threads} threads ({idle_threads} idle)"),
+        summary: format!(
+            "{threads} threads ({idle_threads} idle, {mid_threads} at {mid_groups} groups: \
+             {threads_per_group:.2} per group)"
+        ),
         details,
         chart: chart(
             "groups: gateway OS threads",
             "threads",
-            [idle_threads as f64, threads as f64],
+            [idle_threads as f64, mid_threads as f64, threads as f64],
             THREAD_LIMIT,
         ),
     }

@@ -19,6 +19,9 @@ use crate::error::LeaseError;
 /// the group does not pay for a new client and a coordinator lookup (tens of ms).
 const IDLE_GROUP_CLIENT: Duration = Duration::from_secs(60);
 
+/// The one topic the health ping asks about (see [`Kafka::ping_answer`]).
+const PING_TOPIC: &str = "__consumer_offsets";
+
 /// A group client and since when no lease uses it.
 struct CachedGroup {
     client: Arc<GroupClient>,
@@ -285,19 +288,28 @@ impl Kafka {
 
     /// Checks that a broker answers a metadata request (for health).
     pub async fn ping(&self) -> Result<(), LeaseError> {
+        self.ping_answer().await.map(|_| ())
+    }
+
+    /// The health ping's metadata request and the size of its answer: (brokers, topics). It
+    /// asks for the brokers and one topic, the group offsets topic every group client uses,
+    /// not for every topic of the cluster: every gateway pings every second, and an answer
+    /// listing the whole cluster's partitions would make a fleet's pings grow with the
+    /// cluster (docs/CAPACITY.md). (librdkafka's public API has no request for the brokers
+    /// alone: an empty topic list is sent as "all topics".) The topic need not exist or be
+    /// readable: any answer names the brokers.
+    pub async fn ping_answer(&self) -> Result<(usize, usize), LeaseError> {
+        const WHAT: &str = "checking broker reachability";
         let client = self.metadata.clone();
         let timeout = self.settings.request_timeout.min(Duration::from_secs(2));
-        blocking("checking broker reachability", move || {
+        blocking(WHAT, move || {
             let metadata = client
-                .fetch_metadata(None, timeout)
-                .map_err(|e| unavailable("checking broker reachability", e))?;
+                .fetch_metadata(Some(PING_TOPIC), timeout)
+                .map_err(|e| unavailable(WHAT, e))?;
             if metadata.brokers().is_empty() {
-                return Err(unavailable(
-                    "checking broker reachability",
-                    "no brokers in metadata",
-                ));
+                return Err(unavailable(WHAT, "no brokers in metadata"));
             }
-            Ok(())
+            Ok((metadata.brokers().len(), metadata.topics().len()))
         })
         .await
     }
@@ -406,5 +418,38 @@ async fn close_idle_group_clients(groups: Weak<Mutex<HashMap<String, CachedGroup
             tracing::debug!(groups = closing.len(), "closing idle group clients");
             let _ = tokio::task::spawn_blocking(move || drop(closing)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rdkafka::mocking::MockCluster;
+
+    use super::Kafka;
+    use crate::kafka::settings::KafkaSettings;
+
+    /// The health ping runs every second on every gateway: its answer must not list every
+    /// topic of the cluster (it did: a request for all topics, 3 here).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn the_health_ping_asks_for_the_brokers_and_one_topic() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        for topic in ["ping-a", "ping-b", "ping-c"] {
+            cluster.create_topic(topic, 4, 1).expect("topic");
+        }
+        let kafka = Kafka::new(KafkaSettings::new(cluster.bootstrap_servers(), "ping-test"))
+            .expect("client");
+        let (brokers, topics) = kafka.ping_answer().await.expect("ping");
+        assert_eq!(
+            (brokers, topics),
+            (1, 1),
+            "the ping asks for the brokers and one topic, not the cluster's three"
+        );
+        assert_eq!(
+            kafka.partition_count("ping-b", None).await.expect("count"),
+            4
+        );
+        let (_, topics) = kafka.ping_answer().await.expect("ping");
+        assert_eq!(topics, 1, "nor after a topic was asked about");
+        kafka.close().await;
     }
 }
