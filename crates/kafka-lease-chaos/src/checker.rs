@@ -54,6 +54,28 @@ pub struct Report {
     pub faults: Vec<Fault>,
     /// The faults summed up by name.
     pub fault_kinds: Vec<FaultKindSummary>,
+    /// Commits their gateway reported late (answered after the lease's fence deadline), and
+    /// the regressions of the committed offset they explain: the commit gate's documented
+    /// limit (docs/ARCHITECTURE.md), shown, not counted as anomalies. A regression no such
+    /// report explains is an anomaly.
+    pub late_commits: Vec<LateCommit>,
+}
+
+/// A commit its gateway reported late, and what the observer saw of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LateCommit {
+    /// Its partition.
+    pub partition: i32,
+    /// Its lease's token.
+    pub token: u64,
+    /// The offset it committed.
+    pub offset: i64,
+    /// The gateway that reported it.
+    pub gateway: String,
+    /// The regressions of the committed token or offset it explains, one sentence each.
+    pub explains: Vec<String>,
+    /// The events that show it: the gateway's report, and the readings of each regression.
+    pub excerpt: Vec<Event>,
 }
 
 impl Report {
@@ -323,7 +345,7 @@ pub fn check(history: &[Event]) -> Report {
     let mut found = Vec::new();
     check_grants(history, &ix, &mut found);
     let late = check_stale(history, &ix, &mut found);
-    check_observations(history, &ix, &mut found);
+    let late_commits = check_observations(history, &ix, &mut found);
     check_values(history, &ix, &mut found);
     let lost = check_lost(history, &ix, &mut found);
     check_queue(history, &ix, &mut found);
@@ -341,6 +363,7 @@ pub fn check(history: &[Event]) -> Report {
         delivery,
         faults,
         fault_kinds,
+        late_commits,
     }
 }
 
@@ -495,6 +518,8 @@ struct Index<'a> {
     /// Every value written, acknowledged or not.
     values: HashSet<&'a str>,
     nemesis: Vec<usize>,
+    /// (partition, token, offset) → a commit its gateway reported late.
+    late_commits: HashMap<(i32, u64, i64), usize>,
 }
 
 impl<'a> Index<'a> {
@@ -665,6 +690,15 @@ impl<'a> Index<'a> {
             }
             Op::Committed { partition, .. } => self.part(*partition).observations.push(i),
             Op::Nemesis { .. } => self.nemesis.push(i),
+            Op::LateCommit {
+                partition,
+                token,
+                offset,
+            } => {
+                self.late_commits
+                    .entry((*partition, *token, *offset))
+                    .or_insert(i);
+            }
             Op::Final { partition, .. } => self.part(*partition).final_event = Some(i),
         }
     }
@@ -945,8 +979,54 @@ fn observation(e: &Event) -> Option<(i64, Option<u64>)> {
 }
 
 /// The observer's readings: the token must never go back; the offset must not go back unless
-/// a Seek explains it.
-fn check_observations(history: &[Event], ix: &Index<'_>, found: &mut Vec<Found>) {
+/// a Seek explains it. A regression to a commit its gateway reported late is that commit's
+/// (returned, with the late commits nothing showed), not an anomaly.
+fn check_observations(
+    history: &[Event],
+    ix: &Index<'_>,
+    found: &mut Vec<Found>,
+) -> Vec<LateCommit> {
+    let mut late: BTreeMap<(i32, u64, i64), LateCommit> = ix
+        .late_commits
+        .iter()
+        .map(|(&(partition, token, offset), &i)| {
+            let commit = LateCommit {
+                partition,
+                token,
+                offset,
+                gateway: history[i].process.clone(),
+                explains: Vec::new(),
+                excerpt: vec![history[i].clone()],
+            };
+            ((partition, token, offset), commit)
+        })
+        .collect();
+    let mut explained_by_late = |f: Found| {
+        let reading = f.excerpt.get(1).map(|&i| &history[i]);
+        let key = reading
+            .and_then(observation)
+            .and_then(|(offset, token)| token.map(|token| (f.partition, token, offset)));
+        match key.and_then(|k| late.get_mut(&k)) {
+            Some(commit) => {
+                commit
+                    .explains
+                    .push(format!("{}: {}", f.kind, f.description));
+                for &i in &f.excerpt {
+                    if !commit.excerpt.contains(&history[i]) {
+                        commit.excerpt.push(history[i].clone());
+                    }
+                }
+            }
+            None => found.push(f),
+        }
+    };
+    check_readings(history, ix, &mut explained_by_late);
+    late.into_values().collect()
+}
+
+/// The regressions in the observer's readings, each handed to `found`; the second event of
+/// each excerpt is the reading that went back.
+fn check_readings(history: &[Event], ix: &Index<'_>, found: &mut dyn FnMut(Found)) {
     for (&p, part) in &ix.parts {
         // Tokens.
         let mut greatest: Option<(u64, usize)> = None;
@@ -969,7 +1049,7 @@ fn check_observations(history: &[Event], ix: &Index<'_>, found: &mut Vec<Found>)
                         history[top_event].t_ms,
                     ));
                     excerpt.extend(find_commit(history, ix, p, token, offset, history[i].t_ms));
-                    found.push(Found {
+                    found(Found {
                         kind: AnomalyKind::TokenRegression,
                         partition: p,
                         at_ms: history[i].t_ms,
@@ -1029,7 +1109,7 @@ fn check_observations(history: &[Event], ix: &Index<'_>, found: &mut Vec<Found>)
                 ),
                 None => "no seek took effect on the partition between the two readings".to_string(),
             };
-            found.push(Found {
+            found(Found {
                 kind: AnomalyKind::CommitRegression,
                 partition: p,
                 at_ms: tb,
@@ -1700,6 +1780,17 @@ fn render(report: &Report, out: &mut String) -> fmt::Result {
     )?;
     writeln!(out, "- lost: {}", d.lost)?;
     writeln!(out, "- late batches: {}", d.late_batches)?;
+    let explaining = report
+        .late_commits
+        .iter()
+        .filter(|c| !c.explains.is_empty())
+        .count();
+    writeln!(
+        out,
+        "- late commits (answered past their lease's fence deadline, reported by their \
+         gateway): {}, {explaining} of them seen to set the committed offset back",
+        report.late_commits.len()
+    )?;
     if !d.partitions.is_empty() {
         writeln!(
             out,
@@ -1722,6 +1813,40 @@ fn render(report: &Report, out: &mut String) -> fmt::Result {
                 p.late_batches,
                 opt_ms(p.max_late_ms)
             )?;
+        }
+    }
+
+    if !report.late_commits.is_empty() {
+        writeln!(out, "\n## Late commits\n")?;
+        writeln!(
+            out,
+            "Each was answered after its lease's fence deadline, so it may have landed after a \
+             successor's commits: the limit of the commit gate (docs/ARCHITECTURE.md), which \
+             the gateway cannot prevent and reports. The regressions it explains are not \
+             counted as anomalies."
+        )?;
+        for (n, c) in report.late_commits.iter().enumerate() {
+            writeln!(
+                out,
+                "\n### {}. partition {}, token {}, offset {} (reported by {})\n",
+                n + 1,
+                c.partition,
+                c.token,
+                c.offset,
+                c.gateway
+            )?;
+            if c.explains.is_empty() {
+                writeln!(out, "The observer saw no regression from it.\n")?;
+            }
+            for e in &c.explains {
+                writeln!(out, "- {e}")?;
+            }
+            writeln!(out, "\n```json")?;
+            for e in &c.excerpt {
+                let line = serde_json::to_string(e).unwrap_or_else(|e| format!("({e})"));
+                writeln!(out, "{line}")?;
+            }
+            writeln!(out, "```")?;
         }
     }
 
@@ -2186,6 +2311,64 @@ mod tests {
             "{}",
             a.description
         );
+    }
+
+    /// The regression a late commit causes (the lease with token 29's commit, paused in its
+    /// gateway, lands after the successor's) is that commit's when its gateway reported it,
+    /// and an anomaly when nothing did; a report of another offset explains nothing.
+    #[test]
+    fn a_regression_to_a_commit_its_gateway_reported_late_is_not_an_anomaly() {
+        let history = |reported: Option<(i64, u64)>| {
+            let mut h = vec![
+                commit(30.0, 29.0, "A", 5, 29, 520, Outcome::Ok),
+                observed(31.0, 5, 520, Some(29)),
+                commit(40.0, 39.0, "B", 5, 78, 673, Outcome::Ok),
+                observed(41.0, 5, 673, Some(78)),
+                // A's commit of 528, sent before its gateway stopped, lands when it goes on.
+                observed(50.0, 5, 528, Some(29)),
+                commit(60.0, 59.0, "B", 5, 78, 700, Outcome::Ok),
+                observed(61.0, 5, 700, Some(78)),
+            ];
+            if let Some((offset, token)) = reported {
+                h.push(ev(
+                    90.0,
+                    "g3",
+                    Op::LateCommit {
+                        partition: 5,
+                        token,
+                        offset,
+                    },
+                ));
+            }
+            h
+        };
+        let unreported = check(&history(None));
+        assert_eq!(
+            kinds(&unreported),
+            vec![
+                (AnomalyKind::TokenRegression, Some(5)),
+                (AnomalyKind::CommitRegression, Some(5))
+            ]
+        );
+        assert!(unreported.late_commits.is_empty());
+
+        let reported = check(&history(Some((528, 29))));
+        assert!(reported.valid(), "{:?}", kinds(&reported));
+        assert_eq!(reported.late_commits.len(), 1);
+        let late = &reported.late_commits[0];
+        assert_eq!((late.partition, late.token, late.offset), (5, 29, 528));
+        assert_eq!(late.gateway, "g3");
+        assert_eq!(late.explains.len(), 2, "{:?}", late.explains);
+        assert!(late.explains[0].starts_with("token-regression"));
+        assert!(late.explains[1].starts_with("commit-regression"));
+        let markdown = render_markdown(&reported);
+        assert!(markdown.contains("## Late commits"), "{markdown}");
+        assert!(markdown.contains("1, 1 of them seen to set the committed offset back"));
+
+        // A report of another offset of the same lease explains nothing.
+        let other = check(&history(Some((527, 29))));
+        assert_eq!(other.anomaly_count(), 2);
+        assert!(other.late_commits[0].explains.is_empty());
     }
 
     #[test]

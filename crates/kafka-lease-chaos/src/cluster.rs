@@ -289,7 +289,7 @@ impl Cluster {
         format!("http://{}:{GATEWAY_PORT}", node.addr)
     }
 
-    fn node_dir(&self, node: &Node) -> PathBuf {
+    pub(crate) fn node_dir(&self, node: &Node) -> PathBuf {
         self.spec.run_dir.join(&node.name)
     }
 

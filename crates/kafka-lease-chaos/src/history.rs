@@ -165,6 +165,14 @@ pub enum Op {
         /// What showed it (or why it could not be shown).
         evidence: String,
     },
+    /// A commit its gateway reported late (`late commit` in its log, read at the end of the
+    /// run): answered after its lease's fence deadline, so it may have landed after a
+    /// successor's commits. The process is the gateway.
+    LateCommit {
+        partition: i32,
+        token: u64,
+        offset: i64,
+    },
     /// The end of the run: a partition's final committed offset and high watermark.
     Final {
         partition: i32,
@@ -190,4 +198,46 @@ pub fn parse(text: &str) -> Result<Vec<Event>, String> {
             serde_json::from_str(line).map_err(|e| format!("history line {}: {e}", i + 1))
         })
         .collect()
+}
+
+/// The commits a gateway's log reports late (its `late commit` warnings), as (partition,
+/// token, offset): the lease's span names the partition and token, the event the offset.
+pub fn late_commits(log: &str) -> Vec<(i32, u64, i64)> {
+    let field = |line: &str, name: &str| -> Option<String> {
+        let at = line
+            .rfind(&format!(" {name}="))
+            .or_else(|| line.rfind(&format!("{{{name}=")))?;
+        let rest = &line[at + name.len() + 2..];
+        Some(rest.chars().take_while(char::is_ascii_digit).collect())
+    };
+    log.lines()
+        .filter(|line| line.contains("late commit:"))
+        .filter_map(|line| {
+            Some((
+                field(line, "partition")?.parse().ok()?,
+                field(line, "token")?.parse().ok()?,
+                field(line, "offset")?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gateways_late_commit_warning_is_read_back() {
+        // As a gateway printed it in tests/commit_ordering.rs.
+        let log = "2026-12-06T10:12:50.554866Z  INFO kafka_lease_server: started\n\
+            2026-12-06T10:12:50.554866Z  WARN grpc{otel.name=kafka_lease.v1.PartitionLeaseService/Acquire \
+            otel.kind=\"server\" rpc.system=\"grpc\"}:lease{lease=f8bc38ca9522d2a0 group=g-3dbd7e2db9df \
+            topic=topic-462203b5f68a partition=3 token=188}: kafka_lease_server::lease: late commit: \
+            answered after its lease's fence deadline, so it may have landed after a successor's \
+            commits (the gateway was paused, or the request was held in the network) offset=10 \
+            late_ms=987\n\
+            2026-12-06T10:12:51Z  WARN something else partition=1 token=2 offset=3\n";
+        assert_eq!(late_commits(log), vec![(3, 188, 10)]);
+    }
 }

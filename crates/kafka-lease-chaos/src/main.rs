@@ -622,6 +622,28 @@ async fn run_in_cluster(
     for op in dead {
         recorder.record("observer", op);
     }
+    // What the gateways reported of their own commits: those answered past their lease's
+    // fence deadline (the commit gate's limit), which explain a regression of the committed
+    // offset.
+    let mut late = 0;
+    for node in cluster.of_role(Role::Gateway) {
+        let log =
+            std::fs::read_to_string(cluster.node_dir(node).join("gateway.log")).unwrap_or_default();
+        for (partition, token, offset) in history::late_commits(&log) {
+            late += 1;
+            recorder.record(
+                &node.name,
+                history::Op::LateCommit {
+                    partition,
+                    token,
+                    offset,
+                },
+            );
+        }
+    }
+    if late > 0 {
+        say!("{late} late commits reported by the gateways (answered past their lease's fence deadline)");
+    }
     drop(recorder);
     drop(nemesis);
     let events = writer.await?;

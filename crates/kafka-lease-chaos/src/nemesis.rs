@@ -362,10 +362,8 @@ impl Nemesis {
                 cluster.start(&follower, "consul")?;
                 let back = self.wait_consul_leader_with(&follower).await;
                 let suffrage = self.suffrages(&follower).await;
-                let leader = match back {
-                    Ok(l) => l,
-                    Err(_) => leader,
-                };
+                // The leader as the returned server sees it (the first one if it knows none).
+                let leader = back.unwrap_or(leader);
                 *self.at.lock().unwrap_or_else(|p| p.into_inner()) = self.recorder.now();
                 self.isolate(&leader)?;
                 let t0 = Instant::now();
@@ -692,7 +690,7 @@ impl Nemesis {
             let Ok(config) = serde_json::from_str::<serde_json::Value>(&text) else {
                 continue;
             };
-            let servers = config["Servers"].as_array().cloned().unwrap_or_default();
+            let servers = config["Servers"].as_array().map_or(&[][..], Vec::as_slice);
             return self
                 .cluster
                 .of_role(Role::Consul)

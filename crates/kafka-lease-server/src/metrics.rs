@@ -43,6 +43,10 @@ pub const LEASES_ENDED: &str = "kafka_lease_leases_ended_total";
 /// stream that breaks are counted again when a later Read sends them again.
 pub const RECORDS_DELIVERED: &str = "kafka_lease_records_delivered_total";
 pub const BYTES_DELIVERED: &str = "kafka_lease_bytes_delivered_total";
+/// Commits answered after their lease's fence deadline, by `group` and `topic`: each may have
+/// landed after a successor's commits (the gateway was paused, or the request was held in
+/// the network, between its fence check and Kafka). See docs/ARCHITECTURE.md, the commit gate.
+pub const COMMITS_LATE: &str = "kafka_lease_commits_late_total";
 /// Kafka operations that failed, by `operation`.
 pub const KAFKA_ERRORS: &str = "kafka_lease_kafka_errors_total";
 /// Queue mode, by `group` and `topic`: deliveries handed to Delivers; of those, deliveries
@@ -129,6 +133,11 @@ fn describe() {
         "encoded size of the records handed to Reads, by group and topic"
     );
     describe_counter!(KAFKA_ERRORS, "Kafka operations that failed, by operation");
+    describe_counter!(
+        COMMITS_LATE,
+        "commits answered after their lease's fence deadline, which may have landed after a \
+         successor's, by group and topic"
+    );
     describe_counter!(
         QUEUE_DELIVERIES,
         "queue mode: deliveries handed to Delivers, by group and topic"

@@ -126,6 +126,23 @@ impl Relay {
         }
     }
 
+    /// Stops the relay and waits until its listening socket and every connection through it
+    /// are closed: a fixed port is free again when this returns (dropping the relay frees it
+    /// only once the runtime has run the tasks' cancellation).
+    pub async fn stop(self) {
+        let acceptor = self
+            .acceptor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let connections =
+            std::mem::take(&mut *self.connections.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in acceptor.into_iter().chain(connections) {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+
     /// Where clients connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr

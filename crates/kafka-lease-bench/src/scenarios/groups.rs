@@ -56,13 +56,12 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         let delivered = Arc::new(AtomicU64::new(0));
         let run_id = env.name("g");
         // Each group on partitions of its own.
-        let own: Vec<(String, i32)> = (0..partitions)
+        let mut own: Vec<(String, i32)> = (0..partitions)
             .map(|p| (format!("{run_id}-{}", p / per_group), p as i32))
             .collect();
         let started = Instant::now();
         let opened = Arc::new(AtomicU64::new(0));
         // A tenth of the groups first, then the rest: two points of one run.
-        let mut own = own;
         let rest = own.split_off(mid_groups * per_group);
         let mut points = Vec::new();
         for (step, leases) in [(mid_groups, own), (groups, rest)] {

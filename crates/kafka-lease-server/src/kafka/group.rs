@@ -48,6 +48,35 @@ impl CommitGate {
     }
 }
 
+/// What a commit's blocking call asks of its lease around the request (see
+/// [`GroupClient::commit`]): whether it may still be handed to librdkafka, and what the time
+/// of its answer means. The lease's fence: the commit gate in docs/ARCHITECTURE.md.
+pub trait CommitFence: Send + 'static {
+    /// Checked on the thread that hands the request to librdkafka, right before it does: a
+    /// gateway paused (or starved) between the caller's check and this one sends nothing.
+    fn may_send(&self) -> Result<(), LeaseError>;
+    /// Called once librdkafka has the outcome, with whether the commit may have been stored
+    /// (it was, or its request timed out): an answer later than the fence allowed means it
+    /// may have landed after a successor's commits.
+    fn answered(&self, may_have_landed: bool);
+}
+
+/// Whether a failed commit may still have been stored: its request went out and no answer
+/// came (a timeout, a connection lost), rather than the broker refusing it.
+fn may_have_landed(err: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    matches!(
+        err.rdkafka_error_code(),
+        Some(
+            C::RequestTimedOut
+                | C::OperationTimedOut
+                | C::MessageTimedOut
+                | C::BrokerTransportFailure
+                | C::AllBrokersDown
+        ) | None
+    )
+}
+
 /// librdkafka's `fetch.wait.max.ms` for the group clients: how long the broker holds a fetch
 /// of partitions without new records. A client has one fetch in flight per broker, so a
 /// partition opened while the group's other partitions wait in such a fetch is first fetched
@@ -217,7 +246,9 @@ impl GroupClient {
     }
 
     /// Stores `offset` with `metadata` as the group's committed offset, synchronously. Only
-    /// with a [`CommitPermit`], held until librdkafka has the request's outcome.
+    /// with a [`CommitPermit`], held until librdkafka has the request's outcome, and the
+    /// lease's [`CommitFence`], asked again right before the request goes to librdkafka and
+    /// told when its outcome came.
     pub async fn commit(
         &self,
         topic: &str,
@@ -225,6 +256,7 @@ impl GroupClient {
         offset: i64,
         metadata: String,
         in_flight: CommitPermit,
+        fence: Box<dyn CommitFence>,
     ) -> Result<(), LeaseError> {
         const OPERATION: &str = "committing an offset";
         let consumer = self.consumer.clone();
@@ -240,9 +272,13 @@ impl GroupClient {
             if let Some(mut entry) = list.find_partition(&topic, partition) {
                 entry.set_metadata(metadata);
             }
-            consumer
-                .commit(&list, CommitMode::Sync)
-                .map_err(|e| kafka_error(OPERATION, e))
+            fence.may_send()?;
+            let outcome = consumer.commit(&list, CommitMode::Sync);
+            fence.answered(match &outcome {
+                Ok(()) => true,
+                Err(e) => may_have_landed(e),
+            });
+            outcome.map_err(|e| kafka_error(OPERATION, e))
         });
         match tokio::time::timeout(self.request_timeout, request).await {
             Ok(joined) => {

@@ -298,7 +298,7 @@ impl Kafka {
     /// cluster (docs/CAPACITY.md). (librdkafka's public API has no request for the brokers
     /// alone: an empty topic list is sent as "all topics".) The topic need not exist or be
     /// readable: any answer names the brokers.
-    pub async fn ping_answer(&self) -> Result<(usize, usize), LeaseError> {
+    async fn ping_answer(&self) -> Result<(usize, usize), LeaseError> {
         const WHAT: &str = "checking broker reachability";
         let client = self.metadata.clone();
         let timeout = self.settings.request_timeout.min(Duration::from_secs(2));

@@ -316,6 +316,15 @@ impl Lease {
     /// docs/ARCHITECTURE.md). The caller has checked the offset's range.
     pub async fn commit(&self, offset: i64, metadata: Option<&str>) -> Result<String, LeaseError> {
         let permit = self.commit_gate.permit(|| self.fenced()).await?;
+        let fence = Box::new(SessionFence {
+            locks: self.locks.clone(),
+            session: self.session.clone(),
+            deadline: self.locks.valid_until(),
+            span: self.span.clone(),
+            key: self.key.clone(),
+            offset,
+            sent_in_time: std::sync::atomic::AtomicBool::new(false),
+        });
         let metadata = match metadata {
             Some(user) if !user.is_empty() => format!("kafka-lease token={};{user}", self.token),
             _ => format!("kafka-lease token={}", self.token),
@@ -328,6 +337,7 @@ impl Lease {
                 offset,
                 metadata.clone(),
                 permit,
+                fence,
             )
             .await?;
         self.record_commit(offset);
@@ -576,5 +586,93 @@ impl Lease {
             // reopening the Read elsewhere cannot succeed.
             Some(reason) => Some(Stop::Failed(self.ended_error(reason))),
         }
+    }
+}
+
+/// A commit's view of its lease's fence from the blocking thread that sends it (see
+/// [`crate::kafka::CommitFence`]): the session part of [`Lease::fence`], which a pause or a
+/// cut can close between the caller's check and the request.
+struct SessionFence {
+    locks: Arc<dyn LockBackend>,
+    session: String,
+    /// The lease's fence deadline (`valid_until`) when the commit passed its check.
+    deadline: Option<Instant>,
+    span: tracing::Span,
+    key: LockKey,
+    offset: i64,
+    /// Whether the fence was open when the request went to librdkafka (whatever a planted
+    /// defect let through): only then is a late answer the gate's limit rather than a
+    /// broken fence.
+    sent_in_time: std::sync::atomic::AtomicBool,
+}
+
+impl SessionFence {
+    /// The latest deadline the lease's session had: its `valid_until` now if it is still the
+    /// live session (renews only move it on), the one at the check otherwise.
+    fn deadline(&self) -> Option<Instant> {
+        let same_session = matches!(
+            &*self.locks.session_state().borrow(),
+            SessionState::Live { id } if *id == self.session
+        );
+        let now = if same_session {
+            self.locks.valid_until()
+        } else {
+            None
+        };
+        now.max(self.deadline)
+    }
+}
+
+impl crate::kafka::CommitFence for SessionFence {
+    fn may_send(&self) -> Result<(), LeaseError> {
+        let open = self.deadline().is_some_and(|until| Instant::now() < until);
+        self.sent_in_time
+            .store(open, std::sync::atomic::Ordering::Relaxed);
+        if open || crate::defects::planted(crate::defects::Defect::NoSelfFence) {
+            return Ok(());
+        }
+        Err(LeaseError::Coordination(CoordinationError::Unavailable {
+            operation: "confirming the lease's lock",
+            detail: "the lease's fence closed between the commit's check and its request (the \
+                     gateway was paused or starved, or Consul stopped confirming its session); \
+                     nothing was sent"
+                .into(),
+        }))
+    }
+
+    /// A successor is granted the lock no sooner than `FENCE_MARGIN` after the last deadline
+    /// of this lease's session (the lock-delay runs from the session's end, which is after
+    /// the send of its last confirmed renew). An answer before that landed before any
+    /// successor's grant; one after may have landed after the successor's first commit: the
+    /// limit of the commit gate (docs/ARCHITECTURE.md), counted and logged here.
+    fn answered(&self, may_have_landed: bool) {
+        if !may_have_landed || !self.sent_in_time.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let now = Instant::now();
+        let late_by = match self.deadline() {
+            Some(until) => {
+                now.checked_duration_since(until + crate::coordination::consul::FENCE_MARGIN)
+            }
+            None => Some(Duration::ZERO),
+        };
+        let Some(late_by) = late_by else {
+            return;
+        };
+        metrics::counter!(
+            crate::metrics::COMMITS_LATE,
+            "group" => self.key.group.clone(),
+            "topic" => self.key.topic.clone()
+        )
+        .increment(1);
+        // The lease's span names its group, topic, partition and token.
+        tracing::warn!(
+            parent: &self.span,
+            offset = self.offset,
+            late_ms = late_by.as_millis() as u64,
+            "late commit: answered after its lease's fence deadline, so it may have landed \
+             after a successor's commits (the gateway was paused, or the request was held in \
+             the network)"
+        );
     }
 }

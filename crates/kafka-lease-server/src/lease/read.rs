@@ -70,7 +70,7 @@ enum Fill {
 type FillFuture = Pin<Box<dyn Future<Output = Fill> + Send>>;
 
 /// How often a Read or Deliver looks again at a suspended lock.
-pub(crate) const SUSPENDED_LOOK: Duration = Duration::from_millis(50);
+const SUSPENDED_LOOK: Duration = Duration::from_millis(50);
 
 /// Waits once while the lock is suspended (the gateway waits for Consul to confirm its
 /// session): [`SUSPENDED_LOOK`], or less when the lease is interrupted (a Seek, a Release,
