@@ -47,6 +47,9 @@ pub const BYTES_DELIVERED: &str = "kafka_lease_bytes_delivered_total";
 /// landed after a successor's commits (the gateway was paused, or the request was held in
 /// the network, between its fence check and Kafka). See docs/ARCHITECTURE.md, the commit gate.
 pub const COMMITS_LATE: &str = "kafka_lease_commits_late_total";
+/// Reads that found records queued when they looked again by themselves (every 250 ms while
+/// parked): wake-ups librdkafka did not give, each costing that record up to 250 ms.
+pub const READ_RESCUES: &str = "kafka_lease_read_rescues_total";
 /// Kafka operations that failed, by `operation`.
 pub const KAFKA_ERRORS: &str = "kafka_lease_kafka_errors_total";
 /// Queue mode, by `group` and `topic`: deliveries handed to Delivers; of those, deliveries
@@ -134,6 +137,11 @@ fn describe() {
     );
     describe_counter!(KAFKA_ERRORS, "Kafka operations that failed, by operation");
     describe_counter!(
+        READ_RESCUES,
+        "Reads that found records queued when they looked again by themselves: wake-ups \
+         librdkafka did not give"
+    );
+    describe_counter!(
         COMMITS_LATE,
         "commits answered after their lease's fence deadline, which may have landed after a \
          successor's, by group and topic"
@@ -178,6 +186,7 @@ fn describe() {
         metrics::counter!(LEASES_ENDED, "reason" => reason).increment(0);
     }
     metrics::gauge!(ACQUIRES_WAITING).set(0.0);
+    metrics::counter!(READ_RESCUES).increment(0);
     kafka_lease_coordination::consul::describe_metrics();
 }
 

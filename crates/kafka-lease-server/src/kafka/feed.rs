@@ -1,8 +1,11 @@
 //! The Read path: [`PartitionFeed`], one leased partition's queue split off its group's
 //! client, and the filling of a batch from it ([`BatchLimits`]).
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
+use std::future::Future;
+use std::ptr::NonNull;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt};
@@ -18,8 +21,15 @@ use super::settings::ClientLog;
 use crate::error::LeaseError;
 use crate::records::{EncodedRecords, Prepared};
 
-/// How long a partition queue waits for a wake-up before it looks again by itself.
-const REPOLL: Duration = Duration::from_millis(20);
+/// How long a parked partition queue waits for a wake-up before it looks again by itself:
+/// the bound on a wake-up librdkafka did not give (see [`PartitionFeed::take_next`]). Every
+/// open Read that waits for records looks this often, so it is what an idle Read costs (at
+/// 20 ms, 1,000 idle Reads cost 164 to 330 millicores: docs/CAPACITY.md).
+const REPOLL: Duration = Duration::from_millis(250);
+
+/// How many times a queue that still holds ops after a poll that found no record is looked
+/// at again at once, before it parks until a wake-up or [`REPOLL`].
+const LOOKS_BEFORE_PARKING: u32 = 4;
 
 /// A leased partition's records, as they arrive from the group client. Dropping it stops the
 /// fetching of that partition.
@@ -30,6 +40,10 @@ pub struct PartitionFeed {
     topic_c: Option<CString>,
     partition: i32,
     queue: StreamPartitionQueue<ClientLog>,
+    /// The same queue, to ask how many ops it holds before parking on it.
+    length: QueueLength,
+    /// Parked looks that found ops queued: wake-ups librdkafka did not give.
+    rescues: metrics::Counter,
     /// The offset after the last record taken from the queue: where the queue stands.
     pulled_up_to: i64,
     /// A record taken from the queue but not delivered (it did not fit in a batch), with the
@@ -83,6 +97,13 @@ impl PartitionFeed {
             .ok_or_else(|| {
                 unavailable("opening a partition queue", "librdkafka refused the queue")
             })?;
+        let topic_c = CString::new(topic).ok();
+        let length = topic_c
+            .as_deref()
+            .and_then(|t| QueueLength::of(client, t, partition))
+            .ok_or_else(|| {
+                unavailable("opening a partition queue", "librdkafka refused the queue")
+            })?;
         let mut list = TopicPartitionList::new();
         list.add_partition_offset(topic, partition, Offset::Offset(offset))
             .map_err(|e| unavailable("assigning a partition", e))?;
@@ -93,9 +114,11 @@ impl PartitionFeed {
         Ok(PartitionFeed {
             client: client.clone(),
             topic: topic.to_string(),
-            topic_c: CString::new(topic).ok(),
+            topic_c,
             partition,
             queue,
+            length,
+            rescues: metrics::counter!(crate::metrics::READ_RESCUES),
             pulled_up_to: offset,
             pending: None,
             batch_hint: 0,
@@ -179,17 +202,42 @@ impl PartitionFeed {
             return self.take_queued(batch, from, limits);
         }
         loop {
-            // Look again every REPOLL even without a wake-up: a split partition queue can
-            // miss the wake-up for records that arrive just as it is polled (rust-rdkafka
-            // issue #665), and a missed one then costs at most this. (The one-second
-            // first-record delays once blamed on it had another cause: see `learn_topic`.)
-            match tokio::time::timeout(REPOLL, self.queue.recv()).await {
+            // librdkafka wakes a queue's reader only when the queue goes from empty to
+            // non-empty, and a poll can find no record while ops are still queued (one it
+            // served itself, one of an older fetch version it dropped): parked then, the
+            // reader would sleep through the records behind them, whose arrival is no
+            // edge (rust-rdkafka issue #665). So a queue that still holds ops is looked at
+            // again before parking, and a parked one looks again every REPOLL all the same;
+            // a look that then finds ops counts as a rescue (a wake-up librdkafka missed).
+            let length = &self.length;
+            let mut recv = std::pin::pin!(self.queue.recv());
+            let mut looks = 0;
+            let parked = std::future::poll_fn(|cx| match recv.as_mut().poll(cx) {
+                Poll::Pending if looks < LOOKS_BEFORE_PARKING && length.get() > 0 => {
+                    looks += 1;
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                }
+                other => other,
+            });
+            match tokio::time::timeout(REPOLL, parked).await {
                 Ok(Ok(message)) => {
                     self.pulled_up_to = message.offset() + 1;
                     return add(&mut self.pending, batch, &message, from, limits);
                 }
                 Ok(Err(err)) => self.log_fetch_error(&err),
-                Err(_) => {}
+                Err(_) => {
+                    let queued = self.length.get();
+                    if queued > 0 {
+                        self.rescues.increment(1);
+                        tracing::debug!(
+                            topic = %self.topic,
+                            partition = self.partition,
+                            queued,
+                            "read rescue: ops queued without a wake-up"
+                        );
+                    }
+                }
             }
         }
     }
@@ -281,4 +329,48 @@ fn add<M: Keep>(
     }
     batch.push(&prepared);
     batch.wire_len() < limits.max_bytes && batch.len() < limits.max_records
+}
+
+/// A handle of librdkafka's own on a partition's fetch queue, to ask how many ops it holds
+/// (rust-rdkafka's queue does not tell).
+struct QueueLength(NonNull<rdkafka::bindings::rd_kafka_queue_t>);
+
+// SAFETY: a librdkafka queue handle may be used from any thread: every operation on it takes
+// the queue's own lock.
+#[allow(unsafe_code)]
+unsafe impl Send for QueueLength {}
+#[allow(unsafe_code)]
+unsafe impl Sync for QueueLength {}
+
+impl QueueLength {
+    #[allow(unsafe_code)]
+    fn of(client: &GroupClient, topic: &CStr, partition: i32) -> Option<Self> {
+        // SAFETY: the client handle is valid while `client` lives; the topic pointer is a
+        // NUL-terminated string that outlives the call. The handle returned holds its own
+        // reference to the queue, released in `drop`.
+        let queue = unsafe {
+            rdkafka::bindings::rd_kafka_queue_get_partition(
+                client.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                partition,
+            )
+        };
+        NonNull::new(queue).map(QueueLength)
+    }
+
+    /// Ops in the queue (records, errors and events).
+    #[allow(unsafe_code)]
+    fn get(&self) -> usize {
+        // SAFETY: the handle is valid until `drop`; the call only reads the queue's length
+        // under its lock.
+        unsafe { rdkafka::bindings::rd_kafka_queue_length(self.0.as_ptr()) }
+    }
+}
+
+impl Drop for QueueLength {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rd_kafka_queue_get_partition and is destroyed once.
+        unsafe { rdkafka::bindings::rd_kafka_queue_destroy(self.0.as_ptr()) }
+    }
 }
