@@ -29,6 +29,7 @@ pub const SCENARIOS: &[&str] = &[
     "drain-1p-1KiB",
     "drain-1p-100B",
     "drain-16p",
+    "drain-64p",
     "drain-forwarded",
     "first-record",
     "latency",

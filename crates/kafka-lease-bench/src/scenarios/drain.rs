@@ -1159,17 +1159,46 @@ const FAIRNESS_GOAL: f64 = 0.8;
 
 /// `drain-16p`: 16 leases over 4 client connections versus one consumer of all 16.
 pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
-    let per_partition = env.plan.drain16_per_partition;
+    many_partitions(env, name, "drain-16p", 16, env.plan.drain16_per_partition).await
+}
+
+/// `drain-64p`: 64 leases over 4 client connections versus one consumer of all 64, the
+/// records of `drain-16p` spread over four times the partitions: with `drain-1p-1KiB` and
+/// `drain-16p`, the slope of the gateway's CPU per record from 1 to 16 to 64 partitions.
+pub(crate) async fn sixty_four_partitions(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
+    let per_partition = (env.plan.drain16_per_partition / 4).max(1);
+    many_partitions(env, name, "drain-64p", 64, per_partition).await
+}
+
+/// `partitions` leases over 4 client connections (as many on each) versus one direct
+/// consumer assigned them all.
+async fn many_partitions(
+    env: &Env,
+    name: &str,
+    scenario: &'static str,
+    partitions: i32,
+    per_partition: usize,
+) -> Result<Vec<ScenarioResult>> {
     let value_size = 1024;
-    let topic = env.name("drain16");
-    create_topic(env, &topic, 16).await?;
-    produce_fill(env, name, &topic, 16, per_partition, value_size).await?;
-    let gateway = Gateway::start(env, &env.prefix(name), &env.name("gw-drain16"), None).await?;
+    let short = scenario.trim_start_matches("drain-").trim_end_matches('p');
+    let topic = env.name(&format!("drain{short}"));
+    create_topic(env, &topic, partitions).await?;
+    produce_fill(env, name, &topic, partitions, per_partition, value_size).await?;
+    let gateway = Gateway::start(
+        env,
+        &env.prefix(name),
+        &env.name(&format!("gw-drain{short}")),
+        None,
+    )
+    .await?;
     let mut clients = Vec::new();
     for _ in 0..4 {
         clients.push(gateway.client().await?);
     }
-    let layout: Vec<Vec<i32>> = (0..4).map(|c| (c * 4..c * 4 + 4).collect()).collect();
+    let per_client = partitions / 4;
+    let layout: Vec<Vec<i32>> = (0..4)
+        .map(|c| (c * per_client..(c + 1) * per_client).collect())
+        .collect();
     let arms = rounds(
         env,
         name,
@@ -1194,9 +1223,14 @@ pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<Scen
     let ratio = ratio(g, d);
     let met = ratio.is_some_and(|r| r >= DRAIN16_GOAL) && g_fair >= FAIRNESS_GOAL;
     let mut details = Map::new();
-    common_details(&mut details, value_size, per_partition as u64, 16);
+    common_details(
+        &mut details,
+        value_size,
+        per_partition as u64,
+        partitions as usize,
+    );
     details.insert("client_connections".into(), 4.into());
-    details.insert("leases_per_connection".into(), 4.into());
+    details.insert("leases_per_connection".into(), per_client.into());
     details.insert("gateway_mb_per_s".into(), r3(g_mb).into());
     details.insert("baseline_mb_per_s".into(), r3(d_mb).into());
     details.insert(
@@ -1213,16 +1247,18 @@ pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<Scen
     );
     startup_details(&mut details, &runs);
     details.insert("rounds".into(), round_details(&runs));
-    let cpu = cpu_row(name, "drain-16p", &runs);
-    let limit = limit_row(name, "drain-16p", &runs, &relays);
+    let cpu = cpu_row(name, scenario, &runs);
+    let limit = limit_row(name, scenario, &runs, &relays);
     Ok(vec![
         Row {
         name: name.to_string(),
-        scenario: "drain-16p",
+        scenario,
         unit: "records/s",
         gateway: r3(g),
         baseline: r3(d),
-        baseline_kind: "measured: one direct rdkafka BaseConsumer assigned all 16 partitions, same run".into(),
+        baseline_kind: format!(
+            "measured: one direct rdkafka BaseConsumer assigned all {partitions} partitions, same run"
+        ),
         ratio: ratio.map(r3),
         ratio_definition: "gateway records/s / direct records/s (medians across rounds)",
         goal: format!(">= {DRAIN16_GOAL} and slowest/fastest partition >= {FAIRNESS_GOAL}"),
@@ -1232,7 +1268,9 @@ pub(crate) async fn sixteen_partitions(env: &Env, name: &str) -> Result<Vec<Scen
         ),
         details,
         chart: chart(
-            format!("{name}: 16 partitions, 4 connections x 4 leases, records/s per round"),
+            format!(
+                "{name}: {partitions} partitions, 4 connections x {per_client} leases, records/s per round"
+            ),
             &runs,
             Some((format!("{DRAIN16_GOAL} x direct median"), DRAIN16_GOAL * d)),
         ),

@@ -26,6 +26,7 @@ pub(crate) async fn run(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
         "drain-1p-1KiB" => drain::one_partition(env, name, 1024, plan.drain_1k_records, 0.8).await,
         "drain-1p-100B" => drain::one_partition(env, name, 100, plan.drain_100b_records, 0.9).await,
         "drain-16p" => drain::sixteen_partitions(env, name).await,
+        "drain-64p" => drain::sixty_four_partitions(env, name).await,
         "drain-forwarded" => drain::forwarded(env, name).await,
         "first-record" => first_record::run(env).await,
         "latency" => latency::run(env).await,
