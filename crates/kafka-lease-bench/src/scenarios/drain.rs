@@ -396,6 +396,24 @@ pub(crate) async fn direct_rate(
     )
 }
 
+/// The relay arm over `partitions` (see [`relay_drain`]): its steady records/s and its CPU
+/// per record, for a scenario that measures the gateway otherwise.
+pub(crate) async fn relay_rate(
+    env: &Env,
+    topic: &str,
+    partitions: i32,
+    per_partition: u64,
+) -> Result<(f64, Option<f64>)> {
+    let all: Vec<i32> = (0..partitions).collect();
+    let run = relay_drain(env, topic, &all, per_partition, Arc::default()).await?;
+    Ok((run.rate(), run.cpu_us_per_record()))
+}
+
+/// How the relay arm moves the records, for a report's details.
+pub(crate) fn relay_style() -> &'static str {
+    RELAY_STYLE
+}
+
 /// The direct consumer's loop; `sink` sees every record (the relay arm writes it on).
 fn direct_drain_blocking(
     config: ClientConfig,
