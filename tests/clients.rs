@@ -197,6 +197,9 @@ impl Fixture {
     }
 }
 
+/// Lines of the end of the gateway's log a failed suite prints (after all its warnings).
+const GATEWAY_LOG_TAIL: usize = 200;
+
 /// What every gateway of these tests is started with.
 const GATEWAY_ARGS: &[&str] = &["--metrics-listen", "127.0.0.1:0"];
 
@@ -252,6 +255,24 @@ async fn run_suite(services: &Services, gateway: &GatewayProcess, language: &str
     let status = status
         .unwrap_or_else(|_| panic!("the {language} suite ran past {SUITE_DEADLINE:?}"))
         .expect("test.sh status");
+    if !status.success() {
+        // What the gateway saw: a failure under load is otherwise lost with the process.
+        let log = gateway.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let warnings: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+        let tail = &lines[lines.len().saturating_sub(GATEWAY_LOG_TAIL)..];
+        println!(
+            "[{language}] the gateway's warnings and errors ({}):\n{}\n[{language}] its last {} lines:\n{}",
+            warnings.len(),
+            warnings.join("\n"),
+            tail.len(),
+            tail.join("\n")
+        );
+    }
     assert!(
         status.success(),
         "the {language} client's tests failed: {status}"

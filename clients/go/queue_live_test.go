@@ -478,8 +478,10 @@ func TestQueueDeliverReopensAfterTheConnectionIsCut(t *testing.T) {
 	var h handlings
 	var once sync.Once
 	opts := kafkalease.ConsumeOptions{
-		// Deliveries lost in the cut come again after the deadline.
-		Queue:       kafkalease.QueueOptions{Ordering: kafkalease.OrderUnordered, AckDeadline: 2 * time.Second, DeadLetterTopic: q.DeadLetterTopic},
+		// Deliveries lost in the cut come again after the deadline. A window of 4: the records
+		// past the 14th can only come after the cut, over a new connection (with the default
+		// 64, all of them could be in hand before the 10th was handled).
+		Queue:       kafkalease.QueueOptions{Ordering: kafkalease.OrderUnordered, AckDeadline: 2 * time.Second, DeadLetterTopic: q.DeadLetterTopic, MaxInFlight: 4},
 		Concurrency: 4,
 	}
 	bg := consumeInBackground(ctx, lease, opts, func(_ context.Context, d *kafkalease.Delivery) error {
