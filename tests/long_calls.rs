@@ -223,11 +223,23 @@ async fn wait_all(
 
 /// Checks that, of the long calls, only the released lease's Read ended and every waiting
 /// Acquire still waits; then ends them all.
-fn end_checked(
+async fn end_checked(
     reads: &[tokio::task::JoinHandle<()>],
     reads_ended: &AtomicUsize,
     waiters: &[tokio::task::JoinHandle<Result<(), String>>],
 ) {
+    // Release's answer and the end of the lease's Read are two streams: nothing orders their
+    // arrival at the client (a forwarded Read's end crosses the peer connection after the
+    // serving instance ends it), so the end is awaited, within a short call's time.
+    let started = Instant::now();
+    wait_for("the released lease's Read to end", SHORT_CALL, || async {
+        (reads_ended.load(Ordering::SeqCst) > 0).then_some(())
+    })
+    .await;
+    println!(
+        "the released lease's Read ended {:?} after Release answered",
+        started.elapsed()
+    );
     assert_eq!(
         reads_ended.load(Ordering::SeqCst),
         1,
@@ -321,7 +333,7 @@ async fn one_connection_carries_its_long_calls_and_short_calls_answer_at_once() 
     let full = short_calls(&client, &probe, &probe_group).await;
     let release_full = release(&client, &probe).await;
     report("one gateway", idle, full, [release_idle, release_full]);
-    end_checked(&reads, &reads_ended, &waiters);
+    end_checked(&reads, &reads_ended, &waiters).await;
     setup.finish().await;
 }
 
@@ -354,7 +366,7 @@ async fn a_forwarding_gateway_carries_them_over_its_peer_connections() {
     let full = short_calls(&client, &probe, &probe_group).await;
     let release_full = release(&client, &probe).await;
     report("forwarded", idle, full, [release_idle, release_full]);
-    end_checked(&reads, &reads_ended, &waiters);
+    end_checked(&reads, &reads_ended, &waiters).await;
     setup.finish().await;
 }
 
