@@ -13,12 +13,15 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kafka_lease_client::AcquireOptions;
-use kafka_lease_testkit::{unique_name, wait_for, Relay};
+use kafka_lease_client::{AcquireOptions, Client};
+use kafka_lease_proto::v1::{CommitRequest, CommitResponse};
+use kafka_lease_testkit::{unique_name, wait_for, Relay, Services};
 use support::{
     consul_relay, create_topic, kafka_committed, metric_value, produce_n, producer, scrape,
     unique_prefix, GatewayProcess,
 };
+use tokio::sync::MutexGuard;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -34,16 +37,50 @@ fn loopback(port: &str) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port.parse().expect("a port number")))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_commit_held_in_flight_at_release_never_lands_after_the_successors() {
-    let services = kafka_lease_testkit::require_services!();
-    let _relayed_port = RELAYED_PORT.lock().await;
+/// A relay on the broker's advertised `RELAYED` port, with the guard that keeps it this
+/// test's until the end.
+async fn relay_kafka(services: &Services) -> (MutexGuard<'static, ()>, Relay) {
+    let guard = RELAYED_PORT.lock().await;
     let relay = Relay::start_at(
         loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_ADVERTISED_PORT")),
         loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_LISTEN_PORT")),
     )
     .await
     .expect("a relay on the broker's advertised RELAYED port");
+    (guard, relay)
+}
+
+/// Holds `relay` (gateway A's way to Kafka) and commits `offset` on `lease_id` through
+/// `client`; returns once A has passed the fence check and sent the commit into the hold.
+async fn commit_held(
+    a: &GatewayProcess,
+    client: &Client,
+    relay: &Relay,
+    lease_id: &str,
+    offset: i64,
+) -> JoinHandle<Result<tonic::Response<CommitResponse>, tonic::Status>> {
+    let sent_before = a.log().matches("commit sent to Kafka").count();
+    relay.hold();
+    let mut raw = client.raw();
+    let request = CommitRequest {
+        lease_id: lease_id.to_string(),
+        offset,
+        ..Default::default()
+    };
+    let held = tokio::spawn(async move { raw.commit(request).await });
+    wait_for(
+        "gateway A to send the commit to Kafka",
+        DEADLINE,
+        || async { (a.log().matches("commit sent to Kafka").count() > sent_before).then_some(()) },
+    )
+    .await;
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_held_in_flight_at_release_never_lands_after_the_successors() {
+    let services = kafka_lease_testkit::require_services!();
+    let (_relayed_port, relay) = relay_kafka(&services).await;
     let relayed = relay.addr().to_string();
     let prefix = unique_prefix();
     let a = GatewayProcess::start(
@@ -68,25 +105,9 @@ async fn a_commit_held_in_flight_at_release_never_lands_after_the_successors() {
         .await
         .expect("acquire on A");
     old.commit(5).await.expect("a commit through the relay");
-    let sent_before = a.log().matches("commit sent to Kafka").count();
 
     // A's next commit passes its fence check and goes out, but the network holds it.
-    relay.hold();
-    let held_commit = {
-        let mut raw = client_a.raw();
-        let request = kafka_lease_proto::v1::CommitRequest {
-            lease_id: old.lease_id().to_string(),
-            offset: 10,
-            ..Default::default()
-        };
-        tokio::spawn(async move { raw.commit(request).await })
-    };
-    wait_for(
-        "gateway A to send the commit to Kafka",
-        DEADLINE,
-        || async { (a.log().matches("commit sent to Kafka").count() > sent_before).then_some(()) },
-    )
-    .await;
+    let held_commit = commit_held(&a, &client_a, &relay, old.lease_id(), 10).await;
 
     // The holder releases; the successor on B waits for the partition and commits at once.
     let release = tokio::spawn(async move { old.release().await });
@@ -164,13 +185,7 @@ async fn a_commit_held_in_flight_at_release_never_lands_after_the_successors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_held_in_flight_across_the_loss_of_its_session_is_counted_late() {
     let services = kafka_lease_testkit::require_services!();
-    let _relayed_port = RELAYED_PORT.lock().await;
-    let kafka = Relay::start_at(
-        loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_ADVERTISED_PORT")),
-        loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_LISTEN_PORT")),
-    )
-    .await
-    .expect("a relay on the broker's advertised RELAYED port");
+    let (_relayed_port, kafka) = relay_kafka(&services).await;
     let (consul, consul_relayed) = consul_relay(&services).await;
     let relayed = kafka.addr().to_string();
     let prefix = unique_prefix();
@@ -214,24 +229,8 @@ async fn a_commit_held_in_flight_across_the_loss_of_its_session_is_counted_late(
         .expect("acquire on A");
     old.commit(5).await.expect("a commit in time");
     assert_eq!(late().await, 0.0, "a commit answered in time is not late");
-    let sent_before = a.log().matches("commit sent to Kafka").count();
 
-    kafka.hold();
-    let held_commit = {
-        let mut raw = client_a.raw();
-        let request = kafka_lease_proto::v1::CommitRequest {
-            lease_id: old.lease_id().to_string(),
-            offset: 10,
-            ..Default::default()
-        };
-        tokio::spawn(async move { raw.commit(request).await })
-    };
-    wait_for(
-        "gateway A to send the commit to Kafka",
-        DEADLINE,
-        || async { (a.log().matches("commit sent to Kafka").count() > sent_before).then_some(()) },
-    )
-    .await;
+    let held_commit = commit_held(&a, &client_a, &kafka, old.lease_id(), 10).await;
 
     // A is cut off from Consul; the successor on B gets the partition once Consul has ended
     // A's session and the lock-delay has run, and commits.

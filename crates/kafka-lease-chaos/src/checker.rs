@@ -1001,10 +1001,8 @@ fn check_observations(
             ((partition, token, offset), commit)
         })
         .collect();
-    let mut explained_by_late = |f: Found| {
-        let reading = f.excerpt.get(1).map(|&i| &history[i]);
-        let key = reading
-            .and_then(observation)
+    let mut explained_by_late = |f: Found, reading: usize| {
+        let key = observation(&history[reading])
             .and_then(|(offset, token)| token.map(|token| (f.partition, token, offset)));
         match key.and_then(|k| late.get_mut(&k)) {
             Some(commit) => {
@@ -1024,9 +1022,9 @@ fn check_observations(
     late.into_values().collect()
 }
 
-/// The regressions in the observer's readings, each handed to `found`; the second event of
-/// each excerpt is the reading that went back.
-fn check_readings(history: &[Event], ix: &Index<'_>, found: &mut dyn FnMut(Found)) {
+/// The regressions in the observer's readings, each handed to `found` with the reading that
+/// went back.
+fn check_readings(history: &[Event], ix: &Index<'_>, found: &mut dyn FnMut(Found, usize)) {
     for (&p, part) in &ix.parts {
         // Tokens.
         let mut greatest: Option<(u64, usize)> = None;
@@ -1049,19 +1047,22 @@ fn check_readings(history: &[Event], ix: &Index<'_>, found: &mut dyn FnMut(Found
                         history[top_event].t_ms,
                     ));
                     excerpt.extend(find_commit(history, ix, p, token, offset, history[i].t_ms));
-                    found(Found {
-                        kind: AnomalyKind::TokenRegression,
-                        partition: p,
-                        at_ms: history[i].t_ms,
-                        description: format!(
-                            "The observer read partition {p}'s committed offset {offset} with \
+                    found(
+                        Found {
+                            kind: AnomalyKind::TokenRegression,
+                            partition: p,
+                            at_ms: history[i].t_ms,
+                            description: format!(
+                                "The observer read partition {p}'s committed offset {offset} with \
                              token {token} at {} ms, after it had read offset {top_offset} with \
                              the greater token {top} at {} ms.",
-                            ms(history[i].t_ms),
-                            ms(history[top_event].t_ms)
-                        ),
-                        excerpt,
-                    });
+                                ms(history[i].t_ms),
+                                ms(history[top_event].t_ms)
+                            ),
+                            excerpt,
+                        },
+                        i,
+                    );
                 }
             }
             previous = Some(token);
@@ -1109,11 +1110,12 @@ fn check_readings(history: &[Event], ix: &Index<'_>, found: &mut dyn FnMut(Found
                 ),
                 None => "no seek took effect on the partition between the two readings".to_string(),
             };
-            found(Found {
-                kind: AnomalyKind::CommitRegression,
-                partition: p,
-                at_ms: tb,
-                description: format!(
+            found(
+                Found {
+                    kind: AnomalyKind::CommitRegression,
+                    partition: p,
+                    at_ms: tb,
+                    description: format!(
                     "Partition {p}'s committed offset went back from {o1} (token {}) at {} ms to \
                      {o2} (token {}) at {} ms, and {why}.",
                     token_text(t1),
@@ -1121,8 +1123,10 @@ fn check_readings(history: &[Event], ix: &Index<'_>, found: &mut dyn FnMut(Found
                     token_text(t2),
                     ms(tb)
                 ),
-                excerpt,
-            });
+                    excerpt,
+                },
+                b,
+            );
         }
     }
 }

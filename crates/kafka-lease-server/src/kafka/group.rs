@@ -54,11 +54,21 @@ impl CommitGate {
 pub trait CommitFence: Send + 'static {
     /// Checked on the thread that hands the request to librdkafka, right before it does: a
     /// gateway paused (or starved) between the caller's check and this one sends nothing.
-    fn may_send(&self) -> Result<(), LeaseError>;
-    /// Called once librdkafka has the outcome, with whether the commit may have been stored
-    /// (it was, or its request timed out): an answer later than the fence allowed means it
-    /// may have landed after a successor's commits.
-    fn answered(&self, may_have_landed: bool);
+    fn may_send(&self) -> Result<Sent, LeaseError>;
+    /// Called once librdkafka has the outcome, with how the request was let through and
+    /// whether the commit may have been stored (it was, or its request timed out): an answer
+    /// later than the fence allowed means it may have landed after a successor's commits.
+    fn answered(&self, sent: Sent, may_have_landed: bool);
+}
+
+/// How [`CommitFence::may_send`] let a request through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// The fence was open: a late answer is the commit gate's limit.
+    InTime,
+    /// The fence was closed and a planted defect let the request through anyway: a late
+    /// answer is the broken fence, not the limit.
+    PastItsFence,
 }
 
 /// Whether a failed commit may still have been stored: its request went out and no answer
@@ -272,12 +282,15 @@ impl GroupClient {
             if let Some(mut entry) = list.find_partition(&topic, partition) {
                 entry.set_metadata(metadata);
             }
-            fence.may_send()?;
+            let sent = fence.may_send()?;
             let outcome = consumer.commit(&list, CommitMode::Sync);
-            fence.answered(match &outcome {
-                Ok(()) => true,
-                Err(e) => may_have_landed(e),
-            });
+            fence.answered(
+                sent,
+                match &outcome {
+                    Ok(()) => true,
+                    Err(e) => may_have_landed(e),
+                },
+            );
             outcome.map_err(|e| kafka_error(OPERATION, e))
         });
         match tokio::time::timeout(self.request_timeout, request).await {

@@ -36,6 +36,6 @@ pub mod settings;
 
 pub use dead_letters::{DeadLetter, DeadLetters};
 pub use feed::{BatchLimits, PartitionFeed};
-pub use group::{CommitFence, CommitGate, CommitPermit, CommitsSettled, GroupClient};
+pub use group::{CommitFence, CommitGate, CommitPermit, CommitsSettled, GroupClient, Sent};
 pub use metadata::Kafka;
 pub use settings::{ClientLog, KafkaSettings, DEFAULT_MAX_GROUPS, DEFAULT_QUEUE_KBYTES};

@@ -37,7 +37,7 @@ use crate::coordination::{
     CoordinationError, FencingToken, LockBackend, LockGrant, LockKey, SessionState,
 };
 use crate::error::{EndReason, LeaseError};
-use crate::kafka::{CommitGate, CommitsSettled, GroupClient, PartitionFeed};
+use crate::kafka::{CommitFence, CommitGate, CommitsSettled, GroupClient, PartitionFeed, Sent};
 
 /// A lease's seek epoch: 0 at the grant, one more at every Seek and every Read from an
 /// offset. A batch carries the epoch it was filled in, and one of an epoch the lease has left
@@ -323,7 +323,6 @@ impl Lease {
             span: self.span.clone(),
             key: self.key.clone(),
             offset,
-            sent_in_time: std::sync::atomic::AtomicBool::new(false),
         });
         let metadata = match metadata {
             Some(user) if !user.is_empty() => format!("kafka-lease token={};{user}", self.token),
@@ -393,11 +392,7 @@ impl Lease {
         if let Some(reason) = &self.state().ended {
             return Fence::Closed(self.ended_error(reason));
         }
-        let same_session = matches!(
-            &*self.locks.session_state().borrow(),
-            SessionState::Live { id } if *id == self.session
-        );
-        if !same_session {
+        if !session_is_live(&*self.locks, &self.session) {
             return Fence::Closed(self.ended_error(&EndReason::Lost(
                 "the gateway cannot confirm its Consul lock (self-fenced)".into(),
             )));
@@ -600,21 +595,13 @@ struct SessionFence {
     span: tracing::Span,
     key: LockKey,
     offset: i64,
-    /// Whether the fence was open when the request went to librdkafka (whatever a planted
-    /// defect let through): only then is a late answer the gate's limit rather than a
-    /// broken fence.
-    sent_in_time: std::sync::atomic::AtomicBool,
 }
 
 impl SessionFence {
     /// The latest deadline the lease's session had: its `valid_until` now if it is still the
     /// live session (renews only move it on), the one at the check otherwise.
     fn deadline(&self) -> Option<Instant> {
-        let same_session = matches!(
-            &*self.locks.session_state().borrow(),
-            SessionState::Live { id } if *id == self.session
-        );
-        let now = if same_session {
+        let now = if session_is_live(&*self.locks, &self.session) {
             self.locks.valid_until()
         } else {
             None
@@ -623,13 +610,22 @@ impl SessionFence {
     }
 }
 
-impl crate::kafka::CommitFence for SessionFence {
-    fn may_send(&self) -> Result<(), LeaseError> {
-        let open = self.deadline().is_some_and(|until| Instant::now() < until);
-        self.sent_in_time
-            .store(open, std::sync::atomic::Ordering::Relaxed);
-        if open || crate::defects::planted(crate::defects::Defect::NoSelfFence) {
-            return Ok(());
+/// Whether `session` is the gateway's live Consul session (so its `valid_until` is the
+/// lease's fence deadline).
+fn session_is_live(locks: &dyn LockBackend, session: &str) -> bool {
+    matches!(
+        &*locks.session_state().borrow(),
+        SessionState::Live { id } if id == session
+    )
+}
+
+impl CommitFence for SessionFence {
+    fn may_send(&self) -> Result<Sent, LeaseError> {
+        if self.deadline().is_some_and(|until| Instant::now() < until) {
+            return Ok(Sent::InTime);
+        }
+        if crate::defects::planted(crate::defects::Defect::NoSelfFence) {
+            return Ok(Sent::PastItsFence);
         }
         Err(LeaseError::Coordination(CoordinationError::Unavailable {
             operation: "confirming the lease's lock",
@@ -645,8 +641,8 @@ impl crate::kafka::CommitFence for SessionFence {
     /// the send of its last confirmed renew). An answer before that landed before any
     /// successor's grant; one after may have landed after the successor's first commit: the
     /// limit of the commit gate (docs/ARCHITECTURE.md), counted and logged here.
-    fn answered(&self, may_have_landed: bool) {
-        if !may_have_landed || !self.sent_in_time.load(std::sync::atomic::Ordering::Relaxed) {
+    fn answered(&self, sent: Sent, may_have_landed: bool) {
+        if !may_have_landed || sent != Sent::InTime {
             return;
         }
         let now = Instant::now();
@@ -674,5 +670,51 @@ impl crate::kafka::CommitFence for SessionFence {
              after a successor's commits (the gateway was paused, or the request was held in \
              the network)"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordination::memory::MemoryLockStore;
+
+    fn fence_of(locks: Arc<dyn LockBackend>, deadline: Option<Instant>) -> SessionFence {
+        let session = match &*locks.session_state().borrow() {
+            SessionState::Live { id } => id.clone(),
+            SessionState::Lost { .. } => panic!("a new backend's session is live"),
+        };
+        SessionFence {
+            locks,
+            session,
+            deadline,
+            span: tracing::Span::none(),
+            key: LockKey::new("g", "t", 0),
+            offset: 7,
+        }
+    }
+
+    /// The request goes out while the lease's session is the live one and within its
+    /// deadline; once the session is replaced (lost, then a new one) and the deadline taken
+    /// at the check has passed, nothing is sent and the refusal says why.
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_whose_session_went_between_check_and_send_is_not_sent() {
+        let store = MemoryLockStore::new();
+        let locks = Arc::new(store.backend("a"));
+        let checked = Some(Instant::now() + Duration::from_secs(1));
+        let fence = fence_of(locks.clone(), checked);
+        assert_eq!(fence.may_send().ok(), Some(Sent::InTime));
+
+        locks.invalidate_session();
+        // The deadline taken at the check still holds for a moment.
+        assert_eq!(fence.may_send().ok(), Some(Sent::InTime));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let refused = fence
+            .may_send()
+            .expect_err("past the session's last deadline");
+        assert!(
+            refused.to_string().contains("nothing was sent"),
+            "the refusal says the commit was not sent: {refused}"
+        );
+        locks.shutdown().await;
     }
 }
