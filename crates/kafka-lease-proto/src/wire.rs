@@ -113,6 +113,22 @@ impl<T> prost::Message for Encoded<T> {
         }
     }
 
+    /// Keeps the message's bytes as they came, as one part (no copy when `buf` is a
+    /// `Bytes` or a `BytesMut`, as tonic's decoder hands it): a forwarded Read relays its
+    /// responses without taking them apart record by record. The fields are walked first,
+    /// so a message that is not well formed is refused as prost would refuse it.
+    fn merge(&mut self, mut buf: impl Buf) -> Result<(), DecodeError>
+    where
+        Self: Sized,
+    {
+        let bytes = buf.copy_to_bytes(buf.remaining());
+        check_fields(&bytes)?;
+        if !bytes.is_empty() {
+            self.parts.push(bytes);
+        }
+        Ok(())
+    }
+
     /// Keeps the field as it came, so decoding and encoding again gives the same bytes.
     fn merge_field(
         &mut self,
@@ -161,6 +177,20 @@ impl<T> prost::Message for Encoded<T> {
     fn clear(&mut self) {
         self.parts.clear();
     }
+}
+
+/// Walks the fields of a message's encoding without decoding them: each key, and each value's
+/// extent, must be well formed, as prost's decoder requires.
+fn check_fields(mut bytes: &[u8]) -> Result<(), DecodeError> {
+    while bytes.has_remaining() {
+        let (tag, wire_type) = encoding::decode_key(&mut bytes)?;
+        // Groups: proto3 has none, and the messages held this way have none.
+        if matches!(wire_type, WireType::StartGroup | WireType::EndGroup) {
+            encoding::check_wire_type(WireType::LengthDelimited, wire_type)?;
+        }
+        encoding::skip_field(wire_type, tag, &mut bytes, DecodeContext::default())?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -234,6 +264,31 @@ mod tests {
         assert!(EncodedReadResponse::decode(&bytes[..bytes.len() - 1]).is_err());
         let group = [0x0b_u8, 0x0c];
         assert!(EncodedReadResponse::decode(group.as_slice()).is_err());
+    }
+
+    /// Decoding from a `Bytes`, as tonic's decoder does, keeps the message as one slice of
+    /// the buffer: no copy, no part per field.
+    #[test]
+    fn decoding_a_buffer_keeps_it_whole() {
+        let bytes = Bytes::from(sample().encode_to_vec());
+        let decoded = EncodedReadResponse::decode(bytes.clone()).unwrap();
+        assert_eq!(decoded.parts.len(), 1);
+        assert_eq!(decoded.parts[0].as_ptr(), bytes.as_ptr());
+        assert_eq!(decoded.to_message().unwrap(), sample());
+        // Whatever prefix of it arrives, it is refused exactly when prost refuses it (a cut
+        // on a field's boundary is a shorter well-formed message to both).
+        for n in 0..bytes.len() {
+            let cut = bytes.slice(..n);
+            assert_eq!(
+                EncodedReadResponse::decode(cut.clone()).is_ok(),
+                v1::ReadResponse::decode(cut).is_ok(),
+                "a cut at {n} of {}",
+                bytes.len()
+            );
+        }
+        assert!(EncodedReadResponse::decode(Bytes::new())
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

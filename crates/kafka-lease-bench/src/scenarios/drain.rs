@@ -1353,6 +1353,11 @@ pub(crate) async fn forwarded(env: &Env, name: &str) -> Result<Vec<ScenarioResul
         "serving_first_record_secs".into(),
         r3(med(&|(g, _, _)| g.first_record_secs)).into(),
     );
+    let hop_cpu = med(&|(_, f, _)| f.cpu_us_per_record().unwrap_or(f64::NAN));
+    details.insert(
+        "forwarding_instance_cpu_us_per_record".into(),
+        r3(hop_cpu).into(),
+    );
     details.insert(
         "arms".into(),
         "per round, in this order: acquire and read through the serving instance; acquire on the serving instance and read through the other (the Read proxied); a direct rdkafka consumer".into(),
@@ -1368,6 +1373,8 @@ pub(crate) async fn forwarded(env: &Env, name: &str) -> Result<Vec<ScenarioResul
                         "serving_records_per_s": r3(g.rate()),
                         "forwarded_records_per_s": r3(f.rate()),
                         "direct_records_per_s": r3(d.rate()),
+                        "forwarding_instance_cpu_us_per_record":
+                            f.cpu_us_per_record().map(r3),
                     })
                 })
                 .collect(),
@@ -1387,7 +1394,7 @@ pub(crate) async fn forwarded(env: &Env, name: &str) -> Result<Vec<ScenarioResul
         goal: format!(">= {goal}"),
         met: ratio_gateway.is_some_and(|r| r >= goal),
         summary: format!(
-            "{fwd:.0} records/s forwarded, {via_serving:.0} through the serving instance, {direct:.0} direct ({} of direct)",
+            "{fwd:.0} records/s forwarded, {via_serving:.0} through the serving instance, {direct:.0} direct ({} of direct); the forwarding instance's CPU {hop_cpu:.2} us per record",
             ratio_direct.map_or("-".into(), |r| format!("{r:.2}"))
         ),
         details,
@@ -1450,16 +1457,21 @@ async fn forwarded_rounds(
         let g = gateway_drain(env, &a, None, topic, &layout, per_partition, done).await?;
         drop(ticker);
         let (done, ticker) = arm("forwarded");
-        let f = gateway_drain(env, &a, Some(&b), topic, &layout, per_partition, done).await?;
+        // The forwarding instance's CPU over the forwarded drain: what the hop costs.
+        let cpu0 = proc_cpu_seconds(other.pid())?;
+        let mut f = gateway_drain(env, &a, Some(&b), topic, &layout, per_partition, done).await?;
+        f.cpu_secs = Some(proc_cpu_seconds(other.pid())? - cpu0);
         drop(ticker);
         let (done, ticker) = arm("direct");
         let d = direct_drain(env, topic, &[0], per_partition, done).await?;
         drop(ticker);
         env.progress.say(format!(
-            "  {label}: serving {:.0}, forwarded {:.0}, direct {:.0} records/s",
+            "  {label}: serving {:.0}, forwarded {:.0}, direct {:.0} records/s; forwarding \
+             instance CPU {:.2} us per record",
             g.rate(),
             f.rate(),
-            d.rate()
+            d.rate(),
+            f.cpu_us_per_record().unwrap_or(f64::NAN)
         ));
         out.push((g, f, d));
     }
