@@ -200,6 +200,75 @@ async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
     lease.release().await.expect("release");
 }
 
+/// A Read that allows 4 MiB per response gets responses of at most `FILL_BYTES` of records
+/// (a batch that stays in the core's cache on its way to the socket), every record in order,
+/// and a record larger than that, within `max_bytes`, alone.
+#[tokio::test]
+async fn responses_stay_within_the_gateways_fill_size_whatever_max_bytes_allows() {
+    use kafka_lease_server::lease::FILL_BYTES;
+    let services = kafka_lease_testkit::require_services!();
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let producer = producer(&services);
+    // 1.5 MiB of 1 KiB records, one of 512 KiB among them (above the fill size, within the
+    // broker's 1 MB message limit).
+    let mut records: Vec<TestRecord> = (0..1_500)
+        .map(|_| TestRecord::value(vec![7_u8; 1024]))
+        .collect();
+    records[700] = TestRecord::value(vec![9_u8; 512 * 1024]);
+    produce(&producer, &topic, 0, &records).await;
+
+    let client = gateway.client().await;
+    let lease = client
+        .acquire(AcquireOptions::new(unique_name("g"), &topic))
+        .await
+        .expect("acquire");
+    let mut raw = client.raw();
+    let mut stream = raw
+        .read(proto::ReadRequest {
+            lease_id: lease.lease_id().to_string(),
+            max_records: 10_000,
+            max_bytes: 4 * 1024 * 1024,
+            max_wait: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+            from_offset: None,
+            if_seek_epoch: None,
+        })
+        .await
+        .expect("read")
+        .into_inner();
+    let (mut seen, mut responses, mut largest) = (0, 0, 0);
+    while seen < 1_500 {
+        let response = tokio::time::timeout(DEADLINE, stream.next())
+            .await
+            .expect("deadline")
+            .expect("open")
+            .expect("ok");
+        responses += 1;
+        let encoded = prost::Message::encoded_len(&response);
+        if response.records.iter().any(|r| r.offset == 700) {
+            assert_eq!(response.records.len(), 1, "the 512 KiB record comes alone");
+        } else {
+            largest = largest.max(encoded);
+            assert!(
+                encoded <= FILL_BYTES,
+                "a response of {encoded} bytes, above the gateway's fill size of {FILL_BYTES}"
+            );
+        }
+        for r in &response.records {
+            assert_eq!(r.offset, seen, "in order, no gaps");
+            seen += 1;
+        }
+    }
+    println!(
+        "1,500 records in {responses} responses, the largest of 1 KiB records {largest} bytes"
+    );
+    drop(stream);
+    lease.release().await.expect("release");
+}
+
 #[tokio::test]
 async fn seeks_while_reading_start_each_epoch_at_the_resolved_offset() {
     let services = kafka_lease_testkit::require_services!();

@@ -92,7 +92,8 @@ func batchFromProto(records []*kafkaleasev1.KafkaRecord, hwm int64, epoch uint64
 type ReadOptions struct {
 	// Most records per response (gateway default 500; at most 10000).
 	MaxRecords uint32
-	// Most bytes per response (gateway default 1 MiB; at most 4 MiB).
+	// Most bytes per response (gateway default 1 MiB; at most 4 MiB). A bound: the
+	// gateway sends at most 256 KiB of records per response whatever this allows.
 	MaxBytes uint32
 	// How long the gateway may wait to fill a batch (gateway default 100 ms; 0 ..= 10 s).
 	MaxWait *time.Duration

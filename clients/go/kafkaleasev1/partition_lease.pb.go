@@ -584,7 +584,9 @@ type ReadRequest struct {
 	// Most bytes per response, as encoded on the wire (records with their keys, values,
 	// headers and framing), so that a client's default 4 MiB message limit never trips.
 	// Default 1 MiB (when 0); at most 4 MiB. A single record larger than this is sent alone in
-	// its own response.
+	// its own response. A bound, not a size to reach: the gateway puts at most 256 KiB of
+	// records in one response whatever this allows (a batch that size stays in the CPU's cache
+	// on its way to the socket), and a single record larger than that, within this bound, alone.
 	MaxBytes uint32 `protobuf:"varint,3,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// How long the gateway may wait to fill a batch once it has at least one record.
 	// Default 100 ms; allowed 0 ..= 10 s.
@@ -1323,7 +1325,8 @@ type SubscribeRequest struct {
 	MemberId string `protobuf:"bytes,4,opt,name=member_id,json=memberId,proto3" json:"member_id,omitempty"`
 	// Read limits of the records events, as in ReadRequest (per batch of one lease).
 	MaxRecords uint32 `protobuf:"varint,5,opt,name=max_records,json=maxRecords,proto3" json:"max_records,omitempty"`
-	// As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB), per records event.
+	// As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB; at most 256 KiB of records are
+	// sent in one event whatever this allows), per records event.
 	MaxBytes uint32 `protobuf:"varint,6,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// As ReadRequest.max_wait (default 100 ms; at most 10 s), per records event.
 	MaxWait *durationpb.Duration `protobuf:"bytes,7,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`

@@ -306,7 +306,8 @@ impl ReadOptions {
     }
 
     /// Most bytes of keys, values and headers per batch (gateway default 1 MiB; at most
-    /// 4 MiB). A single larger record comes alone in its own batch.
+    /// 4 MiB). A single larger record comes alone in its own batch. A bound: the gateway
+    /// sends at most 256 KiB of records per batch whatever this allows.
     pub fn max_bytes(mut self, max_bytes: u32) -> Self {
         self.max_bytes = max_bytes;
         self

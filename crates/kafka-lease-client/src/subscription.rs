@@ -62,7 +62,8 @@ impl SubscribeOptions {
         self
     }
 
-    /// Most bytes per batch of one lease (gateway default 1 MiB).
+    /// Most bytes per batch of one lease (gateway default 1 MiB; at most 4 MiB). A bound:
+    /// the gateway sends at most 256 KiB of records per batch whatever this allows.
     pub fn max_bytes(mut self, max_bytes: u32) -> Self {
         self.request.max_bytes = max_bytes;
         self

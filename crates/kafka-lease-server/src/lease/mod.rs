@@ -25,7 +25,7 @@ pub use deliver::{
 };
 pub use id::{lease_ref, new_lease_id, serving_instance, LeaseId};
 use read::Stop;
-pub use read::{ReadBatch, ReadFrom, ReadLimits, ReadStream};
+pub use read::{ReadBatch, ReadFrom, ReadLimits, ReadStream, FILL_BYTES};
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};

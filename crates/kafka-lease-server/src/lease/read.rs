@@ -20,6 +20,14 @@ use crate::records::EncodedRecords;
 
 use super::{Fence, Lease, SeekEpoch};
 
+/// The most bytes of records the gateway puts in one response, whatever larger `max_bytes`
+/// a Read or a Subscribe allows (`max_bytes` is a bound, not a size to reach; a single larger
+/// record, up to `max_bytes`, still comes alone). A batch this size is encoded, copied into
+/// tonic's frame and written to the socket while it is still in the core's cache: with 16
+/// and 64 partitions read at once, batches of 4 MiB cost a quarter more CPU per record, and
+/// one partition gains nothing from them (docs/BENCHMARKS.md, "Batches that fit the cache").
+pub const FILL_BYTES: usize = 256 * 1024;
+
 /// Limits of one Read, validated.
 #[derive(Clone, Copy, Debug)]
 pub struct ReadLimits {
@@ -128,7 +136,7 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
     let batch_limits = BatchLimits {
         max_records: limits.max_records,
         // Room for the response's own fields (high watermark, epoch) beside the records.
-        max_bytes: limits.max_bytes.saturating_sub(32),
+        max_bytes: limits.max_bytes.min(FILL_BYTES).saturating_sub(32),
     };
     let mut records = feed.new_batch(batch_limits);
     // Armed once the batch has a record: one clock read per batch, not per record.

@@ -391,7 +391,9 @@ export interface ReadRequest {
    * Most bytes per response, as encoded on the wire (records with their keys, values,
    * headers and framing), so that a client's default 4 MiB message limit never trips.
    * Default 1 MiB (when 0); at most 4 MiB. A single record larger than this is sent alone in
-   * its own response.
+   * its own response. A bound, not a size to reach: the gateway puts at most 256 KiB of
+   * records in one response whatever this allows (a batch that size stays in the CPU's cache
+   * on its way to the socket), and a single record larger than that, within this bound, alone.
    */
   maxBytes: number;
   /**
@@ -542,7 +544,10 @@ export interface SubscribeRequest {
   memberId: string;
   /** Read limits of the records events, as in ReadRequest (per batch of one lease). */
   maxRecords: number;
-  /** As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB), per records event. */
+  /**
+   * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB; at most 256 KiB of records are
+   * sent in one event whatever this allows), per records event.
+   */
   maxBytes: number;
   /** As ReadRequest.max_wait (default 100 ms; at most 10 s), per records event. */
   maxWait?:

@@ -123,7 +123,9 @@ private static final long serialVersionUID = 0L;
    * Most bytes per response, as encoded on the wire (records with their keys, values,
    * headers and framing), so that a client's default 4 MiB message limit never trips.
    * Default 1 MiB (when 0); at most 4 MiB. A single record larger than this is sent alone in
-   * its own response.
+   * its own response. A bound, not a size to reach: the gateway puts at most 256 KiB of
+   * records in one response whatever this allows (a batch that size stays in the CPU's cache
+   * on its way to the socket), and a single record larger than that, within this bound, alone.
    * </pre>
    *
    * <code>uint32 max_bytes = 3;</code>
@@ -832,7 +834,9 @@ private static final long serialVersionUID = 0L;
      * Most bytes per response, as encoded on the wire (records with their keys, values,
      * headers and framing), so that a client's default 4 MiB message limit never trips.
      * Default 1 MiB (when 0); at most 4 MiB. A single record larger than this is sent alone in
-     * its own response.
+     * its own response. A bound, not a size to reach: the gateway puts at most 256 KiB of
+     * records in one response whatever this allows (a batch that size stays in the CPU's cache
+     * on its way to the socket), and a single record larger than that, within this bound, alone.
      * </pre>
      *
      * <code>uint32 max_bytes = 3;</code>
@@ -847,7 +851,9 @@ private static final long serialVersionUID = 0L;
      * Most bytes per response, as encoded on the wire (records with their keys, values,
      * headers and framing), so that a client's default 4 MiB message limit never trips.
      * Default 1 MiB (when 0); at most 4 MiB. A single record larger than this is sent alone in
-     * its own response.
+     * its own response. A bound, not a size to reach: the gateway puts at most 256 KiB of
+     * records in one response whatever this allows (a batch that size stays in the CPU's cache
+     * on its way to the socket), and a single record larger than that, within this bound, alone.
      * </pre>
      *
      * <code>uint32 max_bytes = 3;</code>
@@ -866,7 +872,9 @@ private static final long serialVersionUID = 0L;
      * Most bytes per response, as encoded on the wire (records with their keys, values,
      * headers and framing), so that a client's default 4 MiB message limit never trips.
      * Default 1 MiB (when 0); at most 4 MiB. A single record larger than this is sent alone in
-     * its own response.
+     * its own response. A bound, not a size to reach: the gateway puts at most 256 KiB of
+     * records in one response whatever this allows (a batch that size stays in the CPU's cache
+     * on its way to the socket), and a single record larger than that, within this bound, alone.
      * </pre>
      *
      * <code>uint32 max_bytes = 3;</code>

@@ -274,7 +274,8 @@ private static final long serialVersionUID = 0L;
   private int maxBytes_ = 0;
   /**
    * <pre>
-   * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB), per records event.
+   * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB; at most 256 KiB of records are
+   * sent in one event whatever this allows), per records event.
    * </pre>
    *
    * <code>uint32 max_bytes = 6;</code>
@@ -1627,7 +1628,8 @@ private static final long serialVersionUID = 0L;
     private int maxBytes_ ;
     /**
      * <pre>
-     * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB), per records event.
+     * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB; at most 256 KiB of records are
+     * sent in one event whatever this allows), per records event.
      * </pre>
      *
      * <code>uint32 max_bytes = 6;</code>
@@ -1639,7 +1641,8 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB), per records event.
+     * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB; at most 256 KiB of records are
+     * sent in one event whatever this allows), per records event.
      * </pre>
      *
      * <code>uint32 max_bytes = 6;</code>
@@ -1655,7 +1658,8 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB), per records event.
+     * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB; at most 256 KiB of records are
+     * sent in one event whatever this allows), per records event.
      * </pre>
      *
      * <code>uint32 max_bytes = 6;</code>

@@ -125,7 +125,8 @@ public interface SubscribeRequestOrBuilder extends
 
   /**
    * <pre>
-   * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB), per records event.
+   * As ReadRequest.max_bytes (default 1 MiB; at most 4 MiB; at most 256 KiB of records are
+   * sent in one event whatever this allows), per records event.
    * </pre>
    *
    * <code>uint32 max_bytes = 6;</code>
