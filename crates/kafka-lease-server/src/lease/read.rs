@@ -22,10 +22,11 @@ use super::{Fence, Lease, SeekEpoch};
 
 /// The most bytes of records the gateway puts in one response, whatever larger `max_bytes`
 /// a Read or a Subscribe allows (`max_bytes` is a bound, not a size to reach; a single larger
-/// record, up to `max_bytes`, still comes alone). A batch this size is encoded, copied into
-/// tonic's frame and written to the socket while it is still in the core's cache: with 16
-/// and 64 partitions read at once, batches of 4 MiB cost a quarter more CPU per record, and
-/// one partition gains nothing from them (docs/BENCHMARKS.md, "Batches that fit the cache").
+/// record, up to `max_bytes`, still comes alone). A batch this size, and tonic's copy of it,
+/// are written into memory the allocator hands back rather than fresh pages, and stay in the
+/// core's cache on their way to the socket: with 16 and 64 partitions read at once, batches
+/// of 4 MiB cost a quarter more CPU per record (page faults 16 % of it), and one partition
+/// gains nothing from them (docs/BENCHMARKS.md, "Batches that fit the cache").
 pub const FILL_BYTES: usize = 256 * 1024;
 
 /// Limits of one Read, validated.
