@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use kafka_lease_client::proto;
 use kafka_lease_client::{AcquireOptions, Error, ReadOptions, Reason, SeekTo};
-use kafka_lease_testkit::{unique_name, wait_for};
+use kafka_lease_testkit::{unique_name, wait_for, Services};
 use support::{
     create_topic, kafka_committed, produce, produce_n, producer, unique_prefix, GatewayProcess,
     TestRecord,
@@ -141,81 +141,26 @@ async fn a_caught_up_partition_sends_its_records_without_waiting_out_max_wait() 
     lease.release().await.expect("release");
 }
 
-#[tokio::test]
-async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
-    let services = kafka_lease_testkit::require_services!();
-    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
-    let topic = create_topic(&services, 1).await;
-    let producer = producer(&services);
-    let mut records: Vec<TestRecord> = (0..30)
-        .map(|_| TestRecord::value(vec![7_u8; 1000]))
+/// Produces `count` records of `size` bytes with one of `oversized` bytes at offset
+/// `oversized_at`, reads them all through one raw Read with `max_bytes` (and `max_records`
+/// 10,000, `max_wait` 1 s), and checks every response: the oversized record alone, every
+/// other response within `bound` bytes, all records in order with no gap. Returns the number
+/// of responses and the largest of those within the bound.
+async fn read_checking_sizes(
+    services: &Services,
+    count: usize,
+    size: usize,
+    (oversized_at, oversized): (usize, usize),
+    max_bytes: u32,
+    bound: usize,
+) -> (usize, usize) {
+    let gateway = GatewayProcess::start(services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(services, 1).await;
+    let producer = producer(services);
+    let mut records: Vec<TestRecord> = (0..count)
+        .map(|_| TestRecord::value(vec![7_u8; size]))
         .collect();
-    records[10] = TestRecord::value(vec![9_u8; 10_000]);
-    produce(&producer, &topic, 0, &records).await;
-
-    let client = gateway.client().await;
-    let lease = client
-        .acquire(AcquireOptions::new(unique_name("g"), &topic))
-        .await
-        .expect("acquire");
-    let mut raw = client.raw();
-    let mut stream = raw
-        .read(proto::ReadRequest {
-            lease_id: lease.lease_id().to_string(),
-            max_records: 100,
-            max_bytes: 3_500,
-            max_wait: None,
-            from_offset: None,
-            if_seek_epoch: None,
-        })
-        .await
-        .expect("read")
-        .into_inner();
-    let mut seen = 0;
-    while seen < 30 {
-        let response = tokio::time::timeout(DEADLINE, stream.next())
-            .await
-            .expect("deadline")
-            .expect("open")
-            .expect("ok");
-        let encoded = prost::Message::encoded_len(&response);
-        if response.records.iter().any(|r| r.offset == 10) {
-            assert_eq!(
-                response.records.len(),
-                1,
-                "the oversized record comes alone"
-            );
-        } else {
-            assert!(
-                encoded <= 3_500,
-                "response of {encoded} bytes exceeds max_bytes"
-            );
-        }
-        for r in &response.records {
-            assert_eq!(r.offset, seen, "in order, no gaps");
-            seen += 1;
-        }
-    }
-    drop(stream);
-    lease.release().await.expect("release");
-}
-
-/// A Read that allows 4 MiB per response gets responses of at most `FILL_BYTES` of records
-/// (a batch that stays in the core's cache on its way to the socket), every record in order,
-/// and a record larger than that, within `max_bytes`, alone.
-#[tokio::test]
-async fn responses_stay_within_the_gateways_fill_size_whatever_max_bytes_allows() {
-    use kafka_lease_server::lease::FILL_BYTES;
-    let services = kafka_lease_testkit::require_services!();
-    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
-    let topic = create_topic(&services, 1).await;
-    let producer = producer(&services);
-    // 1.5 MiB of 1 KiB records, one of 512 KiB among them (above the fill size, within the
-    // broker's 1 MB message limit).
-    let mut records: Vec<TestRecord> = (0..1_500)
-        .map(|_| TestRecord::value(vec![7_u8; 1024]))
-        .collect();
-    records[700] = TestRecord::value(vec![9_u8; 512 * 1024]);
+    records[oversized_at] = TestRecord::value(vec![9_u8; oversized]);
     produce(&producer, &topic, 0, &records).await;
 
     let client = gateway.client().await;
@@ -228,7 +173,7 @@ async fn responses_stay_within_the_gateways_fill_size_whatever_max_bytes_allows(
         .read(proto::ReadRequest {
             lease_id: lease.lease_id().to_string(),
             max_records: 10_000,
-            max_bytes: 4 * 1024 * 1024,
+            max_bytes,
             max_wait: Some(prost_types::Duration {
                 seconds: 1,
                 nanos: 0,
@@ -240,7 +185,7 @@ async fn responses_stay_within_the_gateways_fill_size_whatever_max_bytes_allows(
         .expect("read")
         .into_inner();
     let (mut seen, mut responses, mut largest) = (0, 0, 0);
-    while seen < 1_500 {
+    while seen < count as i64 {
         let response = tokio::time::timeout(DEADLINE, stream.next())
             .await
             .expect("deadline")
@@ -248,13 +193,21 @@ async fn responses_stay_within_the_gateways_fill_size_whatever_max_bytes_allows(
             .expect("ok");
         responses += 1;
         let encoded = prost::Message::encoded_len(&response);
-        if response.records.iter().any(|r| r.offset == 700) {
-            assert_eq!(response.records.len(), 1, "the 512 KiB record comes alone");
+        if response
+            .records
+            .iter()
+            .any(|r| r.offset == oversized_at as i64)
+        {
+            assert_eq!(
+                response.records.len(),
+                1,
+                "the oversized record comes alone"
+            );
         } else {
             largest = largest.max(encoded);
             assert!(
-                encoded <= FILL_BYTES,
-                "a response of {encoded} bytes, above the gateway's fill size of {FILL_BYTES}"
+                encoded <= bound,
+                "a response of {encoded} bytes, above its bound of {bound}"
             );
         }
         for r in &response.records {
@@ -262,11 +215,38 @@ async fn responses_stay_within_the_gateways_fill_size_whatever_max_bytes_allows(
             seen += 1;
         }
     }
+    drop(stream);
+    lease.release().await.expect("release");
+    (responses, largest)
+}
+
+#[tokio::test]
+async fn batches_respect_max_bytes_and_oversized_records_come_alone() {
+    let services = kafka_lease_testkit::require_services!();
+    read_checking_sizes(&services, 30, 1000, (10, 10_000), 3_500, 3_500).await;
+}
+
+/// A Read that allows 4 MiB per response gets responses of at most `FILL_BYTES` of records
+/// (a batch that stays in memory the allocator reuses, and in the core's cache, on its way to
+/// the socket), every record in order, and a record larger than that, within `max_bytes`,
+/// alone: 1.5 MiB of 1 KiB records, one of 512 KiB among them (within the broker's 1 MB
+/// message limit).
+#[tokio::test]
+async fn responses_stay_within_the_gateways_fill_size_whatever_max_bytes_allows() {
+    use kafka_lease_server::lease::FILL_BYTES;
+    let services = kafka_lease_testkit::require_services!();
+    let (responses, largest) = read_checking_sizes(
+        &services,
+        1_500,
+        1024,
+        (700, 512 * 1024),
+        4 * 1024 * 1024,
+        FILL_BYTES,
+    )
+    .await;
     println!(
         "1,500 records in {responses} responses, the largest of 1 KiB records {largest} bytes"
     );
-    drop(stream);
-    lease.release().await.expect("release");
 }
 
 #[tokio::test]
