@@ -326,6 +326,43 @@ async fn churn_never_overlaps_never_goes_back_and_delivers_everything() {
     let mut delivered_total = 0;
     let mut duplicates = 0;
     let mut late = Vec::new();
+    if !drained {
+        // What the next look needs: per partition, what is missing, and its last leases.
+        for (p, n) in &produced {
+            let seen: BTreeSet<i64> = by_partition
+                .get(p)
+                .into_iter()
+                .flatten()
+                .flat_map(|e| e.delivered.iter().copied())
+                .collect();
+            let missing: Vec<i64> = (0..*n as i64).filter(|o| !seen.contains(o)).collect();
+            println!(
+                "partition {p}: {} of {n} delivered; missing {} (first {:?})",
+                seen.len(),
+                missing.len(),
+                &missing[..missing.len().min(10)]
+            );
+            let entries: &[&Entry] = by_partition.get(p).map_or(&[], Vec::as_slice);
+            for e in &entries[entries.len().saturating_sub(6)..] {
+                println!(
+                    "  worker {} token {} on {} at +{:?}: from {}, delivered {} ({:?}..{:?}), \
+                     commits {:?}, ended {:?}",
+                    e.worker,
+                    e.token,
+                    e.gateway,
+                    e.acquired_at.duration_since(started),
+                    e.start_offset,
+                    e.delivered.len(),
+                    e.delivered.first(),
+                    e.delivered.last(),
+                    e.commits.iter().map(|c| c.1).collect::<Vec<_>>(),
+                    e.ended
+                );
+            }
+        }
+        println!("gateway A's log:\n{}", tail(&a.log(), 80));
+        println!("gateway B's log:\n{}", tail(&b.log(), 80));
+    }
     assert!(
         drained,
         "the drain did not deliver every produced record within 60 s ({produced:?} produced)"
@@ -514,4 +551,10 @@ fn committed_with_tokens(consumer: &BaseConsumer, topic: &str) -> Vec<(i32, (u64
             Some((entry.partition(), (token, offset)))
         })
         .collect()
+}
+
+/// The last `n` lines of `text`.
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }

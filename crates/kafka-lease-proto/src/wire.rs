@@ -115,8 +115,9 @@ impl<T> prost::Message for Encoded<T> {
 
     /// Keeps the message's bytes as they came, as one part (no copy when `buf` is a
     /// `Bytes` or a `BytesMut`, as tonic's decoder hands it): a forwarded Read relays its
-    /// responses without taking them apart record by record. The fields are walked first,
-    /// so a message that is not well formed is refused as prost would refuse it.
+    /// responses without taking them apart record by record. The message's own fields are
+    /// walked first, so a truncated or malformed message is refused; what a field holds (a
+    /// record) is passed on as it came, for the client to decode.
     fn merge(&mut self, mut buf: impl Buf) -> Result<(), DecodeError>
     where
         Self: Sized,
