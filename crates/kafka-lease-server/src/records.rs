@@ -152,17 +152,47 @@ fn put_int(buf: &mut BytesMut, field: u8, value: i64) {
 /// varints.
 const RESPONSE_FIELDS: usize = 2 + 2 * 10;
 
-/// Consecutive records of one partition, encoded as `ReadResponse.records`.
+/// The message a batch's records are written for: a record's field key differs between
+/// `ReadResponse.records` (1) and `SubscribedRecords.records` (6), and nothing else does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecordsFor {
+    #[default]
+    Read,
+    Subscribe,
+}
+
+impl RecordsFor {
+    /// A record's key byte in that message.
+    const fn key(self) -> u8 {
+        match self {
+            RecordsFor::Read => key(READ_RECORDS, LENGTH_DELIMITED),
+            RecordsFor::Subscribe => key(SUBSCRIBED_RECORDS, LENGTH_DELIMITED),
+        }
+    }
+}
+
+/// Consecutive records of one partition, each encoded as a `KafkaRecord` field of the
+/// message they are written for ([`RecordsFor`]).
 #[derive(Debug, Default)]
 pub struct EncodedRecords {
     buf: BytesMut,
     count: usize,
     last_offset: Option<i64>,
+    written_for: RecordsFor,
 }
 
 impl EncodedRecords {
+    /// An empty batch for a `ReadResponse`.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty batch for `message`.
+    pub fn written_for(message: RecordsFor) -> Self {
+        EncodedRecords {
+            written_for: message,
+            ..Self::default()
+        }
     }
 
     /// An empty batch written into `buf`, with room for `bytes` of records. `buf` may be the
@@ -170,13 +200,36 @@ impl EncodedRecords {
     /// been sent and dropped, `reserve` takes the whole allocation back instead of
     /// allocating, so a drain writes every batch into memory it has already touched (fresh
     /// pages cost the kernel a fault and a zeroed page each).
-    pub fn reusing(mut buf: BytesMut, bytes: usize) -> Self {
+    pub fn reusing(mut buf: BytesMut, bytes: usize, message: RecordsFor) -> Self {
         buf.clear();
         buf.reserve(bytes + 32);
         EncodedRecords {
             buf,
+            written_for: message,
             ..Self::default()
         }
+    }
+
+    /// Rewrites every record's key byte for `message`, if the batch was written for the
+    /// other one (a walk over the records; the Read and Subscribe paths write for their own
+    /// message and never need it).
+    fn rewrite_for(&mut self, message: RecordsFor) {
+        if self.written_for == message {
+            return;
+        }
+        let (from, to) = (self.written_for.key(), message.key());
+        let records = &mut self.buf;
+        let mut at = 0;
+        while at < records.len() {
+            debug_assert_eq!(records[at], from);
+            records[at] = to;
+            let mut rest = &records[at + 1..];
+            let before = rest.len();
+            let len = prost::encoding::decode_varint(&mut rest)
+                .expect("a record's length prefix, written by push") as usize;
+            at += 1 + (before - rest.len()) + len;
+        }
+        self.written_for = message;
     }
 
     /// Splits off the buffer's room beyond the records and the response's own fields,
@@ -210,7 +263,7 @@ impl EncodedRecords {
     pub fn push<H: Headers>(&mut self, prepared: &Prepared<'_, H>) {
         let buf = &mut self.buf;
         buf.reserve(prepared.wire_len());
-        buf.put_u8(key(READ_RECORDS, LENGTH_DELIMITED));
+        buf.put_u8(self.written_for.key());
         encode_varint(prepared.body_len as u64, buf);
         put_int(buf, 1, prepared.offset);
         if let Some(key) = prepared.key {
@@ -243,7 +296,12 @@ impl EncodedRecords {
     }
 
     /// The records as a `ReadResponse`.
-    pub fn into_read_response(self, high_watermark: i64, seek_epoch: u64) -> EncodedReadResponse {
+    pub fn into_read_response(
+        mut self,
+        high_watermark: i64,
+        seek_epoch: u64,
+    ) -> EncodedReadResponse {
+        self.rewrite_for(RecordsFor::Read);
         let mut buf = self.buf;
         buf.reserve(RESPONSE_FIELDS);
         put_int(&mut buf, READ_HIGH_WATERMARK, high_watermark);
@@ -253,26 +311,15 @@ impl EncodedRecords {
 
     /// The records as a `SubscribeResponse` with a `records` event.
     pub fn into_subscribed(
-        self,
+        mut self,
         lease_id: &str,
         topic: &str,
         partition: i32,
         seek_epoch: u64,
         high_watermark: i64,
     ) -> EncodedSubscribeResponse {
-        let mut records = self.buf;
-        // The same records under SubscribedRecords' field number: only each record's key byte
-        // differs.
-        let mut at = 0;
-        while at < records.len() {
-            debug_assert_eq!(records[at], key(READ_RECORDS, LENGTH_DELIMITED));
-            records[at] = key(SUBSCRIBED_RECORDS, LENGTH_DELIMITED);
-            let mut rest = &records[at + 1..];
-            let before = rest.len();
-            let len = prost::encoding::decode_varint(&mut rest)
-                .expect("a record's length prefix, written by push") as usize;
-            at += 1 + (before - rest.len()) + len;
-        }
+        self.rewrite_for(RecordsFor::Subscribe);
+        let records = self.buf;
         let mut fields = BytesMut::with_capacity(32 + lease_id.len() + topic.len());
         if !lease_id.is_empty() {
             put_delimited(&mut fields, SUBSCRIBED_LEASE_ID, lease_id.as_bytes());
@@ -293,7 +340,8 @@ impl EncodedRecords {
 
     /// The records one by one, each as its own `KafkaRecord` field (key byte, length and
     /// body), sharing the batch's buffer: what queue mode keeps per record.
-    pub fn into_records(self) -> Vec<OneRecord> {
+    pub fn into_records(mut self) -> Vec<OneRecord> {
+        self.rewrite_for(RecordsFor::Read);
         let all = self.buf.freeze();
         let mut records = Vec::with_capacity(self.count);
         let mut at = 0;
@@ -315,8 +363,15 @@ impl EncodedRecords {
 
     /// The records, decoded (for tests and tools; the Read path never decodes).
     pub fn decode(&self) -> Vec<v1::KafkaRecord> {
-        let response: v1::ReadResponse = prost::Message::decode(Bytes::copy_from_slice(&self.buf))
-            .expect("records encoded by push decode");
+        let mut copy = EncodedRecords {
+            buf: BytesMut::from(&self.buf[..]),
+            count: self.count,
+            last_offset: self.last_offset,
+            written_for: self.written_for,
+        };
+        copy.rewrite_for(RecordsFor::Read);
+        let response: v1::ReadResponse =
+            prost::Message::decode(copy.buf.freeze()).expect("records encoded by push decode");
         response.records
     }
 }
@@ -688,14 +743,23 @@ mod tests {
                     records: expected.records.clone(),
                 })),
             };
-            let mut again = EncodedRecords::new();
+            // Written for Subscribe, and for Read then rewritten, and the other way round.
+            let mut for_subscribe = EncodedRecords::written_for(RecordsFor::Subscribe);
+            let (mut read_twice, mut sub_twice) = (EncodedRecords::new(), EncodedRecords::written_for(RecordsFor::Subscribe));
             for message in &batch {
-                again.push(&Prepared::of(message));
+                for_subscribe.push(&Prepared::of(message));
+                read_twice.push(&Prepared::of(message));
+                sub_twice.push(&Prepared::of(message));
             }
+            prop_assert_eq!(for_subscribe.decode(), expected.records.clone());
             let read = records.into_read_response(high_watermark, seek_epoch);
             prop_assert_eq!(read.encode_to_vec(), expected.encode_to_vec());
-            let sub = again.into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
+            let sub = for_subscribe.into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
             prop_assert_eq!(sub.encode_to_vec(), subscribed.encode_to_vec());
+            let sub = read_twice.into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
+            prop_assert_eq!(sub.encode_to_vec(), subscribed.encode_to_vec());
+            let read = sub_twice.into_read_response(high_watermark, seek_epoch);
+            prop_assert_eq!(read.encode_to_vec(), expected.encode_to_vec());
         }
     }
 
@@ -717,7 +781,7 @@ mod tests {
                 records.push(&Prepared::of(m));
             }
         };
-        let mut first = EncodedRecords::reusing(BytesMut::new(), 30_000);
+        let mut first = EncodedRecords::reusing(BytesMut::new(), 30_000, RecordsFor::Read);
         fill(&mut first, 0);
         let allocation = first.buf.as_ptr();
         let spare = first.split_spare();
@@ -730,7 +794,7 @@ mod tests {
         assert_eq!(sent.encode_to_vec(), expected.encode_to_vec());
 
         // While the response is alive, the spare must not write over it.
-        let mut held = EncodedRecords::reusing(spare, 30_000);
+        let mut held = EncodedRecords::reusing(spare, 30_000, RecordsFor::Read);
         assert_ne!(held.buf.as_ptr(), allocation);
         assert_eq!(sent.encode_to_vec(), expected.encode_to_vec());
         let spare = held.split_spare();
@@ -739,13 +803,13 @@ mod tests {
         // Once it is dropped (and the batch that held the spare), the next batch writes into
         // the first allocation again, and encodes correctly.
         drop(sent);
-        let mut first = EncodedRecords::reusing(BytesMut::new(), 30_000);
+        let mut first = EncodedRecords::reusing(BytesMut::new(), 30_000, RecordsFor::Read);
         fill(&mut first, 0);
         let allocation = first.buf.as_ptr();
         let spare_of_first = first.split_spare();
         drop(first.into_read_response(50, 1));
         drop(spare);
-        let mut second = EncodedRecords::reusing(spare_of_first, 30_000);
+        let mut second = EncodedRecords::reusing(spare_of_first, 30_000, RecordsFor::Read);
         assert_eq!(
             second.buf.as_ptr(),
             allocation,

@@ -316,7 +316,7 @@ async fn consumer_drain(
 }
 
 /// How the relay arm writes.
-const RELAY_STYLE: &str =
+pub(crate) const RELAY_STYLE: &str =
     "the direct arm's consumer, writing each record (offset, timestamp, key and value with \
      4-byte length prefixes) into a 64 KiB buffer that goes to a loopback TCP socket when full; \
      another thread of the bench reads the socket into a 256 KiB buffer and discards it. CPU: \
@@ -407,11 +407,6 @@ pub(crate) async fn relay_rate(
     let all: Vec<i32> = (0..partitions).collect();
     let run = relay_drain(env, topic, &all, per_partition, Arc::default()).await?;
     Ok((run.rate(), run.cpu_us_per_record()))
-}
-
-/// How the relay arm moves the records, for a report's details.
-pub(crate) fn relay_style() -> &'static str {
-    RELAY_STYLE
 }
 
 /// The direct consumer's loop; `sink` sees every record (the relay arm writes it on).
@@ -1198,14 +1193,13 @@ async fn many_partitions(
     per_partition: usize,
 ) -> Result<Vec<ScenarioResult>> {
     let value_size = 1024;
-    let short = scenario.trim_start_matches("drain-").trim_end_matches('p');
-    let topic = env.name(&format!("drain{short}"));
+    let topic = env.name(&format!("drain{partitions}"));
     create_topic(env, &topic, partitions).await?;
     produce_fill(env, name, &topic, partitions, per_partition, value_size).await?;
     let gateway = Gateway::start(
         env,
         &env.prefix(name),
-        &env.name(&format!("gw-drain{short}")),
+        &env.name(&format!("gw-drain{partitions}")),
         None,
     )
     .await?;

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{r3, ratio, Row};
-use crate::env::{create_topic, produce_fill, Env, Gateway};
+use crate::env::{create_topic, proc_cpu_seconds, produce_fill, Env, Gateway};
 use crate::report::{Chart, ScenarioResult};
 use crate::stats::{median, min_max, percentile};
 
@@ -336,19 +336,27 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
     let client = gateway.client().await;
     let mut runs = Vec::new();
     let mut relays: Vec<(f64, Option<f64>)> = Vec::new();
+    let mut cpus: Vec<(f64, f64)> = Vec::new();
+    let (gateway_pid, own) = (gateway.pid(), std::process::id());
     let result = async {
         let client = client?;
+        let total = (per_partition * 16) as f64;
         for round in 1..=env.plan.rounds {
+            let (gateway0, client0) = (proc_cpu_seconds(gateway_pid)?, proc_cpu_seconds(own)?);
             let (rate, fairness) = subscribe_drain(env, &client, &topic, per_partition).await?;
+            let gateway_cpu = (proc_cpu_seconds(gateway_pid)? - gateway0) / total * 1e6;
+            let client_cpu = (proc_cpu_seconds(own)? - client0) / total * 1e6;
             let direct = super::drain::direct_rate(env, &topic, 16, per_partition).await?;
             let (relay, relay_cpu) =
                 super::drain::relay_rate(env, &topic, 16, per_partition).await?;
             env.progress.say(format!(
-                "  {name} round {round}/{}: subscribe {rate:.0}, direct {direct:.0}, relay {relay:.0} records/s; slowest/fastest partition {fairness:.2}",
-                env.plan.rounds
+                "  {name} round {round}/{}: subscribe {rate:.0}, direct {direct:.0}, relay {relay:.0} records/s; slowest/fastest partition {fairness:.2}; gateway CPU {gateway_cpu:.2}, client CPU {client_cpu:.2}, relay CPU {:.2} us/record",
+                env.plan.rounds,
+                relay_cpu.unwrap_or(f64::NAN),
             ));
             runs.push((rate, direct, fairness));
             relays.push((relay, relay_cpu));
+            cpus.push((gateway_cpu, client_cpu));
         }
         Ok::<_, anyhow::Error>(())
     }
@@ -377,8 +385,12 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
     );
     details.insert("timing".into(), "subscribe: records after the first batch over the time from the first batch to the last record (a fresh group each round, so it starts at offset 0); fairness: per partition, its records over the time its last record arrived, slowest / fastest; direct: as drain-16p".into());
     let mut limit_details = Map::new();
-    limit_details.insert("relay_style".into(), super::drain::relay_style().into());
+    limit_details.insert("relay_style".into(), super::drain::RELAY_STYLE.into());
     limit_details.insert("relay_cpu_us_per_record".into(), r3(relay_cpu).into());
+    let gateway_cpu = median(&cpus.iter().map(|c| c.0).collect::<Vec<_>>());
+    let client_cpu = median(&cpus.iter().map(|c| c.1).collect::<Vec<_>>());
+    limit_details.insert("gateway_cpu_us_per_record".into(), r3(gateway_cpu).into());
+    limit_details.insert("client_cpu_us_per_record".into(), r3(client_cpu).into());
     limit_details.insert(
         "rounds".into(),
         runs.iter()
@@ -399,7 +411,9 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
         ratio_definition: "Subscribe records/s / relay records/s (medians across rounds)",
         goal: ">= 0.9 (issue 30)".into(),
         met: relay_ratio.is_some_and(|r| r >= 0.9),
-        summary: format!("relay CPU {relay_cpu:.2} us per record"),
+        summary: format!(
+            "gateway CPU {gateway_cpu:.2}, client CPU {client_cpu:.2}, relay CPU {relay_cpu:.2} us per record"
+        ),
         details: limit_details,
         chart: Chart {
             title: format!("{name}-limit: one member against the relay arm, records/s per round"),

@@ -1,25 +1,25 @@
 //! The Read path: [`PartitionFeed`], one leased partition's queue split off its group's
 //! client, and the filling of a batch from it ([`BatchLimits`]).
 
-use std::ffi::{CStr, CString};
+use std::collections::VecDeque;
+use std::ffi::CString;
 use std::future::Future;
-use std::ptr::NonNull;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
+use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::errors::{blocking, unavailable};
 use super::group::GroupClient;
+use super::raw::{QueueHandle, RawMessage};
 use super::settings::ClientLog;
 use crate::error::LeaseError;
-use crate::records::{EncodedRecords, Prepared};
+use crate::records::{EncodedRecords, Prepared, RecordsFor};
 
 /// How long a parked partition queue waits for a wake-up before it looks again by itself:
 /// the bound on a wake-up librdkafka did not give (see [`PartitionFeed::take_next`]). Every
@@ -34,21 +34,30 @@ const LOOKS_BEFORE_PARKING: u32 = 4;
 /// A leased partition's records, as they arrive from the group client. Dropping it stops the
 /// fetching of that partition.
 pub struct PartitionFeed {
+    /// Records popped from the queue and not yet added to a batch, in order (the rest of a
+    /// pop that filled a batch). Dropped before the queue and the client.
+    popped: VecDeque<RawMessage>,
     client: Arc<GroupClient>,
     topic: String,
     /// `topic` for librdkafka's C API (never absent: topic names are validated).
     topic_c: Option<CString>,
     partition: i32,
+    /// The queue as rust-rdkafka's stream, to wait on it when it is empty.
     queue: StreamPartitionQueue<ClientLog>,
-    /// The same queue, to ask how many ops it holds before parking on it.
-    length: QueueLength,
+    /// The same queue, to pop its records in batches and to ask how many ops it holds
+    /// before parking on it.
+    handle: QueueHandle,
     /// Parked looks that found ops queued: wake-ups librdkafka did not give.
     rescues: metrics::Counter,
-    /// The offset after the last record taken from the queue: where the queue stands.
+    /// Where the queue stands: the lease position its next record follows (the offset after
+    /// the last record taken, or the position a record put back was to follow).
     pulled_up_to: i64,
-    /// A record taken from the queue but not delivered (it did not fit in a batch), with the
-    /// lease position it follows.
-    pending: Option<(OwnedMessage, i64)>,
+    /// A record the wait for one took from the queue but did not deliver (it did not fit in
+    /// the batch): the next batch's first. Only when `popped` is empty.
+    pending: Option<OwnedMessage>,
+    /// The size on the wire of the last record added: how many records one pop should take
+    /// to fill the rest of a batch, so that few wait in `popped`.
+    record_hint: usize,
     /// The size of the last batch filled from this partition: the next batch's buffer
     /// starts this large, so that a drain's batches are written once, not grown by copying.
     batch_hint: usize,
@@ -70,6 +79,7 @@ impl std::fmt::Debug for PartitionFeed {
 
 impl Drop for PartitionFeed {
     fn drop(&mut self) {
+        self.popped.clear();
         let mut list = TopicPartitionList::new();
         if list
             .add_partition_offset(&self.topic, self.partition, Offset::Invalid)
@@ -98,9 +108,9 @@ impl PartitionFeed {
                 unavailable("opening a partition queue", "librdkafka refused the queue")
             })?;
         let topic_c = CString::new(topic).ok();
-        let length = topic_c
+        let handle = topic_c
             .as_deref()
-            .and_then(|t| QueueLength::of(client, t, partition))
+            .and_then(|t| QueueHandle::of(client, t, partition))
             .ok_or_else(|| {
                 unavailable("opening a partition queue", "librdkafka refused the queue")
             })?;
@@ -112,15 +122,17 @@ impl PartitionFeed {
             .incremental_assign(&list)
             .map_err(|e| unavailable("assigning a partition", e))?;
         Ok(PartitionFeed {
+            popped: VecDeque::new(),
             client: client.clone(),
             topic: topic.to_string(),
             topic_c,
             partition,
             queue,
-            length,
+            handle,
             rescues: metrics::counter!(crate::metrics::READ_RESCUES),
             pulled_up_to: offset,
             pending: None,
+            record_hint: 0,
             batch_hint: 0,
             spare: bytes::BytesMut::new(),
         })
@@ -134,12 +146,11 @@ impl PartitionFeed {
     /// not delivered (a Read that ended mid-batch, a Seek) put the queue ahead of the lease;
     /// this repositions librdkafka, which purges what it pre-fetched from the old position.
     pub async fn align(&mut self, position: i64) -> Result<(), LeaseError> {
-        match &self.pending {
-            Some((_, put_back_at)) if *put_back_at == position => return Ok(()),
-            None if self.pulled_up_to == position => return Ok(()),
-            _ => {}
+        if self.pulled_up_to == position {
+            return Ok(());
         }
         self.pending = None;
+        self.popped.clear();
         let consumer = self.client.consumer.clone();
         let topic = self.topic.clone();
         let partition = self.partition;
@@ -155,38 +166,74 @@ impl PartitionFeed {
     }
 
     /// Adds to `batch` what librdkafka already holds for the partition, without waiting or
-    /// arming a timer (the per-record fast path: one look at the queue per record). False
-    /// once the batch is full.
+    /// arming a timer: records popped from the queue a batch at a time (see
+    /// [`super::raw`]). False once the batch is full.
     pub fn take_queued(
         &mut self,
         batch: &mut EncodedRecords,
         from: i64,
         limits: BatchLimits,
     ) -> bool {
-        if let Some((message, _)) = self.pending.take() {
-            if !add(&mut self.pending, batch, &message, from, limits) {
+        if let Some(message) = self.pending.take() {
+            let added = add(batch, &message, from, limits);
+            if !self.took(message.offset(), &added) {
+                if let Added::Left(_) = added {
+                    self.pending = Some(message);
+                }
                 return false;
             }
         }
-        // One message stream for the whole look: each stream registers a waker slot with
-        // rdkafka (under its lock) when made and frees it when dropped, which per record
-        // would cost more than the record.
-        let mut stream = self.queue.stream();
         loop {
-            let message = match stream.next().now_or_never() {
-                None => return true,
-                Some(None) => unreachable!("a partition queue's stream never ends"),
-                Some(Some(Ok(message))) => message,
-                Some(Some(Err(err))) => {
+            if self.popped.is_empty()
+                && self
+                    .handle
+                    .pop(self.to_pop(batch, limits), &mut self.popped)
+                    == 0
+            {
+                return true;
+            }
+            while let Some(message) = self.popped.pop_front() {
+                if let Some(err) = message.error() {
                     log_fetch_error(&self.topic, self.partition, &err);
                     continue;
                 }
-            };
-            self.pulled_up_to = message.offset() + 1;
-            if !add(&mut self.pending, batch, &message, from, limits) {
-                return false;
+                let added = add(batch, &message, from, limits);
+                if !self.took(message.offset(), &added) {
+                    if let Added::Left(_) = added {
+                        self.popped.push_front(message);
+                    }
+                    return false;
+                }
             }
         }
+    }
+
+    /// Notes what adding the record at `offset` did; whether the batch has room for more.
+    fn took(&mut self, offset: i64, added: &Added) -> bool {
+        match *added {
+            Added::Room(len) | Added::Full(len) => {
+                self.pulled_up_to = offset + 1;
+                if len > 0 {
+                    self.record_hint = len;
+                }
+                matches!(added, Added::Room(_))
+            }
+            Added::Left(expected) => {
+                self.pulled_up_to = expected;
+                false
+            }
+        }
+    }
+
+    /// How many records to pop for the rest of `batch`: those it has room for, by count and
+    /// by the last record's size (one more, so that a batch that fills by bytes is full).
+    fn to_pop(&self, batch: &EncodedRecords, limits: BatchLimits) -> usize {
+        let by_count = limits.max_records.saturating_sub(batch.len());
+        let by_bytes = match self.record_hint {
+            0 => 1,
+            hint => limits.max_bytes.saturating_sub(batch.wire_len()) / hint + 1,
+        };
+        by_count.min(by_bytes)
     }
 
     /// Waits for the next record and adds it to `batch`; false once the batch is full.
@@ -198,7 +245,7 @@ impl PartitionFeed {
         from: i64,
         limits: BatchLimits,
     ) -> bool {
-        if self.pending.is_some() {
+        if self.pending.is_some() || !self.popped.is_empty() {
             return self.take_queued(batch, from, limits);
         }
         loop {
@@ -209,25 +256,37 @@ impl PartitionFeed {
             // edge (rust-rdkafka issue #665). So a queue that still holds ops is looked at
             // again before parking, and a parked one looks again every REPOLL all the same;
             // a look that then finds ops counts as a rescue (a wake-up librdkafka missed).
-            let length = &self.length;
-            let mut recv = std::pin::pin!(self.queue.recv());
-            let mut looks = 0;
-            let parked = std::future::poll_fn(|cx| match recv.as_mut().poll(cx) {
-                Poll::Pending if looks < LOOKS_BEFORE_PARKING && length.get() > 0 => {
-                    looks += 1;
-                    cx.waker().wake_by_ref();
-                    Poll::Pending
+            let waited = {
+                let length = &self.handle;
+                let mut recv = std::pin::pin!(self.queue.recv());
+                let mut looks = 0;
+                let parked = std::future::poll_fn(|cx| match recv.as_mut().poll(cx) {
+                    Poll::Pending if looks < LOOKS_BEFORE_PARKING && length.len() > 0 => {
+                        looks += 1;
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                    other => other,
+                });
+                match tokio::time::timeout(REPOLL, parked).await {
+                    Ok(Ok(message)) => {
+                        let added = add(batch, &message, from, limits);
+                        let left = matches!(added, Added::Left(_)).then(|| message.detach());
+                        Ok(Ok((message.offset(), added, left)))
+                    }
+                    Ok(Err(err)) => Ok(Err(err)),
+                    Err(elapsed) => Err(elapsed),
                 }
-                other => other,
-            });
-            match tokio::time::timeout(REPOLL, parked).await {
-                Ok(Ok(message)) => {
-                    self.pulled_up_to = message.offset() + 1;
-                    return add(&mut self.pending, batch, &message, from, limits);
+            };
+            match waited {
+                Ok(Ok((offset, added, left))) => {
+                    let room = self.took(offset, &added);
+                    self.pending = left;
+                    return room;
                 }
                 Ok(Err(err)) => self.log_fetch_error(&err),
                 Err(_) => {
-                    let queued = self.length.get();
+                    let queued = self.handle.len();
                     if queued > 0 {
                         self.rescues.increment(1);
                         tracing::debug!(
@@ -242,12 +301,13 @@ impl PartitionFeed {
         }
     }
 
-    /// A buffer for the next batch, sized as the last one was (within `limits`), in the last
+    /// A buffer for the next batch, written for `message`, sized as the last one was (within `limits`), in the last
     /// batch's allocation when its response is gone.
-    pub fn new_batch(&mut self, limits: BatchLimits) -> EncodedRecords {
+    pub fn new_batch(&mut self, limits: BatchLimits, message: RecordsFor) -> EncodedRecords {
         EncodedRecords::reusing(
             std::mem::take(&mut self.spare),
             self.batch_hint.min(limits.max_bytes),
+            message,
         )
     }
 
@@ -262,6 +322,7 @@ impl PartitionFeed {
     /// a batch need not wait for more.
     pub fn caught_up(&self) -> bool {
         self.pending.is_none()
+            && self.popped.is_empty()
             && self
                 .cached_high_watermark()
                 .is_some_and(|high| self.pulled_up_to >= high)
@@ -290,87 +351,142 @@ pub struct BatchLimits {
     pub max_bytes: usize,
 }
 
-/// A message that can be kept past the queue's borrow.
-trait Keep: Message {
-    fn keep(&self) -> OwnedMessage;
+/// What adding a record to a batch did.
+enum Added {
+    /// Added, or dropped as before the batch's next offset (size 0); the batch has room.
+    /// The record's size on the wire.
+    Room(usize),
+    /// Added, and the batch is full; the record's size on the wire.
+    Full(usize),
+    /// Not added: it does not fit; the offset the batch's next record would have had.
+    Left(i64),
 }
 
-impl Keep for BorrowedMessage<'_> {
-    fn keep(&self) -> OwnedMessage {
-        self.detach()
-    }
-}
-
-impl Keep for OwnedMessage {
-    fn keep(&self) -> OwnedMessage {
-        self.clone()
-    }
-}
-
-/// Adds `message` to `batch`, which starts at `from`; false once the batch is full. A
-/// record that does not fit is kept in `pending`, to start the next batch; a record before
-/// the batch's next offset (pre-fetched before a reposition) is dropped, never delivered
-/// twice. The first record always fits, so a record larger than `max_bytes` goes alone.
-fn add<M: Keep>(
-    pending: &mut Option<(OwnedMessage, i64)>,
+/// Adds `message` to `batch`, which starts at `from`. A record before the batch's next
+/// offset (pre-fetched before a reposition) is dropped, never delivered twice; one that does
+/// not fit is left for the next batch. The first record always fits, so a record larger
+/// than `max_bytes` goes alone.
+fn add<M: Message>(
     batch: &mut EncodedRecords,
     message: &M,
     from: i64,
     limits: BatchLimits,
-) -> bool {
+) -> Added {
     let expected = batch.last_offset().map_or(from, |last| last + 1);
     if message.offset() < expected {
-        return true;
+        return Added::Room(0);
     }
     let prepared = Prepared::of(message);
-    if !batch.is_empty() && batch.wire_len() + prepared.wire_len() > limits.max_bytes {
-        *pending = Some((message.keep(), expected));
-        return false;
+    let len = prepared.wire_len();
+    if !batch.is_empty() && batch.wire_len() + len > limits.max_bytes {
+        return Added::Left(expected);
     }
     batch.push(&prepared);
-    batch.wire_len() < limits.max_bytes && batch.len() < limits.max_records
+    if batch.wire_len() < limits.max_bytes && batch.len() < limits.max_records {
+        Added::Room(len)
+    } else {
+        Added::Full(len)
+    }
 }
 
-/// A handle of librdkafka's own on a partition's fetch queue, to ask how many ops it holds
-/// (rust-rdkafka's queue does not tell).
-struct QueueLength(NonNull<rdkafka::bindings::rd_kafka_queue_t>);
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
 
-// SAFETY: a librdkafka queue handle may be used from any thread: every operation on it takes
-// the queue's own lock.
-#[allow(unsafe_code)]
-unsafe impl Send for QueueLength {}
-#[allow(unsafe_code)]
-unsafe impl Sync for QueueLength {}
+    use rdkafka::mocking::MockCluster;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::ClientConfig;
 
-impl QueueLength {
-    #[allow(unsafe_code)]
-    fn of(client: &GroupClient, topic: &CStr, partition: i32) -> Option<Self> {
-        // SAFETY: the client handle is valid while `client` lives; the topic pointer is a
-        // NUL-terminated string that outlives the call. The handle returned holds its own
-        // reference to the queue, released in `drop`.
-        let queue = unsafe {
-            rdkafka::bindings::rd_kafka_queue_get_partition(
-                client.consumer.client().native_ptr(),
-                topic.as_ptr(),
-                partition,
-            )
+    use super::{BatchLimits, PartitionFeed};
+    use crate::kafka::{Kafka, KafkaSettings};
+    use crate::records::RecordsFor;
+
+    /// One batch from `from`, filled as a Read fills it: what librdkafka holds, then a wait
+    /// for more until the batch is full or no record comes for a second.
+    async fn batch(feed: &mut PartitionFeed, from: i64, limits: BatchLimits) -> Vec<i64> {
+        feed.align(from).await.expect("align");
+        let mut records = feed.new_batch(limits, RecordsFor::Read);
+        while feed.take_queued(&mut records, from, limits) {
+            let next = feed.take_next(&mut records, from, limits);
+            match tokio::time::timeout(Duration::from_secs(1), next).await {
+                Ok(true) => {}
+                Ok(false) | Err(_) => break,
+            }
+        }
+        feed.filled(&mut records);
+        records.decode().iter().map(|r| r.offset).collect()
+    }
+
+    fn offsets(from: i64, count: usize) -> Vec<i64> {
+        (from..from + count as i64).collect()
+    }
+
+    /// Records are popped from librdkafka many at a time, so a batch that fills by bytes
+    /// leaves popped records behind: they start the next batch (no gap, no repeat), and a
+    /// reposition drops them with librdkafka's pre-fetched ones (nothing of the old position
+    /// follows a Seek's new one, backwards or forwards).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn records_popped_beyond_a_full_batch_start_the_next_and_a_reposition_drops_them() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("feed", 1, 1).expect("topic");
+        let producer: FutureProducer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("linger.ms", "5")
+            .create()
+            .expect("producer");
+        let sends: Vec<_> = (0..300)
+            .map(|i| {
+                let value = format!("{i:0>100}");
+                let record = FutureRecord::<(), _>::to("feed")
+                    .partition(0)
+                    .payload(&value);
+                producer.send_result(record).expect("queued")
+            })
+            .collect();
+        for sent in sends {
+            sent.await.expect("delivered").expect("produced");
+        }
+        let kafka = Kafka::new(KafkaSettings::new(cluster.bootstrap_servers(), "feed-test"))
+            .expect("client");
+        let client = kafka.group("feed-group").expect("group client");
+        let mut feed = PartitionFeed::open(&client, "feed", 0, 0).expect("feed");
+        // 1,999 bytes: about 16 records of 117 bytes on the wire, never an exact fit.
+        let limits = BatchLimits {
+            max_records: 1_000,
+            max_bytes: 1_999,
         };
-        NonNull::new(queue).map(QueueLength)
-    }
 
-    /// Ops in the queue (records, errors and events).
-    #[allow(unsafe_code)]
-    fn get(&self) -> usize {
-        // SAFETY: the handle is valid until `drop`; the call only reads the queue's length
-        // under its lock.
-        unsafe { rdkafka::bindings::rd_kafka_queue_length(self.0.as_ptr()) }
-    }
-}
+        let first = batch(&mut feed, 0, limits).await;
+        let n = first.len();
+        assert!(n > 1, "a batch of several records, not {first:?}");
+        assert_eq!(first, offsets(0, n));
+        assert!(
+            feed.pending.is_some() || !feed.popped.is_empty(),
+            "the record that did not fit waits in the feed"
+        );
+        let second = batch(&mut feed, n as i64, limits).await;
+        assert_eq!(
+            second,
+            offsets(n as i64, n),
+            "the next batch starts with it"
+        );
+        assert!(!feed.popped.is_empty(), "popped records wait in the feed");
 
-impl Drop for QueueLength {
-    #[allow(unsafe_code)]
-    fn drop(&mut self) {
-        // SAFETY: the handle came from rd_kafka_queue_get_partition and is destroyed once.
-        unsafe { rdkafka::bindings::rd_kafka_queue_destroy(self.0.as_ptr()) }
+        let back = batch(&mut feed, 5, limits).await;
+        assert_eq!(
+            back,
+            offsets(5, n),
+            "after a seek back, from the new position"
+        );
+        let ahead = batch(&mut feed, 200, limits).await;
+        assert_eq!(
+            ahead,
+            offsets(200, n),
+            "after a seek ahead, from the new position"
+        );
+        let rest = batch(&mut feed, 200 + n as i64, limits).await;
+        assert_eq!(rest, offsets(200 + n as i64, n));
+        drop(feed);
+        kafka.close().await;
     }
 }

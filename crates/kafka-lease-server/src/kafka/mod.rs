@@ -22,6 +22,8 @@
 //!   lookups, the cached high watermark).
 //! - `metadata`: [`Kafka`], the metadata client (partition counts, watermarks, offsets by
 //!   time, ping) and the cache of group clients.
+//! - `raw`: a partition queue's records popped many at a time through librdkafka's C API,
+//!   read in place.
 //! - `feed`: [`PartitionFeed`], the Read path: a partition queue split off a group client
 //!   and batches filled from it ([`BatchLimits`]).
 //! - `dead_letters`: [`DeadLetters`], the gateway's one producer, for queue mode's dead
@@ -32,6 +34,7 @@ mod errors;
 mod feed;
 mod group;
 mod metadata;
+mod raw;
 pub mod settings;
 
 pub use dead_letters::{DeadLetter, DeadLetters};

@@ -30,7 +30,7 @@ use crate::error::LeaseError;
 use crate::kafka::{BatchLimits, DeadLetter, DeadLetters};
 use crate::progress::Progress;
 use crate::queue::{Offered, Queue, QueueSettings};
-use crate::records::{DeliverBatch, OneRecord};
+use crate::records::{DeliverBatch, OneRecord, RecordsFor};
 
 use super::read::{suspended_pause, Stop};
 use super::{Fence, Lease};
@@ -718,7 +718,7 @@ async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
             continue;
         }
         // Sized as the last batch was, so that filling it does not grow it copy by copy.
-        let mut batch = feed.new_batch(limits);
+        let mut batch = feed.new_batch(limits, RecordsFor::Read);
         if feed.take_queued(&mut batch, from, limits) && batch.is_empty() {
             let got = tokio::select! {
                 more = feed.take_next(&mut batch, from, limits) => more,

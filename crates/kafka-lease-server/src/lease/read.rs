@@ -16,7 +16,7 @@ use kafka_lease_proto::wire::EncodedReadResponse;
 
 use crate::error::LeaseError;
 use crate::kafka::BatchLimits;
-use crate::records::EncodedRecords;
+use crate::records::{EncodedRecords, RecordsFor};
 
 use super::{Fence, Lease, SeekEpoch};
 
@@ -92,7 +92,12 @@ pub(crate) async fn suspended_pause(interrupts: &mut tokio::sync::watch::Receive
 }
 
 /// Fills one batch for Read `generation`, starting at the lease position.
-async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
+async fn fill(
+    lease: Arc<Lease>,
+    generation: u64,
+    limits: ReadLimits,
+    records_for: RecordsFor,
+) -> Fill {
     // Subscribe before looking at the state, so an interrupt after the look is not missed.
     let mut interrupts = lease.interrupts.subscribe();
     // Look before waiting for the feed: a newer Read may hold it for as long as its partition
@@ -139,7 +144,7 @@ async fn fill(lease: Arc<Lease>, generation: u64, limits: ReadLimits) -> Fill {
         // Room for the response's own fields (high watermark, epoch) beside the records.
         max_bytes: limits.max_bytes.min(FILL_BYTES).saturating_sub(32),
     };
-    let mut records = feed.new_batch(batch_limits);
+    let mut records = feed.new_batch(batch_limits, records_for);
     // Armed once the batch has a record: one clock read per batch, not per record.
     let mut deadline: Option<Instant> = None;
     loop {
@@ -220,6 +225,9 @@ pub struct ReadStream {
     lease: Arc<Lease>,
     generation: u64,
     limits: ReadLimits,
+    /// The message its batches are written for: a Subscribe's Reads write for its records
+    /// events, so the batch need not be rewritten on the way.
+    records_for: RecordsFor,
     fill: Option<FillFuture>,
     finished: bool,
 }
@@ -231,9 +239,16 @@ impl ReadStream {
             lease,
             generation,
             limits,
+            records_for: RecordsFor::Read,
             fill: None,
             finished: false,
         }
+    }
+
+    /// The same Read, its batches written for a Subscribe's records events.
+    pub fn for_subscribe(mut self) -> Self {
+        self.records_for = RecordsFor::Subscribe;
+        self
     }
 }
 
@@ -262,9 +277,10 @@ impl futures::Stream for ReadStream {
                 return Poll::Ready(None);
             }
             let (lease, generation, limits) = (this.lease.clone(), this.generation, this.limits);
+            let records_for = this.records_for;
             let fut = this
                 .fill
-                .get_or_insert_with(|| Box::pin(fill(lease, generation, limits)));
+                .get_or_insert_with(|| Box::pin(fill(lease, generation, limits, records_for)));
             let outcome = match fut.as_mut().poll(cx) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(outcome) => outcome,

@@ -535,7 +535,7 @@ impl Member {
         let (tx, rx) = mpsc::channel(1);
         let pump = match &self.spec.queue {
             None => {
-                let read = lease.open_read(self.spec.limits, None)?;
+                let read = lease.open_read(self.spec.limits, None)?.for_subscribe();
                 tokio::spawn(async move {
                     let mut read = read;
                     while let Some(item) = read.next().await {

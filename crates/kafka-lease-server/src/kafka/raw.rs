@@ -1,0 +1,254 @@
+//! Records taken from a partition queue many at a time, through librdkafka's C API.
+//!
+//! rust-rdkafka's partition stream pops one record per poll, and each poll costs librdkafka's
+//! bookkeeping of an application poll (clock reads, the consumed position updated under the
+//! partition's lock) and rust-rdkafka an allocation and a clock read of its own.
+//! `rd_kafka_consume_batch_queue` pops up to n records under one poll's bookkeeping and
+//! hands them over as librdkafka's own messages, freed one by one when dropped
+//! ([`RawMessage`]). The queue is the same one the stream waits on, so a Read still parks on
+//! rust-rdkafka's wake-up when the queue is empty.
+
+use std::cell::OnceCell;
+use std::collections::VecDeque;
+use std::ffi::{c_void, CStr};
+use std::ptr::NonNull;
+
+use rdkafka::bindings as rd;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Headers, Message};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::Timestamp;
+
+use super::group::GroupClient;
+
+/// The most records one pop takes.
+pub(super) const MOST_POPPED: usize = 128;
+
+/// A handle of librdkafka's own on a partition's fetch queue (rust-rdkafka's queue neither
+/// tells its length nor pops in batches).
+pub(super) struct QueueHandle(NonNull<rd::rd_kafka_queue_t>);
+
+// SAFETY: a librdkafka queue handle may be used from any thread: every operation on it takes
+// the queue's own lock.
+#[allow(unsafe_code)]
+unsafe impl Send for QueueHandle {}
+#[allow(unsafe_code)]
+unsafe impl Sync for QueueHandle {}
+
+impl QueueHandle {
+    #[allow(unsafe_code)]
+    pub(super) fn of(client: &GroupClient, topic: &CStr, partition: i32) -> Option<Self> {
+        // SAFETY: the client handle is valid while `client` lives; the topic pointer is a
+        // NUL-terminated string that outlives the call. The handle returned holds its own
+        // reference to the queue, released in `drop`.
+        let queue = unsafe {
+            rd::rd_kafka_queue_get_partition(
+                client.consumer.client().native_ptr(),
+                topic.as_ptr(),
+                partition,
+            )
+        };
+        NonNull::new(queue).map(QueueHandle)
+    }
+
+    /// Ops in the queue (records, errors and events).
+    #[allow(unsafe_code)]
+    pub(super) fn len(&self) -> usize {
+        // SAFETY: the handle is valid until `drop`; the call only reads the queue's length
+        // under its lock.
+        unsafe { rd::rd_kafka_queue_length(self.0.as_ptr()) }
+    }
+
+    /// Moves up to `most` (at most [`MOST_POPPED`]) of the records the queue holds now onto
+    /// the back of `into`, without waiting; how many it moved. Records of an older fetch
+    /// version (before a seek) are dropped by librdkafka on the way, as a poll drops them.
+    #[allow(unsafe_code)]
+    pub(super) fn pop(&self, most: usize, into: &mut VecDeque<RawMessage>) -> usize {
+        let mut popped = [std::ptr::null_mut::<rd::rd_kafka_message_t>(); MOST_POPPED];
+        let most = most.clamp(1, MOST_POPPED);
+        // SAFETY: the handle is valid until `drop`; librdkafka writes at most `most` message
+        // pointers into the array, each one ours to destroy (RawMessage's drop). A timeout of
+        // 0 returns at once.
+        let n = unsafe {
+            rd::rd_kafka_consume_batch_queue(self.0.as_ptr(), 0, popped.as_mut_ptr(), most)
+        };
+        let n = usize::try_from(n).unwrap_or(0).min(most);
+        into.extend(
+            popped[..n]
+                .iter()
+                .filter_map(|&ptr| NonNull::new(ptr))
+                .map(|ptr| RawMessage {
+                    ptr,
+                    headers: OnceCell::new(),
+                }),
+        );
+        n
+    }
+}
+
+impl Drop for QueueHandle {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: the handle came from rd_kafka_queue_get_partition and is destroyed once.
+        unsafe { rd::rd_kafka_queue_destroy(self.0.as_ptr()) }
+    }
+}
+
+/// A record popped from a partition queue, owned until dropped: librdkafka's message, read in
+/// place (no copy) and destroyed on drop.
+pub(super) struct RawMessage {
+    ptr: NonNull<rd::rd_kafka_message_t>,
+    /// Its headers, parsed by librdkafka on the first look.
+    headers: OnceCell<Option<RawHeaders>>,
+}
+
+// SAFETY: a popped message is the application's alone until destroyed; librdkafka touches it
+// no more, and destroying it may happen on any thread.
+#[allow(unsafe_code)]
+unsafe impl Send for RawMessage {}
+
+impl std::fmt::Debug for RawMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawMessage")
+            .field("partition", &self.partition())
+            .field("offset", &self.offset())
+            .finish()
+    }
+}
+
+impl RawMessage {
+    #[allow(unsafe_code)]
+    fn raw(&self) -> &rd::rd_kafka_message_t {
+        // SAFETY: valid and unaliased by librdkafka until drop.
+        unsafe { self.ptr.as_ref() }
+    }
+
+    /// The error this message carries in place of a record (a fetch error librdkafka
+    /// reports through the queue), if any.
+    pub(super) fn error(&self) -> Option<KafkaError> {
+        let err = self.raw().err;
+        (err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR)
+            .then(|| KafkaError::MessageConsumption(RDKafkaErrorCode::from(err)))
+    }
+}
+
+impl Drop for RawMessage {
+    #[allow(unsafe_code)]
+    fn drop(&mut self) {
+        // SAFETY: popped by rd_kafka_consume_batch_queue, destroyed once, here.
+        unsafe { rd::rd_kafka_message_destroy(self.ptr.as_ptr()) }
+    }
+}
+
+#[allow(unsafe_code)]
+fn slice<'a>(ptr: *const c_void, len: usize) -> Option<&'a [u8]> {
+    // SAFETY (for the callers): `ptr` points at `len` bytes that live as long as the message
+    // the returned slice is tied to.
+    (!ptr.is_null()).then(|| unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
+}
+
+impl Message for RawMessage {
+    type Headers = RawHeaders;
+
+    fn key(&self) -> Option<&[u8]> {
+        slice(self.raw().key, self.raw().key_len)
+    }
+
+    fn payload(&self) -> Option<&[u8]> {
+        slice(self.raw().payload, self.raw().len)
+    }
+
+    #[allow(unsafe_code)]
+    unsafe fn payload_mut(&mut self) -> Option<&mut [u8]> {
+        let (ptr, len) = (self.raw().payload, self.raw().len);
+        // SAFETY: as `payload`, and the message is ours alone (the caller takes librdkafka's
+        // caveat on writing into it, as the trait says).
+        (!ptr.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) })
+    }
+
+    #[allow(unsafe_code)]
+    fn topic(&self) -> &str {
+        // SAFETY: a consumed message's topic handle lives as long as the message; its name is
+        // a NUL-terminated string owned by the handle.
+        let name = unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(self.raw().rkt)) };
+        name.to_str().unwrap_or_default()
+    }
+
+    fn partition(&self) -> i32 {
+        self.raw().partition
+    }
+
+    fn offset(&self) -> i64 {
+        self.raw().offset
+    }
+
+    #[allow(unsafe_code)]
+    fn timestamp(&self) -> Timestamp {
+        let mut kind = rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
+        // SAFETY: the message is valid; the call reads its timestamp into `kind`.
+        let ms = unsafe { rd::rd_kafka_message_timestamp(self.ptr.as_ptr(), &mut kind) };
+        match kind {
+            _ if ms == -1 => Timestamp::NotAvailable,
+            rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE => {
+                Timestamp::NotAvailable
+            }
+            rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_CREATE_TIME => {
+                Timestamp::CreateTime(ms)
+            }
+            rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_LOG_APPEND_TIME => {
+                Timestamp::LogAppendTime(ms)
+            }
+        }
+    }
+
+    #[allow(unsafe_code)]
+    fn headers(&self) -> Option<&RawHeaders> {
+        self.headers
+            .get_or_init(|| {
+                let mut headers = std::ptr::null_mut();
+                // SAFETY: the message is valid; librdkafka parses its headers once and keeps
+                // them with the message, which owns them until it is destroyed.
+                let err = unsafe { rd::rd_kafka_message_headers(self.ptr.as_ptr(), &mut headers) };
+                if err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+                    NonNull::new(headers).map(RawHeaders)
+                } else {
+                    None
+                }
+            })
+            .as_ref()
+    }
+}
+
+/// A popped message's headers, read in place.
+pub(super) struct RawHeaders(NonNull<rd::rd_kafka_headers_t>);
+
+/// Stands for a header name that is not UTF-8 (the API's header key is a string): Kafka
+/// allows any bytes there, a proto string does not.
+const NOT_UTF8: &str = "\u{fffd}";
+
+impl Headers for RawHeaders {
+    #[allow(unsafe_code)]
+    fn count(&self) -> usize {
+        // SAFETY: the headers live as long as their message, which outlives `self`'s borrow.
+        unsafe { rd::rd_kafka_header_cnt(self.0.as_ptr()) }
+    }
+
+    #[allow(unsafe_code)]
+    fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>> {
+        let (mut name, mut value, mut len) = (std::ptr::null(), std::ptr::null(), 0);
+        // SAFETY: as `count`; librdkafka points `name` and `value` into the headers it owns.
+        let err = unsafe {
+            rd::rd_kafka_header_get_all(self.0.as_ptr(), idx, &mut name, &mut value, &mut len)
+        };
+        if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
+            return None;
+        }
+        // SAFETY: a header's name is a NUL-terminated string owned by the headers.
+        let key = unsafe { CStr::from_ptr(name) }.to_str().unwrap_or(NOT_UTF8);
+        Some(Header {
+            key,
+            value: slice(value, len),
+        })
+    }
+}
