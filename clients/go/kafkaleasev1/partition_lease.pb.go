@@ -834,7 +834,9 @@ func (x *KafkaRecord) GetTimestampType() TimestampType {
 // A header of a Kafka record: a key and an optional value.
 type KafkaHeader struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The header's key; a record may have several headers with the same key.
+	// The header's key; a record may have several headers with the same key. Kafka allows
+	// any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+	// replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// Absent (null) and empty are different, and both are preserved.
 	Value         []byte `protobuf:"bytes,2,opt,name=value,proto3,oneof" json:"value,omitempty"`

@@ -16,7 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::errors::{blocking, unavailable};
 use super::group::GroupClient;
-use super::raw::{QueueHandle, RawMessage};
+use super::raw::{QueueHandle, RawMessage, Viewed};
 use super::settings::ClientLog;
 use crate::error::LeaseError;
 use crate::records::{EncodedRecords, Prepared, RecordsFor};
@@ -269,11 +269,15 @@ impl PartitionFeed {
                     other => other,
                 });
                 match tokio::time::timeout(REPOLL, parked).await {
-                    Ok(Ok(message)) => {
-                        let added = add(batch, &message, from, limits);
-                        let left = matches!(added, Added::Left(_)).then(|| message.detach());
-                        Ok(Ok((message.offset(), added, left)))
-                    }
+                    Ok(Ok(message)) => match Viewed::of(&message) {
+                        Some(message) => {
+                            let added = add(batch, &*message, from, limits);
+                            let left =
+                                matches!(added, Added::Left(_)).then(|| message.to_owned_message());
+                            Ok(Ok((message.offset(), added, left)))
+                        }
+                        None => continue,
+                    },
                     Ok(Err(err)) => Ok(Err(err)),
                     Err(elapsed) => Err(elapsed),
                 }
@@ -393,8 +397,11 @@ fn add<M: Message>(
 mod tests {
     use std::time::Duration;
 
+    use std::ffi::CString;
+
+    use rdkafka::bindings as rd;
     use rdkafka::mocking::MockCluster;
-    use rdkafka::producer::{FutureProducer, FutureRecord};
+    use rdkafka::producer::{BaseProducer, FutureProducer, FutureRecord, Producer};
     use rdkafka::ClientConfig;
 
     use super::{BatchLimits, PartitionFeed};
@@ -486,6 +493,118 @@ mod tests {
         );
         let rest = batch(&mut feed, 200 + n as i64, limits).await;
         assert_eq!(rest, offsets(200 + n as i64, n));
+        drop(feed);
+        kafka.close().await;
+    }
+
+    /// Produces a record with one header named `name` (any bytes but NUL) to partition 0 of
+    /// `topic`, through librdkafka's C API: rust-rdkafka takes a header name as a `&str`.
+    #[allow(unsafe_code)]
+    fn produce_with_header(producer: &BaseProducer, topic: &str, name: &[u8], value: &[u8]) {
+        let topic = CString::new(topic).expect("topic");
+        let name = CString::new(name).expect("a name without NUL");
+        let vu = |vtype, u| rd::rd_kafka_vu_t { vtype, u };
+        let fields = [
+            vu(
+                rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_TOPIC,
+                rd::rd_kafka_vu_s__bindgen_ty_1 {
+                    cstr: topic.as_ptr(),
+                },
+            ),
+            vu(
+                rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_PARTITION,
+                rd::rd_kafka_vu_s__bindgen_ty_1 { i32_: 0 },
+            ),
+            vu(
+                rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_MSGFLAGS,
+                rd::rd_kafka_vu_s__bindgen_ty_1 {
+                    i: rd::RD_KAFKA_MSG_F_COPY,
+                },
+            ),
+            vu(
+                rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_VALUE,
+                rd::rd_kafka_vu_s__bindgen_ty_1 {
+                    mem: rd::rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_1 {
+                        ptr: b"payload".as_ptr().cast_mut().cast(),
+                        size: 7,
+                    },
+                },
+            ),
+            vu(
+                rd::rd_kafka_vtype_t::RD_KAFKA_VTYPE_HEADER,
+                rd::rd_kafka_vu_s__bindgen_ty_1 {
+                    header: rd::rd_kafka_vu_s__bindgen_ty_1__bindgen_ty_2 {
+                        name: name.as_ptr(),
+                        val: value.as_ptr().cast(),
+                        size: value.len() as isize,
+                    },
+                },
+            ),
+        ];
+        // SAFETY: every field points at memory that outlives the call, which copies the value
+        // (F_COPY) and the header.
+        let error = unsafe {
+            rd::rd_kafka_produceva(
+                producer.client().native_ptr(),
+                fields.as_ptr(),
+                fields.len(),
+            )
+        };
+        assert!(error.is_null(), "produceva refused the record");
+    }
+
+    /// Kafka allows any bytes in a header's name; the API's header key is a string. A record
+    /// whose header name is not UTF-8 reaches the client with the name replaced (U+FFFD) and
+    /// its value intact, whether the fill waited for it (rust-rdkafka's stream hands it over)
+    /// or popped it: it panicked the fill before (rust-rdkafka unwraps the name as UTF-8),
+    /// and every Read that reached it after.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_header_name_that_is_not_utf8_is_replaced_not_a_panic() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("headers", 1, 1).expect("topic");
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .create()
+            .expect("producer");
+        let kafka = Kafka::new(KafkaSettings::new(cluster.bootstrap_servers(), "feed-test"))
+            .expect("client");
+        let client = kafka.group("headers-group").expect("group client");
+        let mut feed = PartitionFeed::open(&client, "headers", 0, 0).expect("feed");
+        let limits = BatchLimits {
+            max_records: 3,
+            max_bytes: 1 << 20,
+        };
+        // The fill looks at the empty queue and waits before anything is produced, so the
+        // first record comes through the wait; the next two are popped.
+        let produce = async {
+            for value in [&b"first"[..], b"second", b"third"] {
+                produce_with_header(&producer, "headers", b"trace-\xff\xfe", value);
+            }
+            producer.flush(Duration::from_secs(5)).expect("flushed");
+        };
+        let mut records = feed.new_batch(limits, RecordsFor::Read);
+        let fill = async {
+            let mut room = feed.take_queued(&mut records, 0, limits);
+            while room {
+                room = feed.take_next(&mut records, 0, limits).await
+                    && feed.take_queued(&mut records, 0, limits);
+            }
+        };
+        let ((), ()) = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::join!(fill, produce)
+        })
+        .await
+        .expect("three records within 30 s");
+        let headers: Vec<(String, Option<Vec<u8>>)> = records
+            .decode()
+            .iter()
+            .flat_map(|r| r.headers.iter().map(|h| (h.key.clone(), h.value.clone())))
+            .collect();
+        let named = |value: &[u8]| ("trace-\u{fffd}\u{fffd}".to_string(), Some(value.to_vec()));
+        assert_eq!(
+            headers,
+            vec![named(b"first"), named(b"second"), named(b"third")]
+        );
         drop(feed);
         kafka.close().await;
     }

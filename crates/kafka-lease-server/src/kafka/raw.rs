@@ -11,12 +11,14 @@
 use std::cell::OnceCell;
 use std::collections::VecDeque;
 use std::ffi::{c_void, CStr};
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 use rdkafka::bindings as rd;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::Timestamp;
 
@@ -124,6 +126,33 @@ impl RawMessage {
         unsafe { self.ptr.as_ref() }
     }
 
+    /// A copy that outlives the queue (for a record rust-rdkafka's stream handed over that
+    /// did not fit in its batch); what is not UTF-8 in a header's name replaced by U+FFFD.
+    pub(super) fn to_owned_message(&self) -> OwnedMessage {
+        let headers = self.headers().map(|headers| {
+            (0..headers.count())
+                .filter_map(|i| headers.try_get(i))
+                .fold(
+                    OwnedHeaders::new_with_capacity(headers.count()),
+                    |kept, header| {
+                        kept.insert(Header {
+                            key: header.key,
+                            value: header.value,
+                        })
+                    },
+                )
+        });
+        OwnedMessage::new(
+            self.payload().map(<[u8]>::to_vec),
+            self.key().map(<[u8]>::to_vec),
+            self.topic().to_string(),
+            self.timestamp(),
+            self.partition(),
+            self.offset(),
+            headers,
+        )
+    }
+
     /// The error this message carries in place of a record (a fetch error librdkafka
     /// reports through the queue), if any.
     pub(super) fn error(&self) -> Option<KafkaError> {
@@ -211,7 +240,10 @@ impl Message for RawMessage {
                 // them with the message, which owns them until it is destroyed.
                 let err = unsafe { rd::rd_kafka_message_headers(self.ptr.as_ptr(), &mut headers) };
                 if err == rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
-                    NonNull::new(headers).map(RawHeaders)
+                    NonNull::new(headers).map(|ptr| RawHeaders {
+                        ptr,
+                        lossy_names: OnceCell::new(),
+                    })
                 } else {
                     None
                 }
@@ -220,35 +252,85 @@ impl Message for RawMessage {
     }
 }
 
-/// A popped message's headers, read in place.
-pub(super) struct RawHeaders(NonNull<rd::rd_kafka_headers_t>);
+/// A message rust-rdkafka's stream handed over, read as a popped one is, in place and
+/// without taking it over: rust-rdkafka's own headers unwrap a header's name as UTF-8 and
+/// panic on one that is not, which Kafka allows ([`RawHeaders`] replaces what is not).
+pub(super) struct Viewed<'a> {
+    raw: ManuallyDrop<RawMessage>,
+    _message: PhantomData<&'a ()>,
+}
 
-/// Stands for a header name that is not UTF-8 (the API's header key is a string): Kafka
-/// allows any bytes there, a proto string does not.
-const NOT_UTF8: &str = "\u{fffd}";
-
-impl Headers for RawHeaders {
-    #[allow(unsafe_code)]
-    fn count(&self) -> usize {
-        // SAFETY: the headers live as long as their message, which outlives `self`'s borrow.
-        unsafe { rd::rd_kafka_header_cnt(self.0.as_ptr()) }
+impl<'a> Viewed<'a> {
+    pub(super) fn of(message: &'a BorrowedMessage<'_>) -> Option<Self> {
+        NonNull::new(message.ptr()).map(|ptr| Viewed {
+            // Never dropped: the message stays rust-rdkafka's, destroyed with `message`.
+            raw: ManuallyDrop::new(RawMessage {
+                ptr,
+                headers: OnceCell::new(),
+            }),
+            _message: PhantomData,
+        })
     }
+}
 
+impl std::ops::Deref for Viewed<'_> {
+    type Target = RawMessage;
+
+    fn deref(&self) -> &RawMessage {
+        &self.raw
+    }
+}
+
+/// A message's headers, read in place.
+pub(super) struct RawHeaders {
+    ptr: NonNull<rd::rd_kafka_headers_t>,
+    /// Every header's name with what is not UTF-8 replaced by U+FFFD, made at the first
+    /// name that is not (Kafka allows any bytes there; the API's header key is a string).
+    lossy_names: OnceCell<Vec<String>>,
+}
+
+impl RawHeaders {
+    /// Header `idx`'s name and value as librdkafka holds them.
     #[allow(unsafe_code)]
-    fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>> {
+    fn raw(&self, idx: usize) -> Option<(&CStr, Option<&[u8]>)> {
         let (mut name, mut value, mut len) = (std::ptr::null(), std::ptr::null(), 0);
-        // SAFETY: as `count`; librdkafka points `name` and `value` into the headers it owns.
+        // SAFETY: the headers live as long as their message, which outlives `self`'s borrow;
+        // librdkafka points `name` and `value` into the headers it owns.
         let err = unsafe {
-            rd::rd_kafka_header_get_all(self.0.as_ptr(), idx, &mut name, &mut value, &mut len)
+            rd::rd_kafka_header_get_all(self.ptr.as_ptr(), idx, &mut name, &mut value, &mut len)
         };
         if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
             return None;
         }
         // SAFETY: a header's name is a NUL-terminated string owned by the headers.
-        let key = unsafe { CStr::from_ptr(name) }.to_str().unwrap_or(NOT_UTF8);
-        Some(Header {
-            key,
-            value: slice(value, len),
-        })
+        Some((unsafe { CStr::from_ptr(name) }, slice(value, len)))
+    }
+}
+
+impl Headers for RawHeaders {
+    #[allow(unsafe_code)]
+    fn count(&self) -> usize {
+        // SAFETY: the headers live as long as their message, which outlives `self`'s borrow.
+        unsafe { rd::rd_kafka_header_cnt(self.ptr.as_ptr()) }
+    }
+
+    fn try_get(&self, idx: usize) -> Option<Header<'_, &[u8]>> {
+        let (name, value) = self.raw(idx)?;
+        let key = match name.to_str() {
+            Ok(key) => key,
+            Err(_) => self
+                .lossy_names
+                .get_or_init(|| {
+                    (0..self.count())
+                        .map(|i| {
+                            self.raw(i).map_or_else(String::new, |(name, _)| {
+                                name.to_string_lossy().into_owned()
+                            })
+                        })
+                        .collect()
+                })
+                .get(idx)?,
+        };
+        Some(Header { key, value })
     }
 }

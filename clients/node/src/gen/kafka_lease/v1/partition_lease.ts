@@ -454,7 +454,11 @@ export interface KafkaRecord {
 
 /** A header of a Kafka record: a key and an optional value. */
 export interface KafkaHeader {
-  /** The header's key; a record may have several headers with the same key. */
+  /**
+   * The header's key; a record may have several headers with the same key. Kafka allows
+   * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+   * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
+   */
   key: string;
   /** Absent (null) and empty are different, and both are preserved. */
   value?: Buffer | undefined;

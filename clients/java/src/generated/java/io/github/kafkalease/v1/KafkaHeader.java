@@ -60,7 +60,9 @@ private static final long serialVersionUID = 0L;
   private volatile java.lang.Object key_ = "";
   /**
    * <pre>
-   * The header's key; a record may have several headers with the same key.
+   * The header's key; a record may have several headers with the same key. Kafka allows
+   * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+   * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
    * </pre>
    *
    * <code>string key = 1;</code>
@@ -81,7 +83,9 @@ private static final long serialVersionUID = 0L;
   }
   /**
    * <pre>
-   * The header's key; a record may have several headers with the same key.
+   * The header's key; a record may have several headers with the same key. Kafka allows
+   * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+   * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
    * </pre>
    *
    * <code>string key = 1;</code>
@@ -463,7 +467,9 @@ private static final long serialVersionUID = 0L;
     private java.lang.Object key_ = "";
     /**
      * <pre>
-     * The header's key; a record may have several headers with the same key.
+     * The header's key; a record may have several headers with the same key. Kafka allows
+     * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+     * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
      * </pre>
      *
      * <code>string key = 1;</code>
@@ -483,7 +489,9 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * The header's key; a record may have several headers with the same key.
+     * The header's key; a record may have several headers with the same key. Kafka allows
+     * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+     * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
      * </pre>
      *
      * <code>string key = 1;</code>
@@ -504,7 +512,9 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * The header's key; a record may have several headers with the same key.
+     * The header's key; a record may have several headers with the same key. Kafka allows
+     * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+     * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
      * </pre>
      *
      * <code>string key = 1;</code>
@@ -521,7 +531,9 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * The header's key; a record may have several headers with the same key.
+     * The header's key; a record may have several headers with the same key. Kafka allows
+     * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+     * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
      * </pre>
      *
      * <code>string key = 1;</code>
@@ -535,7 +547,9 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * The header's key; a record may have several headers with the same key.
+     * The header's key; a record may have several headers with the same key. Kafka allows
+     * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+     * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
      * </pre>
      *
      * <code>string key = 1;</code>

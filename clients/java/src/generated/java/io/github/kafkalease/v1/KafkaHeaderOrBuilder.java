@@ -12,7 +12,9 @@ public interface KafkaHeaderOrBuilder extends
 
   /**
    * <pre>
-   * The header's key; a record may have several headers with the same key.
+   * The header's key; a record may have several headers with the same key. Kafka allows
+   * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+   * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
    * </pre>
    *
    * <code>string key = 1;</code>
@@ -21,7 +23,9 @@ public interface KafkaHeaderOrBuilder extends
   java.lang.String getKey();
   /**
    * <pre>
-   * The header's key; a record may have several headers with the same key.
+   * The header's key; a record may have several headers with the same key. Kafka allows
+   * any bytes in a header's key, a string does not: bytes that are not UTF-8 come
+   * replaced by U+FFFD, as a lossy UTF-8 decoding replaces them.
    * </pre>
    *
    * <code>string key = 1;</code>
