@@ -101,6 +101,7 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         t.abort();
     }
     let (idle_rss, idle_threads, mid_rss, mid_threads, rss, threads) = result?;
+    let sizes = topic_size_cost(env, &topic, partitions, mid_groups, per_group).await?;
     let mib = |b: u64| b as f64 / 1048576.0;
     // The cost of one more group (with its leases), between the two points.
     let more = (groups - mid_groups).max(1) as f64;
@@ -118,6 +119,17 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     details.insert("threads".into(), threads.into());
     details.insert("rss_mib_per_group".into(), r3(rss_per_group).into());
     details.insert("threads_per_group".into(), r3(threads_per_group).into());
+    details.insert(
+        "rss_mib_per_group_by_topic_partitions".into(),
+        serde_json::json!({
+            sizes.small_partitions.to_string(): r3(sizes.small_per_group_mib),
+            partitions.to_string(): r3(sizes.large_per_group_mib),
+        }),
+    );
+    details.insert(
+        "rss_kib_per_topic_partition_per_group".into(),
+        r3(sizes.kib_per_partition()).into(),
+    );
     details.insert("timing".into(), format!("VmRSS and Threads from /proc/<pid>/status {:?} after every Read delivered its record; each group leases partitions of its own", env.plan.scale_settle).into());
     let chart = |title: &str, unit: &str, values: [f64; 3], limit: f64| Chart {
         title: title.into(),
@@ -147,10 +159,16 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         goal: format!("<= 256 MiB at {groups} groups x {per_group} leases"),
         met: mib(rss) <= RSS_LIMIT_MIB,
         summary: format!(
-            "{:.1} MiB ({:.1} idle, {:.1} at {mid_groups} groups: {rss_per_group:.2} MiB per group)",
+            "{:.1} MiB ({:.1} idle, {:.1} at {mid_groups} groups: {rss_per_group:.2} MiB per group); \
+             a group's client costs {:.2} KiB per partition of the topic it reads ({:.2} MiB per \
+             group on a topic of {}, {:.2} on one of {partitions}, another gateway)",
             mib(rss),
             mib(idle_rss),
-            mib(mid_rss)
+            mib(mid_rss),
+            sizes.kib_per_partition(),
+            sizes.small_per_group_mib,
+            sizes.small_partitions,
+            sizes.large_per_group_mib,
         ),
         details: details.clone(),
         chart: chart(
@@ -186,4 +204,90 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     }
     .build();
     Ok(vec![rss_row, threads_row])
+}
+
+/// What a group costs on a topic of few partitions and on one of many.
+struct TopicSizes {
+    small_partitions: usize,
+    small_per_group_mib: f64,
+    large_partitions: usize,
+    large_per_group_mib: f64,
+}
+
+impl TopicSizes {
+    /// librdkafka keeps state for every partition of a topic its client knows, leased or not:
+    /// the difference between the two slopes, per partition.
+    fn kib_per_partition(&self) -> f64 {
+        (self.large_per_group_mib - self.small_per_group_mib) * 1024.0
+            / (self.large_partitions - self.small_partitions).max(1) as f64
+    }
+}
+
+/// On a gateway of its own: `groups` groups of `per_group` leases on a topic of `per_group`
+/// partitions, then as many on `large` (of `large_partitions`, each group on partitions of its
+/// own); the RSS a group adds in each, so the cost of a topic's size is a slope of one run.
+async fn topic_size_cost(
+    env: &Env,
+    large: &str,
+    large_partitions: usize,
+    groups: usize,
+    per_group: usize,
+) -> Result<TopicSizes> {
+    let name = "groups";
+    let small = env.name("groups-small");
+    create_topic(env, &small, per_group as i32).await?;
+    produce_fill(env, name, &small, per_group as i32, 1, 100).await?;
+    let gateway = Gateway::start(
+        env,
+        &env.prefix("groups-topics"),
+        &env.name("gw-groups-topics"),
+        None,
+    )
+    .await?;
+    let mut tasks: Vec<JoinHandle<()>> = Vec::new();
+    let result = async {
+        let mut clients = Vec::new();
+        for _ in 0..(2 * groups * per_group).div_ceil(LEASES_PER_CONNECTION).max(1) {
+            clients.push(gateway.client().await?);
+        }
+        let (opened, delivered) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let run_id = env.name("gt");
+        let (mut rss, _) = proc_status(gateway.pid())?;
+        let mut per_group_mib = Vec::new();
+        for (step, topic, partitions) in [(1, &small, per_group), (2, &large.to_string(), large_partitions)] {
+            let leases: Vec<(String, i32)> = (0..groups * per_group)
+                .map(|i| {
+                    let group = format!("{run_id}-{step}-{}", i / per_group);
+                    // On the small topic every group leases all of it; on the large one,
+                    // partitions of its own.
+                    let partition = if step == 1 { i % per_group } else { i };
+                    (group, partition as i32)
+                })
+                .collect();
+            tasks.extend(
+                open_leases(&clients, topic, "bench-groups", leases, &opened, &delivered).await?,
+            );
+            delivered_all(&delivered, (step * groups * per_group) as u64).await?;
+            tokio::time::sleep(env.plan.scale_settle).await;
+            let (now, _) = proc_status(gateway.pid())?;
+            let added = (now as f64 - rss as f64) / 1048576.0 / groups as f64;
+            env.progress.say(format!(
+                "  {name}: {groups} more groups x {per_group} leases on a topic of {partitions} partitions: {added:.2} MiB per group"
+            ));
+            per_group_mib.push(added);
+            rss = now;
+        }
+        Ok::<_, anyhow::Error>(TopicSizes {
+            small_partitions: per_group,
+            small_per_group_mib: per_group_mib[0],
+            large_partitions,
+            large_per_group_mib: per_group_mib[1],
+        })
+    }
+    .await;
+    gateway.stop().await;
+    for t in &tasks {
+        t.abort();
+    }
+    result
 }
