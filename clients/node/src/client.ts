@@ -55,6 +55,8 @@ export interface SubscribeOptions {
   memberId?: string;
   member?: string;
   maxRecords?: number;
+  /** Most bytes per records event of one lease (gateway default 1 MiB; at most 4 MiB). A bound:
+   * the gateway sends at most 256 KiB of records per event whatever this allows. */
   maxBytes?: number;
   maxWaitMs?: number;
   offsetReset?: Reset;

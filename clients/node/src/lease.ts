@@ -124,6 +124,8 @@ export class LeaseHandle {
 /** How a Read batches records and reopens. Unset fields take the gateway's defaults. */
 export interface ReadOptions {
   maxRecords?: number;
+  /** Most bytes per batch (gateway default 1 MiB; at most 4 MiB). A bound: the gateway sends at
+   * most 256 KiB of records per batch whatever this allows (a single larger record comes alone). */
   maxBytes?: number;
   maxWaitMs?: number;
   /** Start here (as a seek would) instead of at the lease's resume point. */

@@ -211,7 +211,9 @@ class Lease(LeaseHandle):
     ) -> RecordStream:
         """Opens a Read: the partition's records in order, from ``from_offset`` if given, else
         from the lease's resume point (Acquire offset, last commit or last seek). One Read per
-        lease: a new one supersedes the old. See :class:`RecordStream`."""
+        lease: a new one supersedes the old. ``max_bytes`` is a bound: the gateway sends at most
+        256 KiB of records per batch whatever it allows (a single larger record comes alone).
+        See :class:`RecordStream`."""
         template = pb.ReadRequest(
             lease_id=self.lease_id, max_records=max_records, max_bytes=max_bytes, max_wait=to_duration(max_wait)
         )

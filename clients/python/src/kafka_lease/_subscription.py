@@ -111,7 +111,8 @@ class Subscription:
     seconds (TimeoutError), which lets a loop check a stop flag set by a signal handler.
 
     Options (unset ones take the gateway's defaults): ``member_id`` (stable id; the gateway
-    makes one up otherwise), ``member`` (label), ``max_records``, ``max_bytes``,
+    makes one up otherwise), ``member`` (label), ``max_records``, ``max_bytes`` (a bound: the
+    gateway sends at most 256 KiB of records per event whatever it allows),
     ``max_wait`` (per records event), ``offset_reset``, ``max_partitions`` (cap per topic),
     ``revoke_grace``, ``session_grace``, ``join_timeout`` (seconds to wait for ``joined``),
     ``queue`` (:class:`QueueOptions`: every lease of the member in queue mode, its records

@@ -20,7 +20,10 @@ public final class ReadOptions {
     return this;
   }
 
-  /** Most bytes per batch (default 1 MiB; at most 4 MiB). */
+  /**
+   * Most bytes per batch (default 1 MiB; at most 4 MiB). A bound: the gateway sends at most 256
+   * KiB of records per batch whatever this allows (a single larger record comes alone).
+   */
   public ReadOptions maxBytes(int maxBytes) {
     request.setMaxBytes(maxBytes);
     return this;

@@ -39,7 +39,10 @@ public final class SubscribeOptions {
     return this;
   }
 
-  /** Most bytes per batch of one lease (default 1 MiB). */
+  /**
+   * Most bytes per batch of one lease (default 1 MiB; at most 4 MiB). A bound: the gateway sends
+   * at most 256 KiB of records per batch whatever this allows.
+   */
   public SubscribeOptions maxBytes(int maxBytes) {
     request.setMaxBytes(maxBytes);
     return this;
