@@ -34,9 +34,14 @@ const LOOKS_BEFORE_PARKING: u32 = 4;
 /// A leased partition's records, as they arrive from the group client. Dropping it stops the
 /// fetching of that partition.
 pub struct PartitionFeed {
+    // Dropped in this order: the popped records and the handle before the queue and the
+    // client that own the librdkafka client they belong to.
     /// Records popped from the queue and not yet added to a batch, in order (the rest of a
-    /// pop that filled a batch). Dropped before the queue and the client.
+    /// pop that filled a batch).
     popped: VecDeque<RawMessage>,
+    /// The same queue as `queue`, to pop its records in batches and to ask how many ops it
+    /// holds before parking on it.
+    handle: QueueHandle,
     client: Arc<GroupClient>,
     topic: String,
     /// `topic` for librdkafka's C API (never absent: topic names are validated).
@@ -44,9 +49,6 @@ pub struct PartitionFeed {
     partition: i32,
     /// The queue as rust-rdkafka's stream, to wait on it when it is empty.
     queue: StreamPartitionQueue<ClientLog>,
-    /// The same queue, to pop its records in batches and to ask how many ops it holds
-    /// before parking on it.
-    handle: QueueHandle,
     /// Parked looks that found ops queued: wake-ups librdkafka did not give.
     rescues: metrics::Counter,
     /// Where the queue stands: the lease position its next record follows (the offset after
@@ -123,12 +125,12 @@ impl PartitionFeed {
             .map_err(|e| unavailable("assigning a partition", e))?;
         Ok(PartitionFeed {
             popped: VecDeque::new(),
+            handle,
             client: client.clone(),
             topic: topic.to_string(),
             topic_c,
             partition,
             queue,
-            handle,
             rescues: metrics::counter!(crate::metrics::READ_RESCUES),
             pulled_up_to: offset,
             pending: None,
