@@ -56,6 +56,11 @@ impl<T> Encoded<T> {
         }
     }
 
+    /// The encoding's parts, in order (their concatenation is the message's encoding).
+    pub fn into_parts(self) -> Vec<Bytes> {
+        self.parts
+    }
+
     /// The encoded length in bytes.
     pub fn len(&self) -> usize {
         self.parts.iter().map(Bytes::len).sum()

@@ -16,7 +16,6 @@ use tonic::transport::Server;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseServiceServer;
 use kafka_lease_proto::v1::gateway_peer_service_server::GatewayPeerServiceServer;
 
 use crate::auth::Auth;
@@ -24,7 +23,7 @@ use crate::calls::ConnectionLimits;
 use crate::coordination::SessionState;
 use crate::gateway::Gateway;
 use crate::grpc::forward::Peers;
-use crate::grpc::{LeaseService, PeerService};
+use crate::grpc::{FramedService, LeaseService, PeerService};
 use crate::tls::ServerTls;
 
 /// Why the server could not run.
@@ -152,14 +151,12 @@ pub async fn serve(
         .add_service(health_service)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
-        .add_service(
-            PartitionLeaseServiceServer::new(
-                LeaseService::new(gateway.clone(), peers)
-                    .with_auth(options.auth.clone())
-                    .with_long_calls_per_connection(limits.long_calls),
-            )
-            .max_decoding_message_size(MAX_REQUEST_BYTES),
-        )
+        .add_service(FramedService::new(
+            LeaseService::new(gateway.clone(), peers)
+                .with_auth(options.auth.clone())
+                .with_long_calls_per_connection(limits.long_calls),
+            MAX_REQUEST_BYTES,
+        ))
         .add_service(GatewayPeerServiceServer::new(
             PeerService::new(gateway.clone()).with_auth(options.auth.clone()),
         ));

@@ -11,10 +11,12 @@
 mod convert;
 mod describe;
 pub mod forward;
+mod framed;
 mod lease_service;
 mod peer_service;
 mod status;
 
+pub use framed::FramedService;
 pub use lease_service::LeaseService;
 pub use peer_service::PeerService;
 pub use status::{status_of, ERROR_DOMAIN};
