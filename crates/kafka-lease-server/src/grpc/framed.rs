@@ -8,8 +8,8 @@
 //! the service and writes the response's headers (the calls behave exactly as tonic's
 //! generated server makes them behave); only the body differs: [`FramedBody`] sends each
 //! response as its 5-byte gRPC message header followed by the batch's own `Bytes`, which
-//! HTTP/2 writes to the socket as they are. A short response (at most
-//! [`COPY_UP_TO`] bytes) is still written in one piece, copied, as tonic would.
+//! HTTP/2 writes to the socket as they are. Short parts (under [`PIECE_AT_LEAST`]) are
+//! still copied together, as tonic would, and so are short responses ready together.
 //!
 //! Every other call goes to tonic's generated server unchanged.
 
@@ -35,14 +35,12 @@ use tonic_prost::ProstCodec;
 
 use super::LeaseService;
 
-/// Responses up to this size are written in one piece (header and message copied
-/// together); larger ones send their larger parts as they are.
-const COPY_UP_TO: usize = 4096;
-
-/// Parts of a larger response shorter than this are copied next to their neighbours
-/// rather than sent as pieces of their own (a records event's few fields, a delivery's
-/// head and tail).
-const PIECE_AT_LEAST: usize = 1024;
+/// Parts of a response shorter than this are copied next to their neighbours rather than
+/// sent as pieces of their own: each piece costs an HTTP/2 frame at least (16 KiB is h2's
+/// default largest frame), and copying a few KiB costs less than a frame. A Read's or a
+/// Subscribe's batch of records is one part; a Deliver response has three per record (a
+/// head, the record, a tail), short unless the record is long.
+const PIECE_AT_LEAST: usize = 16 * 1024;
 
 /// The gRPC message header: a compression flag and the length, big-endian.
 const HEADER_SIZE: usize = 5;
@@ -212,53 +210,64 @@ where
 }
 
 /// A stream of [`Encoded`] responses as a gRPC response body: each message's header, then
-/// its parts as they are (see [`COPY_UP_TO`] and [`PIECE_AT_LEAST`]); at the end, or at the
-/// first error, the trailers with the status.
+/// its long parts as they are (see [`PIECE_AT_LEAST`]); at the end, or at the
+/// first error, the trailers with the status. Short messages that are ready together go out
+/// in one piece of up to [`GATHER_UP_TO`] bytes, as tonic's encoder gathers them.
 struct FramedBody<S> {
     responses: Pin<Box<S>>,
+    /// Bytes copied together, not yet a piece.
+    run: BytesMut,
+    /// Pieces to send, in order.
     pieces: VecDeque<Bytes>,
+    /// The status to end with, once the pieces are sent.
+    status: Option<Status>,
     ended: bool,
 }
+
+/// Ready messages are gathered into one piece until it holds this much (tonic's
+/// `yield_threshold`).
+const GATHER_UP_TO: usize = 32 * 1024;
 
 impl<S> FramedBody<S> {
     fn new(responses: S) -> Self {
         FramedBody {
             responses: Box::pin(responses),
+            run: BytesMut::new(),
             pieces: VecDeque::new(),
+            status: None,
             ended: false,
         }
     }
-}
 
-/// `message`'s gRPC framing, as pieces to send in order.
-fn frame<M>(message: Encoded<M>, pieces: &mut VecDeque<Bytes>) -> Result<(), Status> {
-    let len = message.len();
-    let Ok(header_len) = u32::try_from(len) else {
-        return Err(Status::resource_exhausted(format!(
-            "a response of {len} bytes is more than a gRPC message can carry (4 GiB)"
-        )));
-    };
-    let mut run = BytesMut::with_capacity(if len <= COPY_UP_TO {
-        HEADER_SIZE + len
-    } else {
-        HEADER_SIZE + PIECE_AT_LEAST
-    });
-    run.put_u8(0);
-    run.put_u32(header_len);
-    for part in message.into_parts() {
-        if len <= COPY_UP_TO || part.len() < PIECE_AT_LEAST {
-            run.put_slice(&part);
-        } else {
-            if !run.is_empty() {
-                pieces.push_back(run.split().freeze());
-            }
-            pieces.push_back(part);
+    /// What `run` holds, as the next piece.
+    fn flush(&mut self) {
+        if !self.run.is_empty() {
+            self.pieces.push_back(self.run.split().freeze());
         }
     }
-    if !run.is_empty() {
-        pieces.push_back(run.freeze());
+
+    /// `message`'s gRPC framing: its header and short parts copied into `run`, its long
+    /// parts as pieces of their own.
+    fn frame<M>(&mut self, message: Encoded<M>) -> Result<(), Status> {
+        let len = message.len();
+        let Ok(header_len) = u32::try_from(len) else {
+            return Err(Status::resource_exhausted(format!(
+                "a response of {len} bytes is more than a gRPC message can carry (4 GiB)"
+            )));
+        };
+        self.run.reserve(HEADER_SIZE + len.min(PIECE_AT_LEAST));
+        self.run.put_u8(0);
+        self.run.put_u32(header_len);
+        for part in message.into_parts() {
+            if part.len() < PIECE_AT_LEAST {
+                self.run.put_slice(&part);
+            } else {
+                self.flush();
+                self.pieces.push_back(part);
+            }
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 impl<S, M> http_body::Body for FramedBody<S>
@@ -279,20 +288,27 @@ where
         if this.ended {
             return Poll::Ready(None);
         }
-        let status = match this.responses.as_mut().poll_next(cx) {
-            Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Ok(message))) => match frame(message, &mut this.pieces) {
-                Ok(()) => {
-                    let piece = this.pieces.pop_front().expect("a message has a header");
-                    return Poll::Ready(Some(Ok(Frame::data(piece))));
+        // Frame what is ready, until a long part or enough short bytes make a piece.
+        while this.status.is_none() && this.pieces.is_empty() && this.run.len() < GATHER_UP_TO {
+            match this.responses.as_mut().poll_next(cx) {
+                Poll::Pending => break,
+                Poll::Ready(Some(Ok(message))) => {
+                    if let Err(status) = this.frame(message) {
+                        this.status = Some(status);
+                    }
                 }
-                Err(status) => status,
-            },
-            Poll::Ready(Some(Err(status))) => status,
-            Poll::Ready(None) => Status::ok(""),
+                Poll::Ready(Some(Err(status))) => this.status = Some(status),
+                Poll::Ready(None) => this.status = Some(Status::ok("")),
+            }
+        }
+        this.flush();
+        if let Some(piece) = this.pieces.pop_front() {
+            return Poll::Ready(Some(Ok(Frame::data(piece))));
+        }
+        let Some(status) = this.status.take() else {
+            return Poll::Pending;
         };
         this.ended = true;
-        this.pieces.clear();
         let mut trailers = http::HeaderMap::with_capacity(3);
         Poll::Ready(Some(
             status
@@ -394,6 +410,51 @@ mod tests {
             trailers.get("grpc-status").map(|v| v.as_bytes()),
             Some(&b"0"[..])
         );
+    }
+
+    #[tokio::test]
+    async fn short_messages_ready_together_go_out_in_one_piece() {
+        let messages_in: Vec<v1::ReadResponse> = (0..100).map(|i| records(&[i % 7])).collect();
+        let (pieces, trailers) = collect(FramedBody::new(stream::iter(
+            messages_in
+                .iter()
+                .map(|m| Ok(encoded(m, &[1])))
+                .collect::<Vec<_>>(),
+        )))
+        .await;
+        assert_eq!(messages(&pieces), messages_in);
+        assert_eq!(pieces.len(), 1, "{pieces:?}");
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"0"[..])
+        );
+        // Past GATHER_UP_TO, a new piece starts.
+        let big_ones: Vec<v1::ReadResponse> = (0..20).map(|_| records(&[3000])).collect();
+        let (pieces, _) = collect(FramedBody::new(stream::iter(
+            big_ones
+                .iter()
+                .map(|m| Ok(encoded(m, &[])))
+                .collect::<Vec<_>>(),
+        )))
+        .await;
+        assert_eq!(messages(&pieces), big_ones);
+        assert!(pieces.len() > 1, "{}", pieces.len());
+        assert!(pieces
+            .iter()
+            .all(|p| p.len() < GATHER_UP_TO + PIECE_AT_LEAST));
+    }
+
+    #[tokio::test]
+    async fn a_message_of_many_short_parts_goes_out_copied_in_one_piece() {
+        // As a Deliver response is: a head, a record and a tail for each record.
+        let message = records(&[1900; 8]);
+        let all = message.encode_to_vec();
+        let cuts: Vec<usize> = (1..all.len() / 2000).map(|i| i * 2000).collect();
+        let encoded = encoded(&message, &cuts);
+        assert!(encoded.clone().into_parts().len() >= 7);
+        let (pieces, _) = collect(FramedBody::new(stream::iter(vec![Ok(encoded)]))).await;
+        assert_eq!(messages(&pieces), vec![message]);
+        assert_eq!(pieces.len(), 1, "{}", pieces.len());
     }
 
     #[tokio::test]
