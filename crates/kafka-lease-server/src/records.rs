@@ -11,7 +11,7 @@ use kafka_lease_proto::v1;
 use kafka_lease_proto::wire::{
     EncodedDeliverResponse, EncodedReadResponse, EncodedSubscribeResponse,
 };
-use prost::encoding::{encode_varint, encoded_len_varint};
+use prost::encoding::encoded_len_varint;
 use rdkafka::message::{Headers, Message};
 
 /// `ReadResponse.records`, `.high_watermark`, `.seek_epoch`.
@@ -347,8 +347,11 @@ impl EncodedRecords {
         put_int(&mut fields, SUBSCRIBED_HIGH_WATERMARK, high_watermark);
         let event_len = fields.len() + records.len();
         let mut head = BytesMut::with_capacity(1 + 10 + fields.len());
-        head.put_u8(key(SUBSCRIBE_RECORDS, LENGTH_DELIMITED));
-        encode_varint(event_len as u64, &mut head);
+        put_key_varint(
+            &mut head,
+            key(SUBSCRIBE_RECORDS, LENGTH_DELIMITED),
+            event_len as u64,
+        );
         head.put_slice(&fields);
         EncodedSubscribeResponse::from_parts(vec![head.freeze(), records.freeze()])
     }
@@ -478,8 +481,11 @@ impl DeliverBatch {
         put_int(tail, DELIVERY_ATTEMPT, i64::from(attempt));
         let (seconds, nanos) = deadline;
         let timestamp_len = int_field_len(seconds) + int_field_len(i64::from(nanos));
-        tail.put_u8(key(DELIVERY_DEADLINE, LENGTH_DELIMITED));
-        encode_varint(timestamp_len as u64, tail);
+        put_key_varint(
+            tail,
+            key(DELIVERY_DEADLINE, LENGTH_DELIMITED),
+            timestamp_len as u64,
+        );
         put_int(tail, 1, seconds);
         put_int(tail, 2, i64::from(nanos));
         let tail = tail.split().freeze();
@@ -504,8 +510,11 @@ impl DeliverBatch {
     fn into_parts(self, field: u8, mut head: BytesMut) -> Vec<Bytes> {
         let mut parts = Vec::with_capacity(1 + self.deliveries.len() * 3);
         for (record, tail) in self.deliveries {
-            head.put_u8(key(field, LENGTH_DELIMITED));
-            encode_varint((record.len() + tail.len()) as u64, &mut head);
+            put_key_varint(
+                &mut head,
+                key(field, LENGTH_DELIMITED),
+                (record.len() + tail.len()) as u64,
+            );
             parts.push(head.split().freeze());
             parts.push(record);
             parts.push(tail);
@@ -556,8 +565,11 @@ impl DeliverBatch {
         );
         let event_len = fields.len() + self.wire_len;
         let mut head = BytesMut::with_capacity(1 + 10 + fields.len());
-        head.put_u8(key(SUBSCRIBE_DELIVERIES, LENGTH_DELIMITED));
-        encode_varint(event_len as u64, &mut head);
+        put_key_varint(
+            &mut head,
+            key(SUBSCRIBE_DELIVERIES, LENGTH_DELIMITED),
+            event_len as u64,
+        );
         head.put_slice(&fields);
         let heads = BytesMut::with_capacity(self.deliveries.len() * 4);
         let mut parts = vec![head.freeze()];
@@ -570,6 +582,7 @@ impl DeliverBatch {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use prost::encoding::encode_varint;
     use prost::Message as _;
     use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 
