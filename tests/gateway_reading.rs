@@ -587,3 +587,100 @@ async fn an_idle_lease_expires_and_an_open_read_keeps_it_alive() {
     }
     successor.release().await.expect("release");
 }
+
+/// The offsets of the next `count` records a Read delivers.
+async fn next_offsets(stream: &mut kafka_lease_client::RecordStream, count: usize) -> Vec<i64> {
+    let mut offsets = Vec::new();
+    while offsets.len() < count {
+        let batch = tokio::time::timeout(DEADLINE, stream.next_batch())
+            .await
+            .expect("a batch within the deadline")
+            .expect("stream open")
+            .expect("batch");
+        offsets.extend(batch.records.iter().map(|r| r.offset));
+    }
+    offsets
+}
+
+/// A gateway fetches the leases of several groups through as few Kafka clients as it can (a
+/// group's client fetches for another group's leases; docs/ARCHITECTURE.md, "The consumer
+/// design, and why"), and a partition leased in two groups through two clients. Whichever
+/// client fetches them, each group's leases read every record of their partitions and store
+/// offsets in their own group only, and one group's lease ending leaves the other group's
+/// Reads untouched, even those its client fetched.
+#[tokio::test]
+async fn groups_on_one_gateway_read_apart_and_keep_their_own_offsets() {
+    let services = kafka_lease_testkit::require_services!();
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 2).await;
+    let producer = producer(&services);
+    produce_n(&producer, &topic, 0, 30).await;
+    produce_n(&producer, &topic, 1, 30).await;
+    let (a, b) = (unique_name("ga"), unique_name("gb"));
+    let client = gateway.client().await;
+    let acquire = |group: &str, partition: i32| {
+        client.acquire(
+            AcquireOptions::new(group, &topic)
+                .partition(partition)
+                .member("m"),
+        )
+    };
+    // Group a's client is the gateway's first, so it fetches b's partition 1 as well; it
+    // fetches partition 0 for a already, so b's partition 0 is fetched by b's own client.
+    let a0 = acquire(&a, 0).await.expect("acquire a/0");
+    let b1 = acquire(&b, 1).await.expect("acquire b/1");
+    let b0 = acquire(&b, 0).await.expect("acquire b/0");
+    let options = || ReadOptions::new().max_records(7);
+    let mut a0_read = a0.records(options()).await.expect("read a/0");
+    let mut b1_read = b1.records(options()).await.expect("read b/1");
+    let mut b0_read = b0.records(options()).await.expect("read b/0");
+    let all: Vec<i64> = (0..30).collect();
+    assert_eq!(next_offsets(&mut a0_read, 30).await, all, "a/0");
+    assert_eq!(next_offsets(&mut b1_read, 30).await, all, "b/1");
+    assert_eq!(next_offsets(&mut b0_read, 30).await, all, "b/0");
+
+    b0.commit(7).await.expect("commit b/0");
+    b1.commit(5).await.expect("commit b/1");
+    a0.release_with_commit(12).await.expect("release a/0");
+    let committed = |group: &str, partition: i32| {
+        kafka_committed(&services, group, &topic, partition).map(|(offset, _)| offset)
+    };
+    assert_eq!(
+        [
+            committed(&a, 0),
+            committed(&a, 1),
+            committed(&b, 0),
+            committed(&b, 1)
+        ],
+        [Some(12), None, Some(7), Some(5)],
+        "each group's offsets in its own group"
+    );
+
+    // a's lease ended; b's Reads, one of them fetched by a's client, go on.
+    produce_n(&producer, &topic, 0, 10).await;
+    produce_n(&producer, &topic, 1, 10).await;
+    let more: Vec<i64> = (30..40).collect();
+    assert_eq!(
+        next_offsets(&mut b1_read, 10).await,
+        more,
+        "b/1 after a's release"
+    );
+    assert_eq!(
+        next_offsets(&mut b0_read, 10).await,
+        more,
+        "b/0 after a's release"
+    );
+
+    // a's partition 0 again, while b's partition 0 is still fetched: at a's offset.
+    let again = acquire(&a, 0).await.expect("acquire a/0 again");
+    assert_eq!(again.offset(), 12, "a resumes at its own committed offset");
+    let mut again_read = again.records(options()).await.expect("read a/0 again");
+    assert_eq!(
+        next_offsets(&mut again_read, 28).await,
+        (12..40).collect::<Vec<i64>>()
+    );
+    drop((again_read, b0_read, b1_read));
+    for lease in [again, b0, b1] {
+        lease.release().await.expect("release");
+    }
+}

@@ -2,8 +2,10 @@
 //! partition; `groups` groups each lease `per_group` partitions of their own, each lease with
 //! an open Read that must deliver its record. Then the gateway's RSS and OS threads (goal:
 //! <= 64 threads and <= 256 MiB at 100 groups x 10 leases; each group costs the gateway a
-//! librdkafka client today, see docs/ARCHITECTURE.md). The same figures at a tenth of the
-//! groups first, so the cost of one more group is a slope within one run (docs/CAPACITY.md).
+//! librdkafka client that stores its offsets, and partitions are fetched through as few of
+//! those clients as can, see docs/ARCHITECTURE.md). The same figures at a tenth of the groups
+//! first, so the cost of one more group is a slope within one run (docs/CAPACITY.md); then,
+//! on another gateway, what a group costs by how its partitions are fetched.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -130,6 +132,10 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         "rss_kib_per_topic_partition_per_group".into(),
         r3(sizes.kib_per_partition()).into(),
     );
+    details.insert(
+        "rss_mib_per_group_on_partitions_of_its_own".into(),
+        r3(sizes.own_partitions_per_group_mib).into(),
+    );
     details.insert("timing".into(), format!("VmRSS and Threads from /proc/<pid>/status {:?} after every Read delivered its record; each group leases partitions of its own", env.plan.scale_settle).into());
     let chart = |title: &str, unit: &str, values: [f64; 3], limit: f64| Chart {
         title: title.into(),
@@ -160,15 +166,18 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
         met: mib(rss) <= RSS_LIMIT_MIB,
         summary: format!(
             "{:.1} MiB ({:.1} idle, {:.1} at {mid_groups} groups: {rss_per_group:.2} MiB per group); \
-             a group's client costs {:.2} KiB per partition of the topic it reads ({:.2} MiB per \
-             group on a topic of {}, {:.2} on one of {partitions}, another gateway)",
+             another gateway: groups leasing the same partitions, each fetched by a client of its \
+             own, {:.2} MiB per group on a topic of {} and {:.2} on one of {partitions} ({:.2} KiB \
+             per partition of a topic a client fetches from); groups on partitions of their own, \
+             fetched by one client, {:.2}",
             mib(rss),
             mib(idle_rss),
             mib(mid_rss),
-            sizes.kib_per_partition(),
             sizes.small_per_group_mib,
             sizes.small_partitions,
             sizes.large_per_group_mib,
+            sizes.kib_per_partition(),
+            sizes.own_partitions_per_group_mib,
         ),
         details: details.clone(),
         chart: chart(
@@ -206,26 +215,33 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     Ok(vec![rss_row, threads_row])
 }
 
-/// What a group costs on a topic of few partitions and on one of many.
+/// What a group costs by how its partitions are fetched: on a topic of few partitions and
+/// on one of many when every group leases the same partitions (each group's partitions then
+/// fetched by a client of their own, which keeps state for the whole topic), and on the topic
+/// of many when each group leases partitions of its own (fetched by one client for all).
 struct TopicSizes {
     small_partitions: usize,
     small_per_group_mib: f64,
     large_partitions: usize,
     large_per_group_mib: f64,
+    own_partitions_per_group_mib: f64,
 }
 
 impl TopicSizes {
-    /// librdkafka keeps state for every partition of a topic its client knows, leased or not:
-    /// the difference between the two slopes, per partition.
+    /// librdkafka keeps state for every partition of a topic its client fetches from, leased
+    /// or not: the difference between the two slopes where each group's partitions are
+    /// fetched by a client of their own, per partition.
     fn kib_per_partition(&self) -> f64 {
         (self.large_per_group_mib - self.small_per_group_mib) * 1024.0
             / (self.large_partitions - self.small_partitions).max(1) as f64
     }
 }
 
-/// On a gateway of its own: `groups` groups of `per_group` leases on a topic of `per_group`
-/// partitions, then as many on `large` (of `large_partitions`, each group on partitions of its
-/// own); the RSS a group adds in each, so the cost of a topic's size is a slope of one run.
+/// On a gateway of its own, `groups` groups of `per_group` leases three times: on a topic of
+/// `per_group` partitions, every group all of it; on `large` (of `large_partitions`), every
+/// group the same `per_group` partitions; on `large` again, each group partitions of its own.
+/// The RSS a group adds in each, so the cost of a topic's size is a slope of one run, and what
+/// sharing a fetching client saves is beside it.
 async fn topic_size_cost(
     env: &Env,
     large: &str,
@@ -247,20 +263,28 @@ async fn topic_size_cost(
     let mut tasks: Vec<JoinHandle<()>> = Vec::new();
     let result = async {
         let mut clients = Vec::new();
-        for _ in 0..(2 * groups * per_group).div_ceil(LEASES_PER_CONNECTION).max(1) {
+        for _ in 0..(3 * groups * per_group).div_ceil(LEASES_PER_CONNECTION).max(1) {
             clients.push(gateway.client().await?);
         }
         let (opened, delivered) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let run_id = env.name("gt");
         let (mut rss, _) = proc_status(gateway.pid())?;
         let mut per_group_mib = Vec::new();
-        for (step, topic, partitions) in [(1, &small, per_group), (2, &large.to_string(), large_partitions)] {
+        let large = large.to_string();
+        let steps = [
+            (1, &small, per_group, "every group all of it"),
+            (2, &large, large_partitions, "every group the same partitions"),
+            (3, &large, large_partitions, "each group partitions of its own"),
+        ];
+        for (step, topic, partitions, how) in steps {
             let leases: Vec<(String, i32)> = (0..groups * per_group)
                 .map(|i| {
                     let group = format!("{run_id}-{step}-{}", i / per_group);
-                    // On the small topic every group leases all of it; on the large one,
-                    // partitions of its own.
-                    let partition = if step == 1 { i % per_group } else { i };
+                    let partition = match step {
+                        1 | 2 => i % per_group,
+                        // Past the partitions step 2 leases.
+                        _ => per_group + i,
+                    };
                     (group, partition as i32)
                 })
                 .collect();
@@ -272,7 +296,7 @@ async fn topic_size_cost(
             let (now, _) = proc_status(gateway.pid())?;
             let added = (now as f64 - rss as f64) / 1048576.0 / groups as f64;
             env.progress.say(format!(
-                "  {name}: {groups} more groups x {per_group} leases on a topic of {partitions} partitions: {added:.2} MiB per group"
+                "  {name}: {groups} more groups x {per_group} leases on a topic of {partitions} partitions, {how}: {added:.2} MiB per group"
             ));
             per_group_mib.push(added);
             rss = now;
@@ -282,6 +306,7 @@ async fn topic_size_cost(
             small_per_group_mib: per_group_mib[0],
             large_partitions,
             large_per_group_mib: per_group_mib[1],
+            own_partitions_per_group_mib: per_group_mib[2],
         })
     }
     .await;

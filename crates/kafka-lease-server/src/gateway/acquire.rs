@@ -409,14 +409,17 @@ impl Gateway {
         let key = grant.key().clone();
         let prepared = async {
             let group_client = self.kafka.group(&key.group)?;
+            // The client that will fetch the partition (perhaps another group's, see
+            // `Kafka::fetcher`), claimed now so no other lease takes it meanwhile.
+            let claim = self.kafka.fetcher(&group_client, &key.topic, key.partition)?;
             // All after the lock, and independent: one round trip to the brokers, not three.
             // (The committed offset must be read after the lock: the previous holder's
-            // commits have settled by then.) The topic's leaders, through the group's client:
-            // so the partition is fetched as soon as it is opened (see
+            // commits have settled by then.) The topic's leaders, through the client that
+            // fetches: so the partition is fetched as soon as it is opened (see
             // `GroupClient::learn_topic`); only a speed-up, librdkafka finds them by itself
             // later.
             let learned = async {
-                if let Err(err) = group_client.learn_topic(&key.topic).await {
+                if let Err(err) = claim.client().learn_topic(&key.topic).await {
                     tracing::debug!(topic = %key.topic, error = %err, "topic lookup failed; the partition's first fetch may wait for librdkafka's own");
                 }
                 Ok::<(), LeaseError>(())
@@ -437,11 +440,11 @@ impl Gateway {
                     Reset::Latest => high,
                 },
             };
-            let feed = PartitionFeed::open(&group_client, &key.topic, key.partition, start)?;
-            Ok::<_, LeaseError>((start, committed, high, feed))
+            let feed = PartitionFeed::open(claim, start)?;
+            Ok::<_, LeaseError>((start, committed, high, feed, group_client))
         }
         .await;
-        let (start, committed, high, feed) = prepared?;
+        let (start, committed, high, feed, group_client) = prepared?;
         let grant = grant.take();
         let token = grant.token();
         let lease = Lease::new(LeaseParts {
@@ -455,6 +458,7 @@ impl Gateway {
             committed,
             high_watermark: high,
             feed,
+            group_client,
             locks: self.locks.clone(),
         });
         self.table().install(lease.clone(), spec.via);

@@ -15,7 +15,7 @@ use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 
 use super::errors::{blocking, unavailable};
-use super::group::GroupClient;
+use super::group::{FetchClaim, GroupClient};
 use super::raw::{QueueHandle, RawMessage, Viewed};
 use super::settings::ClientLog;
 use crate::error::LeaseError;
@@ -34,19 +34,16 @@ const LOOKS_BEFORE_PARKING: u32 = 4;
 /// A leased partition's records, as they arrive from the group client. Dropping it stops the
 /// fetching of that partition.
 pub struct PartitionFeed {
-    // Dropped in this order: the popped records and the handle before the queue and the
-    // client that own the librdkafka client they belong to.
+    // Dropped in this order: the popped records and the handle before the queue, and the
+    // claim last (its client owns the librdkafka client they belong to).
     /// Records popped from the queue and not yet added to a batch, in order (the rest of a
     /// pop that filled a batch).
     popped: VecDeque<RawMessage>,
     /// The same queue as `queue`, to pop its records in batches and to ask how many ops it
     /// holds before parking on it.
     handle: QueueHandle,
-    client: Arc<GroupClient>,
-    topic: String,
-    /// `topic` for librdkafka's C API (never absent: topic names are validated).
+    /// The claim's topic for librdkafka's C API (never absent: topic names are validated).
     topic_c: Option<CString>,
-    partition: i32,
     /// The queue as rust-rdkafka's stream, to wait on it when it is empty.
     queue: StreamPartitionQueue<ClientLog>,
     /// Parked looks that found ops queued: wake-ups librdkafka did not give.
@@ -67,13 +64,18 @@ pub struct PartitionFeed {
     /// next batch takes it back once that response is dropped, so a lease holds at most one
     /// batch buffer between batches (within the per-lease bound, `max_bytes`).
     spare: bytes::BytesMut,
+    /// The client that fetches the partition, claimed for this lease. Last, so it is given
+    /// back only after the partition was unassigned (in `drop`) and the queue dropped:
+    /// dropping a queue clears its wake-up callback, which would be the next claimant's if
+    /// that one had already split the same partition's queue.
+    claim: FetchClaim,
 }
 
 impl std::fmt::Debug for PartitionFeed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PartitionFeed")
-            .field("topic", &self.topic)
-            .field("partition", &self.partition)
+            .field("topic", &self.claim.topic())
+            .field("partition", &self.claim.partition())
             .field("pulled_up_to", &self.pulled_up_to)
             .finish()
     }
@@ -84,24 +86,21 @@ impl Drop for PartitionFeed {
         self.popped.clear();
         let mut list = TopicPartitionList::new();
         if list
-            .add_partition_offset(&self.topic, self.partition, Offset::Invalid)
+            .add_partition_offset(self.claim.topic(), self.claim.partition(), Offset::Invalid)
             .is_ok()
         {
-            if let Err(err) = self.client.consumer.incremental_unassign(&list) {
-                tracing::warn!(topic = %self.topic, partition = self.partition, error = %err, "unassign failed");
+            if let Err(err) = self.claim.client().consumer.incremental_unassign(&list) {
+                tracing::warn!(topic = %self.claim.topic(), partition = self.claim.partition(), error = %err, "unassign failed");
             }
         }
     }
 }
 
 impl PartitionFeed {
-    /// Starts fetching `client`'s `topic`/`partition` at `offset` into a queue of its own.
-    pub(crate) fn open(
-        client: &Arc<GroupClient>,
-        topic: &str,
-        partition: i32,
-        offset: i64,
-    ) -> Result<Self, LeaseError> {
+    /// Starts fetching the claimed partition at `offset` through the client claimed for it,
+    /// into a queue of its own.
+    pub(crate) fn open(claim: FetchClaim, offset: i64) -> Result<Self, LeaseError> {
+        let (client, topic, partition) = (claim.client(), claim.topic(), claim.partition());
         // Split before assigning, so no record can reach the shared main queue.
         let queue = client
             .consumer
@@ -126,10 +125,7 @@ impl PartitionFeed {
         Ok(PartitionFeed {
             popped: VecDeque::new(),
             handle,
-            client: client.clone(),
-            topic: topic.to_string(),
             topic_c,
-            partition,
             queue,
             rescues: metrics::counter!(crate::metrics::READ_RESCUES),
             pulled_up_to: offset,
@@ -137,11 +133,13 @@ impl PartitionFeed {
             record_hint: 0,
             batch_hint: 0,
             spare: bytes::BytesMut::new(),
+            claim,
         })
     }
 
+    /// The client that fetches the partition (perhaps another group's).
     pub fn client(&self) -> &Arc<GroupClient> {
-        &self.client
+        self.claim.client()
     }
 
     /// Makes the next record taken be the first at or after `position`. Records pulled but
@@ -153,10 +151,10 @@ impl PartitionFeed {
         }
         self.pending = None;
         self.popped.clear();
-        let consumer = self.client.consumer.clone();
-        let topic = self.topic.clone();
-        let partition = self.partition;
-        let timeout = self.client.request_timeout;
+        let consumer = self.claim.client().consumer.clone();
+        let topic = self.claim.topic().to_string();
+        let partition = self.claim.partition();
+        let timeout = self.claim.client().request_timeout;
         blocking("seeking", move || {
             consumer
                 .seek(&topic, partition, Offset::Offset(position), timeout)
@@ -196,7 +194,7 @@ impl PartitionFeed {
             }
             while let Some(message) = self.popped.pop_front() {
                 if let Some(err) = message.error() {
-                    log_fetch_error(&self.topic, self.partition, &err);
+                    log_fetch_error(self.claim.topic(), self.claim.partition(), &err);
                     continue;
                 }
                 let added = add(batch, &message, from, limits);
@@ -296,8 +294,8 @@ impl PartitionFeed {
                     if queued > 0 {
                         self.rescues.increment(1);
                         tracing::debug!(
-                            topic = %self.topic,
-                            partition = self.partition,
+                            topic = %self.claim.topic(),
+                            partition = self.claim.partition(),
                             queued,
                             "read rescue: ops queued without a wake-up"
                         );
@@ -335,13 +333,14 @@ impl PartitionFeed {
     }
 
     fn log_fetch_error(&self, err: &KafkaError) {
-        log_fetch_error(&self.topic, self.partition, err);
+        log_fetch_error(self.claim.topic(), self.claim.partition(), err);
     }
 
     /// The high watermark as librdkafka last saw it, if it has seen one.
     pub fn cached_high_watermark(&self) -> Option<i64> {
-        self.client
-            .cached_high_watermark_of(self.topic_c.as_deref()?, self.partition)
+        self.claim
+            .client()
+            .cached_high_watermark_of(self.topic_c.as_deref()?, self.claim.partition())
     }
 }
 
@@ -458,7 +457,8 @@ mod tests {
         let kafka = Kafka::new(KafkaSettings::new(cluster.bootstrap_servers(), "feed-test"))
             .expect("client");
         let client = kafka.group("feed-group").expect("group client");
-        let mut feed = PartitionFeed::open(&client, "feed", 0, 0).expect("feed");
+        let claim = kafka.fetcher(&client, "feed", 0).expect("claim");
+        let mut feed = PartitionFeed::open(claim, 0).expect("feed");
         // 1,999 bytes: about 16 records of 117 bytes on the wire, never an exact fit.
         let limits = BatchLimits {
             max_records: 1_000,
@@ -571,7 +571,8 @@ mod tests {
         let kafka = Kafka::new(KafkaSettings::new(cluster.bootstrap_servers(), "feed-test"))
             .expect("client");
         let client = kafka.group("headers-group").expect("group client");
-        let mut feed = PartitionFeed::open(&client, "headers", 0, 0).expect("feed");
+        let claim = kafka.fetcher(&client, "headers", 0).expect("claim");
+        let mut feed = PartitionFeed::open(claim, 0).expect("feed");
         let limits = BatchLimits {
             max_records: 3,
             max_bytes: 1 << 20,

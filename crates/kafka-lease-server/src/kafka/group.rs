@@ -1,7 +1,8 @@
 //! [`GroupClient`]: one consumer group's client on this gateway, which stores the group's
-//! offsets (committed, commit), looks up a topic's leaders, and reads cached watermarks.
+//! offsets (committed, commit); and, for the partitions it fetches ([`FetchClaim`]), looks up
+//! a topic's leaders and reads cached watermarks.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -112,13 +113,61 @@ const TOPIC_LOOKUP_FRESH: Duration = Duration::from_secs(60);
 
 type LeaseConsumer = StreamConsumer<ClientLog>;
 
-/// One consumer-group's client: reads the group's leased partitions and stores its offsets.
+/// A partition one lease fetches through a group client, which may be another group's: a
+/// fetch needs no group, and librdkafka keeps state for every partition of every topic a
+/// client fetches from (about 1.8 KiB each), so the gateway fetches through as few clients as
+/// it can rather than one per group ([`crate::kafka::Kafka::fetcher`]). A client fetches a
+/// partition for one lease at a time: the claim is given back when dropped, after the feed
+/// that holds it stopped the fetching.
+pub struct FetchClaim {
+    client: Arc<GroupClient>,
+    topic: String,
+    partition: i32,
+}
+
+impl FetchClaim {
+    /// The client that fetches the partition.
+    pub fn client(&self) -> &Arc<GroupClient> {
+        &self.client
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+}
+
+impl std::fmt::Debug for FetchClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FetchClaim")
+            .field("client", &self.client.group)
+            .field("topic", &self.topic)
+            .field("partition", &self.partition)
+            .finish()
+    }
+}
+
+impl Drop for FetchClaim {
+    fn drop(&mut self) {
+        self.client
+            .fetching_lock()
+            .remove(&(std::mem::take(&mut self.topic), self.partition));
+    }
+}
+
+/// One consumer group's client: stores the group's offsets, and fetches the partitions
+/// claimed on it ([`FetchClaim`]), of its own group's leases or of other groups'.
 pub struct GroupClient {
     group: String,
     pub(super) consumer: Arc<LeaseConsumer>,
     pub(super) request_timeout: Duration,
     /// Topics this client looked up, and when (see [`GroupClient::learn_topic`]).
     topics: Mutex<HashMap<String, tokio::time::Instant>>,
+    /// The partitions this client fetches, one lease each (see [`FetchClaim`]).
+    fetching: Mutex<HashSet<(String, i32)>>,
     /// Serves the client's main queue, where librdkafka delivers errors and events. Every
     /// partition is split off to its own queue, so no record arrives here.
     poller: JoinHandle<()>,
@@ -182,12 +231,31 @@ impl GroupClient {
             consumer,
             request_timeout: settings.request_timeout,
             topics: Mutex::default(),
+            fetching: Mutex::default(),
             poller,
         })
     }
 
     pub fn group(&self) -> &str {
         &self.group
+    }
+
+    /// Claims `topic`/`partition` for one lease to fetch through this client, unless the
+    /// client fetches it already (for a lease of another group).
+    pub(super) fn claim(self: &Arc<Self>, topic: &str, partition: i32) -> Option<FetchClaim> {
+        let key = (topic.to_string(), partition);
+        if !self.fetching_lock().insert(key) {
+            return None;
+        }
+        Some(FetchClaim {
+            client: self.clone(),
+            topic: topic.to_string(),
+            partition,
+        })
+    }
+
+    fn fetching_lock(&self) -> std::sync::MutexGuard<'_, HashSet<(String, i32)>> {
+        self.fetching.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The group's committed offset and its metadata for a partition, `None` if it has none.

@@ -11,7 +11,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::dead_letters::DeadLetters;
 use super::errors::{blocking, retrying, unavailable, Failure};
-use super::group::GroupClient;
+use super::group::{FetchClaim, GroupClient};
 use super::settings::{ClientLog, KafkaSettings, PARTITION_COUNT_MAX_AGE};
 use crate::error::LeaseError;
 
@@ -22,19 +22,24 @@ const IDLE_GROUP_CLIENT: Duration = Duration::from_secs(60);
 /// The one topic the health ping asks about (see [`Kafka::ping_answer`]).
 const PING_TOPIC: &str = "__consumer_offsets";
 
-/// A group client and since when no lease uses it.
+/// A group client, when it was made, and since when no lease uses it.
 struct CachedGroup {
     client: Arc<GroupClient>,
+    /// The order clients were made in (see [`Kafka::fetcher`]).
+    made: u64,
     idle_since: Option<tokio::time::Instant>,
 }
 
 /// The gateway's Kafka clients: one metadata client, and one [`GroupClient`] per group that
-/// has leases on this instance (kept for [`IDLE_GROUP_CLIENT`] after its last lease).
+/// has leases on this instance (kept for [`IDLE_GROUP_CLIENT`] after its last lease), which
+/// stores that group's offsets and fetches partitions for any group ([`Kafka::fetcher`]).
 #[derive(Clone)]
 pub struct Kafka {
     settings: Arc<KafkaSettings>,
     metadata: Arc<BaseConsumer<ClientLog>>,
     groups: Arc<Mutex<HashMap<String, CachedGroup>>>,
+    /// Group clients made so far (see [`CachedGroup::made`]).
+    clients_made: Arc<std::sync::atomic::AtomicU64>,
     /// Topic → its partition count and when it was read (see [`Kafka::partition_count`]).
     partition_counts: Arc<Mutex<HashMap<String, (i32, tokio::time::Instant)>>>,
     dead_letters: DeadLetters,
@@ -71,6 +76,7 @@ impl Kafka {
             settings,
             metadata,
             groups,
+            clients_made: Arc::default(),
             partition_counts: Arc::default(),
         })
     }
@@ -350,10 +356,47 @@ impl Kafka {
             group.to_string(),
             CachedGroup {
                 client: client.clone(),
+                made: self
+                    .clients_made
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
                 idle_since: None,
             },
         );
         Ok(client)
+    }
+
+    /// The client a lease of `own`'s group fetches `topic`/`partition` through: the oldest
+    /// group client on this instance that does not fetch that partition already, whichever
+    /// group it stores offsets for. A fetch needs no group, and librdkafka keeps state for
+    /// every partition of each topic a client fetches from (1.8 KiB a partition), so leases
+    /// of groups on distinct partitions share one client's state and threads' work instead of
+    /// each group's client learning the whole topic; a partition leased in several groups on
+    /// this instance is fetched once per group, by as many clients. `own` is the fallback,
+    /// and never fetches a partition twice either: a gateway holds a partition's lock once
+    /// per group, and own's client is among those tried (unless the gateway is closing them).
+    pub fn fetcher(
+        &self,
+        own: &Arc<GroupClient>,
+        topic: &str,
+        partition: i32,
+    ) -> Result<FetchClaim, LeaseError> {
+        let groups = self.groups.lock().unwrap_or_else(|p| p.into_inner());
+        let mut clients: Vec<&CachedGroup> = groups.values().collect();
+        clients.sort_unstable_by_key(|cached| cached.made);
+        clients
+            .iter()
+            .find_map(|cached| cached.client.claim(topic, partition))
+            .or_else(|| own.claim(topic, partition))
+            .ok_or_else(|| {
+                unavailable(
+                    "opening a partition queue",
+                    format!(
+                        "every Kafka client of this gateway fetches partition {partition} of \
+                         {topic:?} already (group {:?} asked for it)",
+                        own.group()
+                    ),
+                )
+            })
     }
 }
 
@@ -423,9 +466,11 @@ async fn close_idle_group_clients(groups: Weak<Mutex<HashMap<String, CachedGroup
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use rdkafka::mocking::MockCluster;
 
-    use super::Kafka;
+    use super::{GroupClient, Kafka};
     use crate::kafka::settings::KafkaSettings;
 
     /// The health ping runs every second on every gateway: its answer must not list every
@@ -450,6 +495,49 @@ mod tests {
         );
         let (_, topics) = kafka.ping_answer().await.expect("ping");
         assert_eq!(topics, 1, "nor after a topic was asked about");
+        kafka.close().await;
+    }
+
+    /// Leases of groups on distinct partitions are fetched by one client, the oldest; a
+    /// partition leased in several groups by as many clients; a claim given back frees the
+    /// partition on its client.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn groups_share_the_oldest_client_for_the_partitions_it_does_not_fetch() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("shared", 3, 1).expect("topic");
+        let kafka = Kafka::new(KafkaSettings::new(
+            cluster.bootstrap_servers(),
+            "fetch-test",
+        ))
+        .expect("client");
+        let [a, b, c] = ["a", "b", "c"].map(|group| kafka.group(group).expect("group client"));
+        let fetcher = |own: &Arc<GroupClient>, partition: i32| {
+            kafka.fetcher(own, "shared", partition).expect("a client")
+        };
+        let a0 = fetcher(&a, 0);
+        assert!(Arc::ptr_eq(a0.client(), &a));
+        let b1 = fetcher(&b, 1);
+        assert!(
+            Arc::ptr_eq(b1.client(), &a),
+            "b's partition 1 by a's client"
+        );
+        let b0 = fetcher(&b, 0);
+        assert!(Arc::ptr_eq(b0.client(), &b), "a's client fetches 0 already");
+        let c0 = fetcher(&c, 0);
+        assert!(Arc::ptr_eq(c0.client(), &c), "a's and b's fetch 0 already");
+        let refused = kafka
+            .fetcher(&c, "shared", 0)
+            .expect_err("every client fetches partition 0");
+        assert!(
+            refused
+                .to_string()
+                .contains("fetches partition 0 of \"shared\" already"),
+            "{refused}"
+        );
+        drop(a0);
+        let c0_again = fetcher(&c, 0);
+        assert!(Arc::ptr_eq(c0_again.client(), &a), "a's client gave 0 back");
+        drop((b1, b0, c0, c0_again));
         kafka.close().await;
     }
 }

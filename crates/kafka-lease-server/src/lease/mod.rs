@@ -120,7 +120,10 @@ pub struct Lease {
     pub ttl: Duration,
     pub acquired_at: SystemTime,
     pub span: tracing::Span,
+    /// The client that stores the group's offsets.
     group_client: Arc<GroupClient>,
+    /// The client that fetches the partition (perhaps another group's: see `Kafka::fetcher`).
+    fetch_client: Arc<GroupClient>,
     /// The lock session the grant was made under.
     session: String,
     state: Mutex<LeaseState>,
@@ -195,6 +198,8 @@ pub struct LeaseParts {
     pub committed: Option<i64>,
     pub high_watermark: i64,
     pub feed: PartitionFeed,
+    /// The client that stores the group's offsets (the feed's may be another group's).
+    pub group_client: Arc<GroupClient>,
     /// The lock backend, for the fence checks before side effects.
     pub locks: Arc<dyn LockBackend>,
 }
@@ -223,7 +228,8 @@ impl Lease {
             ttl: parts.ttl,
             acquired_at: parts.acquired_at,
             span,
-            group_client: parts.feed.client().clone(),
+            group_client: parts.group_client,
+            fetch_client: parts.feed.client().clone(),
             session: parts.grant.session().to_string(),
             state: Mutex::new(LeaseState {
                 position: parts.position,
@@ -363,7 +369,7 @@ impl Lease {
     /// The partition's high watermark as librdkafka last saw it in a fetch response,
     /// without a request.
     pub fn fetched_high_watermark(&self) -> Option<i64> {
-        self.group_client
+        self.fetch_client
             .cached_high_watermark(&self.key.topic, self.key.partition)
     }
 
