@@ -1,5 +1,6 @@
-//! The Read path: [`PartitionFeed`], one leased partition's queue split off its group's
-//! client, and the filling of a batch from it ([`BatchLimits`]).
+//! The Read path: [`PartitionFeed`], one leased partition's queue split off the group client
+//! claimed to fetch it (perhaps another group's: `Kafka::fetcher`), and the filling of a
+//! batch from it ([`BatchLimits`]).
 
 use std::collections::VecDeque;
 use std::ffi::CString;
@@ -31,8 +32,8 @@ const REPOLL: Duration = Duration::from_millis(250);
 /// at again at once, before it parks until a wake-up or [`REPOLL`].
 const LOOKS_BEFORE_PARKING: u32 = 4;
 
-/// A leased partition's records, as they arrive from the group client. Dropping it stops the
-/// fetching of that partition.
+/// A leased partition's records, as they arrive from the client that fetches it. Dropping it
+/// stops the fetching of that partition.
 pub struct PartitionFeed {
     // Dropped in this order: the popped records and the handle before the queue, and the
     // claim last (its client owns the librdkafka client they belong to).
