@@ -188,6 +188,18 @@ async fn a_paused_gateway_fences_itself_and_changes_nothing_when_resumed() {
         "the new holder's offset stands"
     );
     successor.release().await.expect("release");
+    // The paused gateway says why its session ended: its first pass after the pause came
+    // long past the check's TTL.
+    kafka_lease_testkit::wait_for(
+        "the paused gateway to say its check went unpassed",
+        DEADLINE,
+        || async {
+            a.log()
+                .contains("the liveness check went longer than its TTL without a pass")
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

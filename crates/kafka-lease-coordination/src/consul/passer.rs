@@ -36,8 +36,13 @@ pub(super) async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
     // the current run of failures, if any.
     let mut passed_once = false;
     let mut failing_since: Option<Instant> = None;
+    // When the last pass was answered: a gap past the TTL between two means the agent has
+    // likely marked the check critical meanwhile, and ended the session.
+    let ttl = every * PASSES_PER_TTL;
+    let mut last_passed: Option<Instant> = None;
     loop {
-        ticks.tick().await;
+        let due = ticks.tick().await;
+        let started = Instant::now();
         let outcome = match tokio::time::timeout(
             patience,
             shared.send_raw_critical(PassCheck {
@@ -56,6 +61,27 @@ pub(super) async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
         };
         match outcome {
             Ok(()) => {
+                let now = Instant::now();
+                if let Some(gap) = last_passed.map(|at| now.saturating_duration_since(at)) {
+                    if gap > ttl {
+                        // Said, because the session's end that follows would otherwise be
+                        // reported with the check passing again, and no cause.
+                        tracing::warn!(
+                            %instance,
+                            check = %check_id,
+                            ?gap,
+                            ?ttl,
+                            turn_late_by = ?started.saturating_duration_since(due),
+                            answered_in = ?now.saturating_duration_since(started),
+                            "the liveness check went longer than its TTL without a pass: the \
+                             agent has likely marked it critical and ended this instance's \
+                             session. A pass's turn late means this process did not run its \
+                             tasks in time (no CPU for it, a pause, or a blocked runtime); a \
+                             slow answer, a slow agent",
+                        );
+                    }
+                }
+                last_passed = Some(now);
                 if let Some(since) = failing_since.take() {
                     tracing::info!(
                         %instance,
