@@ -4,7 +4,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use kafka_lease_client::{AcquireOptions, Client, ReadOptions, SeekTo};
+use kafka_lease_client::{AcquireOptions, Bytes, Client, ReadOptions, SeekTo};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
@@ -231,13 +231,13 @@ async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
     }
     // Every shape a client must keep apart: null key, tombstone, empty value, a repeated
     // header and one without a value; one second apart in time.
-    let bytes = |s: &Option<String>| s.as_ref().map(|s| s.as_bytes().to_vec());
+    let bytes = |s: &Option<String>| s.clone().map(Bytes::from);
     for (i, record) in records.iter().enumerate() {
         let sample = kafka_lease_server::dev::sample(partition, i as u32);
         assert_eq!(record.offset, i as i64);
         assert_eq!(record.key, bytes(&sample.key), "key of {i}");
         assert_eq!(record.value, bytes(&sample.value), "value of {i}");
-        let headers: Vec<(String, Option<Vec<u8>>)> = sample
+        let headers: Vec<(String, Option<Bytes>)> = sample
             .headers
             .iter()
             .map(|(k, v)| (k.clone(), bytes(v)))
@@ -246,7 +246,7 @@ async fn dev_mode_serves_the_sample_topic_with_nothing_installed() {
     }
     assert_eq!(records[3].key, None);
     assert_eq!(records[5].value, None);
-    assert_eq!(records[7].value, Some(Vec::new()));
+    assert_eq!(records[7].value, Some(Bytes::new()));
     assert_eq!(
         records[6]
             .timestamp

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
 use kafka_lease_client::proto;
-use kafka_lease_client::{AcquireOptions, Error, ReadOptions, Reason, SeekTo};
+use kafka_lease_client::{AcquireOptions, Bytes, Error, ReadOptions, Reason, SeekTo};
 use kafka_lease_testkit::{unique_name, wait_for, Services};
 use support::{
     create_topic, kafka_committed, produce, produce_n, producer, unique_prefix, GatewayProcess,
@@ -82,9 +82,20 @@ async fn every_record_arrives_once_in_order_with_fields_intact() {
     assert_eq!(got.len(), records.len(), "no extra records");
     for (i, (sent, received)) in records.iter().zip(&got).enumerate() {
         assert_eq!(received.offset, i as i64, "offsets are consecutive");
-        assert_eq!(received.key, sent.key, "key of {i}");
-        assert_eq!(received.value, sent.value, "value of {i}");
-        assert_eq!(received.headers, sent.headers, "headers of {i}");
+        let sent_headers: Vec<_> = (sent.headers.iter())
+            .map(|(k, v)| (k.clone(), v.clone().map(Bytes::from)))
+            .collect();
+        assert_eq!(
+            received.key,
+            sent.key.clone().map(Bytes::from),
+            "key of {i}"
+        );
+        assert_eq!(
+            received.value,
+            sent.value.clone().map(Bytes::from),
+            "value of {i}"
+        );
+        assert_eq!(received.headers, sent_headers, "headers of {i}");
         assert_eq!(
             received.timestamp,
             SystemTime::UNIX_EPOCH

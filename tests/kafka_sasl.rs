@@ -118,7 +118,7 @@ async fn a_gateway_with_scram_credentials_leases_reads_and_commits() {
         values.extend(batch.records.into_iter().map(|r| {
             (
                 r.offset,
-                String::from_utf8(r.value.unwrap_or_default()).expect("utf-8"),
+                String::from_utf8(r.value.unwrap_or_default().to_vec()).expect("utf-8"),
             )
         }));
     }

@@ -46,6 +46,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .skip_protoc_run()
         .file_descriptor_set_path(&descriptor_path)
+        // A record's key, value and header values as `bytes::Bytes`: decoded from tonic's
+        // receive buffer, they are slices of it, not copies (one allocation and one copy
+        // less per record for every Rust reader of records).
+        .bytes(".kafka_lease.v1.KafkaRecord")
+        .bytes(".kafka_lease.v1.KafkaHeader")
         .compile_fds(file_descriptors)?;
 
     let encoded_dir = out_dir.join("encoded");

@@ -422,16 +422,16 @@ mod tests {
     fn record() -> Record {
         Record::from(kafka_lease_client::proto::KafkaRecord {
             offset: 42,
-            key: Some(b"k 1".to_vec()),
-            value: Some(vec![0x00, 0xff, b'x']),
+            key: Some(kafka_lease_client::Bytes::from_static(b"k 1")),
+            value: Some(kafka_lease_client::Bytes::from_static(&[0x00, 0xff, b'x'])),
             headers: vec![
                 kafka_lease_client::proto::KafkaHeader {
                     key: "trace,id=".into(),
-                    value: Some(b"a,b=c".to_vec()),
+                    value: Some(kafka_lease_client::Bytes::from_static(b"a,b=c")),
                 },
                 kafka_lease_client::proto::KafkaHeader {
                     key: "empty".into(),
-                    value: Some(Vec::new()),
+                    value: Some(kafka_lease_client::Bytes::new()),
                 },
                 kafka_lease_client::proto::KafkaHeader {
                     key: "null".into(),

@@ -482,7 +482,13 @@ where
     let first_batch = first
         .records
         .iter()
-        .map(|r| (r.offset, r.value.clone(), first.seek_epoch))
+        .map(|r| {
+            (
+                r.offset,
+                r.value.as_deref().map(<[u8]>::to_vec),
+                first.seek_epoch,
+            )
+        })
         .collect();
 
     let seek = raw

@@ -85,6 +85,10 @@ mod subscription;
 /// The generated `kafka_lease.v1` messages and gRPC client, for use with [`Client::raw`].
 pub use kafka_lease_proto::v1 as proto;
 
+/// The type of a record's key, value and header values: a slice of the response the record
+/// came in, shared rather than copied (see [`Record`]).
+pub use bytes::Bytes;
+
 pub use client::{
     AcquireOptions, Client, ClientTls, LeaseFilter, LeaseInfo, QueueInfo, DEFAULT_ACQUIRE_RETRIES,
 };

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::stream::{FusedStream, Stream, StreamExt};
 use tonic::codec::Streaming;
@@ -57,18 +58,23 @@ impl EpochFilter {
 }
 
 /// One Kafka record, with every field as the broker stored it.
+///
+/// The key, value and header values are [`Bytes`]: slices of the gateway's response the
+/// record came in, not copies of it. Cloning one is cheap, and keeping one keeps that
+/// response's buffer (up to the Read's `max_bytes`) in memory; copy it
+/// (`value.to_vec()`) to keep a small part of a large batch for long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Record {
     /// The record's offset in its partition.
     pub offset: i64,
-    /// The key; `None` is a null key, distinct from `Some(vec![])`, an empty one.
-    pub key: Option<Vec<u8>>,
-    /// The value; `None` is a tombstone, distinct from `Some(vec![])`, an empty value.
-    pub value: Option<Vec<u8>>,
+    /// The key; `None` is a null key, distinct from `Some(Bytes::new())`, an empty one.
+    pub key: Option<Bytes>,
+    /// The value; `None` is a tombstone, distinct from `Some(Bytes::new())`, an empty value.
+    pub value: Option<Bytes>,
     /// `(key, value)` pairs in the order the producer wrote them, duplicates kept; a `None`
     /// value is a null header value, distinct from an empty one.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: Vec<(String, Option<Bytes>)>,
     /// The record's timestamp (`UNIX_EPOCH` if the gateway sent none).
     pub timestamp: SystemTime,
     /// Whether the producer or the broker set [`timestamp`](Self::timestamp).
@@ -739,11 +745,48 @@ mod tests {
     }
 
     #[test]
+    fn decoded_values_are_slices_of_the_response_not_copies() {
+        use prost::Message;
+        let response = proto::ReadResponse {
+            records: (0..3)
+                .map(|i| proto::KafkaRecord {
+                    offset: i,
+                    key: Some(Bytes::from(format!("key-{i}"))),
+                    value: Some(Bytes::from(vec![i as u8; 1024])),
+                    headers: vec![proto::KafkaHeader {
+                        key: "h".into(),
+                        value: Some(Bytes::from_static(b"header value")),
+                    }],
+                    ..Default::default()
+                })
+                .collect(),
+            high_watermark: 3,
+            seek_epoch: 0,
+        };
+        // As tonic hands a message to prost: its bytes in a BytesMut of the receive buffer.
+        let mut received = bytes::BytesMut::from(&response.encode_to_vec()[..]);
+        let range = received.as_ptr() as usize..received.as_ptr() as usize + received.len();
+        let batch = Batch::from(proto::ReadResponse::decode(&mut received).expect("decodes"));
+        let inside = |b: &Bytes| range.contains(&(b.as_ptr() as usize));
+        for (i, record) in batch.records.iter().enumerate() {
+            let value = record.value.as_ref().expect("a value");
+            assert_eq!(&value[..], &vec![i as u8; 1024][..]);
+            assert!(inside(value), "record {i}'s value was copied");
+            assert!(
+                inside(record.key.as_ref().expect("a key")),
+                "key {i} was copied"
+            );
+            let header = record.headers[0].1.as_ref().expect("a header value");
+            assert!(inside(header), "record {i}'s header value was copied");
+        }
+    }
+
+    #[test]
     fn record_conversion_keeps_absent_and_empty_apart() {
         let record = Record::from(proto::KafkaRecord {
             offset: 7,
             key: None,
-            value: Some(Vec::new()),
+            value: Some(Bytes::new()),
             headers: vec![
                 proto::KafkaHeader {
                     key: "a".into(),
@@ -751,11 +794,11 @@ mod tests {
                 },
                 proto::KafkaHeader {
                     key: "a".into(),
-                    value: Some(Vec::new()),
+                    value: Some(Bytes::new()),
                 },
                 proto::KafkaHeader {
                     key: "b".into(),
-                    value: Some(b"x".to_vec()),
+                    value: Some(Bytes::from_static(b"x")),
                 },
             ],
             timestamp: Some(prost_types::Timestamp {
@@ -766,13 +809,13 @@ mod tests {
         });
         assert_eq!(record.offset, 7);
         assert_eq!(record.key, None);
-        assert_eq!(record.value, Some(Vec::new()));
+        assert_eq!(record.value, Some(Bytes::new()));
         assert_eq!(
             record.headers,
             vec![
                 ("a".to_owned(), None),
-                ("a".to_owned(), Some(Vec::new())),
-                ("b".to_owned(), Some(b"x".to_vec())),
+                ("a".to_owned(), Some(Bytes::new())),
+                ("b".to_owned(), Some(Bytes::from_static(b"x"))),
             ]
         );
         assert_eq!(record.header("a"), Some(None));

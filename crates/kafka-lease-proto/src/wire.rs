@@ -211,7 +211,7 @@ mod tests {
                 v1::KafkaRecord {
                     offset: 0,
                     key: None,
-                    value: Some(Vec::new()),
+                    value: Some(Bytes::new()),
                     headers: vec![v1::KafkaHeader {
                         key: "h".into(),
                         value: None,
@@ -221,8 +221,8 @@ mod tests {
                 },
                 v1::KafkaRecord {
                     offset: 1 << 40,
-                    key: Some(b"k".to_vec()),
-                    value: Some(vec![7; 300]),
+                    key: Some(Bytes::from_static(b"k")),
+                    value: Some(Bytes::from(vec![7; 300])),
                     headers: Vec::new(),
                     timestamp: Some(prost_types::Timestamp {
                         seconds: -5,

@@ -685,8 +685,8 @@ mod tests {
         let prepared = Prepared::of(message);
         v1::KafkaRecord {
             offset: message.offset(),
-            key: message.key().map(<[u8]>::to_vec),
-            value: message.payload().map(<[u8]>::to_vec),
+            key: message.key().map(Bytes::copy_from_slice),
+            value: message.payload().map(Bytes::copy_from_slice),
             headers: message
                 .headers()
                 .map(|headers| {
@@ -694,7 +694,7 @@ mod tests {
                         .iter()
                         .map(|h| v1::KafkaHeader {
                             key: h.key.to_string(),
-                            value: h.value.map(<[u8]>::to_vec),
+                            value: h.value.map(Bytes::copy_from_slice),
                         })
                         .collect()
                 })
@@ -885,9 +885,9 @@ mod tests {
         records.push(&Prepared::of(&absent));
         assert_eq!(records.last_offset(), Some(7));
         let decoded = records.decode();
-        assert_eq!(decoded[0].key, Some(Vec::new()));
-        assert_eq!(decoded[0].value, Some(Vec::new()));
-        assert_eq!(decoded[0].headers[0].value, Some(Vec::new()));
+        assert_eq!(decoded[0].key, Some(Bytes::new()));
+        assert_eq!(decoded[0].value, Some(Bytes::new()));
+        assert_eq!(decoded[0].headers[0].value, Some(Bytes::new()));
         assert_eq!(decoded[0].headers[1].value, None);
         assert_eq!(
             decoded[0].timestamp,

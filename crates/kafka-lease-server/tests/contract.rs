@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use kafka_lease_client::proto;
 use kafka_lease_client::{
-    AcquireOptions, Client, Error, LeaseFilter, ReadOptions, Reason, SeekTo, StatusDetails,
+    AcquireOptions, Bytes, Client, Error, LeaseFilter, ReadOptions, Reason, SeekTo, StatusDetails,
     SubscribeOptions, SubscriptionEvent,
 };
 use kafka_lease_server::coordination::LockBackend;
@@ -464,9 +464,20 @@ async fn every_record_arrives_once_in_order_with_fields_intact() {
     assert_eq!(got.len(), records.len(), "no extra records");
     for (i, (sent, received)) in records.iter().zip(&got).enumerate() {
         assert_eq!(received.offset, i as i64, "offsets are consecutive");
-        assert_eq!(received.key, sent.key, "key of {i}");
-        assert_eq!(received.value, sent.value, "value of {i}");
-        assert_eq!(received.headers, sent.headers, "headers of {i}");
+        let sent_headers: Vec<_> = (sent.headers.iter())
+            .map(|(k, v)| (k.clone(), v.clone().map(Bytes::from)))
+            .collect();
+        assert_eq!(
+            received.key,
+            sent.key.clone().map(Bytes::from),
+            "key of {i}"
+        );
+        assert_eq!(
+            received.value,
+            sent.value.clone().map(Bytes::from),
+            "value of {i}"
+        );
+        assert_eq!(received.headers, sent_headers, "headers of {i}");
         assert_eq!(
             received.timestamp,
             SystemTime::UNIX_EPOCH

@@ -335,7 +335,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, &size)| v1::KafkaRecord {
                     offset: i as i64,
-                    value: Some(vec![i as u8; size]),
+                    value: Some(vec![i as u8; size].into()),
                     ..Default::default()
                 })
                 .collect(),

@@ -602,7 +602,11 @@ mod tests {
         let headers: Vec<(String, Option<Vec<u8>>)> = records
             .decode()
             .iter()
-            .flat_map(|r| r.headers.iter().map(|h| (h.key.clone(), h.value.clone())))
+            .flat_map(|r| {
+                r.headers
+                    .iter()
+                    .map(|h| (h.key.clone(), h.value.as_deref().map(<[u8]>::to_vec)))
+            })
             .collect();
         let named = |value: &[u8]| ("trace-\u{fffd}\u{fffd}".to_string(), Some(value.to_vec()));
         assert_eq!(

@@ -877,7 +877,7 @@ fn dead_letter_of(
     let mut all: Vec<(String, Option<Vec<u8>>)> = decoded
         .headers
         .into_iter()
-        .map(|h| (h.key, h.value))
+        .map(|h| (h.key, h.value.map(Vec::from)))
         .collect();
     let ours = [
         (headers::TOPIC, lease.key.topic.clone()),
@@ -894,8 +894,8 @@ fn dead_letter_of(
     );
     DeadLetter {
         topic: topic.to_string(),
-        key: decoded.key,
-        value: decoded.value,
+        key: decoded.key.map(Vec::from),
+        value: decoded.value.map(Vec::from),
         headers: all,
         timestamp_ms: decoded
             .timestamp
