@@ -26,20 +26,19 @@ enum PassFailure {
 /// through (cancelling them sooner would fail the check while the agent works), and one that
 /// hangs leaves time for another try on a fresh request before the TTL runs out.
 pub(super) async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
-    let patience = every * PASSES_PER_TTL / 2;
+    let ttl = every * PASSES_PER_TTL;
+    let patience = ttl / 2;
     let check_id = shared.config.check_id();
     let instance = shared.config.instance.clone();
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Failures before the first good pass are expected (the check may not be registered
-    // yet) and neither counted nor warned about; after it, `failing_since` is the start of
-    // the current run of failures, if any.
-    let mut passed_once = false;
-    let mut failing_since: Option<Instant> = None;
-    // When the last pass was answered: a gap past the TTL between two means the agent has
-    // likely marked the check critical meanwhile, and ended the session.
-    let ttl = every * PASSES_PER_TTL;
+    // When the last good pass was answered: a gap past the TTL between two means the agent
+    // has likely marked the check critical meanwhile, and ended the session. Failures before
+    // the first good pass are expected (the check may not be registered yet) and neither
+    // counted nor warned about; after it, `failing_since` is the start of the current run of
+    // failures, if any.
     let mut last_passed: Option<Instant> = None;
+    let mut failing_since: Option<Instant> = None;
     loop {
         let due = ticks.tick().await;
         let started = Instant::now();
@@ -90,10 +89,9 @@ pub(super) async fn run_check_passer(shared: Arc<Shared>, every: Duration) {
                         "passing the liveness check again",
                     );
                 }
-                passed_once = true;
             }
             Err(error) => {
-                if !passed_once {
+                if last_passed.is_none() {
                     tracing::debug!(%instance, check = %check_id, %error, "liveness check not passed yet");
                     continue;
                 }
