@@ -283,6 +283,32 @@ pub(crate) fn proc_status(pid: u32) -> Result<(u64, u64)> {
     Ok((field("VmRSS:")? * 1024, field("Threads:")?))
 }
 
+/// CPU time every core of the machine has spent busy so far (user, nice, system, irq,
+/// softirq and steal; not idle or iowait), from the first line of `/proc/stat`, in seconds:
+/// over a drain, what every process on the machine spent (the broker's part included).
+pub(crate) fn machine_busy_seconds() -> Result<f64> {
+    let text = std::fs::read_to_string("/proc/stat").context("reading /proc/stat")?;
+    let line = text
+        .lines()
+        .next()
+        .filter(|l| l.starts_with("cpu "))
+        .ok_or_else(|| anyhow!("/proc/stat does not start with the cpu line"))?;
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|t| {
+            t.parse::<u64>()
+                .with_context(|| format!("parsing /proc/stat's {t:?}"))
+        })
+        .collect::<Result<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let busy = [0, 1, 2, 5, 6, 7]
+        .iter()
+        .map(|&i| ticks.get(i).copied().unwrap_or(0))
+        .sum::<u64>();
+    Ok(busy as f64 / clock_ticks_per_second())
+}
+
 /// CPU time (user + system, every thread) a process has used so far, from
 /// `/proc/<pid>/stat`, in seconds (clock-tick resolution, 10 ms on Linux).
 pub(crate) fn proc_cpu_seconds(pid: u32) -> Result<f64> {

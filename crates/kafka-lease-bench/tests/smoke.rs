@@ -28,9 +28,12 @@ const SCENARIOS: &[&str] = &[
 
 /// Rows each scenario writes.
 const ROWS: &[(&str, &[&str])] = &[
-    ("drain-1p-1KiB", &["drain-1p-1KiB"]),
+    (
+        "drain-1p-1KiB",
+        &["drain-1p-1KiB", "drain-1p-1KiB-limit-counting"],
+    ),
     ("drain-1p-100B", &["drain-1p-100B"]),
-    ("drain-16p", &["drain-16p"]),
+    ("drain-16p", &["drain-16p", "drain-16p-limit-counting"]),
     ("drain-forwarded", &["drain-forwarded"]),
     (
         "first-record",

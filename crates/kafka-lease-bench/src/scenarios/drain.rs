@@ -16,7 +16,10 @@ use serde_json::{json, Map, Value};
 use tokio::time::Instant;
 
 use super::{acquire, r3, ratio, Row};
-use crate::env::{create_topic, proc_cpu_seconds, produce_fill, thread_cpu_seconds, Env, Gateway};
+use crate::env::{
+    create_topic, machine_busy_seconds, proc_cpu_seconds, produce_fill, thread_cpu_seconds, Env,
+    Gateway,
+};
 use crate::report::{Chart, ScenarioResult, NO_GOAL};
 use crate::stats::{median, min_max};
 
@@ -57,6 +60,15 @@ struct DrainRun {
     /// For the gateway arm: the CPU time of the bench process (the Rust client crate
     /// decoding the responses) over the drain.
     client_cpu_secs: Option<f64>,
+    /// The machine's busy CPU seconds so far (`machine_busy_seconds`) when the first record
+    /// arrived: the start of the steady window. `None` when not read.
+    machine_at_first_record: Option<f64>,
+    /// CPU time every process on the machine used over the steady window, from the first
+    /// record to the last (`/proc/stat`): the broker, the arm's process, its client and
+    /// anything else running. `None` when not measured.
+    machine_cpu_secs: Option<f64>,
+    /// Responses the gateway arm's Reads received (0 for the other arms).
+    responses: u64,
 }
 
 impl DrainRun {
@@ -65,6 +77,24 @@ impl DrainRun {
         self.client_cpu_secs
             .filter(|_| self.records > 0)
             .map(|cpu| cpu * 1e6 / self.records as f64)
+    }
+    /// Notes the machine's busy CPU seconds at the end of the drain (`end`), for the
+    /// steady window's CPU.
+    fn machine_until(&mut self, end: f64) {
+        self.machine_cpu_secs = self.machine_at_first_record.map(|first| end - first);
+    }
+    /// Microseconds of the whole machine's CPU per record over the steady window (the
+    /// records the steady rate counts).
+    fn machine_cpu_us_per_record(&self) -> Option<f64> {
+        self.machine_cpu_secs
+            .filter(|_| !self.steady_window_empty())
+            .map(|cpu| cpu * 1e6 / (self.records - self.first_records) as f64)
+    }
+    /// How many of the machine's cores were busy on average over the steady window.
+    fn busy_cores(&self) -> Option<f64> {
+        self.machine_cpu_secs
+            .filter(|_| !self.steady_window_empty())
+            .map(|cpu| cpu / (self.secs - self.first_record_secs))
     }
     /// Microseconds of CPU per record drained.
     fn cpu_us_per_record(&self) -> Option<f64> {
@@ -107,14 +137,53 @@ fn read_options() -> ReadOptions {
         .max_wait(READ_MAX_WAIT)
 }
 
+/// How the gateway arm reads each lease.
+#[derive(Clone, Copy)]
+enum ReadVia<'a> {
+    /// With the Rust client, through the client that acquired the lease.
+    Lease,
+    /// With the Rust client, through the matching client of another gateway instance, which
+    /// forwards the Read.
+    Other(&'a [Client]),
+    /// Through the matching channel to the same gateway, with a reader that only counts the
+    /// records ([`super::discard`]): the relay arm's reader's equal.
+    Counting(&'a [tonic::transport::Channel]),
+}
+
+/// A lease's Read, however the arm reads it: batches of records, or counts of them.
+enum Reading {
+    Records(RecordStream),
+    Counts(tonic::Streaming<super::discard::Counted>),
+}
+
+impl Reading {
+    /// The next response's records and value bytes; `None` at the stream's end.
+    async fn next(&mut self) -> Option<Result<(u64, u64)>> {
+        match self {
+            Reading::Records(stream) => stream.next_batch().await.map(|batch| {
+                let batch = batch.map_err(|e| anyhow!(e).context("Read failed"))?;
+                let size: u64 = batch
+                    .records
+                    .iter()
+                    .map(|r| r.value.as_ref().map_or(0, |v| v.len()) as u64)
+                    .sum();
+                Ok((batch.records.len() as u64, size))
+            }),
+            Reading::Counts(stream) => stream.message().await.transpose().map(|counted| {
+                let counted = counted.map_err(|e| anyhow!(e).context("Read failed"))?;
+                Ok((counted.records, counted.value_bytes))
+            }),
+        }
+    }
+}
+
 /// Gateway arm: every client acquires its partitions (concurrently) and reads each to
-/// `per_partition` records, through the same client, or through the matching client of
-/// `read_via` (another gateway instance, which forwards the Read). Timed from just before
-/// the Acquires to the last record.
+/// `per_partition` records as `read_via` says. Timed from just before the Acquires to the
+/// last record.
 async fn gateway_drain(
     env: &Env,
     clients: &[Client],
-    read_via: Option<&[Client]>,
+    read_via: ReadVia<'_>,
     topic: &str,
     layout: &[Vec<i32>],
     per_partition: u64,
@@ -124,7 +193,11 @@ async fn gateway_drain(
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for (i, (client, partitions)) in clients.iter().zip(layout).enumerate() {
-        let reader = read_via.map(|via| via[i].clone());
+        let reader = match read_via {
+            ReadVia::Lease => None,
+            ReadVia::Other(via) => Some(Ok(via[i].clone())),
+            ReadVia::Counting(channels) => Some(Err(channels[i].clone())),
+        };
         for &partition in partitions {
             let reader = reader.clone();
             let client = client.clone();
@@ -140,55 +213,55 @@ async fn gateway_drain(
                         .ttl(Duration::from_secs(60)),
                 )
                 .await?;
+                let request = kafka_lease_client::proto::ReadRequest {
+                    lease_id: lease.lease_id().to_string(),
+                    max_records: READ_MAX_RECORDS,
+                    max_bytes: READ_MAX_BYTES,
+                    max_wait: Some(prost_types::Duration {
+                        seconds: 0,
+                        nanos: READ_MAX_WAIT.as_nanos() as i32,
+                    }),
+                    from_offset: None,
+                    if_seek_epoch: None,
+                };
                 let mut stream = match reader {
-                    None => lease.records(read_options()).await.context("Read")?,
-                    Some(reader) => {
-                        let request = kafka_lease_client::proto::ReadRequest {
-                            lease_id: lease.lease_id().to_string(),
-                            max_records: READ_MAX_RECORDS,
-                            max_bytes: READ_MAX_BYTES,
-                            max_wait: Some(prost_types::Duration {
-                                seconds: 0,
-                                nanos: READ_MAX_WAIT.as_nanos() as i32,
-                            }),
-                            from_offset: None,
-                            if_seek_epoch: None,
-                        };
+                    None => Reading::Records(lease.records(read_options()).await.context("Read")?),
+                    Some(Err(channel)) => {
+                        Reading::Counts(super::discard::read(channel, request).await?)
+                    }
+                    Some(Ok(reader)) => {
                         let inner = reader
                             .raw()
                             .read(request)
                             .await
                             .context("Read through the other instance")?
                             .into_inner();
-                        RecordStream::new(inner, EpochFilter::new())
+                        Reading::Records(RecordStream::new(inner, EpochFilter::new()))
                     }
                 };
-                let (mut n, mut bytes) = (0_u64, 0_u64);
+                let (mut n, mut bytes, mut responses) = (0_u64, 0_u64, 0_u64);
+                let mut machine_at_first = None;
                 let mut first = (f64::NAN, 0_u64, 0_u64);
                 while n < per_partition {
-                    match stream.next_batch().await {
-                        Some(Ok(batch)) => {
-                            let size: u64 = batch
-                                .records
-                                .iter()
-                                .map(|r| r.value.as_ref().map_or(0, |v| v.len()) as u64)
-                                .sum();
+                    match stream.next().await {
+                        Some(Ok((records, size))) => {
                             if n == 0 {
-                                first =
-                                    (t0.elapsed().as_secs_f64(), batch.records.len() as u64, size);
+                                first = (t0.elapsed().as_secs_f64(), records, size);
+                                machine_at_first = machine_busy_seconds().ok();
                             }
                             bytes += size;
-                            n += batch.records.len() as u64;
-                            done.fetch_add(batch.records.len() as u64, Ordering::Relaxed);
+                            responses += 1;
+                            n += records;
+                            done.fetch_add(records, Ordering::Relaxed);
                         }
-                        Some(Err(e)) => return Err(anyhow!(e).context("Read failed")),
+                        Some(Err(e)) => return Err(e),
                         None => bail!("the Read ended after {n} records"),
                     }
                 }
                 let finish = t0.elapsed().as_secs_f64();
                 drop(stream);
                 let _ = lease.release().await;
-                Ok::<_, anyhow::Error>((n, bytes, finish, first))
+                Ok::<_, anyhow::Error>((n, bytes, responses, finish, first, machine_at_first))
             }));
         }
     }
@@ -205,12 +278,18 @@ async fn gateway_drain(
         first_bytes: 0,
         cpu_secs: None,
         client_cpu_secs: None,
+        machine_at_first_record: None,
+        machine_cpu_secs: None,
+        responses: 0,
     };
     let mut finishes = Vec::new();
     for j in joined {
-        let (n, bytes, finish, (first, first_n, first_b)) = j.context("drain task panicked")??;
+        let (n, bytes, responses, finish, (first, first_n, first_b), machine_at_first) =
+            j.context("drain task panicked")??;
+        run.responses += responses;
         if first < run.first_record_secs {
             run.first_record_secs = first;
+            run.machine_at_first_record = machine_at_first;
             run.first_records = first_n;
             run.first_bytes = first_b;
         }
@@ -396,17 +475,20 @@ pub(crate) async fn direct_rate(
     )
 }
 
-/// The relay arm over `partitions` (see [`relay_drain`]): its steady records/s and its CPU
-/// per record, for a scenario that measures the gateway otherwise.
+/// The relay arm over `partitions` (see [`relay_drain`]): its steady records/s, its CPU per
+/// record and the whole machine's CPU per record over the whole drain (start-up included),
+/// for a scenario that measures the gateway otherwise.
 pub(crate) async fn relay_rate(
     env: &Env,
     topic: &str,
     partitions: i32,
     per_partition: u64,
-) -> Result<(f64, Option<f64>)> {
+) -> Result<(f64, Option<f64>, f64)> {
     let all: Vec<i32> = (0..partitions).collect();
+    let machine0 = machine_busy_seconds()?;
     let run = relay_drain(env, topic, &all, per_partition, Arc::default()).await?;
-    Ok((run.rate(), run.cpu_us_per_record()))
+    let machine = (machine_busy_seconds()? - machine0) * 1e6 / run.records.max(1) as f64;
+    Ok((run.rate(), run.cpu_us_per_record(), machine))
 }
 
 /// The direct consumer's loop; `sink` sees every record (the relay arm writes it on).
@@ -431,6 +513,7 @@ fn direct_drain_blocking(
     let mut errors = 0_u32;
     let mut first = f64::NAN;
     let mut first_bytes = 0_u64;
+    let mut machine_at_first = None;
     while finish.len() < partitions.len() {
         if t0.elapsed() > DRAIN_DEADLINE {
             bail!("direct drain took longer than {DRAIN_DEADLINE:?}");
@@ -448,6 +531,7 @@ fn direct_drain_blocking(
                 if first.is_nan() {
                     first = t0.elapsed().as_secs_f64();
                     first_bytes = m.payload().map_or(0, <[u8]>::len) as u64;
+                    machine_at_first = machine_busy_seconds().ok();
                 }
                 bytes += m.payload().map_or(0, <[u8]>::len) as u64;
                 let c = counts.entry(m.partition()).or_insert(0);
@@ -466,6 +550,9 @@ fn direct_drain_blocking(
         first_bytes,
         cpu_secs: None,
         client_cpu_secs: None,
+        machine_at_first_record: machine_at_first,
+        machine_cpu_secs: None,
+        responses: 0,
         records: counts.values().sum(),
         bytes,
         secs,
@@ -503,7 +590,27 @@ async fn rounds(
         "  {name}: warm-up (gateway, direct: {} records each)",
         warm * partitions.len() as u64
     ));
-    gateway_drain(env, clients, None, topic, layout, warm, Arc::default()).await?;
+    gateway_drain(
+        env,
+        clients,
+        ReadVia::Lease,
+        topic,
+        layout,
+        warm,
+        Arc::default(),
+    )
+    .await?;
+    let channels = counting_channels(gateway, layout.len()).await?;
+    gateway_drain(
+        env,
+        clients,
+        ReadVia::Counting(&channels),
+        topic,
+        layout,
+        warm,
+        Arc::default(),
+    )
+    .await?;
     direct_drain(env, topic, &partitions, warm, Arc::default()).await?;
     relay_drain(env, topic, &partitions, warm, Arc::default()).await?;
     if let Some(binary) = go_client {
@@ -511,31 +618,19 @@ async fn rounds(
     }
     let mut out = Vec::new();
     let mut relays = Vec::new();
+    let mut counting = Vec::new();
     let mut gos = Vec::new();
     for round in 1..=env.plan.rounds {
         let label = format!("{name} round {round}/{}", env.plan.rounds);
-        let done = Arc::new(AtomicU64::new(0));
-        let g = {
-            let _t =
-                env.progress
-                    .ticker(format!("{label} gateway"), done.clone(), total, "records");
-            let cpu0 = proc_cpu_seconds(gateway_pid)?;
-            let client0 = proc_cpu_seconds(std::process::id())?;
-            let mut run =
-                gateway_drain(env, clients, None, topic, layout, per_partition, done).await?;
-            run.cpu_secs = Some(proc_cpu_seconds(gateway_pid)? - cpu0);
-            run.client_cpu_secs = Some(proc_cpu_seconds(std::process::id())? - client0);
-            run
-        };
-        env.progress.say(format!(
-            "  {label} gateway: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s; gateway CPU {:.2} us/record, client CPU {:.2} us/record",
-            g.secs,
-            g.first_record_secs,
-            g.rate(),
-            g.mb_s(),
-            g.cpu_us_per_record().unwrap_or(f64::NAN),
-            g.client_cpu_us_per_record().unwrap_or(f64::NAN)
-        ));
+        let g = measured_gateway_drain(
+            env,
+            (&label, "gateway", "client"),
+            gateway_pid,
+            clients,
+            ReadVia::Lease,
+            (topic, layout, per_partition),
+        )
+        .await?;
         let done = Arc::new(AtomicU64::new(0));
         let d = {
             let _t = env
@@ -543,31 +638,48 @@ async fn rounds(
                 .ticker(format!("{label} direct"), done.clone(), total, "records");
             let cpu0 = proc_cpu_seconds(std::process::id())?;
             let mut run = direct_drain(env, topic, &partitions, per_partition, done).await?;
+            run.machine_until(machine_busy_seconds()?);
             run.cpu_secs = Some(proc_cpu_seconds(std::process::id())? - cpu0);
             run
         };
         env.progress.say(format!(
-            "  {label} direct: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s; consumer CPU {:.2} us/record",
+            "  {label} direct: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s; consumer CPU {:.2} us/record; machine CPU {:.2} us/record, {:.2} cores busy",
             d.secs,
             d.first_record_secs,
             d.rate(),
             d.mb_s(),
-            d.cpu_us_per_record().unwrap_or(f64::NAN)
+            d.cpu_us_per_record().unwrap_or(f64::NAN),
+            d.machine_cpu_us_per_record().unwrap_or(f64::NAN),
+            d.busy_cores().unwrap_or(f64::NAN)
         ));
         let done = Arc::new(AtomicU64::new(0));
         let r = {
             let _t = env
                 .progress
                 .ticker(format!("{label} relay"), done.clone(), total, "records");
-            relay_drain(env, topic, &partitions, per_partition, done).await?
+            let mut run = relay_drain(env, topic, &partitions, per_partition, done).await?;
+            run.machine_until(machine_busy_seconds()?);
+            run
         };
         env.progress.say(format!(
-            "  {label} relay (the limit): {total} records in {:.2}s; steady {:.0} records/s, {:.1} MB/s; relay CPU {:.2} us/record",
+            "  {label} relay (the limit): {total} records in {:.2}s; steady {:.0} records/s, {:.1} MB/s; relay CPU {:.2} us/record; machine CPU {:.2} us/record, {:.2} cores busy",
             r.secs,
             r.rate(),
             r.mb_s(),
-            r.cpu_us_per_record().unwrap_or(f64::NAN)
+            r.cpu_us_per_record().unwrap_or(f64::NAN),
+            r.machine_cpu_us_per_record().unwrap_or(f64::NAN),
+            r.busy_cores().unwrap_or(f64::NAN)
         ));
+        let c = measured_gateway_drain(
+            env,
+            (&label, "gateway, counting reader", "reader"),
+            gateway_pid,
+            clients,
+            ReadVia::Counting(&channels),
+            (topic, layout, per_partition),
+        )
+        .await?;
+        counting.push(c);
         if let Some(binary) = go_client {
             let done = Arc::new(AtomicU64::new(0));
             let _t =
@@ -594,8 +706,49 @@ async fn rounds(
     Ok(Arms {
         runs: out,
         relays,
+        counting,
         gos,
     })
+}
+
+/// One gateway arm's drain of a round, measured (the gateway's CPU, the bench process's as
+/// its reader's, the machine's) and reported on the progress line as `{label} {arm}`, the
+/// reader's CPU named `reader`.
+async fn measured_gateway_drain(
+    env: &Env,
+    (label, arm, reader): (&str, &str, &str),
+    gateway_pid: u32,
+    clients: &[Client],
+    via: ReadVia<'_>,
+    (topic, layout, per_partition): (&str, &[Vec<i32>], u64),
+) -> Result<DrainRun> {
+    let total = per_partition * layout.iter().map(Vec::len).sum::<usize>() as u64;
+    let done = Arc::new(AtomicU64::new(0));
+    let run = {
+        let _t = env
+            .progress
+            .ticker(format!("{label} {arm}"), done.clone(), total, "records");
+        let cpu0 = proc_cpu_seconds(gateway_pid)?;
+        let client0 = proc_cpu_seconds(std::process::id())?;
+        let mut run = gateway_drain(env, clients, via, topic, layout, per_partition, done).await?;
+        run.machine_until(machine_busy_seconds()?);
+        run.cpu_secs = Some(proc_cpu_seconds(gateway_pid)? - cpu0);
+        run.client_cpu_secs = Some(proc_cpu_seconds(std::process::id())? - client0);
+        run
+    };
+    env.progress.say(format!(
+        "  {label} {arm}: {total} records in {:.2}s, first after {:.3}s; steady {:.0} records/s, {:.1} MB/s; gateway CPU {:.2} us/record, {reader} CPU {:.2} us/record; machine CPU {:.2} us/record, {:.2} cores busy; {:.0} records per response",
+        run.secs,
+        run.first_record_secs,
+        run.rate(),
+        run.mb_s(),
+        run.cpu_us_per_record().unwrap_or(f64::NAN),
+        run.client_cpu_us_per_record().unwrap_or(f64::NAN),
+        run.machine_cpu_us_per_record().unwrap_or(f64::NAN),
+        run.busy_cores().unwrap_or(f64::NAN),
+        run.records as f64 / run.responses.max(1) as f64
+    ));
+    Ok(run)
 }
 
 /// The gateway's side of a drain scenario: the gateway, the Rust clients connected to it,
@@ -613,6 +766,8 @@ struct Arms {
     runs: Vec<(DrainRun, DrainRun)>,
     /// The relay arm per round.
     relays: Vec<DrainRun>,
+    /// The gateway arm with a counting reader per round.
+    counting: Vec<DrainRun>,
     /// The Go client arm per round; empty when it did not run.
     gos: Vec<DrainRun>,
 }
@@ -713,6 +868,9 @@ async fn go_drain(
         first_bytes: number("first_batch_bytes")? as u64,
         cpu_secs: None,
         client_cpu_secs: Some(number("cpu_secs")?),
+        machine_at_first_record: None,
+        machine_cpu_secs: None,
+        responses: 0,
     })
 }
 
@@ -826,8 +984,65 @@ fn limit_row(
     );
     let rate_ratio = ratio(g, r);
     let cpu_ratio = ratio(g_cpu, r_cpu);
+    let gateways = || runs.iter().map(|(g, _)| g);
+    let g_machine = median(
+        &gateways()
+            .filter_map(DrainRun::machine_cpu_us_per_record)
+            .collect::<Vec<_>>(),
+    );
+    let r_machine = median(
+        &relays
+            .iter()
+            .filter_map(DrainRun::machine_cpu_us_per_record)
+            .collect::<Vec<_>>(),
+    );
     let mut details = Map::new();
     details.insert("relay_style".into(), RELAY_STYLE.into());
+    // The whole machine's CPU per record in each arm (broker, arm, client, the rest): on
+    // cores that are all busy, the rates go as the inverse of these.
+    details.insert(
+        "gateway_arm_machine_cpu_us_per_record".into(),
+        r3(g_machine).into(),
+    );
+    details.insert(
+        "relay_arm_machine_cpu_us_per_record".into(),
+        r3(r_machine).into(),
+    );
+    details.insert(
+        "gateway_arm_busy_cores".into(),
+        gateways()
+            .filter_map(DrainRun::busy_cores)
+            .map(r3)
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    details.insert(
+        "relay_arm_busy_cores".into(),
+        relays
+            .iter()
+            .filter_map(DrainRun::busy_cores)
+            .map(r3)
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    details.insert(
+        "client_cpu_us_per_record".into(),
+        r3(median(
+            &gateways()
+                .filter_map(DrainRun::client_cpu_us_per_record)
+                .collect::<Vec<_>>(),
+        ))
+        .into(),
+    );
+    details.insert(
+        "records_per_response".into(),
+        r3(median(
+            &gateways()
+                .map(|g| g.records as f64 / g.responses.max(1) as f64)
+                .collect::<Vec<_>>(),
+        ))
+        .into(),
+    );
     details.insert("gateway_cpu_us_per_record".into(), r3(g_cpu).into());
     details.insert("relay_cpu_us_per_record".into(), r3(r_cpu).into());
     details.insert("direct_cpu_us_per_record".into(), r3(d_cpu).into());
@@ -869,6 +1084,139 @@ fn limit_row(
             ("gateway", "relay (limit)"),
             relays,
         ),
+    }
+    .build()
+}
+
+/// Channels of their own to `gateway`, one per client of the layout, for the counting
+/// reader.
+async fn counting_channels(
+    gateway: &Gateway,
+    count: usize,
+) -> Result<Vec<tonic::transport::Channel>> {
+    let mut channels = Vec::new();
+    for _ in 0..count {
+        channels.push(
+            tonic::transport::Channel::from_shared(gateway.endpoint())
+                .context("the gateway's endpoint")?
+                .connect()
+                .await
+                .context("connecting the counting reader")?,
+        );
+    }
+    Ok(channels)
+}
+
+/// How the counting reader reads.
+const COUNTING_STYLE: &str =
+    "the gateway arm's Acquires and Read requests, each Read on a channel of its own per \
+     client connection (tonic, HTTP/2), its responses not decoded into records: each is \
+     walked once over its fields, counting the records and summing their values' lengths \
+     (crates/kafka-lease-bench/src/scenarios/discard.rs). The relay arm's reader's equal: \
+     what a client must do at least to read a gRPC stream";
+
+/// The `<name>-limit-counting` row: the gateway, read by a reader that only counts, against
+/// the relay arm, whose reader only discards: the gateway's share of this machine's limit
+/// when its client costs about what the relay's reader does (medians across the same
+/// rounds).
+fn counting_row(
+    name: &str,
+    scenario: &'static str,
+    counting: &[DrainRun],
+    relays: &[DrainRun],
+) -> ScenarioResult {
+    let med = |runs: &[DrainRun], f: &dyn Fn(&DrainRun) -> Option<f64>| {
+        median(&runs.iter().filter_map(f).collect::<Vec<_>>())
+    };
+    let c = med(counting, &|r| Some(r.rate()));
+    let r = med(relays, &|r| Some(r.rate()));
+    let c_cpu = med(counting, &DrainRun::cpu_us_per_record);
+    let r_cpu = med(relays, &DrainRun::cpu_us_per_record);
+    let reader_cpu = med(counting, &DrainRun::client_cpu_us_per_record);
+    let rate_ratio = ratio(c, r);
+    let cpu_ratio = ratio(c_cpu, r_cpu);
+    let mut details = Map::new();
+    details.insert("reader_style".into(), COUNTING_STYLE.into());
+    details.insert("relay_style".into(), RELAY_STYLE.into());
+    details.insert("gateway_cpu_us_per_record".into(), r3(c_cpu).into());
+    details.insert("reader_cpu_us_per_record".into(), r3(reader_cpu).into());
+    details.insert("relay_cpu_us_per_record".into(), r3(r_cpu).into());
+    details.insert(
+        "gateway_cpu_over_relay_cpu".into(),
+        cpu_ratio.map(r3).into(),
+    );
+    details.insert(
+        "gateway_arm_machine_cpu_us_per_record".into(),
+        r3(med(counting, &DrainRun::machine_cpu_us_per_record)).into(),
+    );
+    details.insert(
+        "relay_arm_machine_cpu_us_per_record".into(),
+        r3(med(relays, &DrainRun::machine_cpu_us_per_record)).into(),
+    );
+    details.insert(
+        "gateway_arm_busy_cores".into(),
+        r3(med(counting, &DrainRun::busy_cores)).into(),
+    );
+    details.insert(
+        "relay_arm_busy_cores".into(),
+        r3(med(relays, &DrainRun::busy_cores)).into(),
+    );
+    details.insert(
+        "rounds".into(),
+        counting
+            .iter()
+            .zip(relays)
+            .enumerate()
+            .map(|(i, (c, r))| {
+                json!({
+                    "round": i + 1,
+                    "gateway_records_per_s": r3(c.rate()),
+                    "relay_records_per_s": r3(r.rate()),
+                    "gateway_cpu_us_per_record": c.cpu_us_per_record().map(r3),
+                    "reader_cpu_us_per_record": c.client_cpu_us_per_record().map(r3),
+                    "relay_cpu_us_per_record": r.cpu_us_per_record().map(r3),
+                })
+            })
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    Row {
+        name: format!("{name}-limit-counting"),
+        scenario,
+        unit: "records/s",
+        gateway: r3(c),
+        baseline: r3(r),
+        baseline_kind: "measured: the relay arm (direct consumer + loopback TCP copy of every record to a reader that discards it), same rounds".into(),
+        ratio: rate_ratio.map(r3),
+        ratio_definition: "gateway records/s read by a reader that only counts them / relay records/s (medians across rounds)",
+        goal: NO_GOAL.into(),
+        met: true,
+        summary: format!(
+            "CPU per record: gateway {c_cpu:.2}, its reader {reader_cpu:.2}, relay {r_cpu:.2} us ({}x)",
+            cpu_ratio.map_or_else(|| "-".to_string(), |c| format!("{c:.2}"))
+        ),
+        details,
+        chart: Chart {
+            title: format!(
+                "{name}: gateway (counting reader) against the relay limit, records/s per round"
+            ),
+            unit: "records/s".into(),
+            groups: counting
+                .iter()
+                .zip(relays)
+                .enumerate()
+                .map(|(i, (c, r))| {
+                    (
+                        format!("round {}", i + 1),
+                        vec![
+                            ("gateway, counting reader".into(), c.rate()),
+                            ("relay (limit)".into(), r.rate()),
+                        ],
+                    )
+                })
+                .collect(),
+            lines: vec![("0.9 x relay median".into(), 0.9 * r)],
+        },
     }
     .build()
 }
@@ -1102,7 +1450,12 @@ pub(crate) async fn one_partition(
     )
     .await;
     gateway.stop().await;
-    let Arms { runs, relays, gos } = arms?;
+    let Arms {
+        runs,
+        relays,
+        counting,
+        gos,
+    } = arms?;
     let g = median(&runs.iter().map(|(g, _)| g.rate()).collect::<Vec<_>>());
     let d = median(&runs.iter().map(|(_, d)| d.rate()).collect::<Vec<_>>());
     let g_mb = median(&runs.iter().map(|(g, _)| g.mb_s()).collect::<Vec<_>>());
@@ -1160,6 +1513,7 @@ pub(crate) async fn one_partition(
         .build(),
         cpu,
         limit,
+        counting_row(name, scenario, &counting, &relays),
     ];
     rows.extend(go);
     Ok(rows)
@@ -1225,7 +1579,12 @@ async fn many_partitions(
     )
     .await;
     gateway.stop().await;
-    let Arms { runs, relays, .. } = arms?;
+    let Arms {
+        runs,
+        relays,
+        counting,
+        ..
+    } = arms?;
     let g = median(&runs.iter().map(|(g, _)| g.rate()).collect::<Vec<_>>());
     let d = median(&runs.iter().map(|(_, d)| d.rate()).collect::<Vec<_>>());
     let g_mb = median(&runs.iter().map(|(g, _)| g.mb_s()).collect::<Vec<_>>());
@@ -1290,6 +1649,7 @@ async fn many_partitions(
     .build(),
         cpu,
         limit,
+        counting_row(name, scenario, &counting, &relays),
     ])
 }
 
@@ -1351,6 +1711,30 @@ pub(crate) async fn forwarded(env: &Env, name: &str) -> Result<Vec<ScenarioResul
     details.insert(
         "forwarding_instance_cpu_us_per_record".into(),
         r3(hop_cpu).into(),
+    );
+    // The whole machine's CPU per record in each arm: on cores that are all busy, the rates
+    // go as the inverse of these.
+    details.insert(
+        "serving_arm_machine_cpu_us_per_record".into(),
+        r3(med(&|(g, _, _)| {
+            g.machine_cpu_us_per_record().unwrap_or(f64::NAN)
+        }))
+        .into(),
+    );
+    details.insert(
+        "forwarded_arm_machine_cpu_us_per_record".into(),
+        r3(med(&|(_, f, _)| {
+            f.machine_cpu_us_per_record().unwrap_or(f64::NAN)
+        }))
+        .into(),
+    );
+    details.insert(
+        "serving_arm_busy_cores".into(),
+        r3(med(&|(g, _, _)| g.busy_cores().unwrap_or(f64::NAN))).into(),
+    );
+    details.insert(
+        "forwarded_arm_busy_cores".into(),
+        r3(med(&|(_, f, _)| f.busy_cores().unwrap_or(f64::NAN))).into(),
     );
     details.insert(
         "arms".into(),
@@ -1431,8 +1815,26 @@ async fn forwarded_rounds(
     env.progress.say(format!(
         "  {name}: warm-up (serving, forwarded, direct: {warm} records each)"
     ));
-    gateway_drain(env, &a, None, topic, &layout, warm, Arc::default()).await?;
-    gateway_drain(env, &a, Some(&b), topic, &layout, warm, Arc::default()).await?;
+    gateway_drain(
+        env,
+        &a,
+        ReadVia::Lease,
+        topic,
+        &layout,
+        warm,
+        Arc::default(),
+    )
+    .await?;
+    gateway_drain(
+        env,
+        &a,
+        ReadVia::Other(&b),
+        topic,
+        &layout,
+        warm,
+        Arc::default(),
+    )
+    .await?;
     direct_drain(env, topic, &[0], warm, Arc::default()).await?;
     let mut out = Vec::new();
     for round in 1..=env.plan.rounds {
@@ -1448,24 +1850,48 @@ async fn forwarded_rounds(
             (done, ticker)
         };
         let (done, ticker) = arm("serving");
-        let g = gateway_drain(env, &a, None, topic, &layout, per_partition, done).await?;
+        let cpu0 = proc_cpu_seconds(serving.pid())?;
+        let mut g =
+            gateway_drain(env, &a, ReadVia::Lease, topic, &layout, per_partition, done).await?;
+        g.machine_until(machine_busy_seconds()?);
+        g.cpu_secs = Some(proc_cpu_seconds(serving.pid())? - cpu0);
         drop(ticker);
         let (done, ticker) = arm("forwarded");
         // The forwarding instance's CPU over the forwarded drain: what the hop costs.
         let cpu0 = proc_cpu_seconds(other.pid())?;
-        let mut f = gateway_drain(env, &a, Some(&b), topic, &layout, per_partition, done).await?;
+        let serving0 = proc_cpu_seconds(serving.pid())?;
+        let mut f = gateway_drain(
+            env,
+            &a,
+            ReadVia::Other(&b),
+            topic,
+            &layout,
+            per_partition,
+            done,
+        )
+        .await?;
+        f.machine_until(machine_busy_seconds()?);
         f.cpu_secs = Some(proc_cpu_seconds(other.pid())? - cpu0);
+        let serving_in_forwarded = proc_cpu_seconds(serving.pid())? - serving0;
         drop(ticker);
         let (done, ticker) = arm("direct");
         let d = direct_drain(env, topic, &[0], per_partition, done).await?;
         drop(ticker);
         env.progress.say(format!(
             "  {label}: serving {:.0}, forwarded {:.0}, direct {:.0} records/s; forwarding \
-             instance CPU {:.2} us per record",
+             instance CPU {:.2} us per record; serving instance CPU {:.2} us per record alone, \
+             {:.2} forwarded; machine CPU {:.2} us per record (cores busy {:.2}) through the \
+             serving instance, {:.2} ({:.2}) forwarded",
             g.rate(),
             f.rate(),
             d.rate(),
-            f.cpu_us_per_record().unwrap_or(f64::NAN)
+            f.cpu_us_per_record().unwrap_or(f64::NAN),
+            g.cpu_us_per_record().unwrap_or(f64::NAN),
+            serving_in_forwarded * 1e6 / f.records.max(1) as f64,
+            g.machine_cpu_us_per_record().unwrap_or(f64::NAN),
+            g.busy_cores().unwrap_or(f64::NAN),
+            f.machine_cpu_us_per_record().unwrap_or(f64::NAN),
+            f.busy_cores().unwrap_or(f64::NAN),
         ));
         out.push((g, f, d));
     }

@@ -7,6 +7,7 @@ use crate::env::Env;
 use crate::report::{Chart, ScenarioResult};
 
 mod acquire;
+mod discard;
 mod drain;
 mod failover;
 mod first_record;

@@ -13,7 +13,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{r3, ratio, Row};
-use crate::env::{create_topic, proc_cpu_seconds, produce_fill, Env, Gateway};
+use crate::env::{
+    create_topic, machine_busy_seconds, proc_cpu_seconds, produce_fill, Env, Gateway,
+};
 use crate::report::{Chart, ScenarioResult};
 use crate::stats::{median, min_max, percentile};
 
@@ -336,27 +338,31 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
     let client = gateway.client().await;
     let mut runs = Vec::new();
     let mut relays: Vec<(f64, Option<f64>)> = Vec::new();
-    let mut cpus: Vec<(f64, f64)> = Vec::new();
+    // Gateway, client, and the whole machine's CPU per record in the Subscribe arm; the
+    // machine's in the relay arm.
+    let mut cpus: Vec<(f64, f64, f64, f64)> = Vec::new();
     let (gateway_pid, own) = (gateway.pid(), std::process::id());
     let result = async {
         let client = client?;
         let total = (per_partition * 16) as f64;
         for round in 1..=env.plan.rounds {
             let (gateway0, client0) = (proc_cpu_seconds(gateway_pid)?, proc_cpu_seconds(own)?);
+            let machine0 = machine_busy_seconds()?;
             let (rate, fairness) = subscribe_drain(env, &client, &topic, per_partition).await?;
+            let machine_cpu = (machine_busy_seconds()? - machine0) / total * 1e6;
             let gateway_cpu = (proc_cpu_seconds(gateway_pid)? - gateway0) / total * 1e6;
             let client_cpu = (proc_cpu_seconds(own)? - client0) / total * 1e6;
             let direct = super::drain::direct_rate(env, &topic, 16, per_partition).await?;
-            let (relay, relay_cpu) =
+            let (relay, relay_cpu, relay_machine_cpu) =
                 super::drain::relay_rate(env, &topic, 16, per_partition).await?;
             env.progress.say(format!(
-                "  {name} round {round}/{}: subscribe {rate:.0}, direct {direct:.0}, relay {relay:.0} records/s; slowest/fastest partition {fairness:.2}; gateway CPU {gateway_cpu:.2}, client CPU {client_cpu:.2}, relay CPU {:.2} us/record",
+                "  {name} round {round}/{}: subscribe {rate:.0}, direct {direct:.0}, relay {relay:.0} records/s; slowest/fastest partition {fairness:.2}; gateway CPU {gateway_cpu:.2}, client CPU {client_cpu:.2}, relay CPU {:.2} us/record; machine CPU {machine_cpu:.2} (Subscribe), {relay_machine_cpu:.2} (relay) us/record",
                 env.plan.rounds,
                 relay_cpu.unwrap_or(f64::NAN),
             ));
             runs.push((rate, direct, fairness));
             relays.push((relay, relay_cpu));
-            cpus.push((gateway_cpu, client_cpu));
+            cpus.push((gateway_cpu, client_cpu, machine_cpu, relay_machine_cpu));
         }
         Ok::<_, anyhow::Error>(())
     }
@@ -391,6 +397,16 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
     let client_cpu = median(&cpus.iter().map(|c| c.1).collect::<Vec<_>>());
     limit_details.insert("gateway_cpu_us_per_record".into(), r3(gateway_cpu).into());
     limit_details.insert("client_cpu_us_per_record".into(), r3(client_cpu).into());
+    // The whole machine's CPU per record in each arm: on cores that are all busy, the rates
+    // go as the inverse of these.
+    limit_details.insert(
+        "gateway_arm_machine_cpu_us_per_record".into(),
+        r3(median(&cpus.iter().map(|c| c.2).collect::<Vec<_>>())).into(),
+    );
+    limit_details.insert(
+        "relay_arm_machine_cpu_us_per_record".into(),
+        r3(median(&cpus.iter().map(|c| c.3).collect::<Vec<_>>())).into(),
+    );
     limit_details.insert(
         "rounds".into(),
         runs.iter()
