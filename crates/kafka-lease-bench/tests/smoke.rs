@@ -48,7 +48,10 @@ const ROWS: &[(&str, &[&str])] = &[
         &["scale-rss", "scale-threads", "scale-consul-writes"],
     ),
     ("rebalance", &["rebalance"]),
-    ("drain-subscribe", &["drain-subscribe"]),
+    (
+        "drain-subscribe",
+        &["drain-subscribe", "drain-subscribe-limit-counting"],
+    ),
     (
         "queue-slow-handler",
         &["queue-slow-handler", "queue-slow-handler-vs-partition"],

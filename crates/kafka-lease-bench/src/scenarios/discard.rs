@@ -6,23 +6,24 @@
 //! With it, the drain scenarios compare the gateway with the relay arm on equal terms: on
 //! these 2 cores the Rust client's decoding is otherwise part of the gateway arm's CPU.
 
+use std::marker::PhantomData;
+
 use anyhow::{Context, Result};
 use bytes::Buf;
-use kafka_lease_client::proto::ReadRequest;
+use kafka_lease_client::proto::{ReadRequest, SubscribeRequest};
 use prost::encoding::decode_varint;
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic::Status;
 
-/// The Read method's path.
-const READ_PATH: &str = "/kafka_lease.v1.PartitionLeaseService/Read";
-
-/// What one response held.
+/// What one response held: its records and their values' lengths, and for a Subscribe's
+/// records event, the partition they are of.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Counted {
     pub(crate) records: u64,
     pub(crate) value_bytes: u64,
+    pub(crate) partition: Option<i32>,
 }
 
 /// Opens a Read on `channel` whose responses arrive as [`Counted`]s.
@@ -30,47 +31,97 @@ pub(crate) async fn read(
     channel: Channel,
     request: ReadRequest,
 ) -> Result<tonic::Streaming<Counted>> {
+    open(
+        channel,
+        request,
+        "/kafka_lease.v1.PartitionLeaseService/Read",
+        Kind::Read,
+    )
+    .await
+}
+
+/// Opens a Subscribe on `channel` whose events arrive as [`Counted`]s (a records event's
+/// records and partition; nothing counted for the other events).
+pub(crate) async fn subscribe(
+    channel: Channel,
+    request: SubscribeRequest,
+) -> Result<tonic::Streaming<Counted>> {
+    open(
+        channel,
+        request,
+        "/kafka_lease.v1.PartitionLeaseService/Subscribe",
+        Kind::Subscribe,
+    )
+    .await
+}
+
+async fn open<R: Message + Send + 'static>(
+    channel: Channel,
+    request: R,
+    path: &'static str,
+    kind: Kind,
+) -> Result<tonic::Streaming<Counted>> {
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(8 * 1024 * 1024);
     grpc.ready().await.context("the channel to the gateway")?;
-    let path = http::uri::PathAndQuery::from_static(READ_PATH);
+    let codec = CountingCodec {
+        kind,
+        request: PhantomData::<fn() -> R>,
+    };
     Ok(grpc
-        .server_streaming(tonic::Request::new(request), path, CountingCodec)
+        .server_streaming(
+            tonic::Request::new(request),
+            http::uri::PathAndQuery::from_static(path),
+            codec,
+        )
         .await
-        .context("Read (counting reader)")?
+        .with_context(|| format!("{path} (counting reader)"))?
         .into_inner())
 }
 
-/// Encodes a Read request with prost; decodes a response into a [`Counted`].
-struct CountingCodec;
+/// Which response the counter walks.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// A ReadResponse: records in field 1.
+    Read,
+    /// A SubscribeResponse: a records event in field 3, its partition in the event's field
+    /// 3 and its records in field 6.
+    Subscribe,
+}
 
-impl Codec for CountingCodec {
-    type Encode = ReadRequest;
+/// Encodes a request with prost; decodes a response into a [`Counted`].
+struct CountingCodec<R> {
+    kind: Kind,
+    request: PhantomData<fn() -> R>,
+}
+
+impl<R: Message + Send + 'static> Codec for CountingCodec<R> {
+    type Encode = R;
     type Decode = Counted;
-    type Encoder = RequestEncoder;
+    type Encoder = RequestEncoder<R>;
     type Decoder = ResponseCounter;
 
-    fn encoder(&mut self) -> RequestEncoder {
-        RequestEncoder
+    fn encoder(&mut self) -> RequestEncoder<R> {
+        RequestEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> ResponseCounter {
-        ResponseCounter
+        ResponseCounter(self.kind)
     }
 }
 
-struct RequestEncoder;
+struct RequestEncoder<R>(PhantomData<fn() -> R>);
 
-impl Encoder for RequestEncoder {
-    type Item = ReadRequest;
+impl<R: Message> Encoder for RequestEncoder<R> {
+    type Item = R;
     type Error = Status;
 
-    fn encode(&mut self, item: ReadRequest, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+    fn encode(&mut self, item: R, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         item.encode(dst)
-            .map_err(|e| Status::internal(format!("encoding the Read request: {e}")))
+            .map_err(|e| Status::internal(format!("encoding the request: {e}")))
     }
 }
 
-struct ResponseCounter;
+struct ResponseCounter(Kind);
 
 impl Decoder for ResponseCounter {
     type Item = Counted;
@@ -83,24 +134,40 @@ impl Decoder for ResponseCounter {
         if len != src.remaining() {
             return Err(Status::internal("a response split across buffers"));
         }
-        let counted = count(message)
-            .map_err(|what| Status::internal(format!("a malformed ReadResponse: {what}")))?;
+        let counted = match self.0 {
+            Kind::Read => count_records(message),
+            Kind::Subscribe => count_event(message),
+        }
+        .map_err(|what| Status::internal(format!("a malformed response: {what}")))?;
         src.advance(len);
         Ok(Some(counted))
     }
 }
 
-/// Counts the records (field 1) of an encoded ReadResponse and sums their values' lengths
-/// (field 3 of a record).
-fn count(mut message: &[u8]) -> Result<Counted, &'static str> {
+/// Counts the records of an encoded ReadResponse (field 1) and sums their values' lengths.
+fn count_records(mut message: &[u8]) -> Result<Counted, &'static str> {
     let mut counted = Counted::default();
     while !message.is_empty() {
-        let (field, body) = next_field(&mut message)?;
-        if let (1, Some(mut record)) = (field, body) {
-            counted.records += 1;
-            while !record.is_empty() {
-                if let (3, Some(value)) = next_field(&mut record)? {
-                    counted.value_bytes += value.len() as u64;
+        if let (1, Field::Bytes(record)) = next_field(&mut message)? {
+            add_record(&mut counted, record)?;
+        }
+    }
+    Ok(counted)
+}
+
+/// Counts a SubscribeResponse's records event (field 3: its partition in field 3, its
+/// records in field 6), if it is one.
+fn count_event(mut message: &[u8]) -> Result<Counted, &'static str> {
+    let mut counted = Counted::default();
+    while !message.is_empty() {
+        if let (3, Field::Bytes(mut event)) = next_field(&mut message)? {
+            // Partition 0 is the field's default, which proto3 leaves out.
+            counted.partition = Some(0);
+            while !event.is_empty() {
+                match next_field(&mut event)? {
+                    (3, Field::Varint(partition)) => counted.partition = Some(partition as i32),
+                    (6, Field::Bytes(record)) => add_record(&mut counted, record)?,
+                    _ => {}
                 }
             }
         }
@@ -108,9 +175,26 @@ fn count(mut message: &[u8]) -> Result<Counted, &'static str> {
     Ok(counted)
 }
 
-/// Takes one field off the front of `buf`: its number, and its bytes when it is
-/// length-delimited.
-fn next_field<'a>(buf: &mut &'a [u8]) -> Result<(u64, Option<&'a [u8]>), &'static str> {
+/// Counts one encoded KafkaRecord and its value's length (field 3).
+fn add_record(counted: &mut Counted, mut record: &[u8]) -> Result<(), &'static str> {
+    counted.records += 1;
+    while !record.is_empty() {
+        if let (3, Field::Bytes(value)) = next_field(&mut record)? {
+            counted.value_bytes += value.len() as u64;
+        }
+    }
+    Ok(())
+}
+
+/// One field's value.
+enum Field<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Fixed,
+}
+
+/// Takes one field off the front of `buf`: its number and its value.
+fn next_field<'a>(buf: &mut &'a [u8]) -> Result<(u64, Field<'a>), &'static str> {
     let key = decode_varint(buf).map_err(|_| "a bad field key")?;
     let skip = |buf: &mut &'a [u8], n: usize| -> Result<&'a [u8], &'static str> {
         if buf.len() < n {
@@ -120,32 +204,32 @@ fn next_field<'a>(buf: &mut &'a [u8]) -> Result<(u64, Option<&'a [u8]>), &'stati
         *buf = rest;
         Ok(head)
     };
-    let body = match key & 7 {
-        0 => {
-            decode_varint(buf).map_err(|_| "a bad varint")?;
-            None
-        }
+    let value = match key & 7 {
+        0 => Field::Varint(decode_varint(buf).map_err(|_| "a bad varint")?),
         1 => {
             skip(buf, 8)?;
-            None
+            Field::Fixed
         }
         2 => {
             let n = decode_varint(buf).map_err(|_| "a bad length")?;
-            Some(skip(buf, usize::try_from(n).map_err(|_| "a bad length")?)?)
+            Field::Bytes(skip(buf, usize::try_from(n).map_err(|_| "a bad length")?)?)
         }
         5 => {
             skip(buf, 4)?;
-            None
+            Field::Fixed
         }
         _ => return Err("an unknown wire type"),
     };
-    Ok((key >> 3, body))
+    Ok((key >> 3, value))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kafka_lease_client::proto::{KafkaHeader, KafkaRecord, ReadResponse};
+    use kafka_lease_client::proto::{
+        subscribe_response, KafkaHeader, KafkaRecord, ReadResponse, SubscribeResponse,
+        SubscribedRecords,
+    };
 
     #[test]
     fn counts_the_records_and_their_values_as_prost_encodes_them() {
@@ -174,14 +258,40 @@ mod tests {
             seek_epoch: 3,
         };
         let encoded = response.encode_to_vec();
+        let four = Counted {
+            records: 4,
+            value_bytes: 1324,
+            partition: None,
+        };
+        assert_eq!(count_records(&encoded), Ok(four));
+        assert_eq!(count_records(&[]), Ok(Counted::default()));
+        assert!(count_records(&encoded[..encoded.len() - 1]).is_err());
+
+        for partition in [7, 0] {
+            let event = SubscribeResponse {
+                event: Some(subscribe_response::Event::Records(SubscribedRecords {
+                    lease_id: "lease".into(),
+                    topic: "topic".into(),
+                    partition,
+                    seek_epoch: 2,
+                    high_watermark: 99,
+                    records: response.records.clone(),
+                })),
+            };
+            assert_eq!(
+                count_event(&event.encode_to_vec()),
+                Ok(Counted {
+                    partition: Some(partition),
+                    ..four
+                })
+            );
+        }
+        let assigned = SubscribeResponse {
+            event: Some(subscribe_response::Event::Assigned(Default::default())),
+        };
         assert_eq!(
-            count(&encoded),
-            Ok(Counted {
-                records: 4,
-                value_bytes: 1324
-            })
+            count_event(&assigned.encode_to_vec()),
+            Ok(Counted::default())
         );
-        assert_eq!(count(&[]), Ok(Counted::default()));
-        assert!(count(&encoded[..encoded.len() - 1]).is_err());
     }
 }

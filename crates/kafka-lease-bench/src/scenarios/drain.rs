@@ -1108,10 +1108,11 @@ async fn counting_channels(
 }
 
 /// How the counting reader reads.
-const COUNTING_STYLE: &str =
-    "the gateway arm's Acquires and Read requests, each Read on a channel of its own per \
-     client connection (tonic, HTTP/2), its responses not decoded into records: each is \
-     walked once over its fields, counting the records and summing their values' lengths \
+pub(crate) const COUNTING_STYLE: &str =
+    "the gateway arm's Acquires and Read requests (or its Subscribe), on channels of their \
+     own, one per client connection (tonic, HTTP/2), the responses not decoded into records: \
+     each is walked once over its fields, counting the records and summing their values' \
+     lengths \
      (crates/kafka-lease-bench/src/scenarios/discard.rs). The relay arm's reader's equal: \
      what a client must do at least to read a gRPC stream";
 

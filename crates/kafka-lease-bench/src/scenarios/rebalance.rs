@@ -341,14 +341,23 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
     // Gateway, client, and the whole machine's CPU per record in the Subscribe arm; the
     // machine's in the relay arm.
     let mut cpus: Vec<(f64, f64, f64, f64)> = Vec::new();
+    // The member read by the counting reader: its rate, the gateway's and the reader's CPU
+    // per record.
+    let mut countings: Vec<(f64, f64, f64)> = Vec::new();
     let (gateway_pid, own) = (gateway.pid(), std::process::id());
     let result = async {
         let client = client?;
+        let channel = tonic::transport::Channel::from_shared(gateway.endpoint())
+            .context("the gateway's endpoint")?
+            .connect()
+            .await
+            .context("connecting the counting reader")?;
         let total = (per_partition * 16) as f64;
         for round in 1..=env.plan.rounds {
             let (gateway0, client0) = (proc_cpu_seconds(gateway_pid)?, proc_cpu_seconds(own)?);
             let machine0 = machine_busy_seconds()?;
-            let (rate, fairness) = subscribe_drain(env, &client, &topic, per_partition).await?;
+            let (rate, fairness) =
+                subscribe_drain(env, &client, None, &topic, per_partition).await?;
             let machine_cpu = (machine_busy_seconds()? - machine0) / total * 1e6;
             let gateway_cpu = (proc_cpu_seconds(gateway_pid)? - gateway0) / total * 1e6;
             let client_cpu = (proc_cpu_seconds(own)? - client0) / total * 1e6;
@@ -360,6 +369,16 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
                 env.plan.rounds,
                 relay_cpu.unwrap_or(f64::NAN),
             ));
+            let (gateway0, reader0) = (proc_cpu_seconds(gateway_pid)?, proc_cpu_seconds(own)?);
+            let (counting_rate, _) =
+                subscribe_drain(env, &client, Some(&channel), &topic, per_partition).await?;
+            let counting_gateway_cpu = (proc_cpu_seconds(gateway_pid)? - gateway0) / total * 1e6;
+            let reader_cpu = (proc_cpu_seconds(own)? - reader0) / total * 1e6;
+            env.progress.say(format!(
+                "  {name} round {round}/{}: counting reader {counting_rate:.0} records/s; gateway CPU {counting_gateway_cpu:.2}, reader CPU {reader_cpu:.2} us/record",
+                env.plan.rounds,
+            ));
+            countings.push((counting_rate, counting_gateway_cpu, reader_cpu));
             runs.push((rate, direct, fairness));
             relays.push((relay, relay_cpu));
             cpus.push((gateway_cpu, client_cpu, machine_cpu, relay_machine_cpu));
@@ -416,6 +435,61 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
             .collect::<Vec<_>>()
             .into(),
     );
+    let c = median(&countings.iter().map(|c| c.0).collect::<Vec<_>>());
+    let c_gateway_cpu = median(&countings.iter().map(|c| c.1).collect::<Vec<_>>());
+    let c_reader_cpu = median(&countings.iter().map(|c| c.2).collect::<Vec<_>>());
+    let counting_ratio = super::ratio(c, relay);
+    let mut counting_details = Map::new();
+    counting_details.insert("reader_style".into(), super::drain::COUNTING_STYLE.into());
+    counting_details.insert("relay_style".into(), super::drain::RELAY_STYLE.into());
+    counting_details.insert("gateway_cpu_us_per_record".into(), r3(c_gateway_cpu).into());
+    counting_details.insert("reader_cpu_us_per_record".into(), r3(c_reader_cpu).into());
+    counting_details.insert("relay_cpu_us_per_record".into(), r3(relay_cpu).into());
+    counting_details.insert(
+        "rounds".into(),
+        countings
+            .iter()
+            .zip(&relays)
+            .enumerate()
+            .map(|(i, ((c, g_cpu, r_cpu), (r, _)))| json!({"round": i + 1, "counting_records_per_s": r3(*c), "relay_records_per_s": r3(*r), "gateway_cpu_us_per_record": r3(*g_cpu), "reader_cpu_us_per_record": r3(*r_cpu)}))
+            .collect::<Vec<_>>()
+            .into(),
+    );
+    let counting = Row {
+        name: format!("{name}-limit-counting"),
+        scenario: "drain-subscribe",
+        unit: "records/s",
+        gateway: r3(c),
+        baseline: r3(relay),
+        baseline_kind: "measured: the relay arm of drain-subscribe-limit, same rounds".into(),
+        ratio: counting_ratio.map(r3),
+        ratio_definition: "Subscribe records/s read by a reader that only counts them / relay records/s (medians across rounds)",
+        goal: crate::report::NO_GOAL.into(),
+        met: true,
+        summary: format!(
+            "gateway CPU {c_gateway_cpu:.2}, its reader {c_reader_cpu:.2}, relay CPU {relay_cpu:.2} us per record"
+        ),
+        details: counting_details,
+        chart: Chart {
+            title: format!(
+                "{name}-limit-counting: one member read by a counting reader against the relay arm, records/s per round"
+            ),
+            unit: "records/s".into(),
+            groups: countings
+                .iter()
+                .zip(&relays)
+                .enumerate()
+                .map(|(i, ((c, _, _), (r, _)))| {
+                    (
+                        format!("round {}", i + 1),
+                        vec![("counting reader".into(), *c), ("relay".into(), *r)],
+                    )
+                })
+                .collect(),
+            lines: vec![("0.9 x relay median".into(), 0.9 * relay)],
+        },
+    }
+    .build();
     let limit = Row {
         name: format!("{name}-limit"),
         scenario: "drain-subscribe",
@@ -483,42 +557,100 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
         }
         .build(),
         limit,
+        counting,
     ])
 }
 
-/// One drain through a fresh member: (steady records/s, slowest/fastest partition).
+/// A member's events as the drain counts them: the Rust client's `Subscription`, or a
+/// Subscribe read by the counting reader (`super::discard`).
+enum Events {
+    Client(Box<Subscription>),
+    Counting(Box<tonic::Streaming<super::discard::Counted>>),
+}
+
+impl Events {
+    /// The next event: `Some((partition, records))` for a records event, `None` for another.
+    async fn next(&mut self) -> Result<Option<(i32, u64)>> {
+        match self {
+            Events::Client(member) => {
+                let event = member
+                    .next_event()
+                    .await
+                    .ok_or_else(|| anyhow!("the subscription ended"))??;
+                Ok(match event {
+                    SubscriptionEvent::Records { partition, batch } => {
+                        Some((partition.partition(), batch.records.len() as u64))
+                    }
+                    _ => None,
+                })
+            }
+            Events::Counting(stream) => {
+                let counted = stream
+                    .message()
+                    .await?
+                    .ok_or_else(|| anyhow!("the subscription ended"))?;
+                Ok(counted.partition.map(|p| (p, counted.records)))
+            }
+        }
+    }
+}
+
+/// One member of a fresh group subscribes to `topic` (16 partitions) and drains it: through
+/// the Rust client, or, given `counting`, through the counting reader on that channel. Its
+/// steady records/s and the slowest partition's rate over the fastest's.
 async fn subscribe_drain(
     env: &Env,
     client: &Client,
+    counting: Option<&tonic::transport::Channel>,
     topic: &str,
     per_partition: u64,
 ) -> Result<(f64, f64)> {
     let group = env.name("drainsub");
     let t0 = Instant::now();
-    let mut member = client
-        .subscribe(
-            SubscribeOptions::new(&group, [topic])
-                .member_id("drainer")
-                .max_records(10_000)
-                .max_bytes(4 * 1024 * 1024)
-                .max_wait(Duration::from_millis(10)),
-        )
-        .await
-        .context("Subscribe")?;
+    let (max_records, max_bytes, max_wait) = (10_000, 4 * 1024 * 1024, Duration::from_millis(10));
+    let mut events = match counting {
+        None => Events::Client(Box::new(
+            client
+                .subscribe(
+                    SubscribeOptions::new(&group, [topic])
+                        .member_id("drainer")
+                        .max_records(max_records)
+                        .max_bytes(max_bytes)
+                        .max_wait(max_wait),
+                )
+                .await
+                .context("Subscribe")?,
+        )),
+        Some(channel) => {
+            let request = kafka_lease_client::proto::SubscribeRequest {
+                group: group.clone(),
+                topics: vec![topic.to_string()],
+                member_id: "drainer".into(),
+                max_records,
+                max_bytes,
+                max_wait: Some(prost_types::Duration {
+                    seconds: 0,
+                    nanos: max_wait.as_nanos() as i32,
+                }),
+                ..Default::default()
+            };
+            Events::Counting(Box::new(
+                super::discard::subscribe(channel.clone(), request).await?,
+            ))
+        }
+    };
     let total = per_partition * 16;
     let mut counts: BTreeMap<i32, (u64, f64)> = BTreeMap::new();
     let (mut n, mut first) = (0_u64, None::<(f64, u64)>);
     while n < total {
-        let event = tokio::time::timeout(Duration::from_secs(600), member.next_event())
+        let event = tokio::time::timeout(Duration::from_secs(600), events.next())
             .await
-            .map_err(|_| anyhow!("the drain stalled"))?
-            .ok_or_else(|| anyhow!("the subscription ended"))??;
-        if let SubscriptionEvent::Records { partition, batch } = event {
-            let k = batch.records.len() as u64;
+            .map_err(|_| anyhow!("the drain stalled"))??;
+        if let Some((partition, k)) = event {
             let now = t0.elapsed().as_secs_f64();
             first.get_or_insert((now, k));
             n += k;
-            let entry = counts.entry(partition.partition()).or_default();
+            let entry = counts.entry(partition).or_default();
             entry.0 += k;
             entry.1 = now;
         }
