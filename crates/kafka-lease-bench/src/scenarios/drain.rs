@@ -213,7 +213,7 @@ async fn gateway_drain(
                         .ttl(Duration::from_secs(60)),
                 )
                 .await?;
-                let request = kafka_lease_client::proto::ReadRequest {
+                let request = || kafka_lease_client::proto::ReadRequest {
                     lease_id: lease.lease_id().to_string(),
                     max_records: READ_MAX_RECORDS,
                     max_bytes: READ_MAX_BYTES,
@@ -227,12 +227,12 @@ async fn gateway_drain(
                 let mut stream = match reader {
                     None => Reading::Records(lease.records(read_options()).await.context("Read")?),
                     Some(Err(channel)) => {
-                        Reading::Counts(super::discard::read(channel, request).await?)
+                        Reading::Counts(super::discard::read(channel, request()).await?)
                     }
                     Some(Ok(reader)) => {
                         let inner = reader
                             .raw()
-                            .read(request)
+                            .read(request())
                             .await
                             .context("Read through the other instance")?
                             .into_inner();

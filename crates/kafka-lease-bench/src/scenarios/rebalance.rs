@@ -470,24 +470,13 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
             "gateway CPU {c_gateway_cpu:.2}, its reader {c_reader_cpu:.2}, relay CPU {relay_cpu:.2} us per record"
         ),
         details: counting_details,
-        chart: Chart {
-            title: format!(
-                "{name}-limit-counting: one member read by a counting reader against the relay arm, records/s per round"
-            ),
-            unit: "records/s".into(),
-            groups: countings
-                .iter()
-                .zip(&relays)
-                .enumerate()
-                .map(|(i, ((c, _, _), (r, _)))| {
-                    (
-                        format!("round {}", i + 1),
-                        vec![("counting reader".into(), *c), ("relay".into(), *r)],
-                    )
-                })
-                .collect(),
-            lines: vec![("0.9 x relay median".into(), 0.9 * relay)],
-        },
+        chart: against_relay(
+            format!("{name}-limit-counting: one member read by a counting reader against the relay arm, records/s per round"),
+            "counting reader",
+            &countings.iter().map(|c| c.0).collect::<Vec<_>>(),
+            &relays,
+            relay,
+        ),
     }
     .build();
     let limit = Row {
@@ -505,22 +494,13 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
             "gateway CPU {gateway_cpu:.2}, client CPU {client_cpu:.2}, relay CPU {relay_cpu:.2} us per record"
         ),
         details: limit_details,
-        chart: Chart {
-            title: format!("{name}-limit: one member against the relay arm, records/s per round"),
-            unit: "records/s".into(),
-            groups: runs
-                .iter()
-                .zip(&relays)
-                .enumerate()
-                .map(|(i, ((g, _, _), (r, _)))| {
-                    (
-                        format!("round {}", i + 1),
-                        vec![("subscribe".into(), *g), ("relay".into(), *r)],
-                    )
-                })
-                .collect(),
-            lines: vec![("0.9 x relay median".into(), 0.9 * relay)],
-        },
+        chart: against_relay(
+            format!("{name}-limit: one member against the relay arm, records/s per round"),
+            "subscribe",
+            &runs.iter().map(|r| r.0).collect::<Vec<_>>(),
+            &relays,
+            relay,
+        ),
     }
     .build();
     Ok(vec![
@@ -559,6 +539,33 @@ pub(crate) async fn drain(env: &Env) -> Result<Vec<ScenarioResult>> {
         limit,
         counting,
     ])
+}
+
+/// A member's records/s per round (`label`) beside the relay arm's, with a line at 0.9 of
+/// the relay's median.
+fn against_relay(
+    title: String,
+    label: &str,
+    rates: &[f64],
+    relays: &[(f64, Option<f64>)],
+    relay_median: f64,
+) -> Chart {
+    Chart {
+        title,
+        unit: "records/s".into(),
+        groups: rates
+            .iter()
+            .zip(relays)
+            .enumerate()
+            .map(|(i, (g, (r, _)))| {
+                (
+                    format!("round {}", i + 1),
+                    vec![(label.into(), *g), ("relay".into(), *r)],
+                )
+            })
+            .collect(),
+        lines: vec![("0.9 x relay median".into(), 0.9 * relay_median)],
+    }
 }
 
 /// A member's events as the drain counts them: the Rust client's `Subscription`, or a
