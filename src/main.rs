@@ -1,6 +1,7 @@
 //! The `kafka-lease` binary: parses the configuration, sets up logging, and runs the gateway
 //! (`serve`) or the self-contained demo (`dev`) until SIGTERM or SIGINT; or runs one of the
-//! command line tools for people that talk to a gateway (`leases`, `tail`; in `tools/`).
+//! command line tools for people (`leases` and `tail`, which talk to a gateway, and `topics`,
+//! which talks to Kafka; in `tools/`).
 
 mod tools;
 
@@ -64,6 +65,11 @@ enum Command {
     /// SIGTERM: 143, --max-records reached or --exit-at-end at the partition's end: 0)
     /// commit if asked and release the lease.
     Tail(Box<tools::tail::TailArgs>),
+    /// Create, list, describe or delete topics through Kafka's admin API (this one talks to
+    /// Kafka itself, with the gateway's Kafka flags). Exit status: 0 done, 1 Kafka refused
+    /// (the topic exists, does not exist, an invalid name or setting), 64 bad usage, 69
+    /// Kafka unreachable, 77 not authorized.
+    Topics(tools::topics::TopicsArgs),
 }
 
 /// The subcommands that run a gateway.
@@ -76,7 +82,7 @@ enum GatewayCommand {
 /// are printed on one line.
 fn tool_named_in_args() -> Option<&'static str> {
     let first = std::env::args_os().nth(1)?;
-    ["leases", "tail"]
+    ["leases", "tail", "topics"]
         .into_iter()
         .find(|tool| first.to_str() == Some(tool))
 }
@@ -103,6 +109,7 @@ fn main() -> ExitCode {
         Command::Dev(args) => GatewayCommand::Dev(args),
         Command::Leases(args) => return tools::run("leases", tools::leases::run(args)),
         Command::Tail(args) => return tools::run("tail", tools::tail::run(*args)),
+        Command::Topics(args) => return tools::run("topics", tools::topics::run(args)),
     };
     if let GatewayCommand::Serve(args) = &command {
         if let Err(err) = args.validate() {

@@ -1,4 +1,4 @@
-//! The command line tools, `kafka-lease leases` and `kafka-lease tail`, as a person runs them:
+//! The command line tools, `kafka-lease leases`, `tail` and `topics`, as a person runs them:
 //! the real binary against a real gateway, real Kafka and real Consul. Leases the test holds
 //! show with their member and token; tail prints what the test produced, in text and JSON,
 //! from where `--from` says; every way tail ends (`--max-records`, `--exit-at-end`, SIGINT,
@@ -33,6 +33,9 @@ fn tool(args: &[&str]) -> Command {
         .args(args)
         .env_remove("KAFKA_LEASE_GATEWAY")
         .env_remove("KAFKA_LEASE_TOKEN_FILE")
+        .env_remove("KAFKA_LEASE_KAFKA")
+        .env_remove("KAFKA_LEASE_KAFKA_OPTIONS")
+        .env_remove("KAFKA_LEASE_KAFKA_CONFIG_FILE")
         .stdin(Stdio::null())
         .kill_on_drop(true);
     command
@@ -1243,4 +1246,141 @@ actions = ["list"]
         "{stderr}"
     );
     assert!(!stderr.contains(ops_token), "{stderr}");
+}
+
+/// `kafka-lease topics` against the real broker: create (with partitions and a config), the
+/// same again (exit 1, "already exists"; 0 with --if-not-exists), a replication factor the
+/// one broker cannot place (exit 1, naming the broker count), a bad name (exit 64), list,
+/// describe (partitions, offsets, the config set), delete, the same again (exit 1; 0 with
+/// --if-exists), and a broker that cannot be reached (exit 69). The created topic is one a
+/// gateway leases like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn topics_are_created_listed_described_and_deleted_with_clear_errors() {
+    let services = kafka_lease_testkit::require_services!();
+    let kafka = services.kafka_bootstrap.clone();
+    let topic = unique_name("cli-topic");
+    let topics = |args: &[&str]| {
+        let mut all = vec!["topics"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--kafka", &kafka]);
+        all.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let run_topics = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args).await
+    };
+
+    let out = run_topics(topics(&[
+        "create",
+        &topic,
+        "--partitions",
+        "3",
+        "--config",
+        "retention.ms=86400000",
+    ]))
+    .await;
+    assert_status(&out, 0, "create");
+    assert_eq!(
+        text(&out.stdout),
+        format!("created topic {topic:?}: 3 partitions, replication factor 1\n")
+    );
+
+    let out = run_topics(topics(&["create", &topic, "--partitions", "3"])).await;
+    assert_status(&out, 1, "create again");
+    assert_eq!(
+        text(&out.stderr),
+        format!("kafka-lease topics: topic {topic:?} already exists\n")
+    );
+    let out = run_topics(topics(&["create", &topic, "--if-not-exists"])).await;
+    assert_status(&out, 0, "create --if-not-exists");
+
+    let other = unique_name("cli-topic");
+    let out = run_topics(topics(&["create", &other, "--replication-factor", "3"])).await;
+    assert_status(&out, 1, "replication 3 on one broker");
+    assert!(
+        text(&out.stderr).contains("replication factor 3 is more than the cluster's 1 broker"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_topics(topics(&["create", "bad/name"])).await;
+    assert_status(&out, 64, "an invalid name");
+    assert!(
+        text(&out.stderr).contains("bad/name"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_topics(topics(&["list"])).await;
+    assert_status(&out, 0, "list");
+    assert!(
+        !text(&out.stdout).contains(&other),
+        "a refused create makes nothing"
+    );
+
+    let out = run_topics(topics(&["list", "--output", "json"])).await;
+    assert_status(&out, 0, "list --output json");
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let entry = listed
+        .as_array()
+        .expect("an array")
+        .iter()
+        .find(|t| t["topic"] == topic.as_str())
+        .unwrap_or_else(|| panic!("{topic} listed: {listed}"));
+    assert_eq!(entry["partitions"], 3);
+    assert_eq!(entry["replication_factor"], 1);
+
+    // Records in partition 1, then describe shows them and the config.
+    produce_n(&producer(&services), &topic, 1, 4).await;
+    let out = run_topics(topics(&["describe", &topic, "--output", "json"])).await;
+    assert_status(&out, 0, "describe");
+    let described: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(described["partitions"].as_array().map(Vec::len), Some(3));
+    assert_eq!(described["partitions"][1]["high_watermark"], 4);
+    assert_eq!(described["partitions"][1]["log_start_offset"], 0);
+    assert_eq!(
+        described["configs"]["retention.ms"],
+        serde_json::json!({"value": "86400000", "source": "topic"})
+    );
+    let out = run_topics(topics(&["describe", &topic])).await;
+    assert_status(&out, 0, "describe as a table");
+    assert!(
+        text(&out.stdout).contains("retention.ms") && text(&out.stdout).contains("HIGH WATERMARK"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = run_topics(topics(&["delete", &topic])).await;
+    assert_status(&out, 0, "delete");
+    assert_eq!(text(&out.stdout), format!("deleted topic {topic:?}\n"));
+    let out = run_topics(topics(&["describe", &topic])).await;
+    assert_status(&out, 1, "describe a deleted topic");
+    assert!(
+        text(&out.stderr).contains("does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_topics(topics(&["delete", &topic])).await;
+    assert_status(&out, 1, "delete again");
+    assert_eq!(
+        text(&out.stderr),
+        format!("kafka-lease topics: topic {topic:?} does not exist\n")
+    );
+    let out = run_topics(topics(&["delete", &topic, "--if-exists"])).await;
+    assert_status(&out, 0, "delete --if-exists");
+
+    // Nothing listens on port 1: unreachable, exit 69, the address named.
+    let out = run(&[
+        "topics",
+        "list",
+        "--kafka",
+        "127.0.0.1:1",
+        "--timeout",
+        "2s",
+    ])
+    .await;
+    assert_status(&out, 69, "an unreachable broker");
+    assert!(
+        text(&out.stderr).contains("cannot reach Kafka at 127.0.0.1:1"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -198,6 +198,66 @@ async fn two_gateways_never_grant_one_partition_twice() {
     );
 }
 
+/// An Acquire without a partition prefers one with records for its group to read: a group
+/// that read partition 1 to its end and never read partition 0 is given 0, every time (the
+/// empty partition 2 never); once nothing is left to read anywhere, the pick spreads over
+/// every partition as before.
+#[tokio::test]
+async fn an_acquire_without_a_partition_prefers_one_with_records_to_read() {
+    let services = kafka_lease_testkit::require_services!();
+    let prefix = unique_prefix();
+    let gateway = GatewayProcess::start(&services, &prefix, &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 3).await;
+    let producer = producer(&services);
+    produce_n(&producer, &topic, 0, 5).await;
+    produce_n(&producer, &topic, 1, 5).await;
+    let group = unique_name("g");
+    let client = gateway.client().await;
+    let read_to_the_end = |partition: i32| {
+        let client = client.clone();
+        let (group, topic) = (group.clone(), topic.clone());
+        async move {
+            let lease = client
+                .acquire(AcquireOptions::new(&group, &topic).partition(partition))
+                .await
+                .expect("acquire");
+            let end = lease.high_watermark();
+            lease
+                .release_with_commit(end)
+                .await
+                .expect("release, committing the end");
+        }
+    };
+    read_to_the_end(1).await;
+    for round in 0..12 {
+        let lease = client
+            .acquire(AcquireOptions::new(&group, &topic))
+            .await
+            .expect("acquire any");
+        assert_eq!(
+            lease.partition(),
+            0,
+            "round {round}: partition 0 alone has records for the group to read"
+        );
+        lease.release().await.expect("release");
+    }
+    read_to_the_end(0).await;
+    let mut picked = std::collections::BTreeSet::new();
+    for _ in 0..30 {
+        let lease = client
+            .acquire(AcquireOptions::new(&group, &topic))
+            .await
+            .expect("acquire any");
+        picked.insert(lease.partition());
+        lease.release().await.expect("release");
+    }
+    assert_eq!(
+        picked.into_iter().collect::<Vec<_>>(),
+        [0, 1, 2],
+        "with nothing to read anywhere, the pick spreads"
+    );
+}
+
 #[tokio::test]
 async fn bad_requests_get_their_documented_code_and_change_nothing() {
     let services = kafka_lease_testkit::require_services!();

@@ -689,20 +689,35 @@ async fn calls_that_do_not_fit_the_mode_and_bad_settings_are_refused_clearly() {
         Some(Reason::Superseded),
         "{superseded}"
     );
+    // An answer for an offset past the partition's end (an off-by-one) is NOT_DELIVERED,
+    // not STALE, and changes nothing; the answer after it still applies.
     let answered = raw_b
         .acknowledge(proto::AcknowledgeRequest {
             lease_id: lease.lease_id().to_string(),
-            acknowledgements: vec![proto::Acknowledgement {
-                offset: 0,
-                r#type: proto::AckType::Accept as i32,
-                attempt: 1,
-                ..Default::default()
-            }],
+            acknowledgements: vec![
+                proto::Acknowledgement {
+                    offset: 1,
+                    r#type: proto::AckType::Accept as i32,
+                    ..Default::default()
+                },
+                proto::Acknowledgement {
+                    offset: 0,
+                    r#type: proto::AckType::Accept as i32,
+                    attempt: 1,
+                    ..Default::default()
+                },
+            ],
         })
         .await
         .expect("acknowledge via B")
         .into_inner();
-    assert_eq!(answered.outcomes, [proto::AckOutcome::Applied as i32]);
+    assert_eq!(
+        answered.outcomes,
+        [
+            proto::AckOutcome::NotDelivered as i32,
+            proto::AckOutcome::Applied as i32
+        ]
+    );
     lease.release().await.expect("release");
     assert!(
         reopened.next().await.is_none(),

@@ -176,10 +176,11 @@ type consumeTask struct {
 // When ctx ends, Consume stops taking deliveries (the Deliver stream closes), gives running
 // handlers opts.Drain to finish, hands back the records of those still running (a retry at
 // once, with the reason "the consumer shut down before handling it"; their handlers' ctx is
-// cancelled), and returns what it did with a nil error. While draining it renews the
-// deliveries of the handlers still running every third of the lease's TTL (at least 100 ms):
-// with no Deliver open, those calls keep the lease alive however long the drain. Release the
-// lease then: Release commits what was done.
+// cancelled), and returns what it did with a nil error (also when the gateway, which gets
+// ctx's deadline with the Deliver, ended the stream at it first). While draining it renews
+// the deliveries of the handlers still running every third of the lease's TTL (at least
+// 100 ms): with no Deliver open, those calls keep the lease alive however long the drain.
+// Release the lease then: Release commits what was done.
 //
 // Errors: what opening the deliveries failed with, or the error that ended them (the lease
 // ended, or a broken stream could not be reopened), as Deliveries yields them; the stats
@@ -304,7 +305,11 @@ loop:
 		case <-ctx.Done():
 			break loop
 		case err := <-fetchEnd:
-			if err != io.EOF {
+			// The end of ctx can reach the fetcher as a call's error before ctx.Done() is
+			// closed: the gateway ends a stream at ctx's deadline too (DEADLINE_EXCEEDED,
+			// possibly before ctx's own timer fires), and a subscription opened with ctx ends
+			// with it. Either is ctx ending, not an error.
+			if err != io.EOF && !endedBy(ctx, err) {
 				ended = err
 			}
 			break loop

@@ -116,13 +116,38 @@ func ParseError(err error) *Error {
 	return e
 }
 
-// wrap is ParseError for a call made with ctx: when ctx has ended, the error unwraps to
-// ctx.Err().
+// wrap is ParseError for a call made with ctx: when ctx ended the call, the error unwraps
+// to ctx.Err() (see ctxCause).
 func wrap(ctx context.Context, err error) *Error {
 	e := ParseError(err)
-	if ctxErr := ctx.Err(); ctxErr != nil && e.cause == nil &&
-		(e.Code == codes.Canceled || e.Code == codes.DeadlineExceeded) {
-		e.cause = ctxErr
+	if e.cause == nil {
+		e.cause = ctxCause(ctx, e.Code)
 	}
 	return e
+}
+
+// ctxCause is the context error behind a call made with ctx that ended with code, or nil:
+// ctx.Err() when ctx has ended and code is Canceled or DeadlineExceeded, and
+// context.DeadlineExceeded when code is DeadlineExceeded and ctx's deadline has passed though
+// ctx has not ended yet. The gateway gets the deadline with the call (grpc-timeout) and ends
+// a stream with DEADLINE_EXCEEDED at it; that status can arrive before ctx's own timer fires.
+func ctxCause(ctx context.Context, code codes.Code) error {
+	if code != codes.Canceled && code != codes.DeadlineExceeded {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if deadline, ok := ctx.Deadline(); ok && code == codes.DeadlineExceeded && !time.Now().Before(deadline) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// endedBy reports whether err, the end of a call or a stream, is the end of ctx reaching it:
+// a Canceled or DeadlineExceeded status once ctx has ended or its deadline has passed (see
+// ctxCause), whichever context the call itself was made with.
+func endedBy(ctx context.Context, err error) bool {
+	var e *Error
+	return errors.As(err, &e) && ctxCause(ctx, e.Code) != nil
 }

@@ -109,6 +109,10 @@ const (
 	// record is done. An Accept of a record not done yet still counts, whichever delivery it
 	// answers.
 	AckStale
+	// AckNotDelivered: the answer changed nothing: no record at its offset was ever delivered
+	// on the partition, by this holder or an earlier one (not handed out yet, or past the
+	// partition's end). Usually a bug of the caller, such as an offset off by one.
+	AckNotDelivered
 )
 
 func (o AckOutcome) String() string {
@@ -117,8 +121,22 @@ func (o AckOutcome) String() string {
 		return "APPLIED"
 	case AckStale:
 		return "STALE"
+	case AckNotDelivered:
+		return "NOT_DELIVERED"
 	}
 	return fmt.Sprintf("AckOutcome(%d)", int(o))
+}
+
+// ackOutcomeFromProto is the outcome the gateway answered; STALE for one it did not answer
+// (or one this version does not know): it changed nothing that this client can tell.
+func ackOutcomeFromProto(o kafkaleasev1.AckOutcome) AckOutcome {
+	switch o {
+	case kafkaleasev1.AckOutcome_ACK_OUTCOME_APPLIED:
+		return AckApplied
+	case kafkaleasev1.AckOutcome_ACK_OUTCOME_NOT_DELIVERED:
+		return AckNotDelivered
+	}
+	return AckStale
 }
 
 // Delivery is one hand-out of a record of a lease in queue mode: answer it with Accept,
@@ -265,8 +283,8 @@ func (a *acker) run() {
 			switch {
 			case err != nil:
 				p.reply <- ackResult{err: ParseError(err)}
-			case i < len(resp.GetOutcomes()) && resp.GetOutcomes()[i] == kafkaleasev1.AckOutcome_ACK_OUTCOME_APPLIED:
-				p.reply <- ackResult{outcome: AckApplied}
+			case i < len(resp.GetOutcomes()):
+				p.reply <- ackResult{outcome: ackOutcomeFromProto(resp.GetOutcomes()[i])}
 			default:
 				p.reply <- ackResult{outcome: AckStale}
 			}

@@ -97,7 +97,10 @@ func TestAnswersGoOneCallAtATimeAndBatchBehindIt(t *testing.T) {
 	f := newQueueFake()
 	f.hold = make(chan struct{})
 	f.outcome = func(a *kafkaleasev1.Acknowledgement) kafkaleasev1.AckOutcome {
-		if a.GetOffset()%2 == 1 {
+		switch {
+		case a.GetOffset() == 5:
+			return kafkaleasev1.AckOutcome_ACK_OUTCOME_NOT_DELIVERED
+		case a.GetOffset()%2 == 1:
 			return kafkaleasev1.AckOutcome_ACK_OUTCOME_STALE
 		}
 		return kafkaleasev1.AckOutcome_ACK_OUTCOME_APPLIED
@@ -162,12 +165,18 @@ func TestAnswersGoOneCallAtATimeAndBatchBehindIt(t *testing.T) {
 	for i, ch := range answers {
 		a := <-ch
 		want := kafkalease.AckApplied
-		if i%2 == 1 {
+		switch {
+		case i == 5:
+			want = kafkalease.AckNotDelivered // not reported as stale
+		case i%2 == 1:
 			want = kafkalease.AckStale
 		}
 		if a.err != nil || a.outcome != want {
 			t.Fatalf("answer %d: %v %v, want %v", i, a.outcome, a.err, want)
 		}
+	}
+	if s := kafkalease.AckNotDelivered.String(); s != "NOT_DELIVERED" {
+		t.Fatalf("AckNotDelivered is %q", s)
 	}
 	f.mu.Lock()
 	calls := f.acks
@@ -320,6 +329,77 @@ func TestConsumeAnswersAsTheErrorPolicySays(t *testing.T) {
 	for o, w := range want {
 		if !proto.Equal(byOffset[o], w) {
 			t.Errorf("ack of %d: %v, want %v", o, byOffset[o], w)
+		}
+	}
+}
+
+// lateDeadline is a context whose deadline has been sent to the gateway with the calls
+// made under it (as grpc-timeout) but whose own timer has not fired yet: Done and Err stay
+// open until the test cancels it. It holds open the window, a few microseconds wide with a
+// real context, in which the gateway ends a call at the caller's deadline before the
+// caller's context sees that deadline.
+type lateDeadline struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c lateDeadline) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// newLateDeadline is a lateDeadline d from now, cancelled when the test ends.
+func newLateDeadline(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return lateDeadline{Context: ctx, deadline: time.Now().Add(d)}
+}
+
+// endAtTheDeadline serves a stream as a gateway does at the caller's deadline: it waits for
+// the stream's context (whose deadline is the caller's, from grpc-timeout) and ends the call
+// with its error, DEADLINE_EXCEEDED.
+func endAtTheDeadline(ctx context.Context) error {
+	<-ctx.Done()
+	return status.FromContextError(ctx.Err()).Err()
+}
+
+func TestConsumeEndedByItsDeadlineReturnsNil(t *testing.T) {
+	// The gateway's copy of the deadline ends the Deliver first: the status reaches the client
+	// before its own context has ended.
+	f := newQueueFake()
+	f.deliver = func(_ int, s kafkaleasev1.PartitionLeaseService_DeliverServer) error {
+		if err := s.Send(deliveries(1, 0)); err != nil {
+			return err
+		}
+		return endAtTheDeadline(s.Context())
+	}
+	client := startFake(t, f)
+	lease, err := client.Acquire(testContext(t, 20*time.Second), "g", "t", kafkalease.AcquireOptions{})
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	ctx := newLateDeadline(t, 200*time.Millisecond)
+	stats, err := lease.Consume(ctx, kafkalease.ConsumeOptions{}, func(context.Context, *kafkalease.Delivery) error { return nil })
+	if err != nil {
+		t.Fatalf("consume ended by its deadline, the gateway's side first: %v", err)
+	}
+	if stats.Accepted != 1 {
+		t.Fatalf("stats %+v", stats)
+	}
+	// What the deliveries end with unwraps to the deadline, as when the context saw it first.
+	for _, err := range lease.Deliveries(newLateDeadline(t, 100*time.Millisecond), kafkalease.QueueOptions{}) {
+		if err != nil {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("deliveries ended by the gateway at the deadline: %v", err)
+			}
+			break
+		}
+	}
+
+	// The same with real contexts, the two ends racing: nil every time.
+	for i := range 30 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		_, err := lease.Consume(ctx, kafkalease.ConsumeOptions{}, func(context.Context, *kafkalease.Delivery) error { return nil })
+		cancel()
+		if err != nil {
+			t.Fatalf("run %d: consume ended by its deadline: %v", i, err)
 		}
 	}
 }

@@ -22,7 +22,8 @@ import (
 // SessionGrace), committing what was done. It returns what it did with a nil error.
 //
 // Errors: the error that ended the subscription (see Next), with the stats; nil when the
-// gateway ended it with OK. The subscription is closed either way.
+// gateway ended it with OK, and when ctx's end ended it (a subscription opened with ctx, or
+// the gateway ending its stream at ctx's deadline). The subscription is closed either way.
 func (s *Subscription) Consume(ctx context.Context, opts ConsumeOptions, handler Handler) (ConsumeStats, error) {
 	return consume(ctx, opts, handler, &subscriptionSource{s: s})
 }

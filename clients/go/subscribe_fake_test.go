@@ -219,3 +219,42 @@ func TestSubscriptionEndsWhenItCannotResubscribe(t *testing.T) {
 		t.Fatalf("next after close while resubscribing: %v", err)
 	}
 }
+
+func TestSubscriptionConsumeEndedByItsDeadlineReturnsNil(t *testing.T) {
+	// The member's stream ends at the caller's deadline, the gateway's side first (see
+	// lateDeadline).
+	f := &subscribeFake{fakeGateway: &fakeGateway{}}
+	f.subscribe = func(_ int, s kafkaleasev1.PartitionLeaseService_SubscribeServer) error {
+		if err := sendAll(s, joined("m1", "gw")); err != nil {
+			return err
+		}
+		return endAtTheDeadline(s.Context())
+	}
+	client := startFake(t, f)
+	queue := &kafkalease.QueueOptions{}
+	handler := func(context.Context, *kafkalease.Delivery) error { return nil }
+	ctx := newLateDeadline(t, 200*time.Millisecond)
+	sub, err := client.Subscribe(ctx, "g", []string{"t"}, kafkalease.SubscribeOptions{Queue: queue})
+	if err != nil {
+		t.Fatalf("subscribe: %v", err)
+	}
+	if _, err := sub.Consume(ctx, kafkalease.ConsumeOptions{}, handler); err != nil {
+		t.Fatalf("consume ended by its deadline, the gateway's side first: %v", err)
+	}
+
+	// With real contexts, the subscription's stream and the consumer both end with the
+	// context, in either order: nil every time.
+	for i := range 30 {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		sub, err := client.Subscribe(ctx, "g", []string{"t"}, kafkalease.SubscribeOptions{Queue: queue})
+		if err != nil {
+			cancel()
+			t.Fatalf("run %d: subscribe: %v", i, err)
+		}
+		_, err = sub.Consume(ctx, kafkalease.ConsumeOptions{}, handler)
+		cancel()
+		if err != nil {
+			t.Fatalf("run %d: consume ended by its deadline: %v", i, err)
+		}
+	}
+}

@@ -1,12 +1,11 @@
 //! `kafka-lease leases`: who holds what, across every gateway instance.
 
-use std::io::Write as _;
 use std::time::SystemTime;
 
 use clap::{Args, ValueEnum};
 use kafka_lease_client::LeaseFilter;
 
-use super::{render, ConnectArgs, Failure, EXIT_FAILURE};
+use super::{render, ConnectArgs, Failure};
 
 /// How `leases` prints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -66,17 +65,5 @@ pub(crate) async fn run(args: LeasesArgs) -> Result<u8, Failure> {
         LeasesOutput::Table => render::leases_table(&leases, now),
         LeasesOutput::Json => render::leases_json(&leases, now),
     };
-    let mut stdout = std::io::stdout().lock();
-    match stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-    {
-        Ok(()) => Ok(0),
-        // Whoever reads the output stopped (`| head`): nothing more to say.
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
-        Err(e) => Err(Failure {
-            status: EXIT_FAILURE,
-            line: format!("cannot write to stdout: {e}"),
-        }),
-    }
+    super::print(&text)
 }

@@ -1,10 +1,12 @@
-//! The command line tools for people, `kafka-lease leases` and `kafka-lease tail`: clients of
-//! a gateway over gRPC, through the Rust client crate. This module holds what both share:
-//! the connection flags, the exit statuses, and how a failure becomes one line on stderr.
+//! The command line tools for people: `kafka-lease leases` and `kafka-lease tail`, clients of
+//! a gateway over gRPC through the Rust client crate, and `kafka-lease topics`, a client of
+//! Kafka's admin API. This module holds what they share: the gateway connection flags, the
+//! exit statuses, and how a failure becomes one line on stderr.
 
 pub(crate) mod leases;
 mod render;
 pub(crate) mod tail;
+pub(crate) mod topics;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -25,6 +27,24 @@ pub(crate) const EXIT_UNAVAILABLE: u8 = 69;
 pub(crate) const EXIT_NOPERM: u8 = 77;
 /// Exit status for every other gateway error.
 pub(crate) const EXIT_FAILURE: u8 = 1;
+
+/// Writes a tool's whole output to stdout: exit 0, also when the reader went away (`| head`).
+pub(crate) fn print(text: &str) -> Result<u8, Failure> {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => Ok(0),
+        // Whoever reads the output stopped (`| head`): nothing more to say.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(0),
+        Err(e) => Err(Failure {
+            status: EXIT_FAILURE,
+            line: format!("cannot write to stdout: {e}"),
+        }),
+    }
+}
 
 /// How long connecting to the gateway may take before the tool gives up (exit 69).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

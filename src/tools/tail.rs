@@ -714,7 +714,7 @@ async fn finish(
         }
     };
     let stdout_closed = matches!(ending, Ending::StdoutClosed);
-    let mut summary = vec![format!("{} records printed", printed.records)];
+    let mut summary = vec![records_printed(printed.records)];
     let (status, lease_gone) = match ending {
         Ending::MaxRecords => (0, false),
         Ending::End { high_watermark } => {
@@ -801,10 +801,23 @@ fn abandon(stop: Stop, args: &TailArgs) -> u8 {
     stop.status()
 }
 
+/// The summary's count: "1 record printed", "3 records printed".
+fn records_printed(count: u64) -> String {
+    let noun = if count == 1 { "record" } else { "records" };
+    format!("{count} {noun} printed")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::UNIX_EPOCH;
+
+    #[test]
+    fn the_summary_counts_in_the_singular_for_one_record() {
+        assert_eq!(records_printed(0), "0 records printed");
+        assert_eq!(records_printed(1), "1 record printed");
+        assert_eq!(records_printed(2), "2 records printed");
+    }
 
     #[test]
     fn from_takes_keywords_offsets_and_times() {

@@ -284,8 +284,12 @@ const (
 	// Applied.
 	AckOutcome_ACK_OUTCOME_APPLIED AckOutcome = 1
 	// Changed nothing: the delivery is no longer in flight (its deadline passed, or another
-	// answer came first), or the record is done, or the offset was never delivered.
+	// answer came first), or the record is done.
 	AckOutcome_ACK_OUTCOME_STALE AckOutcome = 2
+	// Changed nothing: no record at this offset was ever delivered on this partition, by this
+	// holder or an earlier one (not yet handed out, or past the partition's end). Usually a
+	// client bug, such as an off-by-one in the offset answered.
+	AckOutcome_ACK_OUTCOME_NOT_DELIVERED AckOutcome = 3
 )
 
 // Enum value maps for AckOutcome.
@@ -294,11 +298,13 @@ var (
 		0: "ACK_OUTCOME_UNSPECIFIED",
 		1: "ACK_OUTCOME_APPLIED",
 		2: "ACK_OUTCOME_STALE",
+		3: "ACK_OUTCOME_NOT_DELIVERED",
 	}
 	AckOutcome_value = map[string]int32{
-		"ACK_OUTCOME_UNSPECIFIED": 0,
-		"ACK_OUTCOME_APPLIED":     1,
-		"ACK_OUTCOME_STALE":       2,
+		"ACK_OUTCOME_UNSPECIFIED":   0,
+		"ACK_OUTCOME_APPLIED":       1,
+		"ACK_OUTCOME_STALE":         2,
+		"ACK_OUTCOME_NOT_DELIVERED": 3,
 	}
 )
 
@@ -336,8 +342,13 @@ type AcquireRequest struct {
 	Group string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
 	// Topic name: 1..=249 characters of [A-Za-z0-9._-], not "." or "..". Required.
 	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
-	// The partition to lease (0 ..< partition count). Absent: the gateway picks a free one,
-	// starting from a random partition so that clients starting together spread out.
+	// The partition to lease (0 ..< partition count). Absent: the gateway picks a free one.
+	// It prefers a partition with records to read for the group (its high watermark past the
+	// group's committed offset, or past where `offset_reset` starts a partition the group has
+	// not committed); among those, and failing those among all free ones, it starts from a
+	// random partition so that clients starting together spread out. The preference is a
+	// hint read from Kafka at the Acquire: when Kafka does not answer it within a second the
+	// pick is the random one alone.
 	Partition *int32 `protobuf:"varint,3,opt,name=partition,proto3,oneof" json:"partition,omitempty"`
 	// Free-text label of the client, at most 256 UTF-8 bytes, shown in ListLeases and in
 	// RESOURCE_EXHAUSTED messages. Optional.
@@ -3148,7 +3159,8 @@ type Acknowledgement struct {
 	// What to do with it. Required.
 	Type AckType `protobuf:"varint,2,opt,name=type,proto3,enum=kafka_lease.v1.AckType" json:"type,omitempty"`
 	// The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
-	// older delivery than the one in flight is STALE (an ACCEPT still counts).
+	// older delivery than the one in flight is STALE (an ACCEPT still counts); one for an
+	// offset never delivered is NOT_DELIVERED.
 	Attempt uint32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// With RETRY: not before this much time has passed. At most 1 h.
 	RetryDelay *durationpb.Duration `protobuf:"bytes,4,opt,name=retry_delay,json=retryDelay,proto3" json:"retry_delay,omitempty"`
@@ -3538,12 +3550,13 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\x0fACK_TYPE_ACCEPT\x10\x01\x12\x12\n" +
 	"\x0eACK_TYPE_RETRY\x10\x02\x12\x13\n" +
 	"\x0fACK_TYPE_REJECT\x10\x03\x12\x12\n" +
-	"\x0eACK_TYPE_RENEW\x10\x04*Y\n" +
+	"\x0eACK_TYPE_RENEW\x10\x04*x\n" +
 	"\n" +
 	"AckOutcome\x12\x1b\n" +
 	"\x17ACK_OUTCOME_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13ACK_OUTCOME_APPLIED\x10\x01\x12\x15\n" +
-	"\x11ACK_OUTCOME_STALE\x10\x022\xa7\x06\n" +
+	"\x11ACK_OUTCOME_STALE\x10\x02\x12\x1d\n" +
+	"\x19ACK_OUTCOME_NOT_DELIVERED\x10\x032\xa7\x06\n" +
 	"\x15PartitionLeaseService\x12J\n" +
 	"\aAcquire\x12\x1e.kafka_lease.v1.AcquireRequest\x1a\x1f.kafka_lease.v1.AcquireResponse\x12C\n" +
 	"\x04Read\x12\x1b.kafka_lease.v1.ReadRequest\x1a\x1c.kafka_lease.v1.ReadResponse0\x01\x12A\n" +

@@ -52,11 +52,26 @@ export interface QueueOptions {
 }
 
 /**
- * What became of an answer: `"applied"`, or `"stale"` (it changed nothing: the delivery was no
+ * What became of an answer: `"applied"`; `"stale"` (it changed nothing: the delivery was no
  * longer in flight, its deadline having passed or another answer having come first, or the
- * record is done). An accept of a record not done yet counts even when stale.
+ * record is done; an accept of a record not done yet counts even when stale); or
+ * `"notDelivered"` (it changed nothing: no record at its offset was ever delivered on the
+ * partition, by this holder or an earlier one; usually a bug of the caller, such as an offset
+ * off by one).
  */
-export type AckOutcome = "applied" | "stale";
+export type AckOutcome = "applied" | "stale" | "notDelivered";
+
+/** The gateway's outcome; "stale" for one this version does not know (it changed nothing this client can tell). */
+function ackOutcome(outcome: ProtoAckOutcome | undefined): AckOutcome {
+  switch (outcome) {
+    case ProtoAckOutcome.ACK_OUTCOME_APPLIED:
+      return "applied";
+    case ProtoAckOutcome.ACK_OUTCOME_NOT_DELIVERED:
+      return "notDelivered";
+    default:
+      return "stale";
+  }
+}
 
 const ORDERING: Record<Ordering, DeliveryOrder> = {
   partition: DeliveryOrder.DELIVERY_ORDER_PARTITION,
@@ -138,9 +153,7 @@ export class Acknowledger {
       this.calls++;
       try {
         const response = await unary(this.#raw.acknowledge.bind(this.#raw), request);
-        batch.forEach((p, i) =>
-          p.resolve(response.outcomes[i] === ProtoAckOutcome.ACK_OUTCOME_APPLIED ? "applied" : "stale"),
-        );
+        batch.forEach((p, i) => p.resolve(ackOutcome(response.outcomes[i])));
       } catch (e) {
         const error = toKafkaLeaseError(e);
         for (const p of batch) p.reject(error);

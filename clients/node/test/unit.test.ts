@@ -310,8 +310,9 @@ describe("queue mode (fake gateway)", () => {
           [4n, proto.AckType.ACK_TYPE_RENEW, 2, undefined, 0],
         ],
       );
-      q.acks[1]!.answer([proto.AckOutcome.ACK_OUTCOME_APPLIED, proto.AckOutcome.ACK_OUTCOME_STALE, proto.AckOutcome.ACK_OUTCOME_APPLIED]);
-      assert.deepEqual(await Promise.all(rest), ["applied", "stale", "applied"]);
+      q.acks[1]!.answer([proto.AckOutcome.ACK_OUTCOME_APPLIED, proto.AckOutcome.ACK_OUTCOME_STALE, proto.AckOutcome.ACK_OUTCOME_NOT_DELIVERED]);
+      // NOT_DELIVERED is not reported as stale.
+      assert.deepEqual(await Promise.all(rest), ["applied", "stale", "notDelivered"]);
       await assert.rejects(got[1]!.retry(-1), RangeError, "a bad delay fails alone, before it can spoil a batch");
       stream.cancel();
     } finally {

@@ -9,7 +9,9 @@ from concurrent import futures
 
 import grpc
 import pytest
-from google.protobuf import any_pb2, duration_pb2
+import datetime as dt
+
+from google.protobuf import any_pb2, duration_pb2, timestamp_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -24,6 +26,9 @@ from kafka_lease import (
     EpochFilter,
     KafkaLeaseError,
     LeaseEndedError,
+    LeaseInfo,
+    Ordering,
+    QueueInfo,
     QueueOptions,
     RecordStream,
     Reject,
@@ -70,6 +75,8 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
         self.subscribe_requests: list[pb.SubscribeRequest] = []
         self.subscribe_open = False  # a Subscribe call is being served
         self.acks_while_subscribed: list[bool] = []  # per Acknowledge: was a Subscribe open
+        self.lease_pages: list[pb.ListLeasesResponse] = []  # ListLeases answers, in order
+        self.list_requests: list[pb.ListLeasesRequest] = []
 
     def Acquire(self, request, context):
         self.acquires += 1
@@ -85,6 +92,10 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
                 yield item
             else:
                 context.abort_with_status(item)
+
+    def ListLeases(self, request, context):
+        self.list_requests.append(request)
+        return self.lease_pages.pop(0)
 
     def Seek(self, request, context):
         self.seek_epoch += 1
@@ -112,9 +123,15 @@ class FakeGateway(pb_grpc.PartitionLeaseServiceServicer):
         self.ack_gate.wait(10)
         if self.ack_statuses:
             context.abort_with_status(self.ack_statuses.pop(0))
-        return pb.AcknowledgeResponse(
-            outcomes=[pb.ACK_OUTCOME_STALE if a.offset % 2 else pb.ACK_OUTCOME_APPLIED for a in request.acknowledgements]
-        )
+        return pb.AcknowledgeResponse(outcomes=[self.outcome(a.offset) for a in request.acknowledgements])
+
+    @staticmethod
+    def outcome(offset: int) -> int:
+        """The fake's rule: offset 3 was never delivered, other odd offsets are STALE, even
+        ones APPLIED."""
+        if offset == 3:
+            return pb.ACK_OUTCOME_NOT_DELIVERED
+        return pb.ACK_OUTCOME_STALE if offset % 2 else pb.ACK_OUTCOME_APPLIED
 
     def Subscribe(self, request, context):
         self.subscribe_requests.append(request)
@@ -301,8 +318,9 @@ def test_answers_made_while_one_is_sent_go_together_in_the_next(fake) -> None:
         assert len(gateway.ack_requests) == 1, "one Acknowledge at a time"
         gateway.ack_gate.set()
         assert first.result(5) == AckOutcome.APPLIED
-        # Even offsets are APPLIED, odd ones STALE (the fake's rule).
-        assert [f.result(5) for f in rest] == [AckOutcome.STALE, AckOutcome.APPLIED, AckOutcome.STALE]
+        # Even offsets are APPLIED, odd ones STALE, 3 NOT_DELIVERED (the fake's rule): not
+        # reported as stale.
+        assert [f.result(5) for f in rest] == [AckOutcome.STALE, AckOutcome.APPLIED, AckOutcome.NOT_DELIVERED]
     assert len(gateway.ack_requests) == 2
     second = gateway.ack_requests[1]
     assert second.lease_id == "ref.secret"
@@ -625,3 +643,43 @@ def test_subscription_consume_needs_queue_mode(fake) -> None:
     with client.subscribe("g", ["t"]) as sub:
         with pytest.raises(ValueError):
             sub.consume(lambda d: None)
+
+
+def test_list_leases_returns_the_clients_own_types_over_every_page(fake) -> None:
+    gateway, client = fake
+    acquired = timestamp_pb2.Timestamp(seconds=1_700_000_000, nanos=250_000_000)
+    expires = timestamp_pb2.Timestamp(seconds=1_700_000_010)
+    queued = pb.LeaseInfo(
+        group="g", topic="t", partition=0, member="worker-1", fencing_token=2**64 - 1, acquired_at=acquired,
+        expires_at=expires, gateway="gw-a", gateway_address="127.0.0.1:50051", position=40, committed_offset=38,
+        high_watermark=2**63 - 1, lag=2, read_lag=0, member_id="m-1",
+        queue=pb.QueueInfo(
+            ordering=pb.DELIVERY_ORDER_KEY, in_flight=3, oldest_in_flight=duration_pb2.Duration(seconds=1, nanos=500_000_000),
+            waiting=7, deliveries=50, redeliveries=4, dead_letters=1, dead_letter_topic="dlq.g.t",
+        ),
+    )
+    # Not live: the serving instance did not answer; no committed offset, no queue.
+    unavailable = pb.LeaseInfo(group="g", topic="t", partition=1, acquired_at=acquired, gateway="gw-b",
+                               details_unavailable="gw-b did not answer in time")
+    gateway.lease_pages = [
+        pb.ListLeasesResponse(leases=[queued], next_page_token="page-2"),
+        pb.ListLeasesResponse(leases=[unavailable]),
+    ]
+    leases = client.list_leases(group="g", page_size=1)
+    assert [(r.group, r.page_size, r.page_token) for r in gateway.list_requests] == [("g", 1, ""), ("g", 1, "page-2")]
+    assert all(isinstance(lease, LeaseInfo) for lease in leases)
+    utc = dt.timezone.utc
+    assert leases[0] == LeaseInfo(
+        group="g", topic="t", partition=0, member="worker-1", member_id="m-1", fencing_token=2**64 - 1,
+        acquired_at=dt.datetime(2023, 11, 14, 22, 13, 20, 250_000, tzinfo=utc),
+        expires_at=dt.datetime(2023, 11, 14, 22, 13, 30, tzinfo=utc), gateway="gw-a", gateway_address="127.0.0.1:50051",
+        position=40, committed_offset=38, high_watermark=2**63 - 1, lag=2, read_lag=0, details_unavailable="",
+        queue=QueueInfo(ordering=Ordering.KEY, in_flight=3, oldest_in_flight=1.5, waiting=7, deliveries=50,
+                        redeliveries=4, dead_letters=1, dead_letter_topic="dlq.g.t"),
+    )
+    second = leases[1]
+    assert (second.partition, second.gateway, second.details_unavailable) == (1, "gw-b", "gw-b did not answer in time")
+    # Unset stays None, distinct from 0.
+    assert (second.expires_at, second.position, second.committed_offset, second.high_watermark, second.lag,
+            second.read_lag, second.queue) == (None,) * 7
+    assert QueueInfo.from_proto(pb.QueueInfo()).ordering == Ordering.PARTITION  # unset: the default

@@ -19,7 +19,10 @@ from kafka_lease import (
     ConsumeStats,
     Delivery,
     LeaseEndedError,
+    LeaseInfo,
     NotFoundError,
+    Ordering,
+    QueueInfo,
     QueueOptions,
     Record,
     Reject,
@@ -65,9 +68,9 @@ class Background:
         return self.stats
 
 
-def queue_info(client: Client, group: str) -> pb.QueueInfo | None:
+def queue_info(client: Client, group: str) -> QueueInfo | None:
     leases = client.list_leases(group=group)
-    if len(leases) != 1 or not leases[0].HasField("queue"):
+    if len(leases) != 1:
         return None
     return leases[0].queue
 
@@ -118,7 +121,7 @@ def test_poison_record_goes_to_the_dead_letters_holding_back_its_key_only(
 
     wait_until("the 39 good records to be handled", handled, timeout=60)
     info = wait_until("the poison record's dead letter", lambda: (q := queue_info(client, group)) and q.dead_letters == 1 and q)
-    assert info.ordering == pb.DELIVERY_ORDER_KEY and info.dead_letter_topic == queue.dead_letter_topic
+    assert info.ordering == Ordering.KEY and info.dead_letter_topic == queue.dead_letter_topic
     stats = run.finish()
     assert stats == ConsumeStats(accepted=queue.records - 1, retried=3, rejected=0, handed_back=0)
 
@@ -171,7 +174,7 @@ def test_shutdown_hands_back_the_records_still_running(client: Client, fixture: 
         run = Background(lease.consume, blocking, options, concurrency=3, drain=0.5)
         wait_until("3 handlers to be running", lambda: len(started) == 3)
         info = wait_until("3 deliveries in flight", lambda: (q := queue_info(client, group)) and q.in_flight == 3 and q)
-        assert info.ordering == pb.DELIVERY_ORDER_UNORDERED
+        assert info.ordering == Ordering.UNORDERED
         stats = run.finish()
         assert stats == ConsumeStats(handed_back=3)
         assert len(started) == 3 and all(attempt == 1 for _, attempt in started)
@@ -321,12 +324,12 @@ def test_subscription_consumer_in_queue_mode(client: Client, fixture: Fixture, q
     assert set(handled) == set(range(queue.records)) - {queue.poison_offset}
     assert set(handled.values()) == {(queue.topic, 0)}
 
-    def lease_of_0() -> pb.LeaseInfo | None:
+    def lease_of_0() -> LeaseInfo | None:
         leases = [l for l in client.list_leases(group=group) if l.partition == 0]
-        return leases[0] if leases and leases[0].HasField("queue") else None
+        return leases[0] if leases and leases[0].queue is not None else None
 
     info = wait_until("the poison record's dead letter", lambda: (l := lease_of_0()) and l.queue.dead_letters == 1 and l)
-    assert info.queue.ordering == pb.DELIVERY_ORDER_KEY and info.queue.dead_letter_topic == queue.dead_letter_topic
+    assert info.queue.ordering == Ordering.KEY and info.queue.dead_letter_topic == queue.dead_letter_topic
     assert info.member_id == subscription.member_id
     stats = run.finish()
     assert stats.accepted >= queue.records - 1 and stats.rejected == 1 and stats.handed_back == 0

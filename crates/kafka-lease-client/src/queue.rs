@@ -140,6 +140,9 @@ pub enum AckOutcome {
     /// Changed nothing: the delivery was no longer in flight (its deadline passed, or it was
     /// answered already), or the record is done.
     Stale,
+    /// Changed nothing: no record at this offset was ever delivered (not yet handed out, or
+    /// past the partition's end); usually an offset off by one.
+    NotDelivered,
 }
 
 type Pending = (proto::Acknowledgement, oneshot::Sender<Result<AckOutcome>>);
@@ -171,13 +174,15 @@ impl Acks {
                     Ok(response) => {
                         let outcomes = response.into_inner().outcomes;
                         for (i, reply) in replies.into_iter().enumerate() {
-                            let applied =
-                                outcomes.get(i).copied() == Some(proto::AckOutcome::Applied as i32);
-                            let _ = reply.send(Ok(if applied {
-                                AckOutcome::Applied
-                            } else {
-                                AckOutcome::Stale
-                            }));
+                            let outcome = match outcomes
+                                .get(i)
+                                .and_then(|&o| proto::AckOutcome::try_from(o).ok())
+                            {
+                                Some(proto::AckOutcome::Applied) => AckOutcome::Applied,
+                                Some(proto::AckOutcome::NotDelivered) => AckOutcome::NotDelivered,
+                                _ => AckOutcome::Stale,
+                            };
+                            let _ = reply.send(Ok(outcome));
                         }
                     }
                     Err(status) => {

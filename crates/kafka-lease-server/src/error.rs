@@ -94,7 +94,9 @@ pub enum LeaseError {
         busy: Vec<BusyPartition>,
     },
 
-    #[error("no lease {lease_ref:?} is known to any gateway instance")]
+    /// No lease has this id: its reference is unknown, or its secret does not match. The
+    /// message says both, so that it confirms neither to a caller without the secret.
+    #[error("no lease has the id given (reference {lease_ref:?}): the reference is unknown to every gateway instance, or the secret part of the id does not match it; check that the whole id is sent as Acquire returned it")]
     LeaseNotFound { lease_ref: String },
 
     #[error("lease {lease_ref:?} is served by gateway instance {gateway:?}; send calls for it to that instance")]

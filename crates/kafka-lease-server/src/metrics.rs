@@ -62,7 +62,7 @@ pub const QUEUE_REDELIVERIES: &str = "kafka_lease_queue_redeliveries_total";
 pub const QUEUE_DEAD_LETTERS: &str = "kafka_lease_queue_dead_letters_total";
 pub const QUEUE_ACK_SECONDS: &str = "kafka_lease_queue_ack_seconds";
 /// Answers to deliveries, by `type` (accept, retry, reject, renew) and `outcome` (applied,
-/// stale).
+/// stale, not_delivered).
 pub const QUEUE_ANSWERS: &str = "kafka_lease_queue_answers_total";
 /// Per queue-mode lease served here, by `group`, `topic`, `partition`: deliveries in flight,
 /// and the age in seconds of the oldest (0 when none is).
@@ -167,7 +167,7 @@ fn describe() {
     );
     describe_counter!(
         QUEUE_ANSWERS,
-        "queue mode: answers to deliveries, by type and outcome (applied, stale)"
+        "queue mode: answers to deliveries, by type and outcome (applied, stale, not_delivered)"
     );
     describe_gauge!(
         QUEUE_IN_FLIGHT,
@@ -268,25 +268,25 @@ impl std::fmt::Debug for QueueCounters {
 /// ([`AnswerCounts::record`]): one counter lookup per kind seen, not one per answer.
 #[derive(Debug, Default)]
 pub struct AnswerCounts {
-    /// (type, applied) → count, in the order first seen (four types, two outcomes).
-    counts: Vec<(&'static str, bool, u64)>,
+    /// (type, outcome) → count, in the order first seen (four types, three outcomes).
+    counts: Vec<(&'static str, &'static str, u64)>,
 }
 
 impl AnswerCounts {
-    pub fn add(&mut self, kind: &'static str, applied: bool) {
+    /// One answer of `kind` with `outcome` (`applied`, `stale` or `not_delivered`).
+    pub fn add(&mut self, kind: &'static str, outcome: &'static str) {
         match self
             .counts
             .iter_mut()
-            .find(|(k, a, _)| *k == kind && *a == applied)
+            .find(|(k, o, _)| *k == kind && *o == outcome)
         {
             Some((_, _, n)) => *n += 1,
-            None => self.counts.push((kind, applied, 1)),
+            None => self.counts.push((kind, outcome, 1)),
         }
     }
 
     pub fn record(&self) {
-        for &(kind, applied, n) in &self.counts {
-            let outcome = if applied { "applied" } else { "stale" };
+        for &(kind, outcome, n) in &self.counts {
             metrics::counter!(QUEUE_ANSWERS, "type" => kind, "outcome" => outcome).increment(n);
         }
     }

@@ -177,6 +177,14 @@ impl Queue {
         self.dispatcher.attempts(offset)
     }
 
+    /// Whether the record at `offset` was ever handed out, by this holder or an earlier one
+    /// (a done record was): an answer for one never delivered is the client's mistake.
+    pub fn ever_delivered(&self, offset: i64) -> bool {
+        self.progress.is_done(offset)
+            || self.progress.attempts(offset) > 0
+            || self.dispatcher.attempts(offset) > 0
+    }
+
     /// When something changes by itself (a deadline, the end of a retry's delay).
     pub fn next_wake(&self) -> Option<Instant> {
         self.dispatcher.next_wake()
@@ -226,6 +234,23 @@ mod tests {
         assert_eq!(q.next(now).map(|d| d.offset), Some(1));
         assert!(q.accept(1));
         assert_eq!(q.progress().base(), 3);
+    }
+
+    #[test]
+    fn a_record_counts_as_delivered_once_handed_out_or_done() {
+        let now = Instant::now();
+        let mut q = Queue::new(settings(Order::Unordered), Progress::new(10));
+        for offset in 10..13 {
+            q.offer(offset, None, 1);
+        }
+        // Below the base: done before this holder.
+        assert!(q.ever_delivered(9));
+        // Offered but not handed out, and past what was fetched: never delivered.
+        assert!(!q.ever_delivered(10) && !q.ever_delivered(999));
+        let first = q.next(now).expect("a delivery").offset;
+        assert!(q.ever_delivered(first));
+        assert!(q.accept(first));
+        assert!(q.ever_delivered(first), "done stays delivered");
     }
 
     #[test]

@@ -25,40 +25,76 @@ use tokio::time::Instant;
 use crate::coordination::{HeldPartition, HolderInfo, TopicView};
 
 /// Which partitions an Acquire takes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Wants {
     /// Exactly this one.
     One(i32),
-    /// Any of `0..count`, preferring the first free one from `start` on (wrapping), so that
-    /// Acquires that start together spread over the partitions.
-    Any { start: i32, count: i32 },
+    /// Any of `0..count`, preferring a free one of `preferred` (the partitions with records
+    /// to read), and among those, or failing those among all, the first free one from
+    /// `start` on (wrapping), so that Acquires that start together spread over the
+    /// partitions.
+    Any {
+        start: i32,
+        count: i32,
+        preferred: Arc<BTreeSet<i32>>,
+    },
 }
 
 impl Wants {
     fn pick(&self, free: &BTreeSet<i32>) -> Option<i32> {
-        match *self {
-            Wants::One(p) => free.contains(&p).then_some(p),
-            Wants::Any { start, count } => free
-                .range(start..count)
+        let from_start = |set: &BTreeSet<i32>, start: i32, count: i32| {
+            set.range(start..count)
                 .next()
-                .or_else(|| free.range(0..start.min(count)).next())
-                .copied(),
+                .or_else(|| set.range(0..start.min(count)).next())
+                .copied()
+        };
+        match self {
+            Wants::One(p) => free.contains(p).then_some(*p),
+            Wants::Any {
+                start,
+                count,
+                preferred,
+            } => {
+                let free_preferred: BTreeSet<i32> = preferred.intersection(free).copied().collect();
+                from_start(&free_preferred, *start, *count)
+                    .or_else(|| from_start(free, *start, *count))
+            }
         }
     }
 
     /// One past the highest partition it may take.
     fn bound(&self) -> i32 {
-        match *self {
+        match self {
             Wants::One(p) => p.saturating_add(1),
-            Wants::Any { count, .. } => count,
+            Wants::Any { count, .. } => *count,
         }
     }
 
     /// Every partition it may take, in its order of preference.
     pub(crate) fn partitions(&self) -> Vec<i32> {
-        match *self {
-            Wants::One(p) => vec![p],
-            Wants::Any { start, count } => (0..count).map(|i| (start + i) % count).collect(),
+        match self {
+            Wants::One(p) => vec![*p],
+            Wants::Any {
+                start,
+                count,
+                preferred,
+            } => {
+                let (mut first, rest): (Vec<i32>, Vec<i32>) = (0..*count)
+                    .map(|i| (start + i) % count)
+                    .partition(|p| preferred.contains(p));
+                first.extend(rest);
+                first
+            }
+        }
+    }
+
+    /// Any of `0..count` from `start` on, with no preference.
+    #[cfg(test)]
+    pub(crate) fn any(start: i32, count: i32) -> Wants {
+        Wants::Any {
+            start,
+            count,
+            preferred: Arc::default(),
         }
     }
 }
@@ -448,9 +484,7 @@ mod tests {
     async fn a_freed_partition_goes_to_the_oldest_waiter_only() {
         let q = queue();
         q.set_view(held(&[0, 1]));
-        let tickets: Vec<Ticket> = (0..5)
-            .map(|_| q.enqueue(Wants::Any { start: 0, count: 2 }))
-            .collect();
+        let tickets: Vec<Ticket> = (0..5).map(|_| q.enqueue(Wants::any(0, 2))).collect();
         assert!(tickets.iter().all(|t| t.offer().is_none()));
         q.mark_free(1);
         let offers: Vec<_> = tickets.iter().map(Ticket::offer).collect();
@@ -477,7 +511,7 @@ mod tests {
         let q = queue();
         q.set_view(held(&[0]));
         let first = q.enqueue(Wants::One(0));
-        let second = q.enqueue(Wants::Any { start: 0, count: 1 });
+        let second = q.enqueue(Wants::any(0, 1));
         q.mark_free(0);
         assert_eq!(first.offer(), Some(0));
         assert_eq!(second.offer(), None);
@@ -490,13 +524,30 @@ mod tests {
         let q = queue();
         q.set_view(held(&[0, 1, 2, 3]));
         let only_3 = q.enqueue(Wants::One(3));
-        let any = q.enqueue(Wants::Any { start: 2, count: 4 });
+        let any = q.enqueue(Wants::any(2, 4));
         let only_0 = q.enqueue(Wants::One(0));
         q.set_view(held(&[1]));
         assert_eq!(only_3.offer(), Some(3));
         // `any` prefers from its start (2) on.
         assert_eq!(any.offer(), Some(2));
         assert_eq!(only_0.offer(), Some(0));
+    }
+
+    #[test]
+    fn any_prefers_a_free_partition_with_records_then_spreads_from_its_start() {
+        let free: BTreeSet<i32> = [0, 1, 3].into_iter().collect();
+        let with_records = |p: &[i32]| Wants::Any {
+            start: 2,
+            count: 4,
+            preferred: Arc::new(p.iter().copied().collect()),
+        };
+        // From its start among those with records: 3 (2 is held), then around to 0.
+        assert_eq!(with_records(&[0, 3]).pick(&free), Some(3));
+        assert_eq!(with_records(&[0, 2]).pick(&free), Some(0));
+        // Every partition with records is held: any free one, from the start on.
+        assert_eq!(with_records(&[2]).pick(&free), Some(3));
+        assert_eq!(Wants::any(2, 4).pick(&free), Some(3));
+        assert_eq!(with_records(&[1]).partitions(), [1, 2, 3, 0]);
     }
 
     #[tokio::test(start_paused = true)]
@@ -508,7 +559,7 @@ mod tests {
         }));
         q.set_view(held(&[]));
         q.mark_delayed(0, Instant::now() + std::time::Duration::from_secs(1));
-        let t = q.enqueue(Wants::Any { start: 0, count: 2 });
+        let t = q.enqueue(Wants::any(0, 2));
         q.dispatch();
         assert_eq!(t.offer(), None);
         blocked.store(false, Ordering::SeqCst);

@@ -882,6 +882,63 @@ async fn a_lease_id_no_instance_knows_is_not_found_with_its_reference() {
     }
 }
 
+/// A live lease's id with its secret mistyped: NOT_FOUND, with a message that tells its
+/// sender both possibilities (the reference unknown, or the secret not matching) so that it
+/// confirms neither; the same words as for a reference nobody knows; and the lease goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_lease_id_with_a_wrong_secret_is_unknown_or_mismatched_and_changes_nothing() {
+    let rig = Rig::two().await;
+    let group = unique_name("g");
+    let client = rig.client(A).await;
+    let lease = client
+        .acquire(AcquireOptions::new(&group, DEMO_TOPIC).partition(1))
+        .await
+        .expect("acquire");
+    let id = lease.lease_id().to_string();
+    let (reference, rest) = id.split_once('.').expect("<reference>.<secret>~<instance>");
+    let (secret, instance) = rest.split_once('~').expect("an instance");
+    let wrong_secret = format!("{reference}.{}~{instance}", "0".repeat(secret.len()));
+    let unknown_reference = format!("{}.{secret}~{instance}", "feedfacefeedface");
+    for via in [A, B] {
+        let mut raw = rig.client(via).await.raw();
+        let mut messages = Vec::new();
+        for (sent, shown) in [
+            (&wrong_secret, reference),
+            (&unknown_reference, "feedfacefeedface"),
+        ] {
+            let status = raw
+                .commit(proto::CommitRequest {
+                    lease_id: sent.clone(),
+                    offset: 0,
+                    metadata: None,
+                })
+                .await
+                .map(|_| ())
+                .expect_err("a commit with an id that is not the lease's");
+            assert_eq!(
+                reason(&status),
+                (Code::NotFound, Some("LEASE_NOT_FOUND".into())),
+                "{status:?}"
+            );
+            let message = status.message();
+            assert!(message.contains(shown), "{message}");
+            assert!(
+                message.contains("unknown") && message.contains("secret"),
+                "the message must name both possibilities: {message}"
+            );
+            assert!(!message.contains(secret), "never echo a secret: {message}");
+            messages.push(message.replace(shown, "<reference>"));
+        }
+        assert_eq!(
+            messages[0], messages[1],
+            "a wrong secret reads like an unknown reference"
+        );
+    }
+    // Nothing changed: the lease still commits and releases.
+    lease.commit(0).await.expect("the lease is untouched");
+    lease.release().await.expect("release");
+}
+
 /// Mirrors gateway_reading.rs `an_idle_lease_expires_and_an_open_read_keeps_it_alive` (the
 /// open Read here outlives the TTL by half of it, not three times).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

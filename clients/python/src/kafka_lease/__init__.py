@@ -17,6 +17,7 @@ A thin wrapper over the generated stubs in :mod:`kafka_lease.v1` (usable on thei
 
 from kafka_lease._client import DEFAULT_MAX_RECEIVE_MESSAGE_LENGTH, Client, Lease
 from kafka_lease._handle import LeaseHandle
+from kafka_lease._listing import LeaseInfo, QueueInfo
 from kafka_lease._errors import (
     ERROR_DOMAIN,
     BusyError,
@@ -73,6 +74,7 @@ __all__ = [
     "Lease",
     "LeaseEndedError",
     "LeaseHandle",
+    "LeaseInfo",
     "NotFoundError",
     "OffsetReset",
     "OnAnswer",
@@ -80,6 +82,7 @@ __all__ = [
     "OutOfRangeError",
     "Partition",
     "Position",
+    "QueueInfo",
     "QueueOptions",
     "Record",
     "RecordStream",

@@ -10,6 +10,7 @@ import grpc
 
 from kafka_lease._errors import KafkaLeaseError, LeaseEndedError, NotFoundError
 from kafka_lease._handle import LeaseHandle
+from kafka_lease._listing import LeaseInfo
 from kafka_lease._queue import (
     ConsumeStats,
     Deliveries,
@@ -151,14 +152,15 @@ class Client:
 
     def list_leases(
         self, group: str | None = None, topic: str | None = None, page_size: int = 0
-    ) -> list[pb.LeaseInfo]:
-        """Every held lease (all pages), ordered by group, topic, partition."""
-        leases: list[pb.LeaseInfo] = []
+    ) -> list[LeaseInfo]:
+        """Every held lease (all pages; of ``group`` and/or ``topic`` if given), ordered by
+        group, topic, partition: see :class:`LeaseInfo`."""
+        leases: list[LeaseInfo] = []
         token = ""
         while True:
             request = pb.ListLeasesRequest(group=group, topic=topic, page_size=page_size, page_token=token)
             response = self.call("ListLeases", request)
-            leases.extend(response.leases)
+            leases.extend(LeaseInfo.from_proto(info) for info in response.leases)
             if not response.next_page_token:
                 return leases
             token = response.next_page_token

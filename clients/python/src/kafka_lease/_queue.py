@@ -73,6 +73,19 @@ class AckOutcome(enum.IntEnum):
     #: delivered again, or another answer came first), or the record is done. An ACCEPT of a
     #: record not done yet counts whichever delivery it answers.
     STALE = pb.ACK_OUTCOME_STALE
+    #: Changed nothing: no record at this offset was ever delivered on the partition, by this
+    #: holder or an earlier one (not handed out yet, or past the partition's end). Usually a
+    #: bug of the caller, such as an offset off by one.
+    NOT_DELIVERED = pb.ACK_OUTCOME_NOT_DELIVERED
+
+    @classmethod
+    def _of(cls, outcome: int) -> AckOutcome:
+        """The gateway's outcome; STALE for one this version does not know (it changed
+        nothing this client can tell)."""
+        try:
+            return cls(outcome)
+        except ValueError:
+            return cls.STALE
 
 
 @dataclass(frozen=True)
@@ -164,8 +177,7 @@ class _Acks:
                     answer.set_exception(error)
                 continue
             for i, (_, answer) in enumerate(batch):
-                applied = i < len(outcomes) and outcomes[i] == pb.ACK_OUTCOME_APPLIED
-                answer.set_result(AckOutcome.APPLIED if applied else AckOutcome.STALE)
+                answer.set_result(AckOutcome._of(outcomes[i]) if i < len(outcomes) else AckOutcome.STALE)
 
 
     def _call(self, request: pb.AcknowledgeRequest) -> list[int]:

@@ -309,6 +309,7 @@ impl std::fmt::Debug for KafkaConfigEntry {
     }
 }
 
-fn kafka_config_entry(value: &str) -> Result<KafkaConfigEntry, std::convert::Infallible> {
+/// `--kafka-config`'s value parser (never refuses: see [`KafkaConfigEntry`]).
+pub fn kafka_config_entry(value: &str) -> Result<KafkaConfigEntry, std::convert::Infallible> {
     Ok(KafkaConfigEntry(value.to_string()))
 }

@@ -25,7 +25,8 @@ mod args;
 mod tests;
 
 pub use args::{
-    ConsulCheck, DevArgs, KafkaConfigEntry, LogArgs, LogFormat, SecurityArgs, ServeArgs,
+    kafka_config_entry, ConsulCheck, DevArgs, KafkaConfigEntry, LogArgs, LogFormat, SecurityArgs,
+    ServeArgs,
 };
 
 impl SecurityArgs {
@@ -193,56 +194,7 @@ impl ServeArgs {
     /// has a line that is not `key=value`, a comment or blank, a flag value that is not
     /// `key=value`, and the keys the gateway sets itself. No error quotes a value.
     pub fn kafka_properties(&self) -> Result<KafkaProperties, ConfigError> {
-        let mut properties = KafkaProperties::new();
-        if let Some(path) = &self.kafka_config_file {
-            let file = path.display().to_string();
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-                flag: "--kafka-config-file",
-                value: file.clone(),
-                allowed: format!("a file the gateway can read ({e}), holding {PROPERTIES_FORMAT}"),
-            })?;
-            let entries = parse_properties(&text).map_err(|e| ConfigError {
-                flag: "--kafka-config-file",
-                value: format!("{file} line {}", e.line),
-                allowed: format!(
-                    "{}; allowed is {PROPERTIES_FORMAT} (the line is not shown: it may hold a \
-                     secret)",
-                    e.problem
-                ),
-            })?;
-            for (line, key, value) in entries {
-                if RESERVED_KAFKA_KEYS.contains(&key.as_str()) {
-                    return Err(ConfigError {
-                        flag: "--kafka-config-file",
-                        value: format!("{file} line {line} ({key})"),
-                        allowed: RESERVED_KAFKA_KEYS_ALLOWED.into(),
-                    });
-                }
-                properties.set(key, value);
-            }
-        }
-        for (index, entry) in self.kafka_config.iter().enumerate() {
-            let Some((key, value)) = entry.pair() else {
-                return Err(ConfigError {
-                    flag: "--kafka-config",
-                    value: format!("entry {} (the value is not shown)", index + 1),
-                    allowed: "key=value; entries are the flag's values and their \
-                              comma-separated pieces, in order (KAFKA_LEASE_KAFKA_OPTIONS \
-                              splits the same way), so a value holding a comma belongs in \
-                              --kafka-config-file"
-                        .into(),
-                });
-            };
-            if RESERVED_KAFKA_KEYS.contains(&key) {
-                return Err(ConfigError {
-                    flag: "--kafka-config",
-                    value: key.to_string(),
-                    allowed: RESERVED_KAFKA_KEYS_ALLOWED.into(),
-                });
-            }
-            properties.set(key, value);
-        }
-        Ok(properties)
+        kafka_properties(self.kafka_config_file.as_deref(), &self.kafka_config)
     }
 
     /// The Consul ACL token: `--consul-token`, or the contents of `--consul-token-file`.
@@ -412,4 +364,63 @@ pub fn default_instance_id() -> String {
         .take(100)
         .collect();
     format!("{host}-{:08x}", rand::random::<u32>())
+}
+
+/// The librdkafka properties of `--kafka-config-file` (read now) and `--kafka-config` (which
+/// override the file's value of the same key), as [`ServeArgs::kafka_properties`] takes
+/// them; also for the tools that talk to Kafka themselves (`kafka-lease topics`).
+pub fn kafka_properties(
+    kafka_config_file: Option<&std::path::Path>,
+    kafka_config: &[KafkaConfigEntry],
+) -> Result<KafkaProperties, ConfigError> {
+    let mut properties = KafkaProperties::new();
+    if let Some(path) = &kafka_config_file {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            flag: "--kafka-config-file",
+            value: file.clone(),
+            allowed: format!("a file the gateway can read ({e}), holding {PROPERTIES_FORMAT}"),
+        })?;
+        let entries = parse_properties(&text).map_err(|e| ConfigError {
+            flag: "--kafka-config-file",
+            value: format!("{file} line {}", e.line),
+            allowed: format!(
+                "{}; allowed is {PROPERTIES_FORMAT} (the line is not shown: it may hold a \
+                 secret)",
+                e.problem
+            ),
+        })?;
+        for (line, key, value) in entries {
+            if RESERVED_KAFKA_KEYS.contains(&key.as_str()) {
+                return Err(ConfigError {
+                    flag: "--kafka-config-file",
+                    value: format!("{file} line {line} ({key})"),
+                    allowed: RESERVED_KAFKA_KEYS_ALLOWED.into(),
+                });
+            }
+            properties.set(key, value);
+        }
+    }
+    for (index, entry) in kafka_config.iter().enumerate() {
+        let Some((key, value)) = entry.pair() else {
+            return Err(ConfigError {
+                flag: "--kafka-config",
+                value: format!("entry {} (the value is not shown)", index + 1),
+                allowed: "key=value; entries are the flag's values and their \
+                          comma-separated pieces, in order (KAFKA_LEASE_KAFKA_OPTIONS \
+                          splits the same way), so a value holding a comma belongs in \
+                          --kafka-config-file"
+                    .into(),
+            });
+        };
+        if RESERVED_KAFKA_KEYS.contains(&key) {
+            return Err(ConfigError {
+                flag: "--kafka-config",
+                value: key.to_string(),
+                allowed: RESERVED_KAFKA_KEYS_ALLOWED.into(),
+            });
+        }
+        properties.set(key, value);
+    }
+    Ok(properties)
 }

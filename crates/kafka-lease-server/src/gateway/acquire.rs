@@ -2,6 +2,7 @@
 //! the backend, open the lease), and the guards that give a claim or a lock back however an
 //! attempt ends.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime};
@@ -98,6 +99,10 @@ const LOCAL_PAUSE: Duration = Duration::from_millis(20);
 /// the gateway accepts); the backend normally says less.
 const DELAY_CAP: Duration = Duration::from_secs(60);
 
+/// How long an Acquire without a partition waits for Kafka to say which partitions have
+/// records to read (the proto promises a second) before it picks without a preference.
+const PREFERENCE_DEADLINE: Duration = Duration::from_secs(1);
+
 /// How one attempt at one partition went.
 enum Attempt {
     /// A lease, and the lock as the topic's view should now show it.
@@ -131,15 +136,19 @@ impl Gateway {
                 })
             }
             Some(p) => Wants::One(p),
-            // Start at a random partition, so clients that start together spread out
-            // instead of all contending for partition 0.
+            // Prefer a partition with records to read; start at a random partition, so
+            // clients that start together spread out instead of all contending for
+            // partition 0.
             None => Wants::Any {
                 start: rand::random_range(0..partition_count),
                 count: partition_count,
+                preferred: Arc::new(self.with_records(&spec, partition_count).await),
             },
         };
         let deadline = Instant::now() + spec.wait;
-        let ticket = self.topic_queue(&spec.group, &spec.topic).enqueue(wants);
+        let ticket = self
+            .topic_queue(&spec.group, &spec.topic)
+            .enqueue(wants.clone());
         let mut stopping = self.stopping.subscribe();
         let mut waiting: Option<Waiting<'_>> = None;
         loop {
@@ -191,6 +200,35 @@ impl Gateway {
             tokio::select! {
                 () = ticket.wait(deadline, watch) => {}
                 _ = stopping.changed() => {}
+            }
+        }
+    }
+
+    /// The partitions of the Acquire's topic with records for its group to read, as Kafka
+    /// tells within [`PREFERENCE_DEADLINE`]: a hint, so a failure or a slow answer is logged
+    /// and gives no preference, never an error.
+    async fn with_records(&self, spec: &AcquireSpec, partition_count: i32) -> BTreeSet<i32> {
+        let lookup = self.kafka.partitions_with_records(
+            &spec.group,
+            &spec.topic,
+            partition_count,
+            spec.reset == Reset::Earliest,
+        );
+        match tokio::time::timeout(PREFERENCE_DEADLINE, lookup).await {
+            Ok(Ok(partitions)) => {
+                tracing::debug!(?partitions, "partitions with records to read");
+                partitions
+            }
+            Ok(Err(err)) => {
+                tracing::debug!(%err, "no partition preferred: the lookup of records to read failed");
+                BTreeSet::new()
+            }
+            Err(_) => {
+                tracing::debug!(
+                    deadline = ?PREFERENCE_DEADLINE,
+                    "no partition preferred: the lookup of records to read took too long"
+                );
+                BTreeSet::new()
             }
         }
     }

@@ -237,6 +237,7 @@ pub(crate) fn ack_outcome(outcome: AckOutcome) -> i32 {
     match outcome {
         AckOutcome::Applied => v1::AckOutcome::Applied as i32,
         AckOutcome::Stale => v1::AckOutcome::Stale as i32,
+        AckOutcome::NotDelivered => v1::AckOutcome::NotDelivered as i32,
     }
 }
 

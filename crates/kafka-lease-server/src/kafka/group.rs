@@ -288,6 +288,30 @@ impl GroupClient {
         .await
     }
 
+    /// The group's committed offsets for partitions `0..count` of `topic`, in one request:
+    /// those it has (a partition without one is absent).
+    pub async fn committed_offsets(
+        &self,
+        topic: &str,
+        count: i32,
+    ) -> Result<HashMap<i32, i64>, LeaseError> {
+        let consumer = self.consumer.clone();
+        let topic = topic.to_string();
+        let timeout = self.request_timeout;
+        const OPERATION: &str = "fetching the committed offsets";
+        retrying(OPERATION, timeout, move || {
+            let mut query = TopicPartitionList::new();
+            for partition in 0..count {
+                query.add_partition(&topic, partition);
+            }
+            let answer = consumer
+                .committed_offsets(query, timeout)
+                .map_err(|e| Failure::kafka(OPERATION, e))?;
+            Ok(offsets_by_partition(&answer, &topic))
+        })
+        .await
+    }
+
     /// Asks the brokers for `topic`'s metadata through this client, so that a partition of
     /// it opened next is fetched from its leader at once. librdkafka does not look a topic
     /// up when a partition of it is assigned: a topic new to the client stayed without a
@@ -400,4 +424,18 @@ impl GroupClient {
         (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0)
             .then_some(high)
     }
+}
+
+/// The partitions of `topic` in a librdkafka answer that came back with an offset (not an
+/// error, not a logical offset), and that offset.
+pub(super) fn offsets_by_partition(answer: &TopicPartitionList, topic: &str) -> HashMap<i32, i64> {
+    answer
+        .elements_for_topic(topic)
+        .iter()
+        .filter(|e| e.error().is_ok())
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) if o >= 0 => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect()
 }

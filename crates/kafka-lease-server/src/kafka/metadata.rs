@@ -11,7 +11,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::dead_letters::DeadLetters;
 use super::errors::{blocking, retrying, unavailable, Failure};
-use super::group::{FetchClaim, GroupClient};
+use super::group::{offsets_by_partition, FetchClaim, GroupClient};
 use super::settings::{ClientLog, KafkaSettings, PARTITION_COUNT_MAX_AGE};
 use crate::error::LeaseError;
 
@@ -199,6 +199,72 @@ impl Kafka {
                 .map_err(|e| Failure::kafka("fetching watermarks", e))
         })
         .await
+    }
+
+    /// `(log start offset, high watermark)` of partitions `0..count` of `topic`, in one
+    /// ListOffsets request per leader for each end (Kafka's special times -2 and -1): the
+    /// partitions whose two offsets came back.
+    pub async fn all_watermarks(
+        &self,
+        topic: &str,
+        count: i32,
+    ) -> Result<HashMap<i32, (i64, i64)>, LeaseError> {
+        const OPERATION: &str = "listing the partitions' offsets";
+        let client = self.metadata.clone();
+        let topic = topic.to_string();
+        let timeout = self.settings.request_timeout;
+        blocking(OPERATION, move || {
+            // librdkafka sends an offset given here as the ListOffsets time: the logical
+            // `Beginning` and `End` are Kafka's special times -2 and -1.
+            let ends = |time: Offset| -> Result<HashMap<i32, i64>, LeaseError> {
+                let mut query = TopicPartitionList::new();
+                for partition in 0..count {
+                    query
+                        .add_partition_offset(&topic, partition, time)
+                        .map_err(|e| unavailable(OPERATION, e))?;
+                }
+                let answer = client
+                    .offsets_for_times(query, timeout)
+                    .map_err(|e| unavailable(OPERATION, e))?;
+                Ok(offsets_by_partition(&answer, &topic))
+            };
+            let low = ends(Offset::Beginning)?;
+            let high = ends(Offset::End)?;
+            Ok(low
+                .into_iter()
+                .filter_map(|(p, low)| high.get(&p).map(|&high| (p, (low, high))))
+                .collect())
+        })
+        .await
+    }
+
+    /// The partitions of `topic` (of `count`) with records for `group` to read: a high
+    /// watermark past the group's committed offset, or, where the group has none, past where
+    /// a lease would start (the log start with `from_earliest`, else nothing to read yet).
+    pub async fn partitions_with_records(
+        &self,
+        group: &str,
+        topic: &str,
+        count: i32,
+        from_earliest: bool,
+    ) -> Result<std::collections::BTreeSet<i32>, LeaseError> {
+        let client = self.group(group)?;
+        let (committed, watermarks) = tokio::try_join!(
+            client.committed_offsets(topic, count),
+            self.all_watermarks(topic, count)
+        )?;
+        Ok(watermarks
+            .into_iter()
+            .filter(|(partition, (low, high))| {
+                let start = match committed.get(partition) {
+                    Some(&committed) => committed.max(*low),
+                    None if from_earliest => *low,
+                    None => *high,
+                };
+                *high > start
+            })
+            .map(|(partition, _)| partition)
+            .collect())
     }
 
     /// The offset of the first record whose timestamp is at or after `timestamp_ms`, or

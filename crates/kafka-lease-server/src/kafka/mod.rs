@@ -30,7 +30,10 @@
 //!   and batches filled from it ([`BatchLimits`]).
 //! - `dead_letters`: [`DeadLetters`], the gateway's one producer, for queue mode's dead
 //!   letter topics.
+//! - `admin`: [`TopicAdmin`], topics created, listed, described and deleted through Kafka's
+//!   admin API, for `kafka-lease topics` (the gateway itself never calls it).
 
+mod admin;
 mod dead_letters;
 mod errors;
 mod feed;
@@ -39,6 +42,7 @@ mod metadata;
 mod raw;
 pub mod settings;
 
+pub use admin::{ConfigSetting, NewTopicSpec, PartitionInfo, TopicAdmin, TopicError, TopicInfo};
 pub use dead_letters::{DeadLetter, DeadLetters};
 pub use feed::{BatchLimits, PartitionFeed};
 pub use group::{

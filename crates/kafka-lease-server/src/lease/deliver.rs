@@ -124,8 +124,21 @@ pub struct Ack {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AckOutcome {
     Applied,
-    /// Changed nothing: not in flight (or not that delivery), done, or never delivered.
+    /// Changed nothing: not in flight (or not that delivery), or done.
     Stale,
+    /// Changed nothing: no record at this offset was ever delivered (by any holder).
+    NotDelivered,
+}
+
+impl AckOutcome {
+    /// Its name in the answers metric.
+    pub fn label(self) -> &'static str {
+        match self {
+            AckOutcome::Applied => "applied",
+            AckOutcome::Stale => "stale",
+            AckOutcome::NotDelivered => "not_delivered",
+        }
+    }
 }
 
 /// What ListLeases shows of a queue.
@@ -426,9 +439,20 @@ impl QueueRun {
                             histogram.record(now.saturating_duration_since(at).as_secs_f64());
                         }
                     };
+                    let kind = match &ack.kind {
+                        AckKind::Accept => "accept",
+                        AckKind::Retry { .. } => "retry",
+                        AckKind::Reject { .. } => "reject",
+                        AckKind::Renew => "renew",
+                    };
+                    // A record never delivered (here or by an earlier holder) is not the
+                    // client's to answer: most likely an offset off by one.
+                    if !state.queue.ever_delivered(ack.offset) {
+                        answers.add(kind, AckOutcome::NotDelivered.label());
+                        return AckOutcome::NotDelivered;
+                    }
                     let (kind, applied) = match &ack.kind {
-                        // A record never delivered (here or by an earlier holder) is not
-                        // the client's to answer.
+                        // Handed out before, but not by this holder yet: not in its hands.
                         AckKind::Accept if state.queue.attempts(ack.offset) == 0 => {
                             ("accept", false)
                         }
@@ -470,12 +494,13 @@ impl QueueRun {
                                 .renew(ack.offset, now + self.settings.queue.ack_deadline),
                         ),
                     };
-                    answers.add(kind, applied);
-                    if applied {
+                    let outcome = if applied {
                         AckOutcome::Applied
                     } else {
                         AckOutcome::Stale
-                    }
+                    };
+                    answers.add(kind, outcome.label());
+                    outcome
                 })
                 .collect();
             (outcomes, state.queue.dead_letters_due())
@@ -1087,7 +1112,7 @@ mod tests {
         run.offer(records(0..4));
         let now = Instant::now();
         assert_eq!(run.take_ready(now).len(), 4);
-        use AckOutcome::{Applied, Stale};
+        use AckOutcome::{Applied, NotDelivered, Stale};
         let retry = AckKind::Retry {
             delay: Duration::ZERO,
             reason: "again".into(),
@@ -1103,7 +1128,10 @@ mod tests {
             ],
             now,
         );
-        assert_eq!(outcomes, [Applied, Stale, Stale, Applied, Applied, Stale]);
+        assert_eq!(
+            outcomes,
+            [Applied, Stale, Stale, Applied, Applied, NotDelivered]
+        );
         // Record 1 comes again as its second delivery; an accept of its first still counts.
         let again = run.take_ready(now);
         assert_eq!(again.len(), 1);
@@ -1125,7 +1153,7 @@ mod tests {
     }
 
     #[test]
-    fn an_accept_of_a_record_never_delivered_is_stale() {
+    fn an_answer_for_a_record_never_delivered_is_not_delivered_and_changes_nothing() {
         let run = run(Order::Partition);
         run.offer(records(0..3));
         let now = Instant::now();
@@ -1134,10 +1162,29 @@ mod tests {
             1,
             "partition order: one at a time"
         );
-        assert_eq!(
-            run.apply(&[ack(2, None, AckKind::Accept)], now),
-            [AckOutcome::Stale]
-        );
+        let kinds = [
+            AckKind::Accept,
+            AckKind::Retry {
+                delay: Duration::ZERO,
+                reason: String::new(),
+            },
+            AckKind::Reject {
+                reason: "no".into(),
+            },
+            AckKind::Renew,
+        ];
+        // Offered but not handed out yet (2), and past the partition's end (999).
+        for offset in [2, 999] {
+            for kind in &kinds {
+                assert_eq!(
+                    run.apply(&[ack(offset, None, kind.clone())], now),
+                    [AckOutcome::NotDelivered],
+                    "{kind:?} of {offset}"
+                );
+            }
+        }
+        assert_eq!(run.state().queue.progress().base(), 0, "nothing done");
+        assert_eq!(run.snapshot().dead_letters, 0, "nothing dead-lettered");
         assert_eq!(
             run.apply(&[ack(0, None, AckKind::Accept)], now),
             [AckOutcome::Applied]

@@ -44,6 +44,7 @@ class AckOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACK_OUTCOME_UNSPECIFIED: _ClassVar[AckOutcome]
     ACK_OUTCOME_APPLIED: _ClassVar[AckOutcome]
     ACK_OUTCOME_STALE: _ClassVar[AckOutcome]
+    ACK_OUTCOME_NOT_DELIVERED: _ClassVar[AckOutcome]
 OFFSET_RESET_UNSPECIFIED: OffsetReset
 OFFSET_RESET_EARLIEST: OffsetReset
 OFFSET_RESET_LATEST: OffsetReset
@@ -62,6 +63,7 @@ ACK_TYPE_RENEW: AckType
 ACK_OUTCOME_UNSPECIFIED: AckOutcome
 ACK_OUTCOME_APPLIED: AckOutcome
 ACK_OUTCOME_STALE: AckOutcome
+ACK_OUTCOME_NOT_DELIVERED: AckOutcome
 
 class AcquireRequest(_message.Message):
     __slots__ = ("group", "topic", "partition", "member", "ttl", "wait", "offset_reset")

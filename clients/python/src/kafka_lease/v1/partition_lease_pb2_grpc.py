@@ -271,7 +271,8 @@ class PartitionLeaseServiceServicer:
         comes back in the same position: an answer for a delivery that is no longer in flight
         (its deadline passed and it was delivered again, or it is done) is STALE and changes
         nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-        answers (the record was handled).
+        answers (the record was handled). An answer for an offset never delivered is
+        NOT_DELIVERED and changes nothing.
 
         Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
         reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the

@@ -266,9 +266,15 @@ export enum AckOutcome {
   ACK_OUTCOME_APPLIED = 1,
   /**
    * ACK_OUTCOME_STALE - Changed nothing: the delivery is no longer in flight (its deadline passed, or another
-   * answer came first), or the record is done, or the offset was never delivered.
+   * answer came first), or the record is done.
    */
   ACK_OUTCOME_STALE = 2,
+  /**
+   * ACK_OUTCOME_NOT_DELIVERED - Changed nothing: no record at this offset was ever delivered on this partition, by this
+   * holder or an earlier one (not yet handed out, or past the partition's end). Usually a
+   * client bug, such as an off-by-one in the offset answered.
+   */
+  ACK_OUTCOME_NOT_DELIVERED = 3,
   UNRECOGNIZED = -1,
 }
 
@@ -283,6 +289,9 @@ export function ackOutcomeFromJSON(object: any): AckOutcome {
     case 2:
     case "ACK_OUTCOME_STALE":
       return AckOutcome.ACK_OUTCOME_STALE;
+    case 3:
+    case "ACK_OUTCOME_NOT_DELIVERED":
+      return AckOutcome.ACK_OUTCOME_NOT_DELIVERED;
     case -1:
     case "UNRECOGNIZED":
     default:
@@ -298,6 +307,8 @@ export function ackOutcomeToJSON(object: AckOutcome): string {
       return "ACK_OUTCOME_APPLIED";
     case AckOutcome.ACK_OUTCOME_STALE:
       return "ACK_OUTCOME_STALE";
+    case AckOutcome.ACK_OUTCOME_NOT_DELIVERED:
+      return "ACK_OUTCOME_NOT_DELIVERED";
     case AckOutcome.UNRECOGNIZED:
     default:
       return "UNRECOGNIZED";
@@ -311,8 +322,13 @@ export interface AcquireRequest {
   /** Topic name: 1..=249 characters of [A-Za-z0-9._-], not "." or "..". Required. */
   topic: string;
   /**
-   * The partition to lease (0 ..< partition count). Absent: the gateway picks a free one,
-   * starting from a random partition so that clients starting together spread out.
+   * The partition to lease (0 ..< partition count). Absent: the gateway picks a free one.
+   * It prefers a partition with records to read for the group (its high watermark past the
+   * group's committed offset, or past where `offset_reset` starts a partition the group has
+   * not committed); among those, and failing those among all free ones, it starts from a
+   * random partition so that clients starting together spread out. The preference is a
+   * hint read from Kafka at the Acquire: when Kafka does not answer it within a second the
+   * pick is the random one alone.
    */
   partition?:
     | number
@@ -993,7 +1009,8 @@ export interface Acknowledgement {
   type: AckType;
   /**
    * The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
-   * older delivery than the one in flight is STALE (an ACCEPT still counts).
+   * older delivery than the one in flight is STALE (an ACCEPT still counts); one for an
+   * offset never delivered is NOT_DELIVERED.
    */
   attempt: number;
   /** With RETRY: not before this much time has passed. At most 1 h. */
@@ -6331,7 +6348,8 @@ export const PartitionLeaseServiceService = {
    * comes back in the same position: an answer for a delivery that is no longer in flight
    * (its deadline passed and it was delivered again, or it is done) is STALE and changes
    * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-   * answers (the record was handled).
+   * answers (the record was handled). An answer for an offset never delivered is
+   * NOT_DELIVERED and changes nothing.
    *
    * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
    * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
@@ -6503,7 +6521,8 @@ export interface PartitionLeaseServiceServer extends UntypedServiceImplementatio
    * comes back in the same position: an answer for a delivery that is no longer in flight
    * (its deadline passed and it was delivered again, or it is done) is STALE and changes
    * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-   * answers (the record was handled).
+   * answers (the record was handled). An answer for an offset never delivered is
+   * NOT_DELIVERED and changes nothing.
    *
    * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
    * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
@@ -6759,7 +6778,8 @@ export interface PartitionLeaseServiceClient extends Client {
    * comes back in the same position: an answer for a delivery that is no longer in flight
    * (its deadline passed and it was delivered again, or it is done) is STALE and changes
    * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-   * answers (the record was handled).
+   * answers (the record was handled). An answer for an offset never delivered is
+   * NOT_DELIVERED and changes nothing.
    *
    * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
    * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the

@@ -34,12 +34,22 @@ public enum AckOutcome
   /**
    * <pre>
    * Changed nothing: the delivery is no longer in flight (its deadline passed, or another
-   * answer came first), or the record is done, or the offset was never delivered.
+   * answer came first), or the record is done.
    * </pre>
    *
    * <code>ACK_OUTCOME_STALE = 2;</code>
    */
   ACK_OUTCOME_STALE(2),
+  /**
+   * <pre>
+   * Changed nothing: no record at this offset was ever delivered on this partition, by this
+   * holder or an earlier one (not yet handed out, or past the partition's end). Usually a
+   * client bug, such as an off-by-one in the offset answered.
+   * </pre>
+   *
+   * <code>ACK_OUTCOME_NOT_DELIVERED = 3;</code>
+   */
+  ACK_OUTCOME_NOT_DELIVERED(3),
   UNRECOGNIZED(-1),
   ;
 
@@ -71,12 +81,22 @@ public enum AckOutcome
   /**
    * <pre>
    * Changed nothing: the delivery is no longer in flight (its deadline passed, or another
-   * answer came first), or the record is done, or the offset was never delivered.
+   * answer came first), or the record is done.
    * </pre>
    *
    * <code>ACK_OUTCOME_STALE = 2;</code>
    */
   public static final int ACK_OUTCOME_STALE_VALUE = 2;
+  /**
+   * <pre>
+   * Changed nothing: no record at this offset was ever delivered on this partition, by this
+   * holder or an earlier one (not yet handed out, or past the partition's end). Usually a
+   * client bug, such as an off-by-one in the offset answered.
+   * </pre>
+   *
+   * <code>ACK_OUTCOME_NOT_DELIVERED = 3;</code>
+   */
+  public static final int ACK_OUTCOME_NOT_DELIVERED_VALUE = 3;
 
 
   public final int getNumber() {
@@ -106,6 +126,7 @@ public enum AckOutcome
       case 0: return ACK_OUTCOME_UNSPECIFIED;
       case 1: return ACK_OUTCOME_APPLIED;
       case 2: return ACK_OUTCOME_STALE;
+      case 3: return ACK_OUTCOME_NOT_DELIVERED;
       default: return null;
     }
   }

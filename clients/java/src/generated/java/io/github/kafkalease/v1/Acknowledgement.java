@@ -101,7 +101,8 @@ private static final long serialVersionUID = 0L;
   /**
    * <pre>
    * The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
-   * older delivery than the one in flight is STALE (an ACCEPT still counts).
+   * older delivery than the one in flight is STALE (an ACCEPT still counts); one for an
+   * offset never delivered is NOT_DELIVERED.
    * </pre>
    *
    * <code>uint32 attempt = 3;</code>
@@ -733,7 +734,8 @@ private static final long serialVersionUID = 0L;
     /**
      * <pre>
      * The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
-     * older delivery than the one in flight is STALE (an ACCEPT still counts).
+     * older delivery than the one in flight is STALE (an ACCEPT still counts); one for an
+     * offset never delivered is NOT_DELIVERED.
      * </pre>
      *
      * <code>uint32 attempt = 3;</code>
@@ -746,7 +748,8 @@ private static final long serialVersionUID = 0L;
     /**
      * <pre>
      * The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
-     * older delivery than the one in flight is STALE (an ACCEPT still counts).
+     * older delivery than the one in flight is STALE (an ACCEPT still counts); one for an
+     * offset never delivered is NOT_DELIVERED.
      * </pre>
      *
      * <code>uint32 attempt = 3;</code>
@@ -763,7 +766,8 @@ private static final long serialVersionUID = 0L;
     /**
      * <pre>
      * The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
-     * older delivery than the one in flight is STALE (an ACCEPT still counts).
+     * older delivery than the one in flight is STALE (an ACCEPT still counts); one for an
+     * offset never delivered is NOT_DELIVERED.
      * </pre>
      *
      * <code>uint32 attempt = 3;</code>

@@ -42,7 +42,8 @@ public interface AcknowledgementOrBuilder extends
   /**
    * <pre>
    * The delivery answered (Delivery.attempt). 0: whichever is in flight. An answer to an
-   * older delivery than the one in flight is STALE (an ACCEPT still counts).
+   * older delivery than the one in flight is STALE (an ACCEPT still counts); one for an
+   * offset never delivered is NOT_DELIVERED.
    * </pre>
    *
    * <code>uint32 attempt = 3;</code>

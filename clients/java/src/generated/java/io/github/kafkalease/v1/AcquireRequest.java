@@ -155,8 +155,13 @@ private static final long serialVersionUID = 0L;
   private int partition_ = 0;
   /**
    * <pre>
-   * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one,
-   * starting from a random partition so that clients starting together spread out.
+   * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one.
+   * It prefers a partition with records to read for the group (its high watermark past the
+   * group's committed offset, or past where `offset_reset` starts a partition the group has
+   * not committed); among those, and failing those among all free ones, it starts from a
+   * random partition so that clients starting together spread out. The preference is a
+   * hint read from Kafka at the Acquire: when Kafka does not answer it within a second the
+   * pick is the random one alone.
    * </pre>
    *
    * <code>optional int32 partition = 3;</code>
@@ -168,8 +173,13 @@ private static final long serialVersionUID = 0L;
   }
   /**
    * <pre>
-   * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one,
-   * starting from a random partition so that clients starting together spread out.
+   * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one.
+   * It prefers a partition with records to read for the group (its high watermark past the
+   * group's committed offset, or past where `offset_reset` starts a partition the group has
+   * not committed); among those, and failing those among all free ones, it starts from a
+   * random partition so that clients starting together spread out. The preference is a
+   * hint read from Kafka at the Acquire: when Kafka does not answer it within a second the
+   * pick is the random one alone.
    * </pre>
    *
    * <code>optional int32 partition = 3;</code>
@@ -1006,8 +1016,13 @@ private static final long serialVersionUID = 0L;
     private int partition_ ;
     /**
      * <pre>
-     * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one,
-     * starting from a random partition so that clients starting together spread out.
+     * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one.
+     * It prefers a partition with records to read for the group (its high watermark past the
+     * group's committed offset, or past where `offset_reset` starts a partition the group has
+     * not committed); among those, and failing those among all free ones, it starts from a
+     * random partition so that clients starting together spread out. The preference is a
+     * hint read from Kafka at the Acquire: when Kafka does not answer it within a second the
+     * pick is the random one alone.
      * </pre>
      *
      * <code>optional int32 partition = 3;</code>
@@ -1019,8 +1034,13 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one,
-     * starting from a random partition so that clients starting together spread out.
+     * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one.
+     * It prefers a partition with records to read for the group (its high watermark past the
+     * group's committed offset, or past where `offset_reset` starts a partition the group has
+     * not committed); among those, and failing those among all free ones, it starts from a
+     * random partition so that clients starting together spread out. The preference is a
+     * hint read from Kafka at the Acquire: when Kafka does not answer it within a second the
+     * pick is the random one alone.
      * </pre>
      *
      * <code>optional int32 partition = 3;</code>
@@ -1032,8 +1052,13 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one,
-     * starting from a random partition so that clients starting together spread out.
+     * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one.
+     * It prefers a partition with records to read for the group (its high watermark past the
+     * group's committed offset, or past where `offset_reset` starts a partition the group has
+     * not committed); among those, and failing those among all free ones, it starts from a
+     * random partition so that clients starting together spread out. The preference is a
+     * hint read from Kafka at the Acquire: when Kafka does not answer it within a second the
+     * pick is the random one alone.
      * </pre>
      *
      * <code>optional int32 partition = 3;</code>
@@ -1049,8 +1074,13 @@ private static final long serialVersionUID = 0L;
     }
     /**
      * <pre>
-     * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one,
-     * starting from a random partition so that clients starting together spread out.
+     * The partition to lease (0 ..&lt; partition count). Absent: the gateway picks a free one.
+     * It prefers a partition with records to read for the group (its high watermark past the
+     * group's committed offset, or past where `offset_reset` starts a partition the group has
+     * not committed); among those, and failing those among all free ones, it starts from a
+     * random partition so that clients starting together spread out. The preference is a
+     * hint read from Kafka at the Acquire: when Kafka does not answer it within a second the
+     * pick is the random one alone.
      * </pre>
      *
      * <code>optional int32 partition = 3;</code>

@@ -356,34 +356,35 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "\022\034\n\030DELIVERY_ORDER_UNORDERED\020\003*u\n\007AckTyp" +
       "e\022\030\n\024ACK_TYPE_UNSPECIFIED\020\000\022\023\n\017ACK_TYPE_" +
       "ACCEPT\020\001\022\022\n\016ACK_TYPE_RETRY\020\002\022\023\n\017ACK_TYPE" +
-      "_REJECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004*Y\n\nAckOutc" +
+      "_REJECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004*x\n\nAckOutc" +
       "ome\022\033\n\027ACK_OUTCOME_UNSPECIFIED\020\000\022\027\n\023ACK_" +
       "OUTCOME_APPLIED\020\001\022\025\n\021ACK_OUTCOME_STALE\020\002" +
-      "2\247\006\n\025PartitionLeaseService\022J\n\007Acquire\022\036." +
-      "kafka_lease.v1.AcquireRequest\032\037.kafka_le" +
-      "ase.v1.AcquireResponse\022C\n\004Read\022\033.kafka_l" +
-      "ease.v1.ReadRequest\032\034.kafka_lease.v1.Rea" +
-      "dResponse0\001\022A\n\004Seek\022\033.kafka_lease.v1.See" +
-      "kRequest\032\034.kafka_lease.v1.SeekResponse\022G" +
-      "\n\006Commit\022\035.kafka_lease.v1.CommitRequest\032" +
-      "\036.kafka_lease.v1.CommitResponse\022J\n\007Relea" +
-      "se\022\036.kafka_lease.v1.ReleaseRequest\032\037.kaf" +
-      "ka_lease.v1.ReleaseResponse\022R\n\tSubscribe" +
-      "\022 .kafka_lease.v1.SubscribeRequest\032!.kaf" +
-      "ka_lease.v1.SubscribeResponse0\001\022V\n\013ListM" +
-      "embers\022\".kafka_lease.v1.ListMembersReque" +
-      "st\032#.kafka_lease.v1.ListMembersResponse\022" +
-      "S\n\nListLeases\022!.kafka_lease.v1.ListLease" +
-      "sRequest\032\".kafka_lease.v1.ListLeasesResp" +
-      "onse\022L\n\007Deliver\022\036.kafka_lease.v1.Deliver" +
-      "Request\032\037.kafka_lease.v1.DeliverResponse" +
-      "0\001\022V\n\013Acknowledge\022\".kafka_lease.v1.Ackno" +
-      "wledgeRequest\032#.kafka_lease.v1.Acknowled" +
-      "geResponseB\260\001\n\027io.github.kafkalease.v1B\023" +
-      "PartitionLeaseProtoP\001ZGgithub.com/kafka-" +
-      "lease/kafka-lease/clients/go/kafkaleasev" +
-      "1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rK" +
-      "afkaLease\\V1\352\002\016KafkaLease::V1b\006proto3"
+      "\022\035\n\031ACK_OUTCOME_NOT_DELIVERED\020\0032\247\006\n\025Part" +
+      "itionLeaseService\022J\n\007Acquire\022\036.kafka_lea" +
+      "se.v1.AcquireRequest\032\037.kafka_lease.v1.Ac" +
+      "quireResponse\022C\n\004Read\022\033.kafka_lease.v1.R" +
+      "eadRequest\032\034.kafka_lease.v1.ReadResponse" +
+      "0\001\022A\n\004Seek\022\033.kafka_lease.v1.SeekRequest\032" +
+      "\034.kafka_lease.v1.SeekResponse\022G\n\006Commit\022" +
+      "\035.kafka_lease.v1.CommitRequest\032\036.kafka_l" +
+      "ease.v1.CommitResponse\022J\n\007Release\022\036.kafk" +
+      "a_lease.v1.ReleaseRequest\032\037.kafka_lease." +
+      "v1.ReleaseResponse\022R\n\tSubscribe\022 .kafka_" +
+      "lease.v1.SubscribeRequest\032!.kafka_lease." +
+      "v1.SubscribeResponse0\001\022V\n\013ListMembers\022\"." +
+      "kafka_lease.v1.ListMembersRequest\032#.kafk" +
+      "a_lease.v1.ListMembersResponse\022S\n\nListLe" +
+      "ases\022!.kafka_lease.v1.ListLeasesRequest\032" +
+      "\".kafka_lease.v1.ListLeasesResponse\022L\n\007D" +
+      "eliver\022\036.kafka_lease.v1.DeliverRequest\032\037" +
+      ".kafka_lease.v1.DeliverResponse0\001\022V\n\013Ack" +
+      "nowledge\022\".kafka_lease.v1.AcknowledgeReq" +
+      "uest\032#.kafka_lease.v1.AcknowledgeRespons" +
+      "eB\260\001\n\027io.github.kafkalease.v1B\023Partition" +
+      "LeaseProtoP\001ZGgithub.com/kafka-lease/kaf" +
+      "ka-lease/clients/go/kafkaleasev1;kafkale" +
+      "asev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rKafkaLease" +
+      "\\V1\352\002\016KafkaLease::V1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,

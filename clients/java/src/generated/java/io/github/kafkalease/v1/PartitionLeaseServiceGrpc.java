@@ -585,7 +585,8 @@ public final class PartitionLeaseServiceGrpc {
      * comes back in the same position: an answer for a delivery that is no longer in flight
      * (its deadline passed and it was delivered again, or it is done) is STALE and changes
      * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-     * answers (the record was handled).
+     * answers (the record was handled). An answer for an offset never delivered is
+     * NOT_DELIVERED and changes nothing.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
      * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
      * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
@@ -834,7 +835,8 @@ public final class PartitionLeaseServiceGrpc {
      * comes back in the same position: an answer for a delivery that is no longer in flight
      * (its deadline passed and it was delivered again, or it is done) is STALE and changes
      * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-     * answers (the record was handled).
+     * answers (the record was handled). An answer for an offset never delivered is
+     * NOT_DELIVERED and changes nothing.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
      * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
      * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
@@ -1067,7 +1069,8 @@ public final class PartitionLeaseServiceGrpc {
      * comes back in the same position: an answer for a delivery that is no longer in flight
      * (its deadline passed and it was delivered again, or it is done) is STALE and changes
      * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-     * answers (the record was handled).
+     * answers (the record was handled). An answer for an offset never delivered is
+     * NOT_DELIVERED and changes nothing.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
      * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
      * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
@@ -1296,7 +1299,8 @@ public final class PartitionLeaseServiceGrpc {
      * comes back in the same position: an answer for a delivery that is no longer in flight
      * (its deadline passed and it was delivered again, or it is done) is STALE and changes
      * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-     * answers (the record was handled).
+     * answers (the record was handled). An answer for an offset never delivered is
+     * NOT_DELIVERED and changes nothing.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
      * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
      * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode
@@ -1430,7 +1434,8 @@ public final class PartitionLeaseServiceGrpc {
      * comes back in the same position: an answer for a delivery that is no longer in flight
      * (its deadline passed and it was delivered again, or it is done) is STALE and changes
      * nothing, except that an ACCEPT of a record not done yet counts, whichever delivery it
-     * answers (the record was handled).
+     * answers (the record was handled). An answer for an offset never delivered is
+     * NOT_DELIVERED and changes nothing.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD: an offset below 0, a type unset, a delay or
      * reason too long, more than 10,000 acknowledgements); FAILED_PRECONDITION (LEASE_*: the
      * lease has ended or moved, so nothing is applied; WRONG_MODE: no Deliver opened queue mode

@@ -85,14 +85,11 @@ final class Acks {
                 @Override
                 public void onCompleted() {
                   for (int i = 0; i < batch.size(); i++) {
-                    boolean applied =
-                        response != null
-                            && i < response.getOutcomesCount()
-                            && response.getOutcomes(i) == AckOutcome.ACK_OUTCOME_APPLIED;
-                    batch
-                        .get(i)
-                        .reply()
-                        .complete(applied ? Delivery.Outcome.APPLIED : Delivery.Outcome.STALE);
+                    AckOutcome outcome =
+                        response != null && i < response.getOutcomesCount()
+                            ? response.getOutcomes(i)
+                            : AckOutcome.ACK_OUTCOME_STALE;
+                    batch.get(i).reply().complete(outcome(outcome));
                   }
                   next();
                 }
@@ -101,6 +98,18 @@ final class Acks {
       fail(batch, KafkaLeaseException.from(e));
       next();
     }
+  }
+
+  /**
+   * The gateway's outcome; STALE for one this version does not know (it changed nothing this
+   * client can tell).
+   */
+  static Delivery.Outcome outcome(AckOutcome outcome) {
+    return switch (outcome) {
+      case ACK_OUTCOME_APPLIED -> Delivery.Outcome.APPLIED;
+      case ACK_OUTCOME_NOT_DELIVERED -> Delivery.Outcome.NOT_DELIVERED;
+      default -> Delivery.Outcome.STALE;
+    };
   }
 
   private static void fail(List<Pending> batch, KafkaLeaseException error) {

@@ -80,9 +80,10 @@ public final class ConsumeOptions {
   /**
    * Called on the handler's thread once the accept of a delivery its handler handled has come
    * back, with its outcome ({@link Delivery.Outcome#APPLIED}: the record is done; {@link
-   * Delivery.Outcome#STALE}: the delivery was no longer in flight); not called when the accept
-   * failed (the record comes again). For what must happen only once a record is done: log it,
-   * acknowledge it upstream. What it throws is ignored.
+   * Delivery.Outcome#STALE}: the delivery was no longer in flight; {@link
+   * Delivery.Outcome#NOT_DELIVERED}: the gateway never delivered that offset); not called when
+   * the accept failed (the record comes again). For what must happen only once a record is
+   * done: log it, acknowledge it upstream. What it throws is ignored.
    */
   public ConsumeOptions onAccepted(BiConsumer<Delivery, Delivery.Outcome> listener) {
     this.onAccepted = listener;

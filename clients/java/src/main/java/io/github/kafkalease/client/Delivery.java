@@ -16,7 +16,8 @@ import java.util.concurrent.ExecutionException;
  *
  * <p>Answers of a lease travel batched: at most one Acknowledge call per lease is in flight,
  * and the answers made meanwhile go together in the next one. Each answer returns {@link
- * Outcome#APPLIED} or {@link Outcome#STALE}; the blocking methods wait for it, the {@code
+ * Outcome#APPLIED}, {@link Outcome#STALE} or {@link Outcome#NOT_DELIVERED}; the blocking
+ * methods wait for it, the {@code
  * ...Async} ones return at once. Thread-safe: answer from any thread, even after the {@link
  * Deliveries} it came from was closed or broke. An answer after the lease ended (released,
  * lost, expired, moved to another holder) fails with the lease-ended error ({@link
@@ -32,7 +33,13 @@ public final class Delivery {
      * delivered again, or it was answered already), or the record is done. An accept of a
      * record not done yet still counts, whichever delivery it answers.
      */
-    STALE
+    STALE,
+    /**
+     * Changed nothing: no record at this offset was ever delivered on the partition, by this
+     * holder or an earlier one (not handed out yet, or past the partition's end). Usually a
+     * bug of the caller, such as an offset off by one.
+     */
+    NOT_DELIVERED
   }
 
   /** The most UTF-8 bytes of a reason the gateway takes; longer ones are cut. */

@@ -383,7 +383,13 @@ class FakeGatewayTest {
           }
           AcknowledgeResponse.Builder b = AcknowledgeResponse.newBuilder();
           for (Acknowledgement a : req.getAcknowledgementsList()) {
-            b.addOutcomes(a.getOffset() % 2 == 0 ? AckOutcome.ACK_OUTCOME_APPLIED : AckOutcome.ACK_OUTCOME_STALE);
+            // Even offsets APPLIED, odd ones STALE, but 5 was never delivered.
+            b.addOutcomes(
+                a.getOffset() == 5
+                    ? AckOutcome.ACK_OUTCOME_NOT_DELIVERED
+                    : a.getOffset() % 2 == 0
+                        ? AckOutcome.ACK_OUTCOME_APPLIED
+                        : AckOutcome.ACK_OUTCOME_STALE);
           }
           inFlight.decrementAndGet();
           out.onNext(b.build());
@@ -432,7 +438,7 @@ class FakeGatewayTest {
             Delivery.Outcome.APPLIED,
             Delivery.Outcome.STALE,
             Delivery.Outcome.APPLIED,
-            Delivery.Outcome.STALE),
+            Delivery.Outcome.NOT_DELIVERED), // not reported as stale
         outcomes);
     assertEquals(2, acknowledges.size(), "the answers made meanwhile went together");
     assertEquals(1, mostInFlight.get(), "one Acknowledge at a time");
