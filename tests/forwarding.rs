@@ -5,8 +5,9 @@
 //! client that stops reading a proxied Read stops the serving instance's fetching; ListLeases
 //! through either instance has every lease's live details.
 
-mod scenarios;
 mod support;
+
+use kafka_lease_testkit::scenarios;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,8 +2,9 @@
 //! race, waiting for a partition, calls that reach the other instance, ListLeases, bad input
 //! that must change nothing, grpcurl against reflection, and health.
 
-mod scenarios;
 mod support;
+
+use kafka_lease_testkit::scenarios;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The Acquires of one (group, topic) on this gateway, and what they know of the topic's
-//! locks: one [`TopicQueue`] per (group, topic) that has Acquires in progress.
+//! locks: one [`TopicWaiters`] per (group, topic) that has Acquires in progress.
 //!
-//! Every Acquire takes a [`Ticket`] in arrival order. The queue keeps the newest
+//! Every Acquire takes a [`Ticket`] in arrival order. The line keeps the newest
 //! [`TopicView`] of the topic's locks (from one shared watch while anyone waits, or a read by
 //! the Acquire that found no watch running) and *offers* each partition it shows free to one
 //! ticket: the oldest one that wants it. Only that ticket tries the lock; the others sleep.
@@ -11,9 +11,9 @@
 //! - offered to a ticket already;
 //! - under lock-delay (the backend said so; marked until the delay ends);
 //! - blocked in the local lease table (a lease, an attempt or an unconfirmed release here),
-//!   which the gateway answers through the `blocked` function it gives the queue.
+//!   which the gateway answers through the `blocked` function it gives the line.
 //!
-//! Lock order: a queue's lock is taken before the gateway's table lock, never after.
+//! Lock order: a line's lock is taken before the gateway's table lock, never after.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -99,10 +99,10 @@ impl Wants {
     }
 }
 
-/// Tells whether the local lease table blocks a partition of the queue's topic.
+/// Tells whether the local lease table blocks a partition of the line's topic.
 pub(crate) type Blocked = Box<dyn Fn(i32) -> bool + Send + Sync>;
 
-pub(crate) struct TopicQueue {
+pub(crate) struct TopicWaiters {
     inner: Mutex<Inner>,
     blocked: Blocked,
     /// The shared watch that keeps `inner.view` current while it runs.
@@ -132,19 +132,19 @@ struct Slot {
     wake: Arc<Notify>,
 }
 
-impl std::fmt::Debug for TopicQueue {
+impl std::fmt::Debug for TopicWaiters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let inner = self.lock();
-        f.debug_struct("TopicQueue")
+        f.debug_struct("TopicWaiters")
             .field("tickets", &inner.tickets.len())
             .field("offered", &inner.offered)
             .finish_non_exhaustive()
     }
 }
 
-impl TopicQueue {
+impl TopicWaiters {
     pub(crate) fn new(blocked: Blocked) -> Arc<Self> {
-        Arc::new(TopicQueue {
+        Arc::new(TopicWaiters {
             inner: Mutex::new(Inner::default()),
             blocked,
             watch: Mutex::new(None),
@@ -157,7 +157,7 @@ impl TopicQueue {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A ticket at the back of the queue.
+    /// A ticket at the back of the line.
     pub(crate) fn enqueue(self: &Arc<Self>, wants: Wants) -> Ticket {
         let wake = Arc::new(Notify::new());
         let seq = {
@@ -175,7 +175,7 @@ impl TopicQueue {
             seq
         };
         Ticket {
-            queue: self.clone(),
+            line: self.clone(),
             seq,
             wake,
         }
@@ -336,7 +336,7 @@ impl TopicQueue {
     }
 }
 
-impl Drop for TopicQueue {
+impl Drop for TopicWaiters {
     fn drop(&mut self) {
         let watch = self.watch.get_mut().unwrap_or_else(|p| p.into_inner());
         if let Some(task) = watch.take() {
@@ -345,9 +345,9 @@ impl Drop for TopicQueue {
     }
 }
 
-/// One Acquire's place in its topic's queue; leaving it (drop) gives up any offer.
+/// One Acquire's place in its topic's line; leaving it (drop) gives up any offer.
 pub(crate) struct Ticket {
-    queue: Arc<TopicQueue>,
+    line: Arc<TopicWaiters>,
     seq: u64,
     wake: Arc<Notify>,
 }
@@ -362,21 +362,21 @@ pub(crate) enum Tried {
     Delayed(Instant),
 }
 
-/// An Acquire's whole protocol with its topic's queue: [`Ticket::offer_now`], then
+/// An Acquire's whole protocol with its topic's line: [`Ticket::offer_now`], then
 /// [`Ticket::tried`] with what came of the partition offered, or [`Ticket::wait`] for one;
 /// [`Ticket::holders`] for the answer when none came in time.
 impl Ticket {
-    /// The partition offered to this ticket now, once the queue's view is current: kept so
+    /// The partition offered to this ticket now, once the line's view is current: kept so
     /// by the topic's watch when one runs, else read with `read` (Acquires that arrive
     /// together share one read), and what it shows free offered.
     pub(crate) async fn offer_now<E, F>(&self, read: F) -> Result<Option<i32>, E>
     where
         F: std::future::Future<Output = Result<TopicView, E>>,
     {
-        if self.queue.is_watched() {
-            self.queue.dispatch();
+        if self.line.is_watched() {
+            self.line.dispatch();
         } else {
-            self.queue.refresh(read).await?;
+            self.line.refresh(read).await?;
         }
         Ok(self.offer())
     }
@@ -386,30 +386,30 @@ impl Ticket {
     /// view or the delay says otherwise.
     pub(crate) fn tried(&self, partition: i32, tried: Tried) {
         match tried {
-            Tried::Locked(held) => return self.queue.mark_held(partition, held),
-            Tried::Held => self.queue.mark_held(
+            Tried::Locked(held) => return self.line.mark_held(partition, held),
+            Tried::Held => self.line.mark_held(
                 partition,
                 HeldPartition {
                     token: None,
                     holder: None,
                 },
             ),
-            Tried::Delayed(until) => self.queue.mark_delayed(partition, until),
+            Tried::Delayed(until) => self.line.mark_delayed(partition, until),
         }
         self.decline();
     }
 
     /// Waits for an offer, the end of a partition's delay, or `deadline`, whichever comes
-    /// first; starts the topic's shared watch with `watch` (given the queue and the view's
+    /// first; starts the topic's shared watch with `watch` (given the line and the view's
     /// index) unless one runs.
     pub(crate) async fn wait(
         &self,
         deadline: Instant,
-        watch: impl FnOnce(&Arc<TopicQueue>, u64) -> JoinHandle<()>,
+        watch: impl FnOnce(&Arc<TopicWaiters>, u64) -> JoinHandle<()>,
     ) {
-        self.queue.ensure_watch(|from| watch(&self.queue, from));
+        self.line.ensure_watch(|from| watch(&self.line, from));
         let wake_at = self
-            .queue
+            .line
             .next_delay_end()
             .map_or(deadline, |t| t.min(deadline));
         tokio::select! {
@@ -420,12 +420,12 @@ impl Ticket {
 
     /// What is known of who holds each of `partitions`: the view's holder where it has one.
     pub(crate) fn holders(&self, partitions: &[i32]) -> Vec<(i32, Option<HolderInfo>)> {
-        self.queue.holders(partitions)
+        self.line.holders(partitions)
     }
 
     /// The partition offered to this ticket, if any.
     fn offer(&self) -> Option<i32> {
-        self.queue
+        self.line
             .lock()
             .tickets
             .get(&self.seq)
@@ -434,7 +434,7 @@ impl Ticket {
 
     /// The offered partition could not be taken: give it up (keeping the place in line).
     fn decline(&self) {
-        self.queue.withdraw(self.seq, false);
+        self.line.withdraw(self.seq, false);
     }
 
     /// Waits for an offer (one that came before the call counts).
@@ -445,7 +445,7 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.queue.withdraw(self.seq, true);
+        self.line.withdraw(self.seq, true);
     }
 }
 
@@ -476,13 +476,13 @@ mod tests {
         }
     }
 
-    fn queue() -> Arc<TopicQueue> {
-        TopicQueue::new(Box::new(|_| false))
+    fn line() -> Arc<TopicWaiters> {
+        TopicWaiters::new(Box::new(|_| false))
     }
 
     #[tokio::test]
     async fn a_freed_partition_goes_to_the_oldest_waiter_only() {
-        let q = queue();
+        let q = line();
         q.set_view(held(&[0, 1]));
         let tickets: Vec<Ticket> = (0..5).map(|_| q.enqueue(Wants::any(0, 2))).collect();
         assert!(tickets.iter().all(|t| t.offer().is_none()));
@@ -508,7 +508,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_leaving_waiter_passes_its_offer_to_the_next() {
-        let q = queue();
+        let q = line();
         q.set_view(held(&[0]));
         let first = q.enqueue(Wants::One(0));
         let second = q.enqueue(Wants::any(0, 1));
@@ -521,7 +521,7 @@ mod tests {
 
     #[tokio::test]
     async fn waiters_get_the_partitions_they_want_in_order() {
-        let q = queue();
+        let q = line();
         q.set_view(held(&[0, 1, 2, 3]));
         let only_3 = q.enqueue(Wants::One(3));
         let any = q.enqueue(Wants::any(2, 4));
@@ -553,7 +553,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn delayed_and_locally_blocked_partitions_are_not_offered() {
         let blocked = Arc::new(AtomicBool::new(true));
-        let q = TopicQueue::new(Box::new({
+        let q = TopicWaiters::new(Box::new({
             let blocked = blocked.clone();
             move |p| p == 1 && blocked.load(Ordering::SeqCst)
         }));
@@ -578,7 +578,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_offer_made_before_the_wait_is_not_missed() {
-        let q = queue();
+        let q = line();
         q.set_view(held(&[0]));
         let t = q.enqueue(Wants::One(0));
         q.mark_free(0);

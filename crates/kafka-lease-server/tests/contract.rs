@@ -6,9 +6,9 @@
 //! What Kafka and Consul themselves do (outages, sessions, lock-delay, real brokers) stays
 //! in those end-to-end suites.
 
-#[path = "../../../tests/scenarios/mod.rs"]
-mod scenarios;
 mod support;
+
+use kafka_lease_testkit::scenarios;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};

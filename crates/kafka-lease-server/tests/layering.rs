@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 /// is below them all).
 const LAYERS: &[&[&str]] = &[
     &[
-        "metrics", "records", "reload", "balance", "progress", "dispatch", "defects",
+        "metrics", "records", "reload", "balance", "queue", "defects",
     ],
-    &["error", "tls", "waiters", "queue"],
+    &["error", "tls", "waiters"],
     &["kafka", "validate", "auth"],
     &["lease"],
     &["gateway"],

@@ -12,6 +12,7 @@ pub mod consul_secure;
 pub mod gateway;
 pub mod records;
 pub mod relay;
+pub mod scenarios;
 pub mod topics;
 pub use certs::TestCa;
 pub use consul_agent::ConsulClientAgent;

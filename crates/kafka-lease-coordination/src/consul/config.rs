@@ -1,7 +1,10 @@
 //! The Consul backend's settings: what they are, their defaults, and the one validation of
 //! them, including the self-fencing invariant (stated in docs/ARCHITECTURE.md, "Self-fencing").
 
-use super::*;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use super::{Ipv4Addr, Ipv6Addr, SERVICE_NAME};
 
 /// Consul's bounds for a session TTL.
 pub(super) const TTL_MIN: Duration = Duration::from_secs(10);

@@ -15,7 +15,26 @@
 //! Writes and session calls use the plain consulrs functions, except the service registration:
 //! consulrs serializes it with an `Ns` field that Consul 1.8 rejects ("unknown field").
 
-use super::*;
+use std::collections::HashMap;
+use std::fmt;
+use std::time::Duration;
+
+use consulrs::api::features::{Blocking, ConsistencyMode, FeaturedEndpoint, Features};
+use consulrs::api::kv::common::KVPair;
+use consulrs::api::kv::requests::ReadKeyRequest;
+use consulrs::client::{Client as _, ConsulClient};
+use consulrs::error::ClientError;
+use rustify::client::Client as _;
+use rustify::endpoint::{Endpoint, MiddleWare as _};
+use rustify::enums::{RequestMethod, RequestType, ResponseType};
+use serde::Serialize;
+
+use crate::{CoordinationError, HolderInfo};
+
+use super::{
+    CheckKind, ConsulLockConfig, ConsulTls, SessionCheck, Shared, META_CHECK_TCP, META_INSTANCE,
+    REQUEST_TIMEOUT, SERVICE_NAME,
+};
 
 /// A consulrs client whose HTTP client trusts `tls.ca_cert` and presents `tls.client_cert`,
 /// built here on rustls: consulrs' own builder parses the client certificate for rustls but

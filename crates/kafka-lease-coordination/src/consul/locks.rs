@@ -1,7 +1,15 @@
 //! Partition locks: acquiring a key with one `/v1/txn` lock, releasing it with a CAS delete,
 //! reading back a grant, and the keys found free but refused under lock-delay.
 
-use super::*;
+use std::time::Duration;
+
+use consulrs::api::features::ConsistencyMode;
+use consulrs::api::kv::requests::DeleteKeyRequest;
+use tokio::time::Instant;
+
+use crate::{Acquisition, CoordinationError, FencingToken, HolderInfo, LockGrant, LockKey};
+
+use super::{describe, is_status, lock, unavailable, Shared, TxnOp, TxnOutcome, TxnRefusal};
 
 /// The floor of the window in which a key that is free but refused is assumed to be under
 /// lock-delay (see [`Shared::note_refused`]).

@@ -57,30 +57,19 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use consulrs::api::features::{Blocking, ConsistencyMode, FeaturedEndpoint, Features};
-use consulrs::api::kv::common::KVPair;
-use consulrs::api::kv::requests::{DeleteKeyRequest, ReadKeyRequest};
-use consulrs::api::session::common::ServiceCheck;
-use consulrs::api::session::requests::CreateSessionRequest;
-use consulrs::client::{Client as _, ConsulClient, ConsulClientSettingsBuilder};
-use consulrs::error::ClientError;
-use futures::stream::{FuturesUnordered, StreamExt as _};
-use rustify::client::Client as _;
-use rustify::endpoint::{Endpoint, MiddleWare as _};
-use rustify::enums::{RequestMethod, RequestType, ResponseType};
-use serde::Serialize;
+use consulrs::client::{ConsulClient, ConsulClientSettingsBuilder};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::contract::{
-    Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo,
-    InstanceRecord, LockBackend, LockGrant, LockKey, MemberRecord, SessionState, TopicView,
+    Acquisition, CoordinationError, FencingToken, HeldLock, HolderInfo, LockBackend, LockGrant,
+    LockKey, MemberRecord, SessionState, TopicView,
 };
 
 mod config;

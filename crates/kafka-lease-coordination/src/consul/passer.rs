@@ -1,7 +1,12 @@
 //! The passer of a TTL check: the task that tells the agent, every pass interval, that this
 //! gateway process still runs (see [`CheckKind::Ttl`]).
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{PassCheck, SendError, Shared, PASSES_PER_TTL};
 
 /// Why one pass of the TTL check failed.
 #[derive(Debug, thiserror::Error)]

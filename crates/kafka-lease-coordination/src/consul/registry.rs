@@ -1,8 +1,10 @@
 //! Who is where: the address another instance advertises (its instance record), and this
 //! instance's member records (`join`, `leave`), each bound to its session.
 
+use crate::{CoordinationError, InstanceRecord, MemberRecord};
+
 use super::views::member_path;
-use super::*;
+use super::{unavailable, Shared, TxnOp, TxnOutcome, TxnRefusal};
 
 impl Shared {
     /// One read of `<prefix>/~instances/<instance>/`: the newest record still locked by a

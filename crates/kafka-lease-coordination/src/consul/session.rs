@@ -2,7 +2,22 @@
 //! check-bound session), renewing it and confirming it, noticing its loss and replacing it. The
 //! renew task implements the self-fence deadline (docs/ARCHITECTURE.md, "Self-fencing").
 
-use super::*;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use consulrs::api::kv::requests::DeleteKeyRequest;
+use consulrs::api::session::common::ServiceCheck;
+use consulrs::api::session::requests::CreateSessionRequest;
+use futures::stream::{FuturesUnordered, StreamExt as _};
+use tokio::time::Instant;
+
+use crate::{CoordinationError, FencingToken, InstanceRecord, LockKey, SessionState};
+
+use super::{
+    describe, go_duration, is_status, lock, unavailable, Confirmation, RegisterService,
+    SessionCheck, Shared, TxnOp, TxnOutcome, CREATE_BACKOFF_MAX, CREATE_BACKOFF_MIN,
+    META_CHECK_TCP, META_INSTANCE, REQUEST_TIMEOUT, SERVICE_NAME,
+};
 
 impl Shared {
     pub(super) fn set_state(&self, state: SessionState) {

@@ -2,7 +2,15 @@
 //! on a change), the member records of a group, the list of every held lock, and the layout
 //! helpers they share.
 
-use super::*;
+use std::time::Duration;
+
+use consulrs::api::kv::common::KVPair;
+
+use crate::{
+    CoordinationError, FencingToken, HeldLock, HeldPartition, LockKey, MemberRecord, TopicView,
+};
+
+use super::{holder_of, unavailable, KvRead, Shared, REQUEST_TIMEOUT};
 
 /// Consul lengthens a blocking query's `wait` by a random jitter of up to `wait / 16`.
 const JITTER_DIVISOR: u32 = 16;

@@ -1,4 +1,4 @@
-//! Acquire: the wait in a topic's queue, one attempt at one partition (claim here, lock in
+//! Acquire: the wait in a topic's line, one attempt at one partition (claim here, lock in
 //! the backend, open the lease), and the guards that give a claim or a lock back however an
 //! attempt ends.
 
@@ -14,7 +14,7 @@ use crate::coordination::{unix_ms, Acquisition, HeldPartition, HolderInfo, LockG
 use crate::error::{BusyPartition, EndReason, LeaseError};
 use crate::kafka::PartitionFeed;
 use crate::lease::{new_lease_id, Lease, LeaseId, LeaseParts};
-use crate::waiters::{Ticket, TopicQueue, Tried, Wants};
+use crate::waiters::{Ticket, TopicWaiters, Tried, Wants};
 
 use super::table::LocalBusy;
 use super::{AcquireSpec, Gateway, Granted, Reset};
@@ -117,7 +117,7 @@ enum Attempt {
 
 impl Gateway {
     /// Grants a lease, waiting up to `spec.wait` for a partition to become free. The Acquire
-    /// takes a place in its topic's queue and tries only the partition the queue offers it
+    /// takes a place in its topic's line and tries only the partition the line offers it
     /// (see [`crate::waiters`]): a free one, offered to the oldest Acquire that wants it.
     pub async fn acquire(&self, spec: AcquireSpec) -> Result<Granted, LeaseError> {
         if self.shutting_down.load(Ordering::SeqCst) {
@@ -147,7 +147,7 @@ impl Gateway {
         };
         let deadline = Instant::now() + spec.wait;
         let ticket = self
-            .topic_queue(&spec.group, &spec.topic)
+            .topic_waiters(&spec.group, &spec.topic)
             .enqueue(wants.clone());
         let mut stopping = self.stopping.subscribe();
         let mut waiting: Option<Waiting<'_>> = None;
@@ -196,7 +196,7 @@ impl Gateway {
                 }
                 waiting = Some(Waiting(&self.waiting));
             }
-            let watch = |queue: &Arc<TopicQueue>, from| self.spawn_topic_watch(queue, &spec, from);
+            let watch = |line: &Arc<TopicWaiters>, from| self.spawn_topic_watch(line, &spec, from);
             tokio::select! {
                 () = ticket.wait(deadline, watch) => {}
                 _ = stopping.changed() => {}
@@ -365,16 +365,16 @@ impl Gateway {
         Ok(Attempt::Granted(Box::new(granted), held))
     }
 
-    /// The queue of Acquires on (`group`, `topic`), created if there is none.
-    fn topic_queue(&self, group: &str, topic: &str) -> Arc<TopicQueue> {
-        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+    /// The line of Acquires on (`group`, `topic`), created if there is none.
+    fn topic_waiters(&self, group: &str, topic: &str) -> Arc<TopicWaiters> {
+        let mut lines = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
         let id = (group.to_string(), topic.to_string());
-        if let Some(queue) = queues.get(&id).and_then(Weak::upgrade) {
-            return queue;
+        if let Some(line) = lines.get(&id).and_then(Weak::upgrade) {
+            return line;
         }
-        queues.retain(|_, q| q.strong_count() > 0);
+        lines.retain(|_, q| q.strong_count() > 0);
         let (gateway, probe) = (self.me.clone(), LockKey::new(group, topic, 0));
-        let queue = TopicQueue::new(Box::new(move |partition| {
+        let line = TopicWaiters::new(Box::new(move |partition| {
             let key = LockKey {
                 partition,
                 ..probe.clone()
@@ -383,33 +383,33 @@ impl Gateway {
                 .upgrade()
                 .is_some_and(|gateway| gateway.table().blocks(&key))
         }));
-        queues.insert(id, Arc::downgrade(&queue));
-        queue
+        lines.insert(id, Arc::downgrade(&line));
+        line
     }
 
     /// This instance no longer holds `key`: offer it to a waiter here at once.
     pub(super) fn freed(&self, key: &LockKey) {
-        let queue = self
-            .queues
+        let line = self
+            .waiters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&(key.group.clone(), key.topic.clone()))
             .and_then(Weak::upgrade);
-        if let Some(queue) = queue {
-            queue.mark_free(key.partition);
+        if let Some(line) = line {
+            line.mark_free(key.partition);
         }
     }
 
     /// The shared watch of a topic: one blocking query at a time, however many Acquires
-    /// wait on the topic here, each answer handed to the queue (which offers what it shows
-    /// free). It ends with the queue.
+    /// wait on the topic here, each answer handed to the line (which offers what it shows
+    /// free). It ends with the line.
     fn spawn_topic_watch(
         &self,
-        queue: &Arc<TopicQueue>,
+        line: &Arc<TopicWaiters>,
         spec: &AcquireSpec,
         from: u64,
     ) -> tokio::task::JoinHandle<()> {
-        let (weak, locks) = (Arc::downgrade(queue), self.locks.clone());
+        let (weak, locks) = (Arc::downgrade(line), self.locks.clone());
         let (group, topic) = (spec.group.clone(), spec.topic.clone());
         tokio::spawn(async move {
             let mut from = from;
@@ -419,16 +419,16 @@ impl Gateway {
                     .await
                 {
                     Ok(view) => {
-                        let Some(queue) = weak.upgrade() else { return };
+                        let Some(line) = weak.upgrade() else { return };
                         from = view.index;
-                        queue.set_view(view);
+                        line.set_view(view);
                     }
                     Err(err) => {
                         // The waiters keep their places; offers resume once Consul answers.
                         tracing::debug!(%topic, %group, error = %err, "topic watch failed; retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
-                        let Some(queue) = weak.upgrade() else { return };
-                        from = queue.index();
+                        let Some(line) = weak.upgrade() else { return };
+                        from = line.index();
                     }
                 }
             }

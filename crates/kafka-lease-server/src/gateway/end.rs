@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::coordination::{LockKey, SessionState};
 use crate::error::EndReason;
 use crate::lease::Lease;
-use crate::waiters::TopicQueue;
+use crate::waiters::TopicWaiters;
 
 use super::Gateway;
 
@@ -42,15 +42,15 @@ impl Gateway {
                 .collect()
         };
         // Keys the old session may have held are claimable again here: offer them.
-        let queues: Vec<Arc<TopicQueue>> = self
-            .queues
+        let lines: Vec<Arc<TopicWaiters>> = self
+            .waiters
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .filter_map(Weak::upgrade)
             .collect();
-        for queue in queues {
-            queue.dispatch();
+        for line in lines {
+            line.dispatch();
         }
         let reason = match state {
             SessionState::Live { .. } => "the gateway's Consul session was replaced".to_string(),

@@ -6,7 +6,7 @@
 //! holder never overlaps with it on this instance.
 //!
 //! Its seams, one file each: [`spec`] (the values taken and given), [`table`] (the lease
-//! table and its exclusivity rules), [`acquire`] (waiting in a topic's queue, one attempt at
+//! table and its exclusivity rules), [`acquire`] (waiting in a topic's line, one attempt at
 //! one partition, opening the lease), [`end`] (how leases end and their locks go back),
 //! [`ops`] (where a lease id is served, then Read, Seek, Commit, Release), [`list`]
 //! (ListLeases, ListMembers, the metrics' view). This file holds the [`Gateway`] itself.
@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::coordination::{unix_ms, HolderInfo, LockBackend, SessionState};
 use crate::kafka::Kafka;
 use crate::lease::Lease;
-use crate::waiters::TopicQueue;
+use crate::waiters::TopicWaiters;
 
 mod acquire;
 mod end;
@@ -72,8 +72,8 @@ pub struct Gateway {
     /// Acquires waiting for a partition right now.
     waiting: AtomicUsize,
     table: Mutex<Table>,
-    /// The queue of Acquires of each (group, topic) that has any.
-    queues: Mutex<HashMap<(String, String), Weak<TopicQueue>>>,
+    /// The line of Acquires of each (group, topic) that has any.
+    waiters: Mutex<HashMap<(String, String), Weak<TopicWaiters>>>,
     shutting_down: AtomicBool,
     /// Set to `true` at shutdown, to wake every waiting Acquire.
     stopping: watch::Sender<bool>,
@@ -123,7 +123,7 @@ impl Gateway {
             limits,
             waiting: AtomicUsize::new(0),
             table: Mutex::new(Table::default()),
-            queues: Mutex::default(),
+            waiters: Mutex::default(),
             shutting_down: AtomicBool::new(false),
             stopping: watch::channel(false).0,
             me: me.clone(),
@@ -193,7 +193,7 @@ impl Gateway {
             acquired_at_ms: unix_ms(lease.acquired_at),
             ttl_ms: lease.ttl.as_millis() as u64,
             address: self.address.clone().unwrap_or_default(),
-            // Only for this instance's own view of the queue, which does not look at it.
+            // Only for this instance's own view of the line, which does not look at it.
             subscriber: String::new(),
         }
     }

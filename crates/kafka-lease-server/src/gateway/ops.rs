@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crate::error::{EndReason, LeaseError};
 use crate::lease::{
-    lease_ref, serving_instance, Ack, AckOutcome, DeliverSettings, DeliverStream, Lease, ReadFrom,
-    ReadLimits, ReadStream, SeekEpoch, SharedWindow,
+    lease_ref, serving_instance, Ack, AckOutcome, Call, DeliverSettings, DeliverStream, Lease,
+    ReadFrom, ReadLimits, ReadStream, SeekEpoch, SharedWindow,
 };
 
 use super::{Gateway, SeekTarget};
@@ -105,9 +105,7 @@ impl Gateway {
         from_offset: Option<i64>,
         if_seek_epoch: Option<SeekEpoch>,
     ) -> Result<ReadStream, LeaseError> {
-        lease.fenced()?;
-        lease.touch()?;
-        lease.not_in_queue_mode("Read")?;
+        lease.begin(Call::Read)?;
         let from = from_offset.map(|offset| ReadFrom {
             offset,
             if_seek_epoch,
@@ -116,6 +114,18 @@ impl Gateway {
             self.check_in_range(lease, from.offset).await?;
         }
         lease.open_read(limits, from)
+    }
+
+    /// Opens a Subscribe member's Read of a lease it holds, at its resume point, superseding
+    /// any open one: [`Gateway::read`]'s door, with the guards of a member's Read
+    /// ([`Call::SubscribeRead`]).
+    pub fn read_at_resume_point(
+        &self,
+        lease: &Arc<Lease>,
+        limits: ReadLimits,
+    ) -> Result<ReadStream, LeaseError> {
+        lease.begin(Call::SubscribeRead)?;
+        lease.open_read(limits, None)
     }
 
     /// Fails with OUT_OF_RANGE unless `offset` lies between the partition's log start offset
@@ -143,9 +153,7 @@ impl Gateway {
         lease: &Arc<Lease>,
         target: SeekTarget,
     ) -> Result<(i64, SeekEpoch), LeaseError> {
-        lease.fenced()?;
-        lease.touch()?;
-        lease.not_in_queue_mode("Seek")?;
+        lease.begin(Call::Seek)?;
         let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
         let (low, high) = self.kafka.watermarks(topic, partition).await?;
         lease.note_high_watermark(high);
@@ -188,8 +196,7 @@ impl Gateway {
         offset: i64,
         metadata: Option<&str>,
     ) -> Result<String, LeaseError> {
-        lease.touch()?;
-        lease.not_in_queue_mode("Commit")?;
+        lease.begin(Call::Commit)?;
         let (topic, partition) = (lease.key.topic.as_str(), lease.key.partition);
         let mut high = lease.cached_high_watermark();
         if offset > high {
@@ -218,7 +225,7 @@ impl Gateway {
         commit: Option<i64>,
     ) -> Result<Option<i64>, LeaseError> {
         if let Some(offset) = commit {
-            lease.not_in_queue_mode("Release with commit_offset")?;
+            lease.begin(Call::ReleaseWithCommit)?;
             self.commit(lease, offset, None).await?;
         }
         // In queue mode the gateway commits: what was done since its last commit, first.
@@ -275,10 +282,8 @@ impl Gateway {
         settings: DeliverSettings,
         shared: Option<Arc<SharedWindow>>,
     ) -> Result<DeliverStream, LeaseError> {
-        lease.fenced()?;
-        lease.touch()?;
-        let progress = match lease.queue() {
-            Some(_) => crate::progress::Progress::new(0),
+        let progress = match lease.begin(Call::Deliver)? {
+            Some(_) => crate::queue::Progress::new(0),
             None => {
                 self.check_dead_letter_topic(&settings.dead_letter_topic)
                     .await?;

@@ -8,15 +8,21 @@ use tonic_types::StatusExt;
 use kafka_lease_proto::v1;
 use kafka_lease_proto::wire::EncodedSubscribeResponse;
 
-use crate::coordination::LockKey;
-use crate::dispatch::{Order, Window};
+use futures::StreamExt;
+
+use crate::coordination::{from_unix_ms, LockKey, MemberRecord};
 use crate::error::LeaseError;
-use crate::gateway::{AcquireSpec, ListedLease, Reset, SeekTarget};
-use crate::lease::{Ack, AckKind, AckOutcome, LeaseSnapshot, QueueSnapshot, ReadLimits};
+use crate::gateway::{AcquireSpec, Granted, ListedLease, Reset, SeekTarget};
+use crate::lease::{
+    Ack, AckKind, AckOutcome, DeliverStream, Delivered, LeaseSnapshot, QueueSnapshot, ReadBatch,
+    ReadLimits, ReadStream, SeekEpoch,
+};
 use crate::queue::QueueSettings;
+use crate::queue::{Order, Window};
 use crate::subscribe::{Ended, SubscribeQueue, SubscribeSpec, SubscriptionEvent};
 use crate::validate;
 
+use super::forward::{DeliverResponses, ReadResponses};
 use super::status::*;
 
 pub(crate) fn timestamp(t: SystemTime) -> prost_types::Timestamp {
@@ -233,11 +239,17 @@ pub(crate) fn acks_of(req: &v1::AcknowledgeRequest) -> Result<Vec<Ack>, LeaseErr
         .collect()
 }
 
-pub(crate) fn ack_outcome(outcome: AckOutcome) -> i32 {
-    match outcome {
-        AckOutcome::Applied => v1::AckOutcome::Applied as i32,
-        AckOutcome::Stale => v1::AckOutcome::Stale as i32,
-        AckOutcome::NotDelivered => v1::AckOutcome::NotDelivered as i32,
+/// Acknowledge's answer: an outcome per acknowledgement, in order.
+pub(crate) fn acknowledge_response(outcomes: Vec<AckOutcome>) -> v1::AcknowledgeResponse {
+    v1::AcknowledgeResponse {
+        outcomes: outcomes
+            .into_iter()
+            .map(|outcome| match outcome {
+                AckOutcome::Applied => v1::AckOutcome::Applied as i32,
+                AckOutcome::Stale => v1::AckOutcome::Stale as i32,
+                AckOutcome::NotDelivered => v1::AckOutcome::NotDelivered as i32,
+            })
+            .collect(),
     }
 }
 
@@ -401,14 +413,7 @@ pub(crate) fn subscribe_response(event: SubscriptionEvent) -> EncodedSubscribeRe
         SubscriptionEvent::Joined { member_id, gateway } => {
             Event::Joined(v1::Joined { member_id, gateway })
         }
-        SubscriptionEvent::Assigned(granted) => Event::Assigned(v1::Assigned {
-            lease_id: granted.lease_id.into_string(),
-            topic: granted.key.topic,
-            partition: granted.key.partition,
-            fencing_token: granted.fencing_token.get(),
-            offset: granted.offset,
-            high_watermark: granted.high_watermark,
-        }),
+        SubscriptionEvent::Assigned(granted) => Event::Assigned(assigned(granted)),
         SubscriptionEvent::Records {
             lease_id,
             topic,
@@ -520,6 +525,95 @@ pub(crate) fn page_of(
         page.last().map(|l| l.key.clone())
     });
     (page, next.flatten())
+}
+
+/// A grant as Subscribe's `assigned` event carries it.
+fn assigned(granted: Granted) -> v1::Assigned {
+    v1::Assigned {
+        lease_id: granted.lease_id.into_string(),
+        topic: granted.key.topic,
+        partition: granted.key.partition,
+        fencing_token: granted.fencing_token.get(),
+        offset: granted.offset,
+        high_watermark: granted.high_watermark,
+    }
+}
+
+/// A grant as Acquire answers it: what `assigned` carries, and the lease's group, expiry,
+/// TTL and serving instance (`gateway_address`: where it listens, empty when not
+/// advertised).
+pub(crate) fn acquire_response(granted: Granted, gateway_address: &str) -> v1::AcquireResponse {
+    let group = granted.key.group.clone();
+    let (gateway, expires_at, ttl) = (granted.gateway.clone(), granted.expires_at, granted.ttl);
+    let v1::Assigned {
+        lease_id,
+        topic,
+        partition,
+        fencing_token,
+        offset,
+        high_watermark,
+    } = assigned(granted);
+    v1::AcquireResponse {
+        lease_id,
+        topic,
+        partition,
+        fencing_token,
+        offset,
+        high_watermark,
+        expires_at: Some(timestamp(expires_at)),
+        group,
+        gateway,
+        ttl: Some(proto_duration(ttl)),
+        gateway_address: gateway_address.to_string(),
+    }
+}
+
+/// A Read's batches as responses.
+pub(crate) fn read_responses(stream: ReadStream) -> ReadResponses {
+    Box::pin(stream.map(|item| item.map(ReadBatch::into_response).map_err(status_of)))
+}
+
+/// A Deliver's deliveries as responses.
+pub(crate) fn deliver_responses(stream: DeliverStream) -> DeliverResponses {
+    Box::pin(stream.map(|item| item.map(Delivered::into_response).map_err(status_of)))
+}
+
+pub(crate) fn seek_response(offset: i64, epoch: SeekEpoch) -> v1::SeekResponse {
+    v1::SeekResponse {
+        offset,
+        seek_epoch: epoch.get(),
+    }
+}
+
+pub(crate) fn commit_response(offset: i64, metadata: String) -> v1::CommitResponse {
+    v1::CommitResponse { offset, metadata }
+}
+
+pub(crate) fn release_response(committed_offset: Option<i64>) -> v1::ReleaseResponse {
+    v1::ReleaseResponse { committed_offset }
+}
+
+/// ListMembers' answer: each member of `group` with the topic it subscribed to and the
+/// partitions of it its leases hold.
+pub(crate) fn list_members_response(
+    group: &str,
+    members: Vec<(String, MemberRecord, Vec<i32>)>,
+) -> v1::ListMembersResponse {
+    v1::ListMembersResponse {
+        members: members
+            .into_iter()
+            .map(|(topic, record, partitions)| v1::MemberInfo {
+                group: group.to_string(),
+                topic,
+                member_id: record.member_id,
+                member: record.member,
+                gateway: record.gateway,
+                max_partitions: record.max_partitions,
+                joined_at: Some(timestamp(from_unix_ms(record.joined_at_ms))),
+                partitions,
+            })
+            .collect(),
+    }
 }
 
 #[cfg(test)]

@@ -415,7 +415,10 @@ impl Peers {
             address: route.address.clone(),
             detail: format!("{}: {}", status.code(), status.message()),
         }));
-        tracing::warn!(peer = %route.instance, address = %route.address, %member_id, error = %err, "a Subscribe forwarded to the member's instance failed");
+        tracing::warn!(
+            peer = %route.instance, address = %route.address, %member_id, error = %err,
+            "a Subscribe forwarded to the member's instance failed"
+        );
         status_of(err)
     }
 

@@ -1,25 +1,24 @@
 //! `PartitionLeaseService` over the [`Gateway`]: each call validated, authorized, served
 //! here or forwarded to the instance serving its lease, and its outcome recorded.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use tonic::{Request, Response, Status};
 
+use kafka_lease_proto::encoded::partition_lease_service_client::PartitionLeaseServiceClient;
 use kafka_lease_proto::encoded::partition_lease_service_server::PartitionLeaseService;
 use kafka_lease_proto::v1;
 use kafka_lease_proto::wire::EncodedSubscribeResponse;
 
-use super::forward::{deadline_of, until_deadline, Failure, Peers, FORWARDED_BY};
+use super::forward::{deadline_of, until_deadline, Failure, Peers, Proxied, Route, FORWARDED_BY};
 use crate::auth::{self, Action, Auth, Caller};
-use crate::calls::{holding, ConnectionLimits, LongCalls};
-use crate::coordination::from_unix_ms;
+use crate::calls::{holding, ConnectionLimits, LongCall, LongCalls};
 use crate::error::LeaseError;
 use crate::gateway::{Gateway, Resolved};
-use crate::lease::lease_ref;
-use crate::lease::ReadBatch;
-use crate::lease::{DeliverSettings, Lease, SeekEpoch};
-use crate::subscribe::Subscriptions;
+use crate::lease::{lease_ref, DeliverSettings, Lease, SeekEpoch};
+use crate::subscribe::{SubscribeSpec, Subscriptions};
 use crate::validate;
 
 use super::convert::*;
@@ -142,39 +141,178 @@ impl LeaseService {
             .map(|record| record.gateway)
     }
 
-    /// Forwards a unary call on `lease_id` to `instance`.
-    async fn forward<Req, Resp, F, Fut>(
+    /// A Subscribe's settings, validated, with the caller's right to subscribe to each topic
+    /// and, in queue mode, to write each topic's dead letters checked.
+    fn checked_subscribe_spec(
         &self,
-        method: &'static str,
-        instance: &str,
-        lease_id: &str,
-        request: Request<Req>,
         caller: &Caller,
-        call: F,
-    ) -> Result<Response<Resp>, Status>
-    where
-        F: FnOnce(
-            kafka_lease_proto::encoded::partition_lease_service_client::PartitionLeaseServiceClient<
-                tonic::transport::Channel,
-            >,
-            Request<Req>,
-        ) -> Fut,
-        Fut: std::future::Future<Output = Result<Response<Resp>, Status>>,
-    {
+        request: &v1::SubscribeRequest,
+    ) -> Result<SubscribeSpec, Status> {
+        let mut spec = subscribe_spec(request).map_err(status_of)?;
+        for topic in &spec.topics {
+            self.auth
+                .check(caller, Action::Subscribe, &spec.group, topic)
+                .map_err(status_of)?;
+        }
+        spec.owner = caller.identity.clone();
+        if let Some(queue) = &mut spec.queue {
+            for topic in &spec.topics {
+                let asked = queue.asked_dead_letter_topic.as_deref();
+                let dead_letters =
+                    Gateway::dead_letter_topic_of(&spec.group, topic, asked).map_err(status_of)?;
+                self.auth
+                    .check(caller, Action::DeadLetter, &spec.group, &dead_letters)
+                    .map_err(status_of)?;
+                queue.dead_letter_topics.insert(topic.clone(), dead_letters);
+            }
+        }
+        Ok(spec)
+    }
+
+    /// A Subscribe whose member id is live elsewhere (`active`): when another instance holds
+    /// the member's record (a client reconnecting through another instance within its
+    /// session grace), the Subscribe goes there, as a call on a lease goes to its serving
+    /// instance; otherwise `active` is the answer.
+    async fn subscribe_where_the_member_is(
+        &self,
+        request: Request<v1::SubscribeRequest>,
+        caller: &Caller,
+        (group, member_id): (String, String),
+        deadline: Option<tokio::time::Instant>,
+        active: LeaseError,
+    ) -> Result<SubscribeEvents, Status> {
+        let Some(instance) = self.member_instance(&request, &group, &member_id).await else {
+            return Err(status_of(active));
+        };
+        let member_ref = format!("member {member_id}");
+        let route = match self.peers.route(&member_ref, &instance, true).await {
+            Ok(route) => route,
+            // Gone from Consul since the record was read: its members go with it.
+            Err(_) => return Err(status_of(active)),
+        };
+        tracing::info!(
+            peer = %instance, address = %route.address, %group, %member_id,
+            "forwarding a Subscribe to the instance that holds the member"
+        );
+        let outgoing = self.peers.outgoing(request.into_inner(), deadline, caller);
+        match route.client().subscribe(outgoing).await {
+            Err(status) => Err(self.peers.failed_member(&route, &group, &member_id, status)),
+            Ok(answer) => {
+                let member = Failure::Member { group, member_id };
+                Ok(self.peers.proxy(route, answer.into_inner(), member))
+            }
+        }
+    }
+
+    /// The way to `instance`, which serves the lease `lease_id` (`long`: for a stream), and
+    /// the lease's public reference.
+    async fn route<'a>(
+        &self,
+        lease_id: &'a str,
+        instance: &str,
+        long: bool,
+    ) -> Result<(&'a str, Route), Status> {
         let lease_ref = lease_ref(lease_id);
         let route = self
             .peers
-            .route(lease_ref, instance, false)
+            .route(lease_ref, instance, long)
             .await
             .map_err(status_of)?;
-        tracing::debug!(%method, peer = %instance, address = %route.address, %lease_ref, "forwarding a call to the serving instance");
+        Ok((lease_ref, route))
+    }
+
+    /// A unary call on the lease `lease_id`, resolved once ([`LeaseService::on_lease`]):
+    /// served here by `serve`, or forwarded with `forward` to the instance serving the lease.
+    #[allow(clippy::too_many_arguments)]
+    async fn unary_on_lease<Req, Resp, F, FFut, S, SFut>(
+        &self,
+        method: &'static str,
+        request: Request<Req>,
+        caller: &Caller,
+        action: Action,
+        lease_id: &str,
+        forward: F,
+        serve: S,
+    ) -> Result<Response<Resp>, Status>
+    where
+        F: FnOnce(PeerClient, Request<Req>) -> FFut,
+        FFut: Future<Output = Result<Response<Resp>, Status>>,
+        S: FnOnce(Arc<Lease>, Req) -> SFut,
+        SFut: Future<Output = Result<Resp, LeaseError>>,
+    {
+        let instance = match self.on_lease(&request, caller, action, lease_id)? {
+            Serve::Here(lease) => {
+                return serve(lease, request.into_inner())
+                    .await
+                    .map(Response::new)
+                    .map_err(status_of)
+            }
+            Serve::Forward(instance) => instance,
+        };
+        let (lease_ref, route) = self.route(lease_id, &instance, false).await?;
+        tracing::debug!(
+            %method, peer = %instance, address = %route.address, %lease_ref,
+            "forwarding a call to the serving instance"
+        );
         let deadline = deadline_of(request.metadata());
         self.peers
-            .unary(route, request.into_inner(), deadline, caller, call)
+            .unary(route, request.into_inner(), deadline, caller, forward)
             .await
             .map(Response::new)
     }
+
+    /// A streaming call on the lease `lease_id` (Read, Deliver), resolved once: opened here
+    /// by `serve`, or opened with `open` on the instance serving the lease and proxied from
+    /// it; either way ended at the caller's deadline, and holding its `long` call's place.
+    #[allow(clippy::too_many_arguments)]
+    async fn stream_on_lease<Req, M, O, OFut, S, SFut>(
+        &self,
+        method: &'static str,
+        request: Request<Req>,
+        caller: &Caller,
+        action: Action,
+        lease_id: &str,
+        long: Option<LongCall>,
+        open: O,
+        serve: S,
+    ) -> Result<Response<Proxied<M>>, Status>
+    where
+        M: Send + 'static,
+        O: FnOnce(PeerClient, Request<Req>) -> OFut,
+        OFut: Future<Output = Result<Response<tonic::Streaming<M>>, Status>>,
+        S: FnOnce(Arc<Lease>, Req) -> SFut,
+        SFut: Future<Output = Result<Proxied<M>, LeaseError>>,
+    {
+        let deadline = deadline_of(request.metadata());
+        let stream = match self.on_lease(&request, caller, action, lease_id)? {
+            Serve::Here(lease) => serve(lease, request.into_inner())
+                .await
+                .map_err(status_of)?,
+            Serve::Forward(instance) => {
+                let (lease_ref, route) = self.route(lease_id, &instance, true).await?;
+                tracing::info!(
+                    peer = %instance, address = %route.address, %lease_ref,
+                    "proxying a {method} from the serving instance"
+                );
+                let outgoing = self.peers.outgoing(request.into_inner(), deadline, caller);
+                match open(route.client(), outgoing).await {
+                    Ok(answer) => self.peers.proxy(route, answer.into_inner(), Failure::Lease),
+                    Err(status) => return Err(self.peers.failed(&route, status).await),
+                }
+            }
+        };
+        Ok(Response::new(holding(
+            until_deadline(stream, deadline, method),
+            long,
+        )))
+    }
 }
+
+/// A Subscribe's events, as the gRPC service hands them to tonic.
+type SubscribeEvents = Proxied<EncodedSubscribeResponse>;
+
+/// The client of another instance's lease service.
+type PeerClient = PartitionLeaseServiceClient<tonic::transport::Channel>;
 
 /// Where a call on a lease is served ([`LeaseService::on_lease`]).
 enum Serve {
@@ -209,19 +347,8 @@ impl PartitionLeaseService for LeaseService {
                     .map_err(status_of)?
             };
             let granted = self.gateway.acquire(spec).await.map_err(status_of)?;
-            Ok(Response::new(v1::AcquireResponse {
-                lease_id: granted.lease_id.into_string(),
-                topic: granted.key.topic,
-                partition: granted.key.partition,
-                fencing_token: granted.fencing_token.get(),
-                offset: granted.offset,
-                high_watermark: granted.high_watermark,
-                expires_at: Some(timestamp(granted.expires_at)),
-                group: granted.key.group,
-                gateway: granted.gateway,
-                ttl: Some(proto_duration(granted.ttl)),
-                gateway_address: self.gateway.address().unwrap_or_default().to_string(),
-            }))
+            let address = self.gateway.address().unwrap_or_default();
+            Ok(Response::new(acquire_response(granted, address)))
         })
         .await
     }
@@ -233,143 +360,74 @@ impl PartitionLeaseService for LeaseService {
         request: Request<v1::ReadRequest>,
     ) -> Result<Response<Self::ReadStream>, Status> {
         observed("Read", async move {
-        let caller = self.caller(&request)?;
-        let limits = read_limits(request.get_ref()).map_err(status_of)?;
-        let long = self
-            .long_calls
-            .admit(request.remote_addr(), "Read")
-            .map_err(status_of)?;
-        let lease = match self.on_lease(&request, &caller, Action::Read, &request.get_ref().lease_id)? {
-            Serve::Here(lease) => lease,
-            Serve::Forward(instance) => {
-            let lease_ref = lease_ref(&request.get_ref().lease_id).to_string();
-            let route = self
-                .peers
-                .route(&lease_ref, &instance, true)
-                .await
+            let caller = self.caller(&request)?;
+            let limits = read_limits(request.get_ref()).map_err(status_of)?;
+            let long = self
+                .long_calls
+                .admit(request.remote_addr(), "Read")
                 .map_err(status_of)?;
-            tracing::info!(peer = %instance, address = %route.address, %lease_ref, "proxying a Read from the serving instance");
-            let deadline = deadline_of(request.metadata());
-            let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
-            return match route.client().read(outgoing).await {
-                Ok(answer) => Ok(Response::new(holding(
-                    until_deadline(
-                        self.peers.proxy(route, answer.into_inner(), Failure::Lease),
-                        deadline,
-                        "Read",
-                    ),
-                    long,
-                ))),
-                Err(status) => Err(self.peers.failed(&route, status).await),
-            };
-            }
-        };
-        let deadline = deadline_of(request.metadata());
-        let stream = self
-            .gateway
-            .read(
-                &lease,
-                limits,
-                request.get_ref().from_offset,
-                request.get_ref().if_seek_epoch.map(SeekEpoch::from_wire),
+            let lease_id = request.get_ref().lease_id.clone();
+            self.stream_on_lease(
+                "Read",
+                request,
+                &caller,
+                Action::Read,
+                &lease_id,
+                long,
+                |mut peer, request| async move { peer.read(request).await },
+                |lease, req| async move {
+                    let from = req.if_seek_epoch.map(SeekEpoch::from_wire);
+                    let stream = self
+                        .gateway
+                        .read(&lease, limits, req.from_offset, from)
+                        .await?;
+                    Ok(read_responses(stream))
+                },
             )
             .await
-            .map_err(status_of)?;
-        Ok(Response::new(holding(
-            until_deadline(
-                Box::pin(stream.map(|item| item.map(ReadBatch::into_response).map_err(status_of))),
-                deadline,
-                "Read",
-            ),
-            long,
-        )))
         })
         .await
     }
 
-    type SubscribeStream = std::pin::Pin<
-        Box<dyn futures::Stream<Item = Result<EncodedSubscribeResponse, Status>> + Send>,
-    >;
+    type SubscribeStream = SubscribeEvents;
 
     async fn subscribe(
         &self,
         request: Request<v1::SubscribeRequest>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         observed("Subscribe", async move {
-        let caller = self.caller(&request)?;
-        let mut spec = subscribe_spec(request.get_ref()).map_err(status_of)?;
-        for topic in &spec.topics {
-            self.auth
-                .check(&caller, Action::Subscribe, &spec.group, topic)
+            let caller = self.caller(&request)?;
+            let spec = self.checked_subscribe_spec(&caller, request.get_ref())?;
+            let long = self
+                .long_calls
+                .admit(request.remote_addr(), "Subscribe")
                 .map_err(status_of)?;
-        }
-        spec.owner = caller.identity.clone();
-        if let Some(queue) = &mut spec.queue {
-            for topic in &spec.topics {
-                let dead_letters = Gateway::dead_letter_topic_of(
-                    &spec.group,
-                    topic,
-                    queue.asked_dead_letter_topic.as_deref(),
-                )
-                .map_err(status_of)?;
-                self.auth
-                    .check(&caller, Action::DeadLetter, &spec.group, &dead_letters)
-                    .map_err(status_of)?;
-                queue.dead_letter_topics.insert(topic.clone(), dead_letters);
-            }
-        }
-        let long = self
-            .long_calls
-            .admit(request.remote_addr(), "Subscribe")
-            .map_err(status_of)?;
-        let deadline = deadline_of(request.metadata());
-        let (group, member_id) = (spec.group.clone(), spec.member_id.clone());
-        let events: Self::SubscribeStream = match self.subscriptions.subscribe(spec).await {
-            Ok(events) => {
-                Box::pin(events.map(|event| event.map(subscribe_response).map_err(status_of)))
-            }
-            Err(err @ LeaseError::MemberActive { .. }) => {
-                // The member id is held elsewhere: when another instance holds its record (a
-                // client reconnecting through another instance within its session grace),
-                // the Subscribe goes there, as a call on a lease goes to its serving instance.
-                let Some(instance) = self.member_instance(&request, &group, &member_id).await
-                else {
-                    return Err(status_of(err));
-                };
-                let member_ref = format!("member {member_id}");
-                let route = match self.peers.route(&member_ref, &instance, true).await {
-                    Ok(route) => route,
-                    // Gone from Consul since the record was read: its members go with it.
-                    Err(_) => return Err(status_of(err)),
-                };
-                tracing::info!(peer = %instance, address = %route.address, %group, %member_id, "forwarding a Subscribe to the instance that holds the member");
-                let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
-                match route.client().subscribe(outgoing).await {
-                    Ok(answer) => self.peers.proxy(
-                        route,
-                        answer.into_inner(),
-                        Failure::Member { group, member_id },
-                    ),
-                    Err(status) => {
-                        return Err(self.peers.failed_member(&route, &group, &member_id, status))
-                    }
+            let deadline = deadline_of(request.metadata());
+            let (group, member_id) = (spec.group.clone(), spec.member_id.clone());
+            let events: SubscribeEvents = match self.subscriptions.subscribe(spec).await {
+                Ok(events) => {
+                    Box::pin(events.map(|event| event.map(subscribe_response).map_err(status_of)))
                 }
-            }
-            Err(err) => return Err(status_of(err)),
-        };
-        let events: Self::SubscribeStream = match deadline {
-            Some(deadline) => {
-                Box::pin(events.take_until(tokio::time::sleep_until(deadline)).chain(
-                    futures::stream::once(async {
-                        Err(Status::deadline_exceeded(
-                            "the Subscribe reached the caller's deadline (its grpc-timeout)",
-                        ))
-                    }),
-                ))
-            }
-            None => Box::pin(events),
-        };
-        Ok(Response::new(holding(events, long)))
+                Err(err @ LeaseError::MemberActive { .. }) => {
+                    let member = (group, member_id);
+                    self.subscribe_where_the_member_is(request, &caller, member, deadline, err)
+                        .await?
+                }
+                Err(err) => return Err(status_of(err)),
+            };
+            let events: SubscribeEvents = match deadline {
+                Some(deadline) => {
+                    Box::pin(events.take_until(tokio::time::sleep_until(deadline)).chain(
+                        futures::stream::once(async {
+                            Err(Status::deadline_exceeded(
+                                "the Subscribe reached the caller's deadline (its grpc-timeout)",
+                            ))
+                        }),
+                    ))
+                }
+                None => events,
+            };
+            Ok(Response::new(holding(events, long)))
         })
         .await
     }
@@ -400,21 +458,7 @@ impl PartitionLeaseService for LeaseService {
             // Only the topics the caller may list.
             members
                 .retain(|(topic, _, _)| self.auth.allows(&caller, Action::List, &req.group, topic));
-            Ok(Response::new(v1::ListMembersResponse {
-                members: members
-                    .into_iter()
-                    .map(|(topic, record, partitions)| v1::MemberInfo {
-                        group: req.group.clone(),
-                        topic,
-                        member_id: record.member_id,
-                        member: record.member,
-                        gateway: record.gateway,
-                        max_partitions: record.max_partitions,
-                        joined_at: Some(timestamp(from_unix_ms(record.joined_at_ms))),
-                        partitions,
-                    })
-                    .collect(),
-            }))
+            Ok(Response::new(list_members_response(&req.group, members)))
         })
         .await
     }
@@ -427,27 +471,19 @@ impl PartitionLeaseService for LeaseService {
             let caller = self.caller(&request)?;
             let target = seek_target(request.get_ref()).map_err(status_of)?;
             let lease_id = request.get_ref().lease_id.clone();
-            let lease = match self.on_lease(&request, &caller, Action::Seek, &lease_id)? {
-                Serve::Here(lease) => lease,
-                Serve::Forward(instance) => {
-                    return self
-                        .forward(
-                            "Seek",
-                            &instance,
-                            &lease_id,
-                            request,
-                            &caller,
-                            |mut c, r| async move { c.seek(r).await },
-                        )
-                        .await
-                }
-            };
-            let (offset, seek_epoch) =
-                self.gateway.seek(&lease, target).await.map_err(status_of)?;
-            Ok(Response::new(v1::SeekResponse {
-                offset,
-                seek_epoch: seek_epoch.get(),
-            }))
+            self.unary_on_lease(
+                "Seek",
+                request,
+                &caller,
+                Action::Seek,
+                &lease_id,
+                |mut peer, request| async move { peer.seek(request).await },
+                |lease, _| async move {
+                    let (offset, epoch) = self.gateway.seek(&lease, target).await?;
+                    Ok(seek_response(offset, epoch))
+                },
+            )
+            .await
         })
         .await
     }
@@ -464,31 +500,22 @@ impl PartitionLeaseService for LeaseService {
                 validate::metadata(metadata).map_err(status_of)?;
             }
             let lease_id = req.lease_id.clone();
-            let lease = match self.on_lease(&request, &caller, Action::Commit, &lease_id)? {
-                Serve::Here(lease) => lease,
-                Serve::Forward(instance) => {
-                    return self
-                        .forward(
-                            "Commit",
-                            &instance,
-                            &lease_id,
-                            request,
-                            &caller,
-                            |mut c, r| async move { c.commit(r).await },
-                        )
-                        .await
-                }
-            };
-            let req = request.get_ref();
-            let metadata = self
-                .gateway
-                .commit(&lease, req.offset, req.metadata.as_deref())
-                .await
-                .map_err(status_of)?;
-            Ok(Response::new(v1::CommitResponse {
-                offset: req.offset,
-                metadata,
-            }))
+            self.unary_on_lease(
+                "Commit",
+                request,
+                &caller,
+                Action::Commit,
+                &lease_id,
+                |mut peer, request| async move { peer.commit(request).await },
+                |lease, req| async move {
+                    let metadata = self
+                        .gateway
+                        .commit(&lease, req.offset, req.metadata.as_deref())
+                        .await?;
+                    Ok(commit_response(req.offset, metadata))
+                },
+            )
+            .await
         })
         .await
     }
@@ -501,28 +528,19 @@ impl PartitionLeaseService for LeaseService {
             let caller = self.caller(&request)?;
             validate::lease_id(&request.get_ref().lease_id).map_err(status_of)?;
             let lease_id = request.get_ref().lease_id.clone();
-            let lease = match self.on_lease(&request, &caller, Action::Release, &lease_id)? {
-                Serve::Here(lease) => lease,
-                Serve::Forward(instance) => {
-                    return self
-                        .forward(
-                            "Release",
-                            &instance,
-                            &lease_id,
-                            request,
-                            &caller,
-                            |mut c, r| async move { c.release(r).await },
-                        )
-                        .await
-                }
-            };
-            let req = request.get_ref();
-            let committed_offset = self
-                .gateway
-                .release(&lease, req.commit_offset)
-                .await
-                .map_err(status_of)?;
-            Ok(Response::new(v1::ReleaseResponse { committed_offset }))
+            self.unary_on_lease(
+                "Release",
+                request,
+                &caller,
+                Action::Release,
+                &lease_id,
+                |mut peer, request| async move { peer.release(request).await },
+                |lease, req| async move {
+                    let committed = self.gateway.release(&lease, req.commit_offset).await?;
+                    Ok(release_response(committed))
+                },
+            )
+            .await
         })
         .await
     }
@@ -534,65 +552,36 @@ impl PartitionLeaseService for LeaseService {
         request: Request<v1::DeliverRequest>,
     ) -> Result<Response<Self::DeliverStream>, Status> {
         observed("Deliver", async move {
-            let caller = self.caller(&request)?;
-            let (queue, dead_letter_topic) =
-                deliver_spec(request.get_ref()).map_err(status_of)?;
+            let caller = &self.caller(&request)?;
+            let (queue, dead_letter_topic) = deliver_spec(request.get_ref()).map_err(status_of)?;
             let long = self
                 .long_calls
                 .admit(request.remote_addr(), "Deliver")
                 .map_err(status_of)?;
-            let deadline = deadline_of(request.metadata());
             let lease_id = request.get_ref().lease_id.clone();
-            let lease = match self.on_lease(&request, &caller, Action::Read, &lease_id)? {
-                Serve::Here(lease) => lease,
-                Serve::Forward(instance) => {
-                    let lease_ref = lease_ref(&lease_id).to_string();
-                    let route = self
-                        .peers
-                        .route(&lease_ref, &instance, true)
-                        .await
-                        .map_err(status_of)?;
-                    tracing::info!(peer = %instance, address = %route.address, %lease_ref, "proxying a Deliver from the serving instance");
-                    let outgoing = self.peers.outgoing(request.into_inner(), deadline, &caller);
-                    return match route.client().deliver(outgoing).await {
-                        Ok(answer) => Ok(Response::new(holding(
-                            until_deadline(
-                                self.peers.proxy(route, answer.into_inner(), Failure::Lease),
-                                deadline,
-                                "Deliver",
-                            ),
-                            long,
-                        ))),
-                        Err(status) => Err(self.peers.failed(&route, status).await),
-                    };
-                }
-            };
-            let dead_letter_topic =
-                Gateway::dead_letter_topic(&lease, dead_letter_topic.as_deref())
-                    .map_err(status_of)?;
-            self.auth
-                .check(&caller, Action::DeadLetter, &lease.key.group, &dead_letter_topic)
-                .map_err(status_of)?;
-            let settings = DeliverSettings {
-                queue,
-                dead_letter_topic,
-            };
-            let stream = self
-                .gateway
-                .deliver(&lease, settings, None)
-                .await
-                .map_err(status_of)?;
-            Ok(Response::new(holding(
-                until_deadline(
-                    Box::pin(stream.map(|item| {
-                        item.map(crate::lease::Delivered::into_response)
-                            .map_err(status_of)
-                    })),
-                    deadline,
-                    "Deliver",
-                ),
+            self.stream_on_lease(
+                "Deliver",
+                request,
+                caller,
+                Action::Read,
+                &lease_id,
                 long,
-            )))
+                |mut peer, request| async move { peer.deliver(request).await },
+                |lease, _| async move {
+                    let dead_letter_topic =
+                        Gateway::dead_letter_topic(&lease, dead_letter_topic.as_deref())?;
+                    let group = &lease.key.group;
+                    self.auth
+                        .check(caller, Action::DeadLetter, group, &dead_letter_topic)?;
+                    let settings = DeliverSettings {
+                        queue,
+                        dead_letter_topic,
+                    };
+                    let stream = self.gateway.deliver(&lease, settings, None).await?;
+                    Ok(deliver_responses(stream))
+                },
+            )
+            .await
         })
         .await
     }
@@ -605,25 +594,19 @@ impl PartitionLeaseService for LeaseService {
             let caller = self.caller(&request)?;
             let acks = acks_of(request.get_ref()).map_err(status_of)?;
             let lease_id = request.get_ref().lease_id.clone();
-            let lease = match self.on_lease(&request, &caller, Action::Commit, &lease_id)? {
-                Serve::Here(lease) => lease,
-                Serve::Forward(instance) => {
-                    return self
-                        .forward(
-                            "Acknowledge",
-                            &instance,
-                            &lease_id,
-                            request,
-                            &caller,
-                            |mut c, r| async move { c.acknowledge(r).await },
-                        )
-                        .await
-                }
-            };
-            let outcomes = self.gateway.acknowledge(&lease, &acks).map_err(status_of)?;
-            Ok(Response::new(v1::AcknowledgeResponse {
-                outcomes: outcomes.into_iter().map(ack_outcome).collect(),
-            }))
+            self.unary_on_lease(
+                "Acknowledge",
+                request,
+                &caller,
+                Action::Commit,
+                &lease_id,
+                |mut peer, request| async move { peer.acknowledge(request).await },
+                |lease, _| async move {
+                    let outcomes = self.gateway.acknowledge(&lease, &acks)?;
+                    Ok(acknowledge_response(outcomes))
+                },
+            )
+            .await
         })
         .await
     }

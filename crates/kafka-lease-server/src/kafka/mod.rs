@@ -20,16 +20,17 @@
 //! - [`settings`]: [`KafkaSettings`], how every client is configured and created, its log
 //!   context ([`ClientLog`]), and the operator's properties (`KafkaProperties`, the
 //!   properties-file format, `is_secret`).
+//! - `dead_letters`: [`DeadLetters`], the gateway's one producer, for queue mode's dead
+//!   letter topics.
 //! - `group`: [`GroupClient`], a consumer group's client (committed offsets, commits; for the
 //!   partitions claimed on it, [`FetchClaim`], topic lookups and the cached high watermark).
 //! - `metadata`: [`Kafka`], the metadata client (partition counts, watermarks, offsets by
-//!   time, ping), the cache of group clients, and which of them fetches a lease's partition.
+//!   time, ping, the partitions with records for a group to read), the cache of group
+//!   clients, and which of them fetches a lease's partition.
 //! - `raw`: a partition queue's records popped many at a time through librdkafka's C API,
 //!   read in place.
 //! - `feed`: [`PartitionFeed`], the Read path: a partition queue split off a group client
 //!   and batches filled from it ([`BatchLimits`]).
-//! - `dead_letters`: [`DeadLetters`], the gateway's one producer, for queue mode's dead
-//!   letter topics.
 //! - `admin`: [`TopicAdmin`], topics created, listed, described and deleted through Kafka's
 //!   admin API, for `kafka-lease topics` (the gateway itself never calls it).
 

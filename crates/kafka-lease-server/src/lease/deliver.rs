@@ -25,15 +25,13 @@ use kafka_lease_proto::wire::EncodedDeliverResponse;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::dispatch::{OffsetMap, Order};
 use crate::error::LeaseError;
 use crate::kafka::{BatchLimits, DeadLetter, DeadLetters};
-use crate::progress::Progress;
-use crate::queue::{Offered, Queue, QueueSettings};
+use crate::queue::{Offered, OffsetMap, Order, Progress, Queue, QueueSettings};
 use crate::records::{DeliverBatch, OneRecord, RecordsFor};
 
 use super::read::{suspended_pause, Stop};
-use super::{Fence, Lease};
+use super::{Call, Fence, Lease};
 
 /// How often the keeper commits the progress while it changes.
 pub const COMMIT_INTERVAL: Duration = Duration::from_secs(1);
@@ -548,23 +546,6 @@ impl Lease {
         self.queue.get()
     }
 
-    /// Fails with WRONG_MODE when the lease is in queue mode, for `call` (Read, Seek, Commit).
-    pub fn not_in_queue_mode(&self, call: &'static str) -> Result<(), LeaseError> {
-        match self.queue.get() {
-            None => Ok(()),
-            Some(_) => Err(LeaseError::WrongMode {
-                lease_ref: self.lease_ref.clone(),
-                mode: "queue",
-                message: format!(
-                    "lease {:?} is in queue mode (a Deliver opened it), where the gateway commits; \
-                     {call} is not available on it: answer deliveries with Acknowledge, or \
-                     Release the lease",
-                    self.lease_ref
-                ),
-            }),
-        }
-    }
-
     /// The progress the partition's last commit carried, when it is where the lease starts;
     /// else nothing done from the resume point.
     pub async fn committed_progress(&self) -> Result<Progress, LeaseError> {
@@ -644,18 +625,8 @@ impl Lease {
     /// Applies answers to deliveries. Fenced: a lease that has ended, or whose gateway can no
     /// longer vouch for its lock, applies none.
     pub fn acknowledge(&self, acks: &[Ack]) -> Result<Vec<AckOutcome>, LeaseError> {
-        self.fenced()?;
-        self.touch()?;
-        let Some(run) = self.queue.get() else {
-            return Err(LeaseError::WrongMode {
-                lease_ref: self.lease_ref.clone(),
-                mode: "read",
-                message: format!(
-                    "lease {:?} is not in queue mode: open a Deliver on it before Acknowledge",
-                    self.lease_ref
-                ),
-            });
-        };
+        let run = self.begin(Call::Acknowledge)?;
+        let run = run.ok_or_else(|| self.wrong_mode(Call::Acknowledge))?;
         Ok(run.apply(acks, Instant::now()))
     }
 
@@ -1066,7 +1037,7 @@ impl futures::Stream for DeliverStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dispatch::{Order, Window};
+    use crate::queue::{Order, Window};
 
     fn run(order: Order) -> QueueRun {
         QueueRun::new(

@@ -108,6 +108,36 @@ impl Fence {
     }
 }
 
+/// A call on a lease, as [`Lease::begin`] guards it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    Read,
+    /// A Subscribe member's Read of a lease it holds: not fenced at its opening (a lease
+    /// just granted, or a member attached again), since the Read hands nothing over while
+    /// the fence is not open and the member must not lose its lease over a pause.
+    SubscribeRead,
+    Seek,
+    Commit,
+    /// A Release with `commit_offset`: its commit, before the commit's own guards.
+    ReleaseWithCommit,
+    Deliver,
+    Acknowledge,
+}
+
+impl Call {
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Call::Read | Call::SubscribeRead => "Read",
+            Call::Seek => "Seek",
+            Call::Commit => "Commit",
+            Call::ReleaseWithCommit => "Release with commit_offset",
+            Call::Deliver => "Deliver",
+            Call::Acknowledge => "Acknowledge",
+        }
+    }
+}
+
 /// A lease served by this gateway.
 pub struct Lease {
     pub id: LeaseId,
@@ -278,6 +308,63 @@ impl Lease {
         LeaseError::LeaseEnded {
             lease_ref: self.lease_ref.clone(),
             reason: reason.clone(),
+        }
+    }
+
+    /// The guards of `call`, in one place, before it acts: a call with a side effect needs
+    /// the fence open ([`Lease::fenced`]); every call renews the TTL and fails on an ended
+    /// lease ([`Lease::touch`]), except a Release's commit, which its Commit guards; Read,
+    /// Seek and Commit (and a Release's commit) refuse a lease in queue mode, Acknowledge one
+    /// that is not. The lease's queue run, if a Deliver opened one.
+    pub fn begin(&self, call: Call) -> Result<Option<&Arc<QueueRun>>, LeaseError> {
+        if matches!(
+            call,
+            Call::Read | Call::Seek | Call::Deliver | Call::Acknowledge
+        ) {
+            self.fenced()?;
+        }
+        if call != Call::ReleaseWithCommit {
+            self.touch()?;
+        }
+        let queue = self.queue.get();
+        let wrong = match call {
+            Call::Read
+            | Call::SubscribeRead
+            | Call::Seek
+            | Call::Commit
+            | Call::ReleaseWithCommit => queue.is_some(),
+            Call::Acknowledge => queue.is_none(),
+            Call::Deliver => false,
+        };
+        if wrong {
+            return Err(self.wrong_mode(call));
+        }
+        Ok(queue)
+    }
+
+    /// WRONG_MODE for `call`: a plain call on a lease in queue mode, or an Acknowledge on one
+    /// that is not.
+    fn wrong_mode(&self, call: Call) -> LeaseError {
+        let lease_ref = self.lease_ref.clone();
+        if call == Call::Acknowledge {
+            return LeaseError::WrongMode {
+                message: format!(
+                    "lease {lease_ref:?} is not in queue mode: open a Deliver on it before \
+                     Acknowledge"
+                ),
+                lease_ref,
+                mode: "read",
+            };
+        }
+        LeaseError::WrongMode {
+            message: format!(
+                "lease {lease_ref:?} is in queue mode (a Deliver opened it), where the gateway \
+                 commits; {} is not available on it: answer deliveries with Acknowledge, or \
+                 Release the lease",
+                call.name()
+            ),
+            lease_ref,
+            mode: "queue",
         }
     }
 

@@ -535,17 +535,8 @@ impl Member {
         let (tx, rx) = mpsc::channel(1);
         let pump = match &self.spec.queue {
             None => {
-                let read = lease.open_read(self.spec.limits, None)?.for_subscribe();
-                tokio::spawn(async move {
-                    let mut read = read;
-                    while let Some(item) = read.next().await {
-                        let last = item.is_err();
-                        if tx.send(Some(item.map(LeaseBatch::Read))).await.is_err() || last {
-                            return;
-                        }
-                    }
-                    let _ = tx.send(None).await;
-                })
+                let read = self.gateway.read_at_resume_point(lease, self.spec.limits)?;
+                tokio::spawn(pump(read.for_subscribe(), tx, LeaseBatch::Read))
             }
             Some(queue) => {
                 let settings = DeliverSettings {
@@ -559,21 +550,12 @@ impl Member {
                 let (gateway, lease, window) =
                     (self.gateway.clone(), lease.clone(), self.window.clone());
                 tokio::spawn(async move {
-                    let mut deliveries = match gateway.deliver(&lease, settings, window).await {
-                        Ok(deliveries) => deliveries,
+                    match gateway.deliver(&lease, settings, window).await {
+                        Ok(deliveries) => pump(deliveries, tx, LeaseBatch::Deliveries).await,
                         Err(err) => {
                             let _ = tx.send(Some(Err(err))).await;
-                            return;
-                        }
-                    };
-                    while let Some(item) = deliveries.next().await {
-                        let last = item.is_err();
-                        let item = item.map(LeaseBatch::Deliveries);
-                        if tx.send(Some(item)).await.is_err() || last {
-                            return;
                         }
                     }
-                    let _ = tx.send(None).await;
                 })
             }
         };
@@ -872,6 +854,25 @@ impl Member {
 }
 
 /// Releases lease `lease_id`, if this instance still serves it.
+/// Pumps one lease's stream (its Read's batches or its deliveries, each made a
+/// [`LeaseBatch`] by `wrap`) into the member's merged stream, until it ends (then `None`)
+/// or fails (the error is its last item), or the merged stream is gone.
+async fn pump<T, S>(
+    mut stream: S,
+    tx: mpsc::Sender<Option<Result<LeaseBatch, LeaseError>>>,
+    wrap: fn(T) -> LeaseBatch,
+) where
+    S: futures::Stream<Item = Result<T, LeaseError>> + Unpin,
+{
+    while let Some(item) = stream.next().await {
+        let last = item.is_err();
+        if tx.send(Some(item.map(wrap))).await.is_err() || last {
+            return;
+        }
+    }
+    let _ = tx.send(None).await;
+}
+
 async fn release(gateway: &Gateway, lease_id: &str) {
     if let Ok(lease) = gateway.lease(lease_id) {
         let _ = gateway.release(&lease, None).await;

@@ -1,10 +1,9 @@
 //! Contract scenarios stated once and run in both tiers: against the real binary, Kafka and
 //! Consul (the end-to-end tests under `tests/`), and in process on the mock cluster and the
-//! memory locks (`crates/kafka-lease-server/tests/contract.rs`, which includes this file).
+//! memory locks (`crates/kafka-lease-server/tests/contract.rs`). Both tiers depend on this
+//! crate, so the scenarios live here rather than in either tier's folder.
 //! Each takes a client of a gateway and what only its tier can say (what the lock store
 //! holds, what Kafka has committed); the assertions are the same in both.
-
-#![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;

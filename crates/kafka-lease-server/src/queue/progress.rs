@@ -1,4 +1,4 @@
-//! A queue-mode lease's progress as its commit carries it (issue 28, the first piece): the
+//! A queue-mode lease's progress as its commit carries it: the
 //! committed offset is the lowest record not done, and the records done above it and the
 //! attempt counts of records delivered without success travel in the commit's metadata, so
 //! that the next holder skips what is done and delivers the rest with their attempts.

@@ -1,7 +1,15 @@
-//! A queue-mode lease's records (issue 28, a piece of it; not served yet): the
-//! [`Dispatcher`]'s hand-outs and the clients' answers kept in step with the [`Progress`] a
-//! commit carries, the records due for the dead letter topic (rejected, or delivered
-//! `max_deliveries` times), and the brake that keeps the progress within its budget.
+//! Queue mode's pure core: no I/O, no clock but the one passed in, no lock. The lease's queue
+//! run (`lease/deliver.rs`) drives it; everything here is unit-tested on its own.
+//!
+//! - [`Queue`] (this file): a queue-mode lease's records, the [`Dispatcher`]'s hand-outs and
+//!   the clients' answers kept in step with the [`Progress`] a commit carries, the records
+//!   due for the dead letter topic (rejected, or delivered `max_deliveries` times), and the
+//!   brake that keeps the progress within its budget.
+//! - `dispatch`: [`Dispatcher`], which records may be handed out now (ordering, flow
+//!   control, deadlines, retries).
+//! - `progress`: [`Progress`], what is done and the attempts, as the commit's metadata
+//!   carries them.
+//! - `offsets`: [`OffsetMap`], values by offset, the dispatcher's and the run's store.
 //!
 //! The brake: the progress grows with the gaps between done records above the lowest one not
 //! done. Past [`SLOW_AT`] of [`METADATA_BUDGET`], only records inside the done span go out
@@ -14,8 +22,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::dispatch::{Delivery, Dispatcher, Order, Window};
-use crate::progress::{Progress, METADATA_BUDGET};
+mod dispatch;
+mod offsets;
+mod progress;
+
+pub use dispatch::{Delivery, Dispatcher, Order, Window};
+pub use offsets::OffsetMap;
+pub use progress::{Progress, ProgressError, BROKER_METADATA_MAX_BYTES, METADATA_BUDGET};
 
 /// Past this size of the progress, only records inside the done span go out.
 pub const SLOW_AT: usize = METADATA_BUDGET * 3 / 4;
