@@ -49,7 +49,8 @@
 //! When Consul answers again after a self-fence, the backend destroys the old session (best
 //! effort) and creates a new one, since it cannot know what became of the old locks.
 //!
-//! The HTTP plumbing, and why KV reads bypass consulrs' own functions, is in `http.rs`.
+//! The HTTP plumbing, and why KV reads bypass consulrs' own functions, is in `http.rs`; the
+//! request types and answer parsers it sends and reads are in `wire.rs`.
 //! The [`LockBackend`] operations are in `locks.rs` (acquire, release, a grant read back),
 //! `views.rs` (topic views, members, the list of locks) and `registry.rs` (instance
 //! addresses, member records); the session in `session.rs`, the TTL check's passer in
@@ -80,6 +81,7 @@ mod passer;
 mod registry;
 mod session;
 mod views;
+mod wire;
 
 pub use config::{
     CheckKind, ConsulConfigError, ConsulLockConfig, ConsulTls, SessionCheck,
@@ -91,6 +93,7 @@ pub use metrics::describe_metrics;
 use http::*;
 use passer::run_check_passer;
 use session::*;
+use wire::*;
 
 /// The service name every gateway registers under (check-bound sessions only).
 pub const SERVICE_NAME: &str = "kafka-lease";
