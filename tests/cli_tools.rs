@@ -1384,3 +1384,143 @@ async fn topics_are_created_listed_described_and_deleted_with_clear_errors() {
         text(&out.stderr)
     );
 }
+
+/// `scripts/services` as a new user moves a copy: one setting
+/// (`KAFKA_LEASE_SERVICES_PORT_OFFSET`) starts a whole second copy on shifted ports in a run
+/// folder of its own, its env file exports each port under the one name the script reads
+/// (so a port exported by `env` moves the copy when given back) and the gateway's
+/// `KAFKA_LEASE_KAFKA`; `create-topic` and `produce` fill it, and `kafka-lease topics` sees
+/// the records; an old `KAFKA_LEASE_TEST_*` name is refused with its new name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_of_the_services_moves_with_one_setting_and_takes_topics_and_records() {
+    // The suite's copy may run or not: this test starts and stops one of its own, from the
+    // installed downloads (`scripts/services paths` fails when they are missing).
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let script = repo.join("scripts/services");
+    let installed = Command::new(&script)
+        .arg("paths")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .is_ok_and(|out| out.status.success());
+    if !installed {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the test services are not installed (scripts/services install)"
+        );
+        eprintln!("skipping: the test services are not installed; run scripts/services install");
+        return;
+    }
+    let run_dir = repo.join(format!(".cache/run-test-{}", unique_name("copy")));
+    const OFFSET: u16 = 300;
+    let services = |args: &[&str], stdin: Option<&str>| {
+        let mut command = Command::new(&script);
+        command
+            .args(args)
+            .env("KAFKA_LEASE_SERVICES_PORT_OFFSET", OFFSET.to_string())
+            .env("KAFKA_LEASE_SERVICES_RUN", &run_dir)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        for (key, _) in std::env::vars() {
+            if key.starts_with("KAFKA_LEASE_") && key.ends_with("_PORT") {
+                command.env_remove(key);
+            }
+        }
+        let input = stdin.map(str::to_string);
+        async move {
+            let mut child = command.spawn().expect("run scripts/services");
+            if let (Some(input), Some(mut pipe)) = (input, child.stdin.take()) {
+                use tokio::io::AsyncWriteExt as _;
+                pipe.write_all(input.as_bytes()).await.expect("stdin");
+            }
+            tokio::time::timeout(Duration::from_secs(180), child.wait_with_output())
+                .await
+                .expect("scripts/services within 3 minutes")
+                .expect("scripts/services output")
+        }
+    };
+    let up = services(&["up"], None).await;
+    let stopped = async {
+        let down = services(&["down"], None).await;
+        let _ = std::fs::remove_dir_all(&run_dir);
+        down
+    };
+    if !up.status.success() {
+        let _ = stopped.await;
+        panic!("up failed: {}{}", text(&up.stdout), text(&up.stderr));
+    }
+    let kafka_port = 19092 + OFFSET;
+    let env = text(&services(&["env"], None).await.stdout);
+    let exported = |name: &str| {
+        env.lines()
+            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+            .map(|v| v.trim_matches(['\'', '"']).to_string())
+    };
+    let result = async {
+        assert_eq!(
+            exported("KAFKA_LEASE_KAFKA_PORT"),
+            Some(kafka_port.to_string()),
+            "{env}"
+        );
+        assert_eq!(
+            exported("KAFKA_LEASE_CONSUL_PORT"),
+            Some((18500 + OFFSET).to_string()),
+            "{env}"
+        );
+        assert_eq!(
+            exported("KAFKA_LEASE_KAFKA"),
+            Some(format!("127.0.0.1:{kafka_port}")),
+            "{env}"
+        );
+        let topic = unique_name("copy-topic");
+        let created = services(&["create-topic", &topic, "2"], None).await;
+        assert!(created.status.success(), "{}", text(&created.stderr));
+        let produced = services(&["produce", &topic], Some("a\nb\nc\n")).await;
+        assert!(produced.status.success(), "{}", text(&produced.stderr));
+        assert!(
+            text(&produced.stdout).contains("3 record(s) written")
+                || text(&produced.stderr).contains("3 record(s) written"),
+            "{}{}",
+            text(&produced.stdout),
+            text(&produced.stderr)
+        );
+        let kafka = format!("127.0.0.1:{kafka_port}");
+        let out = run(&[
+            "topics", "describe", &topic, "--output", "json", "--kafka", &kafka,
+        ])
+        .await;
+        assert_status(&out, 0, "describe on the second copy");
+        let described: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let records: i64 = described["partitions"]
+            .as_array()
+            .expect("partitions")
+            .iter()
+            .map(|p| p["high_watermark"].as_i64().unwrap_or(0))
+            .sum();
+        assert_eq!(records, 3, "{described}");
+        // An old name is refused, naming the new one.
+        let mut old = Command::new(&script);
+        old.arg("status")
+            .env("KAFKA_LEASE_TEST_KAFKA_PORT", "29092")
+            .stdin(Stdio::null());
+        let old = old.output().await.expect("run scripts/services");
+        assert_eq!(old.status.code(), Some(1));
+        assert!(
+            text(&old.stderr).contains("KAFKA_LEASE_KAFKA_PORT"),
+            "{}",
+            text(&old.stderr)
+        );
+    };
+    let outcome = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(result)).await;
+    let down = stopped.await;
+    assert!(down.status.success(), "down: {}", text(&down.stderr));
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}

@@ -220,7 +220,10 @@ impl Gateway {
                 partitions
             }
             Ok(Err(err)) => {
-                tracing::debug!(%err, "no partition preferred: the lookup of records to read failed");
+                tracing::debug!(
+                    %err,
+                    "no partition preferred: the lookup of records to read failed"
+                );
                 BTreeSet::new()
             }
             Err(_) => {
