@@ -360,12 +360,18 @@ pub(crate) fn leases_table(leases: &[LeaseInfo], now: SystemTime) -> String {
             ]
         })
         .collect();
-    let mut widths: Vec<usize> = COLUMNS
+    table(&COLUMNS, &rows)
+}
+
+/// Rows as a table for people: a header line of `columns` (name, right-aligned), each column
+/// padded to its widest cell, columns separated by two spaces, no space at a line's end.
+pub(crate) fn table<R: AsRef<[String]>>(columns: &[(&str, bool)], rows: &[R]) -> String {
+    let mut widths: Vec<usize> = columns
         .iter()
         .map(|(name, _)| name.chars().count())
         .collect();
-    for row in &rows {
-        for (width, value) in widths.iter_mut().zip(row) {
+    for row in rows {
+        for (width, value) in widths.iter_mut().zip(row.as_ref()) {
             *width = (*width).max(value.chars().count());
         }
     }
@@ -373,7 +379,7 @@ pub(crate) fn leases_table(leases: &[LeaseInfo], now: SystemTime) -> String {
     let mut line = |values: &mut dyn Iterator<Item = &str>| {
         let mut text = String::new();
         for (i, value) in values.enumerate() {
-            let (_, right) = COLUMNS[i];
+            let (_, right) = columns[i];
             let pad = widths[i].saturating_sub(value.chars().count());
             if i > 0 {
                 text.push_str("  ");
@@ -389,9 +395,9 @@ pub(crate) fn leases_table(leases: &[LeaseInfo], now: SystemTime) -> String {
         out.push_str(text.trim_end());
         out.push('\n');
     };
-    line(&mut COLUMNS.iter().map(|(name, _)| *name));
-    for row in &rows {
-        line(&mut row.iter().map(String::as_str));
+    line(&mut columns.iter().map(|(name, _)| *name));
+    for row in rows {
+        line(&mut row.as_ref().iter().map(String::as_str));
     }
     out
 }
@@ -591,5 +597,22 @@ mod tests {
         assert_eq!(row["queue"]["redeliveries"], 5);
         assert_eq!(row["queue"]["dead_letter_topic"], "dlq.g.orders");
         assert_eq!(leases_json(&[], now), "[]\n");
+    }
+
+    #[test]
+    fn the_table_pads_columns_and_right_aligns_numbers() {
+        let text = table(
+            &[("TOPIC", false), ("PARTITIONS", true)],
+            &[
+                vec!["orders".to_string(), "4".into()],
+                vec!["dlq.billing.orders".to_string(), "12".into()],
+            ],
+        );
+        assert_eq!(
+            text,
+            "TOPIC               PARTITIONS\n\
+             orders                       4\n\
+             dlq.billing.orders          12\n"
+        );
     }
 }

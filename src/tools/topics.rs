@@ -14,7 +14,7 @@ use kafka_lease_server::kafka::{
 use serde_json::json;
 
 use super::leases::parse_topic;
-use super::{Failure, EXIT_FAILURE, EXIT_NOPERM, EXIT_UNAVAILABLE};
+use super::{render, Failure, EXIT_FAILURE, EXIT_NOPERM, EXIT_UNAVAILABLE};
 
 /// Where Kafka is and how to talk to it: the gateway's own Kafka flags.
 #[derive(Debug, Clone, Args)]
@@ -240,41 +240,6 @@ fn plural(n: usize) -> &'static str {
     }
 }
 
-/// Rows of cells as columns padded to their widest cell; numbers right-aligned.
-fn table(header: &[&str], rows: &[Vec<String>], numeric: &[bool]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut out = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            let pad = widths[i].saturating_sub(cell.chars().count());
-            if i > 0 {
-                out.push_str("  ");
-            }
-            if numeric[i] {
-                out.push_str(&" ".repeat(pad));
-                out.push_str(cell);
-            } else {
-                out.push_str(cell);
-                if i + 1 < cells.len() {
-                    out.push_str(&" ".repeat(pad));
-                }
-            }
-        }
-        out.push('\n');
-        out
-    };
-    let mut out = line(header.to_vec());
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
-    out
-}
-
 fn list_table(topics: &[TopicInfo]) -> String {
     let rows: Vec<Vec<String>> = topics
         .iter()
@@ -286,10 +251,9 @@ fn list_table(topics: &[TopicInfo]) -> String {
             ]
         })
         .collect();
-    table(
-        &["TOPIC", "PARTITIONS", "REPLICAS"],
+    render::table(
+        &[("TOPIC", false), ("PARTITIONS", true), ("REPLICAS", true)],
         &rows,
-        &[false, true, true],
     )
 }
 
@@ -340,17 +304,16 @@ fn describe_table(info: &TopicInfo, configs: &[ConfigSetting]) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(
+    out.push_str(&render::table(
         &[
-            "PARTITION",
-            "LEADER",
-            "REPLICAS",
-            "IN-SYNC",
-            "LOG START",
-            "HIGH WATERMARK",
+            ("PARTITION", true),
+            ("LEADER", true),
+            ("REPLICAS", false),
+            ("IN-SYNC", false),
+            ("LOG START", true),
+            ("HIGH WATERMARK", true),
         ],
         &rows,
-        &[true, true, false, false, true, true],
     ));
     if configs.is_empty() {
         out.push_str("\nno configuration set beyond Kafka's defaults\n");
@@ -366,10 +329,9 @@ fn describe_table(info: &TopicInfo, configs: &[ConfigSetting]) -> String {
                 ]
             })
             .collect();
-        out.push_str(&table(
-            &["CONFIG", "VALUE", "SET ON"],
+        out.push_str(&render::table(
+            &[("CONFIG", false), ("VALUE", false), ("SET ON", false)],
             &rows,
-            &[false, false, false],
         ));
     }
     out
@@ -439,23 +401,5 @@ mod tests {
         }
         assert_eq!(parse_timeout("5s"), Ok(Duration::from_secs(5)));
         assert!(parse_timeout("0s").is_err() && parse_timeout("1h").is_err());
-    }
-
-    #[test]
-    fn the_table_pads_columns_and_right_aligns_numbers() {
-        let text = table(
-            &["TOPIC", "PARTITIONS"],
-            &[
-                vec!["orders".into(), "4".into()],
-                vec!["dlq.billing.orders".into(), "12".into()],
-            ],
-            &[false, true],
-        );
-        assert_eq!(
-            text,
-            "TOPIC               PARTITIONS\n\
-             orders                       4\n\
-             dlq.billing.orders          12\n"
-        );
     }
 }

@@ -145,6 +145,18 @@ pub enum AckOutcome {
     NotDelivered,
 }
 
+impl AckOutcome {
+    /// The gateway's outcome; STALE for none, or for one this version does not know (it
+    /// changed nothing this client can tell).
+    fn of(outcome: Option<i32>) -> AckOutcome {
+        match outcome.and_then(|o| proto::AckOutcome::try_from(o).ok()) {
+            Some(proto::AckOutcome::Applied) => AckOutcome::Applied,
+            Some(proto::AckOutcome::NotDelivered) => AckOutcome::NotDelivered,
+            _ => AckOutcome::Stale,
+        }
+    }
+}
+
 type Pending = (proto::Acknowledgement, oneshot::Sender<Result<AckOutcome>>);
 
 /// A lease's answers on their way: one Acknowledge at a time, the rest batched behind it.
@@ -174,15 +186,7 @@ impl Acks {
                     Ok(response) => {
                         let outcomes = response.into_inner().outcomes;
                         for (i, reply) in replies.into_iter().enumerate() {
-                            let outcome = match outcomes
-                                .get(i)
-                                .and_then(|&o| proto::AckOutcome::try_from(o).ok())
-                            {
-                                Some(proto::AckOutcome::Applied) => AckOutcome::Applied,
-                                Some(proto::AckOutcome::NotDelivered) => AckOutcome::NotDelivered,
-                                _ => AckOutcome::Stale,
-                            };
-                            let _ = reply.send(Ok(outcome));
+                            let _ = reply.send(Ok(AckOutcome::of(outcomes.get(i).copied())));
                         }
                     }
                     Err(status) => {
@@ -745,5 +749,24 @@ impl Answer {
                 Answered::Rejected
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_gateway_outcome_has_its_own_and_an_unknown_one_is_stale() {
+        let of = |o: proto::AckOutcome| AckOutcome::of(Some(o as i32));
+        assert_eq!(of(proto::AckOutcome::Applied), AckOutcome::Applied);
+        assert_eq!(of(proto::AckOutcome::Stale), AckOutcome::Stale);
+        assert_eq!(
+            of(proto::AckOutcome::NotDelivered),
+            AckOutcome::NotDelivered
+        );
+        assert_eq!(of(proto::AckOutcome::Unspecified), AckOutcome::Stale);
+        assert_eq!(AckOutcome::of(Some(99)), AckOutcome::Stale);
+        assert_eq!(AckOutcome::of(None), AckOutcome::Stale);
     }
 }

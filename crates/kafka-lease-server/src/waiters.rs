@@ -42,11 +42,12 @@ pub(crate) enum Wants {
 
 impl Wants {
     fn pick(&self, free: &BTreeSet<i32>) -> Option<i32> {
+        // The first of `set` from `start` on, wrapping.
         let from_start = |set: &BTreeSet<i32>, start: i32, count: i32| {
             set.range(start..count)
-                .next()
-                .or_else(|| set.range(0..start.min(count)).next())
+                .chain(set.range(0..start.min(count)))
                 .copied()
+                .find(|p| free.contains(p))
         };
         match self {
             Wants::One(p) => free.contains(p).then_some(*p),
@@ -54,11 +55,7 @@ impl Wants {
                 start,
                 count,
                 preferred,
-            } => {
-                let free_preferred: BTreeSet<i32> = preferred.intersection(free).copied().collect();
-                from_start(&free_preferred, *start, *count)
-                    .or_else(|| from_start(free, *start, *count))
-            }
+            } => from_start(preferred, *start, *count).or_else(|| from_start(free, *start, *count)),
         }
     }
 

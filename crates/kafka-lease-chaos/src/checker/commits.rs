@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 
 use crate::history::{Event, Op, Outcome};
 
-use super::{check_readings, ms, AnomalyKind, Found, Index, LateCommit};
+use super::reads::check_readings;
+use super::{ms, AnomalyKind, Found, Index, LateCommit};
 
 /// Late batches of one partition: how many, and the most late.
 #[derive(Debug, Default, Clone, Copy)]

@@ -3,9 +3,11 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::history::{Event, Op, Phase};
 
+use super::commits::Late;
+use super::index::Part;
 use super::{
-    Delivery, Failover, Fault, FaultKindSummary, Index, Late, OutcomeCounts, Part,
-    PartitionFigures, OPEN_FAULT_WINDOW_MS,
+    Delivery, Failover, Fault, FaultKindSummary, Index, OutcomeCounts, PartitionFigures,
+    OPEN_FAULT_WINDOW_MS,
 };
 
 pub(super) fn delivery(

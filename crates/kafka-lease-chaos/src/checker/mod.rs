@@ -45,12 +45,12 @@ mod report;
 pub use render::render_markdown;
 pub use report::*;
 
-use commits::*;
-use faults::*;
-use grants::*;
-use index::*;
-use queue::*;
-use reads::*;
+use commits::{check_observations, check_stale};
+use faults::{delivery, fault_kinds, faults};
+use grants::check_grants;
+use index::Index;
+use queue::check_queue;
+use reads::{check_lost, check_values};
 
 /// Checks a history (events in the order written; times need not be sorted).
 pub fn check(history: &[Event]) -> Report {

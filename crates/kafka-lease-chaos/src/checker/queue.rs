@@ -3,7 +3,8 @@ use std::collections::BTreeMap;
 
 use crate::history::{Event, Op, Outcome};
 
-use super::{ms, observation, AnomalyKind, Found, Index};
+use super::commits::observation;
+use super::{ms, AnomalyKind, Found, Index};
 
 /// Queue mode: the gateway commits a queue lease's progress, and may pass a record only once
 /// it is done: answered for good by the lease (an ACCEPT; a REJECT or a RETRY at the last

@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use crate::history::{Event, Op};
 
-use super::{find_commit, invoked_ms, ms, observation, token_text, AnomalyKind, Found, Index};
+use super::commits::{find_commit, observation};
+use super::{invoked_ms, ms, token_text, AnomalyKind, Found, Index};
 
 /// The regressions in the observer's readings, each handed to `found` with the reading that
 /// went back.

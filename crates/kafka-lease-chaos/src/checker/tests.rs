@@ -1,6 +1,7 @@
 //! The checker's tests: hand-made histories, one per rule, and generated ones.
 
 #![allow(clippy::unwrap_used)]
+use super::faults::nearest_rank;
 use super::*;
 use crate::history::Event;
 use crate::history::Op;

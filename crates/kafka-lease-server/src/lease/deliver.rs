@@ -110,6 +110,18 @@ pub enum AckKind {
     Renew,
 }
 
+impl AckKind {
+    /// Its name in the answers metric.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AckKind::Accept => "accept",
+            AckKind::Retry { .. } => "retry",
+            AckKind::Reject { .. } => "reject",
+            AckKind::Renew => "renew",
+        }
+    }
+}
+
 /// An answer to the delivery `attempt` (any, when `None`) of the record at `offset`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ack {
@@ -437,34 +449,29 @@ impl QueueRun {
                             histogram.record(now.saturating_duration_since(at).as_secs_f64());
                         }
                     };
-                    let kind = match &ack.kind {
-                        AckKind::Accept => "accept",
-                        AckKind::Retry { .. } => "retry",
-                        AckKind::Reject { .. } => "reject",
-                        AckKind::Renew => "renew",
-                    };
+                    let kind = ack.kind.label();
                     // A record never delivered (here or by an earlier holder) is not the
                     // client's to answer: most likely an offset off by one.
                     if !state.queue.ever_delivered(ack.offset) {
                         answers.add(kind, AckOutcome::NotDelivered.label());
                         return AckOutcome::NotDelivered;
                     }
-                    let (kind, applied) = match &ack.kind {
+                    let applied = match &ack.kind {
                         // Handed out before, but not by this holder yet: not in its hands.
-                        AckKind::Accept if state.queue.attempts(ack.offset) == 0 => {
-                            ("accept", false)
-                        }
+                        AckKind::Accept if state.queue.attempts(ack.offset) == 0 => false,
                         AckKind::Accept => {
                             let done = state.queue.accept(ack.offset);
                             if done {
                                 latency(&self.counters.ack_accept);
                                 state.done(ack.offset);
                             }
-                            ("accept", done)
+                            done
                         }
-                        AckKind::Retry { .. } if !this_delivery => ("retry", false),
-                        AckKind::Reject { .. } if !this_delivery => ("reject", false),
-                        AckKind::Renew if !this_delivery => ("renew", false),
+                        AckKind::Retry { .. } | AckKind::Reject { .. } | AckKind::Renew
+                            if !this_delivery =>
+                        {
+                            false
+                        }
                         AckKind::Retry { delay, reason } => {
                             if let Some(held) = state.held.get_mut(ack.offset) {
                                 if !reason.is_empty() {
@@ -474,7 +481,7 @@ impl QueueRun {
                                 held.retried = true;
                             }
                             latency(&self.counters.ack_retry);
-                            ("retry", state.queue.retry(ack.offset, now + *delay))
+                            state.queue.retry(ack.offset, now + *delay)
                         }
                         AckKind::Reject { reason } => {
                             if let Some(held) = state.held.get_mut(ack.offset) {
@@ -483,14 +490,11 @@ impl QueueRun {
                                 held.rejected = true;
                             }
                             latency(&self.counters.ack_reject);
-                            ("reject", state.queue.reject(ack.offset))
+                            state.queue.reject(ack.offset)
                         }
-                        AckKind::Renew => (
-                            "renew",
-                            state
-                                .queue
-                                .renew(ack.offset, now + self.settings.queue.ack_deadline),
-                        ),
+                        AckKind::Renew => state
+                            .queue
+                            .renew(ack.offset, now + self.settings.queue.ack_deadline),
                     };
                     let outcome = if applied {
                         AckOutcome::Applied
