@@ -4,8 +4,9 @@
 //! session before the session's TTL has passed (a Consul leader election, a short outage),
 //! and otherwise ends every lease at once (Reads on idle partitions end "lease lost"
 //! together, not one after another); a Release is not held up by a Read whose client
-//! stopped reading; and a gateway started while its Consul agent answers nothing (its
-//! servers out of reach, or electing a leader) waits for it instead of exiting.
+//! stopped reading; a Release whose client goes away mid-release still frees the partition;
+//! and a gateway started while its Consul agent answers nothing (its servers out of reach,
+//! or electing a leader) waits for it instead of exiting.
 
 mod support;
 
@@ -274,4 +275,65 @@ async fn a_gateway_started_while_consul_answers_nothing_waits_for_it() {
         .await
         .expect("an Acquire works once the gateway is up");
     assert_eq!(lease.partition(), 0);
+}
+
+/// The churn test found it: a client that went away while its Release was releasing the
+/// lock (its deadline, a killed process) left the lock held for good. The Release handler
+/// ended the lease and was then dropped with the call, before the lock's release in Consul
+/// had finished; the lease was gone, nothing would expire it, and the partition stayed
+/// taken while the gateway's session lived. The end of a lease now runs to its end in a
+/// task of its own, whatever happens to the call that asked for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_client_goes_away_mid_release_still_frees_the_partition() {
+    let services = kafka_lease_testkit::require_services!();
+    let (relay, relayed) = consul_relay(&services).await;
+    let gateway = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("gw"),
+        &["--consul", &relayed, "--consul-check", "none"],
+    )
+    .await;
+    let topic = create_topic(&services, 1).await;
+    let group = unique_name("g");
+    let client = gateway.client().await;
+    // A long TTL: the partition must come back by the Release, not by expiry.
+    let lease = client
+        .acquire(
+            AcquireOptions::new(&group, &topic)
+                .partition(0)
+                .ttl(Duration::from_secs(120)),
+        )
+        .await
+        .expect("acquire");
+
+    // Consul answers nothing while the Release releases the lock, and the client gives up
+    // on the call: its stream is reset and the gateway drops the handler. The hold is kept
+    // well inside the fence window (1.25 s), so the gateway's session stays confirmed.
+    relay.hold();
+    let gave_up = tokio::time::timeout(Duration::from_millis(400), lease.release()).await;
+    assert!(gave_up.is_err(), "the Release waits on Consul: {gave_up:?}");
+    relay.release();
+
+    let started = Instant::now();
+    let successor = loop {
+        match client
+            .acquire(AcquireOptions::new(&group, &topic).partition(0))
+            .await
+        {
+            Ok(lease) => break lease,
+            Err(_busy) if started.elapsed() < Duration::from_secs(15) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => panic!(
+                "partition 0 is still taken 15 s after the Release its client gave up on \
+                 (the lock was never released; its lease had a 120 s TTL): {err}"
+            ),
+        }
+    };
+    println!(
+        "the successor got partition 0 {:?} after Consul answered again",
+        started.elapsed()
+    );
+    successor.release().await.expect("release");
 }

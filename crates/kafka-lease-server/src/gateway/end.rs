@@ -6,6 +6,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::coordination::{LockKey, SessionState};
 use crate::error::EndReason;
 use crate::lease::Lease;
@@ -116,7 +118,26 @@ impl Gateway {
     /// (so that after Release returns, a successor's Acquire succeeds at once); if it fails,
     /// the background releaser retries until Consul confirms or the session is gone, and the
     /// key stays blocked on this instance until then (see `Table`).
+    ///
+    /// The work runs to its end in a task of its own, so a caller that goes away (a Release
+    /// whose client is gone drops its handler) cannot stop it between taking the lease out
+    /// of the table and releasing its lock, which would leave the key held for good.
     pub async fn end_lease(&self, lease: &Arc<Lease>, reason: EndReason) {
+        let Some(gateway) = self.me.upgrade() else {
+            // The gateway is being dropped: nobody can cancel this caller's work any more.
+            return self.end_lease_to_the_end(lease, reason).await;
+        };
+        let lease = lease.clone();
+        let ending = tokio::spawn(
+            async move { gateway.end_lease_to_the_end(&lease, reason).await }.in_current_span(),
+        );
+        if let Err(err) = ending.await {
+            tracing::error!(error = %err, "ending a lease failed");
+        }
+    }
+
+    /// [`end_lease`](Self::end_lease)'s work, in whichever task runs it.
+    async fn end_lease_to_the_end(&self, lease: &Arc<Lease>, reason: EndReason) {
         // A queue's progress since its last commit is committed while the lease can still
         // commit, so that a gateway's restart or a client gone quiet repeats nothing
         // answered (Release has done so already; a lost lease cannot).
