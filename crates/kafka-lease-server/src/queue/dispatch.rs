@@ -3,7 +3,10 @@
 //! the attempts each record has had.
 //!
 //! Pure bookkeeping: the caller offers the records it fetched, in offset order, asks for the
-//! next delivery, and reports each answer (done, retry), with the time. The orderings:
+//! next delivery, and reports each answer (done, retry), with the time. It is the one owner
+//! of a record's facts while the record is held: its body (whatever the caller keeps of it),
+//! key, size, attempts, state, when its delivery in flight went out, why it is out again,
+//! and why it failed. The orderings:
 //! - [`Order::Partition`]: one record at a time, in offset order (a Read's semantics).
 //! - [`Order::Key`]: the records of one key in offset order, one at a time; different keys
 //!   in parallel. A record being retried keeps its key waiting, so a poison record holds
@@ -42,26 +45,72 @@ pub struct Delivery {
     pub attempt: u32,
     /// When it is handed out again unless answered or renewed.
     pub deadline: Instant,
+    /// Why the record goes out again; `None` for its first delivery.
+    pub redelivery: Option<Redelivery>,
+}
+
+/// Why a record goes out again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redelivery {
+    /// Its last delivery was answered RETRY.
+    Retried,
+    /// Its last delivery here went unanswered past its deadline.
+    Deadline,
+    /// It was delivered by an earlier holder of the partition, and not here yet.
+    Handover,
+}
+
+/// Why a record is held for the dead letter topic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeadLetterCause {
+    /// Its delivery was answered REJECT.
+    Rejected,
+    /// It failed at its last delivery (`max_deliveries`).
+    MaxDeliveries,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum State {
     Waiting {
         not_before: Option<Instant>,
+        /// Why it waits to go out again, once it went out (here) before.
+        again: Option<Redelivery>,
     },
     InFlight {
         deadline: Instant,
+        /// When it went out.
+        since: Instant,
     },
     /// Not to be handed out again (its dead letter is being written); its key waits.
-    Held,
+    Held { cause: DeadLetterCause },
+}
+
+impl State {
+    /// Waiting, due now.
+    const READY: State = State::Waiting {
+        not_before: None,
+        again: None,
+    };
 }
 
 #[derive(Debug)]
-struct Record {
+struct Record<T> {
+    body: T,
     key: Option<Vec<u8>>,
     bytes: usize,
     attempts: u32,
     state: State,
+    /// Why it last failed (a RETRY's or REJECT's reason), for its dead letter.
+    reason: Option<String>,
+}
+
+/// A record held for the dead letter topic, as its copy there needs it.
+#[derive(Debug)]
+pub struct DeadLetterDue<'a, T> {
+    pub body: &'a T,
+    pub attempts: u32,
+    pub reason: Option<&'a str>,
+    pub cause: DeadLetterCause,
 }
 
 /// The records of one lease fetched and not done, and which are in flight.
@@ -71,11 +120,11 @@ struct Record {
 /// record held (up to the window plus the lookahead): `ready` (waiting, and due), `delayed`
 /// (waiting for the end of a retry's delay) and `deadlines` (in flight).
 #[derive(Debug)]
-pub struct Dispatcher {
+pub struct Dispatcher<T> {
     order: Order,
     window: Window,
     ack_deadline: Duration,
-    records: OffsetMap<Record>,
+    records: OffsetMap<Record<T>>,
     /// Key → its offsets not done (Key order only).
     keys: HashMap<Vec<u8>, BTreeSet<i64>>,
     /// Waiting records that may go out (their delay, if any, has ended).
@@ -89,9 +138,11 @@ pub struct Dispatcher {
     deadlines: VecDeque<(Instant, i64)>,
     in_flight: usize,
     in_flight_bytes: usize,
+    /// The bytes of every record held.
+    held_bytes: usize,
 }
 
-impl Dispatcher {
+impl<T> Dispatcher<T> {
     pub fn new(order: Order, window: Window, ack_deadline: Duration) -> Self {
         Dispatcher {
             order,
@@ -104,23 +155,35 @@ impl Dispatcher {
             deadlines: VecDeque::new(),
             in_flight: 0,
             in_flight_bytes: 0,
+            held_bytes: 0,
         }
     }
 
-    /// A record fetched: `attempts` deliveries it has had already (a handover carries them).
-    /// Records are offered in offset order; one offered again is ignored.
-    pub fn offer(&mut self, offset: i64, key: Option<Vec<u8>>, bytes: usize, attempts: u32) {
+    /// A record fetched, with what the caller keeps of it (`body`) until it is done:
+    /// `attempts` deliveries it has had already (a handover carries them). Records are
+    /// offered in offset order; one offered again is ignored.
+    pub fn offer(
+        &mut self,
+        offset: i64,
+        key: Option<Vec<u8>>,
+        bytes: usize,
+        attempts: u32,
+        body: T,
+    ) {
         let indexed = key.clone().filter(|_| self.order == Order::Key);
         let record = Record {
+            body,
             key,
             bytes,
             attempts,
-            state: State::Waiting { not_before: None },
+            state: State::READY,
+            reason: None,
         };
         // One lookup: the insert itself refuses an offset held already.
         if !self.records.insert(offset, record) {
             return;
         }
+        self.held_bytes += bytes;
         if let Some(key) = indexed {
             self.keys.entry(key).or_default().insert(offset);
         }
@@ -136,15 +199,62 @@ impl Dispatcher {
         self.records.is_empty()
     }
 
+    /// The bytes of the records held.
+    pub fn held_bytes(&self) -> usize {
+        self.held_bytes
+    }
+
     /// Records in flight, and their bytes.
     pub fn in_flight(&self) -> (usize, usize) {
         (self.in_flight, self.in_flight_bytes)
     }
 
-    /// The attempt of `offset`'s delivery in flight, if it is in flight.
-    pub fn in_flight_attempt(&self, offset: i64) -> Option<u32> {
+    /// The attempt of `offset`'s delivery in flight and when it went out, if it is in
+    /// flight.
+    pub fn in_flight_of(&self, offset: i64) -> Option<(u32, Instant)> {
         let record = self.records.get(offset)?;
-        matches!(record.state, State::InFlight { .. }).then_some(record.attempts)
+        match record.state {
+            State::InFlight { since, .. } => Some((record.attempts, since)),
+            _ => None,
+        }
+    }
+
+    /// When the delivery in flight longest went out (a walk of the records held: for
+    /// status, not for the hot path).
+    pub fn oldest_in_flight(&self) -> Option<Instant> {
+        self.records
+            .values()
+            .filter_map(|record| match record.state {
+                State::InFlight { since, .. } => Some(since),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// What the caller keeps of `offset`, while it is held.
+    pub fn body(&self, offset: i64) -> Option<&T> {
+        self.records.get(offset).map(|record| &record.body)
+    }
+
+    /// `offset`, held for the dead letter topic, as its copy there needs it.
+    pub fn dead_letter(&self, offset: i64) -> Option<DeadLetterDue<'_, T>> {
+        let record = self.records.get(offset)?;
+        let State::Held { cause } = record.state else {
+            return None;
+        };
+        Some(DeadLetterDue {
+            body: &record.body,
+            attempts: record.attempts,
+            reason: record.reason.as_deref(),
+            cause,
+        })
+    }
+
+    /// Notes why `offset` failed, for its dead letter.
+    pub fn note_reason(&mut self, offset: i64, reason: &str) {
+        if let Some(record) = self.records.get_mut(offset) {
+            record.reason = Some(reason.to_string());
+        }
     }
 
     /// Deliveries `offset` has had.
@@ -160,14 +270,14 @@ impl Dispatcher {
         };
         let mut left_flight = false;
         match std::mem::replace(&mut record.state, state) {
-            State::Waiting { not_before } => {
+            State::Waiting { not_before, .. } => {
                 if !self.ready.remove(&offset) {
                     if let Some(t) = not_before {
                         self.delayed.remove(&(t, offset));
                     }
                 }
             }
-            State::InFlight { deadline } => {
+            State::InFlight { deadline, .. } => {
                 if state_is_in_flight_until(&state, deadline) {
                     // Renewed to the deadline it had: its entry stands.
                     return;
@@ -176,18 +286,21 @@ impl Dispatcher {
                 self.in_flight_bytes -= record.bytes;
                 left_flight = true;
             }
-            State::Held => {}
+            State::Held { .. } => {}
         }
         match state {
-            State::Waiting { not_before: None } => {
+            State::Waiting {
+                not_before: None, ..
+            } => {
                 self.ready.insert(offset);
             }
             State::Waiting {
                 not_before: Some(t),
+                ..
             } => {
                 self.delayed.insert((t, offset));
             }
-            State::InFlight { deadline } => {
+            State::InFlight { deadline, .. } => {
                 if self.deadlines.back().is_none_or(|&(t, _)| t <= deadline) {
                     self.deadlines.push_back((deadline, offset));
                 } else {
@@ -197,7 +310,7 @@ impl Dispatcher {
                 self.in_flight += 1;
                 self.in_flight_bytes += record.bytes;
             }
-            State::Held => {}
+            State::Held { .. } => {}
         }
         if left_flight {
             self.clean_deadlines();
@@ -229,9 +342,10 @@ impl Dispatcher {
 
     /// Whether the ready record `offset` may go out at `now`, as far as its delay and the
     /// ordering go.
-    fn in_order(&self, offset: i64, record: &Record, now: Instant) -> bool {
+    fn in_order(&self, offset: i64, record: &Record<T>, now: Instant) -> bool {
         if let State::Waiting {
             not_before: Some(t),
+            ..
         } = record.state
         {
             if t > now {
@@ -293,13 +407,25 @@ impl Dispatcher {
             }
         };
         let deadline = now + self.ack_deadline;
-        self.set_state(offset, State::InFlight { deadline });
+        let again = match self.records.get(offset)?.state {
+            State::Waiting { again, .. } => again,
+            _ => None,
+        };
+        self.set_state(
+            offset,
+            State::InFlight {
+                deadline,
+                since: now,
+            },
+        );
         let record = self.records.get_mut(offset)?;
         record.attempts = record.attempts.saturating_add(1);
         Some(Delivery {
             offset,
             attempt: record.attempts,
             deadline,
+            // Out before, but never from here: an earlier holder handed it out.
+            redelivery: (record.attempts > 1).then_some(again.unwrap_or(Redelivery::Handover)),
         })
     }
 
@@ -310,10 +436,16 @@ impl Dispatcher {
             return false;
         }
         // Out of every index first.
-        self.set_state(offset, State::Held);
+        self.set_state(
+            offset,
+            State::Held {
+                cause: DeadLetterCause::MaxDeliveries,
+            },
+        );
         let Some(record) = self.records.remove(offset) else {
             return false;
         };
+        self.held_bytes -= record.bytes;
         if let Some(key) = record.key {
             if let Some(offsets) = self.keys.get_mut(&key) {
                 offsets.remove(&offset);
@@ -338,26 +470,28 @@ impl Dispatcher {
             offset,
             State::Waiting {
                 not_before: Some(not_before),
+                again: Some(Redelivery::Retried),
             },
         );
         true
     }
 
     /// `offset` is not to be handed out again until it is finished (its dead letter is being
-    /// written); its key waits for it. False for a record not offered or done already.
-    pub fn hold(&mut self, offset: i64) -> bool {
+    /// written, for `cause`); its key waits for it. False for a record not offered or done
+    /// already.
+    pub fn hold(&mut self, offset: i64, cause: DeadLetterCause) -> bool {
         if !self.records.contains_key(offset) {
             return false;
         }
-        self.set_state(offset, State::Held);
+        self.set_state(offset, State::Held { cause });
         true
     }
 
     /// `offset`, in flight, gets until `deadline`. False unless it was in flight.
     pub fn renew(&mut self, offset: i64, deadline: Instant) -> bool {
         match self.records.get(offset).map(|r| r.state) {
-            Some(State::InFlight { .. }) => {
-                self.set_state(offset, State::InFlight { deadline });
+            Some(State::InFlight { since, .. }) => {
+                self.set_state(offset, State::InFlight { deadline, since });
                 true
             }
             _ => false,
@@ -378,7 +512,13 @@ impl Dispatcher {
                 self.deadlines.pop_front();
                 continue;
             }
-            self.set_state(offset, State::Waiting { not_before: None });
+            self.set_state(
+                offset,
+                State::Waiting {
+                    not_before: None,
+                    again: Some(Redelivery::Deadline),
+                },
+            );
             late.push(offset);
         }
         late.sort_unstable();
@@ -396,7 +536,7 @@ impl Dispatcher {
 
 /// Whether `state` is in flight until `deadline`.
 fn state_is_in_flight_until(state: &State, deadline: Instant) -> bool {
-    matches!(state, State::InFlight { deadline: d } if *d == deadline)
+    matches!(state, State::InFlight { deadline: d, .. } if *d == deadline)
 }
 
 #[cfg(test)]
@@ -530,6 +670,7 @@ mod tests {
                     offset,
                     attempt: record.attempts,
                     deadline,
+                    redelivery: None,
                 })
             }
 
@@ -640,7 +781,7 @@ mod tests {
         let now = Instant::now();
         let mut d = Dispatcher::new(Order::Partition, WIDE, Duration::from_secs(30));
         for offset in 10..13 {
-            d.offer(offset, key(1), 10, 0);
+            d.offer(offset, key(1), 10, 0, ());
         }
         let first = d.next(now).expect("the first");
         assert_eq!((first.offset, first.attempt), (10, 1));
@@ -657,10 +798,10 @@ mod tests {
     fn a_poison_record_holds_back_its_key_not_the_others() {
         let now = Instant::now();
         let mut d = Dispatcher::new(Order::Key, WIDE, Duration::from_secs(30));
-        d.offer(0, key(1), 10, 0);
-        d.offer(1, key(2), 10, 0);
-        d.offer(2, key(1), 10, 0);
-        d.offer(3, None, 10, 0);
+        d.offer(0, key(1), 10, 0, ());
+        d.offer(1, key(2), 10, 0, ());
+        d.offer(2, key(1), 10, 0, ());
+        d.offer(3, None, 10, 0, ());
         let out: Vec<i64> = std::iter::from_fn(|| d.next(now).map(|d| d.offset)).collect();
         assert_eq!(out, [0, 1, 3], "key 1's second record waits for its first");
         assert!(d.retry(0, now + Duration::from_secs(60)));
@@ -682,8 +823,8 @@ mod tests {
             max_bytes: usize::MAX,
         };
         let mut d = Dispatcher::new(Order::Unordered, window, Duration::from_secs(30));
-        d.offer(0, None, 1, 0);
-        d.offer(1, None, 1, 0);
+        d.offer(0, None, 1, 0, ());
+        d.offer(1, None, 1, 0, ());
         assert_eq!(d.next(now).map(|d| d.offset), Some(0));
         assert!(d.retry(0, now + Duration::from_millis(100)));
         assert_eq!(d.next(now).map(|d| d.offset), Some(1));
@@ -705,10 +846,10 @@ mod tests {
             max_bytes: 100,
         };
         let mut d = Dispatcher::new(Order::Unordered, window, Duration::from_secs(30));
-        d.offer(0, None, 60, 0);
-        d.offer(1, None, 60, 0);
-        d.offer(2, None, 30, 0);
-        d.offer(3, None, 500, 0);
+        d.offer(0, None, 60, 0, ());
+        d.offer(1, None, 60, 0, ());
+        d.offer(2, None, 30, 0, ());
+        d.offer(3, None, 500, 0, ());
         assert_eq!(d.next(now).map(|d| d.offset), Some(0));
         assert_eq!(
             d.next(now).map(|d| d.offset),
@@ -729,7 +870,7 @@ mod tests {
         let now = Instant::now();
         let ack = Duration::from_secs(30);
         let mut d = Dispatcher::new(Order::Unordered, WIDE, ack);
-        d.offer(7, None, 1, 4);
+        d.offer(7, None, 1, 4, ());
         let first = d.next(now).expect("out");
         assert_eq!((first.attempt, first.deadline), (5, now + ack));
         assert!(d.renew(7, now + 2 * ack));
@@ -740,6 +881,55 @@ mod tests {
         let again = d.next(now + 2 * ack).expect("again");
         assert_eq!((again.offset, again.attempt), (7, 6));
         assert!(!d.retry(8, now) && !d.renew(8, now) && !d.finish(8));
+    }
+
+    #[test]
+    fn the_dispatcher_keeps_a_records_facts_why_it_goes_out_again_and_why_it_is_held() {
+        let now = Instant::now();
+        let later = now + Duration::from_secs(1);
+        let ack = Duration::from_secs(30);
+        let mut d = Dispatcher::new(Order::Unordered, WIDE, ack);
+        d.offer(0, None, 10, 0, "zero");
+        d.offer(1, None, 20, 0, "one");
+        d.offer(2, None, 30, 2, "two, handed over");
+        assert_eq!((d.len(), d.held_bytes()), (3, 60));
+        let out: Vec<_> = std::iter::from_fn(|| d.next(now))
+            .map(|d| (d.offset, d.redelivery))
+            .collect();
+        assert_eq!(out, [(0, None), (1, None), (2, Some(Redelivery::Handover))]);
+        assert_eq!(d.in_flight_of(1), Some((1, now)));
+        assert_eq!(d.oldest_in_flight(), Some(now));
+        // 0 is retried, 1 passes its deadline, 2 is held for its dead letter.
+        assert!(d.retry(0, now));
+        d.note_reason(0, "busy");
+        assert!(d.hold(2, DeadLetterCause::Rejected));
+        d.note_reason(2, "malformed");
+        assert_eq!(d.expire(now + ack), [1]);
+        let again: Vec<_> = std::iter::from_fn(|| d.next(later))
+            .map(|d| (d.offset, d.attempt, d.redelivery))
+            .collect();
+        assert_eq!(
+            again,
+            [
+                (0, 2, Some(Redelivery::Retried)),
+                (1, 2, Some(Redelivery::Deadline))
+            ]
+        );
+        assert_eq!(d.oldest_in_flight(), Some(later));
+        let due = d.dead_letter(2).expect("held for its dead letter");
+        assert_eq!(
+            (*due.body, due.attempts, due.reason, due.cause),
+            (
+                "two, handed over",
+                3,
+                Some("malformed"),
+                DeadLetterCause::Rejected
+            )
+        );
+        assert!(d.dead_letter(0).is_none(), "in flight, not held");
+        assert_eq!(d.body(0), Some(&"zero"));
+        assert!(d.finish(2));
+        assert_eq!((d.len(), d.held_bytes(), d.body(2)), (2, 30, None));
     }
 
     #[derive(Debug, Clone)]
@@ -794,11 +984,11 @@ mod tests {
             let start = Instant::now();
             let window = Window { max_records: 6, max_bytes: 80 };
             let ack = Duration::from_secs(10);
-            let mut new = Dispatcher::new(order, window, ack);
+            let mut new: Dispatcher<()> = Dispatcher::new(order, window, ack);
             let mut old = reference::Reference::new(order, window, ack);
             for (i, k) in keys.iter().enumerate() {
                 let attempts = (i % 3) as u32;
-                new.offer(i as i64, k.map(|k| vec![k]), sizes[i], attempts);
+                new.offer(i as i64, k.map(|k| vec![k]), sizes[i], attempts, ());
                 old.offer(i as i64, k.map(|k| vec![k]), sizes[i], attempts);
             }
             let mut now = start;
@@ -806,7 +996,7 @@ mod tests {
             for step in steps {
                 match step {
                     Step::Next(limit) => {
-                        let a = new.next_up_to(now, limit);
+                        let a = new.next_up_to(now, limit).map(|d| Delivery { redelivery: None, ..d });
                         let b = old.next_where(now, |o| o <= limit);
                         prop_assert_eq!(a, b);
                     }
@@ -815,7 +1005,7 @@ mod tests {
                         let at = now + Duration::from_secs(s);
                         prop_assert_eq!(new.retry((i % n) as i64, at), old.retry((i % n) as i64, at));
                     }
-                    Step::Hold(i) => prop_assert_eq!(new.hold((i % n) as i64), old.hold((i % n) as i64)),
+                    Step::Hold(i) => prop_assert_eq!(new.hold((i % n) as i64, DeadLetterCause::MaxDeliveries), old.hold((i % n) as i64)),
                     Step::Renew(i, s) => {
                         let at = now + Duration::from_secs(s);
                         prop_assert_eq!(new.renew((i % n) as i64, at), old.renew((i % n) as i64, at));
@@ -855,7 +1045,7 @@ mod tests {
             let window = Window { max_records: 5, max_bytes: 50 };
             let mut d = Dispatcher::new(order, window, Duration::from_secs(10));
             for (i, k) in keys.iter().enumerate() {
-                d.offer(i as i64, k.map(|k| vec![k]), 10, 0);
+                d.offer(i as i64, k.map(|k| vec![k]), 10, 0, ());
             }
             let mut now = start;
             let mut out: BTreeMap<i64, Option<u8>> = BTreeMap::new();

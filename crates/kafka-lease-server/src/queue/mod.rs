@@ -1,15 +1,16 @@
 //! Queue mode's pure core: no I/O, no clock but the one passed in, no lock. The lease's queue
-//! run (`lease/deliver.rs`) drives it; everything here is unit-tested on its own.
+//! run (`lease/deliver/`) drives it; everything here is unit-tested on its own.
 //!
 //! - [`Queue`] (this file): a queue-mode lease's records, the [`Dispatcher`]'s hand-outs and
 //!   the clients' answers kept in step with the [`Progress`] a commit carries, the records
 //!   due for the dead letter topic (rejected, or delivered `max_deliveries` times), and the
 //!   brake that keeps the progress within its budget.
 //! - `dispatch`: [`Dispatcher`], which records may be handed out now (ordering, flow
-//!   control, deadlines, retries).
+//!   control, deadlines, retries). It owns every fact of a record held: its body (the
+//!   run keeps the record's bytes there), attempts, state and failure reason.
 //! - `progress`: [`Progress`], what is done and the attempts, as the commit's metadata
-//!   carries them.
-//! - `offsets`: [`OffsetMap`], values by offset, the dispatcher's and the run's store.
+//!   carries them; written by [`Queue`] alone, at each hand-out and each record done.
+//! - `offsets`: [`OffsetMap`], values by offset, the dispatcher's store.
 //!
 //! The brake: the progress grows with the gaps between done records above the lowest one not
 //! done. Past [`SLOW_AT`] of [`METADATA_BUDGET`], only records inside the done span go out
@@ -26,7 +27,9 @@ mod dispatch;
 mod offsets;
 mod progress;
 
-pub use dispatch::{Delivery, Dispatcher, Order, Window};
+pub use dispatch::{
+    DeadLetterCause, DeadLetterDue, Delivery, Dispatcher, Order, Redelivery, Window,
+};
 pub use offsets::OffsetMap;
 pub use progress::{Progress, ProgressError, BROKER_METADATA_MAX_BYTES, METADATA_BUDGET};
 
@@ -55,17 +58,18 @@ pub enum Offered {
     Done,
 }
 
-/// A queue-mode lease's records.
+/// A queue-mode lease's records, each with what the caller keeps of it (`T`) until it is
+/// done.
 #[derive(Debug)]
-pub struct Queue {
+pub struct Queue<T> {
     settings: QueueSettings,
-    dispatcher: Dispatcher,
+    dispatcher: Dispatcher<T>,
     progress: Progress,
     /// Records to be written to the dead letter topic, in the order they became due.
     dead_letters: Vec<i64>,
 }
 
-impl Queue {
+impl<T> Queue<T> {
     /// Starts from the `progress` the last commit carried.
     pub fn new(settings: QueueSettings, progress: Progress) -> Self {
         Queue {
@@ -81,14 +85,30 @@ impl Queue {
         &self.progress
     }
 
-    /// A record fetched, in offset order.
-    pub fn offer(&mut self, offset: i64, key: Option<Vec<u8>>, bytes: usize) -> Offered {
+    /// A record fetched, in offset order, with what the caller keeps of it until it is done
+    /// (dropped at once if it was done before).
+    pub fn offer(&mut self, offset: i64, key: Option<Vec<u8>>, bytes: usize, body: T) -> Offered {
         if self.progress.is_done(offset) {
             return Offered::Done;
         }
         let attempts = self.progress.attempts(offset);
-        self.dispatcher.offer(offset, key, bytes, attempts);
+        self.dispatcher.offer(offset, key, bytes, attempts, body);
         Offered::Queued
+    }
+
+    /// What the caller keeps of `offset`, while it is held (not done).
+    pub fn body(&self, offset: i64) -> Option<&T> {
+        self.dispatcher.body(offset)
+    }
+
+    /// Records held (fetched and not done), and their bytes.
+    pub fn held(&self) -> (usize, usize) {
+        (self.dispatcher.len(), self.dispatcher.held_bytes())
+    }
+
+    /// When the delivery in flight longest went out.
+    pub fn oldest_in_flight(&self) -> Option<Instant> {
+        self.dispatcher.oldest_in_flight()
     }
 
     /// The highest offset the brake lets go out now (records not done are all at or above
@@ -121,7 +141,7 @@ impl Queue {
     /// delivery, it becomes due for the dead letter topic.
     fn failed(&mut self, offset: i64) {
         if self.dispatcher.attempts(offset) >= self.settings.max_deliveries {
-            self.dispatcher.hold(offset);
+            self.dispatcher.hold(offset, DeadLetterCause::MaxDeliveries);
             self.dead_letters.push(offset);
         }
     }
@@ -136,22 +156,31 @@ impl Queue {
     }
 
     /// `offset` is to be delivered again, not before `not_before`; at its last delivery it
-    /// becomes due for the dead letter topic instead.
-    pub fn retry(&mut self, offset: i64, not_before: Instant) -> bool {
+    /// becomes due for the dead letter topic instead (with `reason`, unless empty).
+    pub fn retry(&mut self, offset: i64, not_before: Instant, reason: &str) -> bool {
         if !self.dispatcher.retry(offset, not_before) {
             return false;
+        }
+        if !reason.is_empty() {
+            self.dispatcher.note_reason(offset, reason);
         }
         self.failed(offset);
         true
     }
 
-    /// `offset` goes to the dead letter topic now, whatever its deliveries.
-    pub fn reject(&mut self, offset: i64) -> bool {
-        if !self.dispatcher.hold(offset) {
+    /// `offset` goes to the dead letter topic now, whatever its deliveries, with `reason`.
+    pub fn reject(&mut self, offset: i64, reason: &str) -> bool {
+        if !self.dispatcher.hold(offset, DeadLetterCause::Rejected) {
             return false;
         }
+        self.dispatcher.note_reason(offset, reason);
         self.dead_letters.push(offset);
         true
+    }
+
+    /// `offset`, due for the dead letter topic, as its copy there needs it.
+    pub fn dead_letter(&self, offset: i64) -> Option<DeadLetterDue<'_, T>> {
+        self.dispatcher.dead_letter(offset)
     }
 
     /// The records due for the dead letter topic, taken: the caller writes each, then calls
@@ -160,9 +189,11 @@ impl Queue {
         std::mem::take(&mut self.dead_letters)
     }
 
-    /// The broker acknowledged `offset`'s copy in the dead letter topic: done.
-    pub fn dead_lettered(&mut self, offset: i64) -> bool {
-        self.accept(offset)
+    /// The broker acknowledged `offset`'s copy in the dead letter topic: done. Why it went
+    /// there, or `None` if it was not due.
+    pub fn dead_lettered(&mut self, offset: i64) -> Option<DeadLetterCause> {
+        let cause = self.dispatcher.dead_letter(offset)?.cause;
+        self.accept(offset).then_some(cause)
     }
 
     /// `offset`, in flight, gets until `deadline`.
@@ -175,9 +206,10 @@ impl Queue {
         !self.dead_letters.is_empty()
     }
 
-    /// The attempt of `offset`'s delivery in flight, if it is in flight.
-    pub fn in_flight_attempt(&self, offset: i64) -> Option<u32> {
-        self.dispatcher.in_flight_attempt(offset)
+    /// The attempt of `offset`'s delivery in flight and when it went out, if it is in
+    /// flight.
+    pub fn in_flight_of(&self, offset: i64) -> Option<(u32, Instant)> {
+        self.dispatcher.in_flight_of(offset)
     }
 
     /// Records in flight, and their bytes.
@@ -224,9 +256,9 @@ mod tests {
     fn a_poison_record_goes_to_the_dead_letters_after_its_last_delivery_and_its_key_waits() {
         let now = Instant::now();
         let mut q = Queue::new(settings(Order::Key), Progress::new(0));
-        q.offer(0, Some(b"poison".to_vec()), 1);
-        q.offer(1, Some(b"poison".to_vec()), 1);
-        q.offer(2, Some(b"other".to_vec()), 1);
+        q.offer(0, Some(b"poison".to_vec()), 1, ());
+        q.offer(1, Some(b"poison".to_vec()), 1, ());
+        q.offer(2, Some(b"other".to_vec()), 1, ());
         for attempt in 1..=3 {
             let d = q.next(now).expect("the poison record");
             assert_eq!((d.offset, d.attempt), (0, attempt));
@@ -235,7 +267,7 @@ mod tests {
                 assert_eq!(other.map(|d| d.offset), Some(2), "other keys go meanwhile");
                 assert!(q.accept(2));
             }
-            assert!(q.retry(0, now));
+            assert!(q.retry(0, now, ""));
         }
         assert_eq!(q.take_dead_letters(), [0]);
         assert_eq!(
@@ -243,7 +275,7 @@ mod tests {
             None,
             "its key waits for the dead letter's write"
         );
-        assert!(q.dead_lettered(0));
+        assert_eq!(q.dead_lettered(0), Some(DeadLetterCause::MaxDeliveries));
         assert_eq!(q.next(now).map(|d| d.offset), Some(1));
         assert!(q.accept(1));
         assert_eq!(q.progress().base(), 3);
@@ -252,9 +284,9 @@ mod tests {
     #[test]
     fn a_record_counts_as_delivered_once_handed_out_or_done() {
         let now = Instant::now();
-        let mut q = Queue::new(settings(Order::Unordered), Progress::new(10));
+        let mut q = Queue::<()>::new(settings(Order::Unordered), Progress::new(10));
         for offset in 10..13 {
-            q.offer(offset, None, 1);
+            q.offer(offset, None, 1, ());
         }
         // Below the base: done before this holder.
         assert!(q.ever_delivered(9));
@@ -269,19 +301,19 @@ mod tests {
     #[test]
     fn attempts_and_done_records_carry_over_a_handover() {
         let now = Instant::now();
-        let mut first = Queue::new(settings(Order::Unordered), Progress::new(10));
+        let mut first = Queue::<()>::new(settings(Order::Unordered), Progress::new(10));
         for offset in 10..14 {
-            first.offer(offset, None, 1);
+            first.offer(offset, None, 1, ());
         }
         let _ = std::iter::from_fn(|| first.next(now)).count();
-        assert!(first.accept(12) && first.retry(11, now));
+        assert!(first.accept(12) && first.retry(11, now, ""));
         // The next holder starts from the committed progress.
         let metadata = format!("kafka-lease token=5;{}", first.progress().encode());
         let progress =
             Progress::from_metadata(first.progress().base(), &metadata).expect("decodes");
         let mut next = Queue::new(settings(Order::Unordered), progress);
-        assert_eq!(next.offer(12, None, 1), Offered::Done);
-        assert_eq!(next.offer(11, None, 1), Offered::Queued);
+        assert_eq!(next.offer(12, None, 1, ()), Offered::Done);
+        assert_eq!(next.offer(11, None, 1, ()), Offered::Queued);
         assert_eq!(next.attempts(11), 1);
         let out: Vec<(i64, u32)> =
             std::iter::from_fn(|| next.next(now).map(|d| (d.offset, d.attempt))).collect();
@@ -298,7 +330,7 @@ mod tests {
         let mut offset = 0;
         let mut stuck_seen = false;
         loop {
-            q.offer(offset, None, 1);
+            q.offer(offset, None, 1, ());
             offset += 1;
             let Some(d) = q.next(now) else { break };
             if d.offset == 0 {
@@ -321,13 +353,13 @@ mod tests {
         );
         // The stuck record fails to its end and goes to the dead letters; done, it frees all.
         for _ in 0..3 {
-            assert!(q.retry(0, now));
+            assert!(q.retry(0, now, ""));
             if let Some(d) = q.next(now) {
                 assert_eq!(d.offset, 0);
             }
         }
         assert_eq!(q.take_dead_letters(), [0]);
-        assert!(q.dead_lettered(0));
+        assert_eq!(q.dead_lettered(0), Some(DeadLetterCause::MaxDeliveries));
         assert_eq!(q.progress().base(), 2);
     }
 }

@@ -1,0 +1,65 @@
+//! The fetcher: pulls records from the lease's partition feed into the queue, within the
+//! lookahead, until the lease ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::lease::Lease;
+use crate::records::RecordsFor;
+
+use super::QueueRun;
+
+/// The fetcher (see the module docs): until the lease ends.
+pub(super) async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
+    let mut interrupts = lease.interrupts.subscribe();
+    loop {
+        if lease.is_ended() {
+            return;
+        }
+        let room = run.room.notified();
+        tokio::pin!(room);
+        room.as_mut().enable();
+        let Some((from, limits)) = run.fetch_room() else {
+            tokio::select! {
+                () = room => {}
+                _ = interrupts.changed() => {}
+            }
+            continue;
+        };
+        let mut feed_guard = tokio::select! {
+            guard = lease.feed.lock() => guard,
+            _ = interrupts.changed() => continue,
+        };
+        let Some(feed) = feed_guard.as_mut() else {
+            // Dismantled: the lease is ending.
+            return;
+        };
+        if let Err(err) = feed.align(from).await {
+            tracing::warn!(parent: &lease.span, error = %err, "repositioning the partition failed; retrying");
+            drop(feed_guard);
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = interrupts.changed() => {}
+            }
+            continue;
+        }
+        // Sized as the last batch was, so that filling it does not grow it copy by copy.
+        let mut batch = feed.new_batch(limits, RecordsFor::Read);
+        if feed.take_queued(&mut batch, from, limits) && batch.is_empty() {
+            let got = tokio::select! {
+                more = feed.take_next(&mut batch, from, limits) => more,
+                _ = interrupts.changed() => false,
+            };
+            if got {
+                feed.take_queued(&mut batch, from, limits);
+            }
+        }
+        let high = feed.cached_high_watermark();
+        feed.filled(&mut batch);
+        drop(feed_guard);
+        if let Some(high) = high {
+            lease.note_high_watermark(high);
+        }
+        run.offer(batch.into_records());
+    }
+}
