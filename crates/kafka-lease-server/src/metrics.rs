@@ -109,7 +109,8 @@ fn describe() {
     describe_gauge!(LEASES, "leases this instance serves, by group and topic");
     describe_gauge!(
         LEASE_POSITION,
-        "a lease's read position: the next offset its open Read hands over, or where the next Read starts"
+        "a lease's read position: the next offset its open Read hands over, or where the next \
+         Read starts"
     );
     describe_gauge!(
         LEASE_COMMITTED,

@@ -761,7 +761,11 @@ mod tests {
             seek_epoch in any::<u64>(),
         ) {
             let mut records = EncodedRecords::new();
-            let mut expected = v1::ReadResponse { high_watermark, seek_epoch, ..Default::default() };
+            let mut expected = v1::ReadResponse {
+                high_watermark,
+                seek_epoch,
+                ..Default::default()
+            };
             let mut wire = 0;
             for message in &batch {
                 let prepared = Prepared::of(message);
@@ -788,7 +792,8 @@ mod tests {
             };
             // Written for Subscribe, and for Read then rewritten, and the other way round.
             let mut for_subscribe = EncodedRecords::written_for(RecordsFor::Subscribe);
-            let (mut read_twice, mut sub_twice) = (EncodedRecords::new(), EncodedRecords::written_for(RecordsFor::Subscribe));
+            let mut read_twice = EncodedRecords::new();
+            let mut sub_twice = EncodedRecords::written_for(RecordsFor::Subscribe);
             for message in &batch {
                 for_subscribe.push(&Prepared::of(message));
                 read_twice.push(&Prepared::of(message));
@@ -797,9 +802,11 @@ mod tests {
             prop_assert_eq!(for_subscribe.decode(), expected.records.clone());
             let read = records.into_read_response(high_watermark, seek_epoch);
             prop_assert_eq!(read.encode_to_vec(), expected.encode_to_vec());
-            let sub = for_subscribe.into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
+            let sub = for_subscribe
+                .into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
             prop_assert_eq!(sub.encode_to_vec(), subscribed.encode_to_vec());
-            let sub = read_twice.into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
+            let sub = read_twice
+                .into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
             prop_assert_eq!(sub.encode_to_vec(), subscribed.encode_to_vec());
             let read = sub_twice.into_read_response(high_watermark, seek_epoch);
             prop_assert_eq!(read.encode_to_vec(), expected.encode_to_vec());

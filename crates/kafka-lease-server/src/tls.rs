@@ -166,7 +166,10 @@ impl ServerTls {
                 // An unreadable file mid-rotation is reported once until it changes again.
                 Err(err) if !failing || !matches!(err, TlsError::Read { .. }) => {
                     failing = true;
-                    tracing::warn!(error = %err, "TLS files changed but cannot be used; keeping the previous certificate");
+                    tracing::warn!(
+                        error = %err,
+                        "TLS files changed but cannot be used; keeping the previous certificate",
+                    );
                 }
                 Err(_) => {}
             }
@@ -350,10 +353,18 @@ pub fn incoming(
                         tracing::trace!(%peer, "a connection closed before its TLS handshake");
                     }
                     Ok(Err(err)) => {
-                        tracing::info!(%peer, error = %err, "TLS handshake failed; connection closed");
+                        tracing::info!(
+                            %peer,
+                            error = %err,
+                            "TLS handshake failed; connection closed",
+                        );
                     }
                     Err(_) => {
-                        tracing::info!(%peer, timeout = ?HANDSHAKE_TIMEOUT, "TLS handshake timed out; connection closed");
+                        tracing::info!(
+                            %peer,
+                            timeout = ?HANDSHAKE_TIMEOUT,
+                            "TLS handshake timed out; connection closed",
+                        );
                     }
                 }
             });

@@ -267,22 +267,38 @@ impl Auth {
             if let Some(policy) = &self.policy {
                 match policy.reload() {
                     Ok(true) => {
-                        tracing::info!(file = %policy.path.display(), grants = policy.get().grant_count(), "policy reloaded")
+                        tracing::info!(
+                            file = %policy.path.display(),
+                            grants = policy.get().grant_count(),
+                            "policy reloaded",
+                        )
                     }
                     Ok(false) => {}
                     Err(err) => {
-                        tracing::warn!(error = %err, "the policy file changed but does not validate; the previous policy stays in force")
+                        tracing::warn!(
+                            error = %err,
+                            "the policy file changed but does not validate; the previous policy \
+                            stays in force",
+                        )
                     }
                 }
             }
             if let Some(tokens) = &self.tokens {
                 match tokens.reload() {
                     Ok(true) => {
-                        tracing::info!(file = %tokens.path.display(), tokens = tokens.get().count(), "bearer tokens reloaded")
+                        tracing::info!(
+                            file = %tokens.path.display(),
+                            tokens = tokens.get().count(),
+                            "bearer tokens reloaded",
+                        )
                     }
                     Ok(false) => {}
                     Err(err) => {
-                        tracing::warn!(error = %err, "the tokens file changed but does not validate; the previous tokens stay in force")
+                        tracing::warn!(
+                            error = %err,
+                            "the tokens file changed but does not validate; the previous tokens \
+                            stay in force",
+                        )
                     }
                 }
             }
@@ -565,7 +581,8 @@ mod tests {
         );
 
         let policy = TempFile::new(
-            b"[[allow]]\nidentities = [\"a\"]\ngroups = [\"g\"]\ntopics = [\"t\"]\nactions = [\"*\"]",
+            b"[[allow]]\nidentities = [\"a\"]\ngroups = [\"g\"]\ntopics = [\"t\"]\n\
+              actions = [\"*\"]",
         );
         let err = load(Some(&policy.0), None);
         assert_eq!(

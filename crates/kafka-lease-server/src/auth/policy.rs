@@ -116,7 +116,8 @@ pub enum PolicyError {
     EmptyList { grant: usize, list: &'static str },
     /// `allow[grant].list` has a pattern that is empty, too long or not printable.
     #[error(
-        "allow[{grant}].{list} has {pattern:?}: a pattern is 1..=512 printable characters, `*` matching any run"
+        "allow[{grant}].{list} has {pattern:?}: a pattern is 1..=512 printable characters, `*` \
+         matching any run"
     )]
     BadPattern {
         grant: usize,
@@ -326,7 +327,12 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("allow[0].identities is empty"), "{err}");
-        let err = Policy::parse("[[allow]]\nidentities = [\"a\"]\ngroups=[\"g\"]\ntopics=[\"t\"]\nactions=[\"*\"]\ncolour=1").unwrap_err().to_string();
+        let err = Policy::parse(
+            "[[allow]]\nidentities = [\"a\"]\ngroups=[\"g\"]\ntopics=[\"t\"]\n\
+             actions=[\"*\"]\ncolour=1",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("colour"), "{err}");
         assert!(Policy::parse("not toml [").is_err());
     }
@@ -335,7 +341,8 @@ mod tests {
     fn each_rule_of_a_policy_is_told_in_its_own_words() {
         let allow = |identities: &str, groups: &str, actions: &str| {
             let text = format!(
-                "[[allow]]\nidentities = {identities}\ngroups = {groups}\ntopics = [\"t\"]\nactions = {actions}"
+                "[[allow]]\nidentities = {identities}\ngroups = {groups}\ntopics = [\"t\"]\n\
+                 actions = {actions}"
             );
             Policy::parse(&text).unwrap_err().to_string()
         };
@@ -345,7 +352,10 @@ mod tests {
         );
         assert_eq!(
             allow(r#"["a"]"#, r#"[""]"#, r#"["*"]"#),
-            r#"allow[0].groups has "": a pattern is 1..=512 printable characters, `*` matching any run"#
+            concat!(
+                r#"allow[0].groups has "": a pattern is 1..=512 printable characters, "#,
+                "`*` matching any run"
+            )
         );
         assert_eq!(
             allow(r#"["a"]"#, r#"["g"]"#, "[]"),
@@ -353,7 +363,10 @@ mod tests {
         );
         assert_eq!(
             allow(r#"["a"]"#, r#"["g"]"#, r#"["delete"]"#),
-            r#"allow[0].actions has "delete"; allowed: acquire, read, seek, commit, release, subscribe, list, dead_letter, or "*" for all"#
+            concat!(
+                r#"allow[0].actions has "delete"; allowed: acquire, read, seek, commit, "#,
+                r#"release, subscribe, list, dead_letter, or "*" for all"#
+            )
         );
         assert_eq!(
             Policy::parse("[gateways]\nidentities = [\"\"]")

@@ -284,7 +284,10 @@ impl Gateway {
                 if let Err(Ok(Attempt::Granted(granted, _))) = answer.send(outcome) {
                     let lease = gateway.table().lease(granted.lease_id.as_str()).cloned();
                     if let Some(lease) = lease {
-                        tracing::info!(parent: &lease.span, "the Acquire call went away; ending its lease");
+                        tracing::info!(
+                            parent: &lease.span,
+                            "the Acquire call went away; ending its lease",
+                        );
                         gateway.end_lease(&lease, EndReason::Abandoned).await;
                     }
                 }
@@ -428,7 +431,12 @@ impl Gateway {
                     }
                     Err(err) => {
                         // The waiters keep their places; offers resume once Consul answers.
-                        tracing::debug!(%topic, %group, error = %err, "topic watch failed; retrying");
+                        tracing::debug!(
+                            %topic,
+                            %group,
+                            error = %err,
+                            "topic watch failed; retrying",
+                        );
                         tokio::time::sleep(Duration::from_millis(500)).await;
                         let Some(line) = weak.upgrade() else { return };
                         from = line.index();
@@ -452,7 +460,9 @@ impl Gateway {
             let group_client = self.kafka.group(&key.group)?;
             // The client that will fetch the partition (perhaps another group's, see
             // `Kafka::fetcher`), claimed now so no other lease takes it meanwhile.
-            let claim = self.kafka.fetcher(&group_client, &key.topic, key.partition)?;
+            let claim = self
+                .kafka
+                .fetcher(&group_client, &key.topic, key.partition)?;
             // All after the lock, and independent: one round trip to the brokers, not three.
             // (The committed offset must be read after the lock: the previous holder's
             // commits have settled by then.) The topic's leaders, through the client that
@@ -461,7 +471,12 @@ impl Gateway {
             // later.
             let learned = async {
                 if let Err(err) = claim.client().learn_topic(&key.topic).await {
-                    tracing::debug!(topic = %key.topic, error = %err, "topic lookup failed; the partition's first fetch may wait for librdkafka's own");
+                    tracing::debug!(
+                        topic = %key.topic,
+                        error = %err,
+                        "topic lookup failed; the partition's first fetch may wait for \
+                        librdkafka's own",
+                    );
                 }
                 Ok::<(), LeaseError>(())
             };

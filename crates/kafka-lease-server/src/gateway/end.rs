@@ -96,7 +96,12 @@ impl Gateway {
                         return;
                     }
                     Err(err) => {
-                        tracing::warn!(key = %key, error = %err, retry_in = ?pause, "releasing a lock failed; retrying");
+                        tracing::warn!(
+                            key = %key,
+                            error = %err,
+                            retry_in = ?pause,
+                            "releasing a lock failed; retrying",
+                        );
                     }
                 }
                 drop(gateway);
@@ -146,7 +151,11 @@ impl Gateway {
                 .await
                 .unwrap_or(Ok(()))
             {
-                tracing::warn!(parent: &lease.span, error = %err, "committing the queue's progress at the lease's end failed");
+                tracing::warn!(
+                    parent: &lease.span,
+                    error = %err,
+                    "committing the queue's progress at the lease's end failed",
+                );
             }
         }
         if !lease.mark_ended(reason.clone()) {
@@ -165,7 +174,10 @@ impl Gateway {
         match tokio::time::timeout(COMMIT_SETTLE_WAIT, lease.commits_settled()).await {
             Ok(_settled) => self.dismantle_and_release(lease).await,
             Err(_) => {
-                tracing::warn!(parent: &lease.span, "a commit is still in flight; the lock is released once it settles");
+                tracing::warn!(
+                    parent: &lease.span,
+                    "a commit is still in flight; the lock is released once it settles",
+                );
                 let (gateway, lease) = (self.me.clone(), lease.clone());
                 tokio::spawn(async move {
                     let _settled = lease.commits_settled().await;
@@ -193,7 +205,11 @@ impl Gateway {
                 self.freed(&key);
             }
             Err(err) => {
-                tracing::warn!(parent: &lease.span, error = %err, "explicit lock release failed; retrying in the background");
+                tracing::warn!(
+                    parent: &lease.span,
+                    error = %err,
+                    "explicit lock release failed; retrying in the background",
+                );
                 self.spawn_release_key(key, session);
             }
         }

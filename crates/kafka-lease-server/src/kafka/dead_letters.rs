@@ -119,7 +119,10 @@ impl DeadLetters {
         if let Some(producer) = producer {
             let flushed = tokio::task::spawn_blocking(move || producer.flush(DELIVERY_TIMEOUT));
             if let Ok(Err(err)) = flushed.await {
-                tracing::warn!(error = %unavailable("flushing dead letters", err), "dead letters may be unwritten");
+                tracing::warn!(
+                    error = %unavailable("flushing dead letters", err),
+                    "dead letters may be unwritten",
+                );
             }
         }
     }

@@ -134,7 +134,12 @@ pub(super) async fn retrying<T: Send + 'static>(
         match outcome {
             Ok(value) => return Ok(value),
             Err(failure) if failure.transient && tokio::time::Instant::now() + pause < deadline => {
-                tracing::debug!(operation, error = %failure.error, retry_in = ?pause, "transient broker state; retrying");
+                tracing::debug!(
+                    operation,
+                    error = %failure.error,
+                    retry_in = ?pause,
+                    "transient broker state; retrying",
+                );
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));
             }

@@ -91,7 +91,12 @@ impl Drop for PartitionFeed {
             .is_ok()
         {
             if let Err(err) = self.claim.client().consumer.incremental_unassign(&list) {
-                tracing::warn!(topic = %self.claim.topic(), partition = self.claim.partition(), error = %err, "unassign failed");
+                tracing::warn!(
+                    topic = %self.claim.topic(),
+                    partition = self.claim.partition(),
+                    error = %err,
+                    "unassign failed",
+                );
             }
         }
     }
@@ -306,8 +311,8 @@ impl PartitionFeed {
         }
     }
 
-    /// A buffer for the next batch, written for `message`, sized as the last one was (within `limits`), in the last
-    /// batch's allocation when its response is gone.
+    /// A buffer for the next batch, written for `message`, sized as the last one was (within
+    /// `limits`), in the last batch's allocation when its response is gone.
     pub fn new_batch(&mut self, limits: BatchLimits, message: RecordsFor) -> EncodedRecords {
         EncodedRecords::reusing(
             std::mem::take(&mut self.spare),

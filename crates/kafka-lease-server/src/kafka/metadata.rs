@@ -137,7 +137,13 @@ impl Kafka {
                 if cached.is_some_and(|(count, _)| wanted.is_none_or(|p| p < count)) =>
             {
                 let count = cached.map_or(0, |(count, _)| count);
-                tracing::debug!(%topic, count, %detail, operation, "using the partition count read before");
+                tracing::debug!(
+                    %topic,
+                    count,
+                    %detail,
+                    operation,
+                    "using the partition count read before",
+                );
                 return Ok(count);
             }
             Err(e) => return Err(e),

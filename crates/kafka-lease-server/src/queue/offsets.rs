@@ -155,7 +155,8 @@ mod tests {
                     // Mostly the next offset, sometimes past a gap.
                     0..=3 => {
                         next += if n < 30 { 1 } else { n * 1_000 };
-                        prop_assert_eq!(map.insert(next, next * 3), tree.insert(next, next * 3).is_none());
+                        let fresh = tree.insert(next, next * 3).is_none();
+                        prop_assert_eq!(map.insert(next, next * 3), fresh);
                     }
                     // An offset already seen, or below the lowest held.
                     4 => {
@@ -166,7 +167,11 @@ mod tests {
                     }
                     // A removal near the top, or of the lowest.
                     5..=8 => {
-                        let offset = if op == 8 { tree.keys().next().copied().unwrap_or(0) } else { next - n };
+                        let offset = if op == 8 {
+                            tree.keys().next().copied().unwrap_or(0)
+                        } else {
+                            next - n
+                        };
                         prop_assert_eq!(map.remove(offset), tree.remove(&offset));
                     }
                     _ => {
@@ -176,7 +181,10 @@ mod tests {
                 }
                 prop_assert_eq!(map.len(), tree.len());
                 prop_assert_eq!(map.first(), tree.iter().next().map(|(&o, v)| (o, v)));
-                prop_assert!(map.entries.len() <= 2 * map.len() + 64 || map.entries.front().is_some_and(|e| e.1.is_some()));
+                prop_assert!(
+                    map.entries.len() <= 2 * map.len() + 64
+                        || map.entries.front().is_some_and(|e| e.1.is_some())
+                );
             }
             prop_assert_eq!(map.values().collect::<Vec<_>>(), tree.values().collect::<Vec<_>>());
             for offset in 0..=next {

@@ -235,9 +235,14 @@ impl Member {
                     // stay open, so they stay alive), for its session grace.
                     permit = None;
                     self.attached = false;
-                    self.detached_until = Some(tokio::time::Instant::now() + self.spec.session_grace);
+                    self.detached_until =
+                        Some(tokio::time::Instant::now() + self.spec.session_grace);
                     self.claim.detach(self.attach.clone());
-                    tracing::info!(member_id = %self.spec.member_id, grace = ?self.spec.session_grace, "member detached; it keeps its leases for its session grace");
+                    tracing::info!(
+                        member_id = %self.spec.member_id,
+                        grace = ?self.spec.session_grace,
+                        "member detached; it keeps its leases for its session grace",
+                    );
                 }
                 Some(attach) = self.attach_rx.recv(), if !self.attached => {
                     permit = None;
@@ -251,7 +256,9 @@ impl Member {
                     let topic = self.on_done(done).await;
                     self.replan(&topic).await;
                 }
-                () = tokio::time::sleep_until(retake_at.unwrap_or(leave_at)), if retake_at.is_some() => {
+                () = tokio::time::sleep_until(retake_at.unwrap_or(leave_at)),
+                    if retake_at.is_some() =>
+                {
                     let now = tokio::time::Instant::now();
                     let mut due: Vec<String> = self
                         .not_before
@@ -374,7 +381,8 @@ impl Member {
                                 %topic,
                                 partition,
                                 lease_ref = %granted.lease_id.reference(),
-                                "a partition taken for this member is beyond its share in its newest view; handing it back",
+                                "a partition taken for this member is beyond its share in its \
+                                newest view; handing it back",
                             );
                             let gateway = self.gateway.clone();
                             tokio::spawn(async move {
@@ -410,7 +418,8 @@ impl Member {
                             partition,
                             %error,
                             ?pause,
-                            "a partition the rule gave this member was not taken; the rule runs again on the newest view",
+                            "a partition the rule gave this member was not taken; the rule runs \
+                            again on the newest view",
                         );
                     }
                 }
@@ -518,7 +527,12 @@ impl Member {
                     let _ = self.control.send(Ok(SubscriptionEvent::Assigned(granted)));
                 }
                 Err(error) => {
-                    tracing::debug!(%topic, partition, %error, "a lease ended while its member was detached");
+                    tracing::debug!(
+                        %topic,
+                        partition,
+                        %error,
+                        "a lease ended while its member was detached",
+                    );
                 }
             }
         }
@@ -821,7 +835,11 @@ impl Member {
                 .leave(&self.spec.group, topic, &self.spec.member_id)
                 .await
             {
-                tracing::warn!(%topic, %error, "could not remove a member record; it goes with the session");
+                tracing::warn!(
+                    %topic,
+                    %error,
+                    "could not remove a member record; it goes with the session",
+                );
             }
         }
         let deadline = tokio::time::Instant::now() + CLEANUP_WAIT;

@@ -6,9 +6,10 @@
 //! topic (a member record beside the topic's locks, bound to the gateway's session), watches
 //! each topic's view (locks and members, one blocking query per topic), and after every view
 //! computes the member's share: it takes the free partitions the rule gives it (ordinary
-//! leases through [`crate::gateway::Gateway::acquire`], tagged with the member id) and gives up those beyond
-//! its quota (*revoking*: no records of the lease follow, the client has the grace period to
-//! commit, then the lease is released). The leases' Reads are merged fairly into one stream.
+//! leases through [`crate::gateway::Gateway::acquire`], tagged with the member id) and gives
+//! up those beyond its quota (*revoking*: no records of the lease follow, the client has the
+//! grace period to commit, then the lease is released). The leases' Reads are merged fairly
+//! into one stream.
 //!
 //! The response stream carries control events (joined, assigned, revoking, revoked) on an
 //! unbounded channel that is read first, and records on a channel of one: a batch is pulled
@@ -212,7 +213,11 @@ impl Subscriptions {
                     // Its grace ended just now; its task is leaving.
                     return Err(active());
                 }
-                tracing::info!(group = %spec.group, member_id = %spec.member_id, "member reattached");
+                tracing::info!(
+                    group = %spec.group,
+                    member_id = %spec.member_id,
+                    "member reattached",
+                );
                 return Ok(outgoing(control_rx, records_rx));
             }
             Claimed::New(claim) => claim,

@@ -83,7 +83,12 @@ pub(super) async fn watch_topic(
                 }
             }
             Err(error) => {
-                tracing::warn!(%group, %topic, %error, "watching a subscribed topic failed; retrying");
+                tracing::warn!(
+                    %group,
+                    %topic,
+                    %error,
+                    "watching a subscribed topic failed; retrying",
+                );
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
         }

@@ -35,7 +35,11 @@ pub(super) async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
             return;
         };
         if let Err(err) = feed.align(from).await {
-            tracing::warn!(parent: &lease.span, error = %err, "repositioning the partition failed; retrying");
+            tracing::warn!(
+                parent: &lease.span,
+                error = %err,
+                "repositioning the partition failed; retrying",
+            );
             drop(feed_guard);
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_millis(500)) => {}

@@ -56,7 +56,11 @@ async fn keep_until_the_end(lease: &Arc<Lease>, run: &Arc<QueueRun>, dead_letter
                 if lease.is_ended() {
                     return;
                 }
-                tracing::warn!(parent: &lease.span, error = %err, "committing the queue's progress failed; retrying");
+                tracing::warn!(
+                    parent: &lease.span,
+                    error = %err,
+                    "committing the queue's progress failed; retrying",
+                );
             }
         }
         tokio::select! {
@@ -110,7 +114,13 @@ async fn write_dead_letter(
         match dead_letters.write(&letter).await {
             Ok(()) => break,
             Err(err) => {
-                tracing::warn!(parent: &lease.span, offset, topic = %letter.topic, error = %err, "writing a dead letter failed; retrying");
+                tracing::warn!(
+                    parent: &lease.span,
+                    offset,
+                    topic = %letter.topic,
+                    error = %err,
+                    "writing a dead letter failed; retrying",
+                );
                 tokio::select! {
                     () = tokio::time::sleep(DEAD_LETTER_RETRY) => {}
                     _ = interrupts.changed() => {}
@@ -118,7 +128,12 @@ async fn write_dead_letter(
             }
         }
     }
-    tracing::info!(parent: &lease.span, offset, topic = %letter.topic, "record written to the dead letter topic");
+    tracing::info!(
+        parent: &lease.span,
+        offset,
+        topic = %letter.topic,
+        "record written to the dead letter topic",
+    );
     {
         let mut state = run.state();
         if let Some(cause) = state.queue.dead_lettered(offset) {

@@ -133,7 +133,13 @@ impl Lease {
         Ok(match committed {
             Some((offset, metadata)) if offset == start => {
                 Progress::from_metadata(offset, &metadata).unwrap_or_else(|err| {
-                    tracing::warn!(parent: &self.span, error = %err, %metadata, "the committed progress is unreadable; starting from the committed offset with nothing done above it");
+                    tracing::warn!(
+                        parent: &self.span,
+                        error = %err,
+                        %metadata,
+                        "the committed progress is unreadable; starting from the committed offset \
+                        with nothing done above it",
+                    );
                     Progress::new(offset)
                 })
             }
