@@ -36,7 +36,11 @@ fn every_line_of_the_server_fits_the_width_rustfmt_formats_to() {
                 trimmed.starts_with("#[error(") || trimmed.starts_with("#[arg(");
             if line.chars().count() > WIDTH && !single_literal_attribute {
                 let shown = file.strip_prefix(&src).unwrap_or(file).display();
-                over.push(format!("src/{shown}:{}: {} columns", i + 1, line.chars().count()));
+                over.push(format!(
+                    "src/{shown}:{}: {} columns",
+                    i + 1,
+                    line.chars().count()
+                ));
             }
         }
     }
