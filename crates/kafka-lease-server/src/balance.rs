@@ -15,7 +15,55 @@
 //!    their quota, in member-id order. A partition being given up is not free until its
 //!    holder releases it; the next view then hands it on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Stands, in the picture a member plans from, for a partition the view shows held by this
+/// member but which it no longer holds (its release is not in the view yet): in the pool,
+/// not free, not this member's. Not a valid member id.
+const RELEASING: &str = "\u{0}releasing";
+
+/// A member's own picture of a topic, as it plans its share ([`member_share`]): the newest
+/// view it has, and its own actions the view may not show yet.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Picture<'a> {
+    pub(crate) partitions: i32,
+    /// As the view shows it: partition → the member id of its holder's subscription, empty
+    /// for a lease taken with Acquire.
+    pub(crate) view_held: BTreeMap<i32, String>,
+    /// As the view shows them: member id → its cap (0: none).
+    pub(crate) view_members: BTreeMap<String, u32>,
+    /// This member's id and cap.
+    pub(crate) me: &'a str,
+    pub(crate) my_cap: u32,
+    /// The partitions this member holds or is taking, whatever the view says.
+    pub(crate) mine: BTreeSet<i32>,
+}
+
+/// The rule applied to a member's own picture: its share of the topic. The partitions it
+/// holds or is taking count as its own (the view may not show them yet), one the view shows
+/// as its own but that it no longer holds counts as no one's but not free (its release is
+/// not in the view yet: taking it back would move it twice), and the member counts among
+/// the members whatever the view says.
+pub(crate) fn member_share(picture: Picture<'_>) -> Option<Share> {
+    let Picture {
+        partitions,
+        mut view_held,
+        mut view_members,
+        me,
+        my_cap,
+        mine,
+    } = picture;
+    for (p, subscriber) in view_held.iter_mut() {
+        if subscriber == me && !mine.contains(p) {
+            *subscriber = RELEASING.to_string();
+        }
+    }
+    for &p in &mine {
+        view_held.insert(p, me.to_string());
+    }
+    view_members.insert(me.to_string(), my_cap);
+    plan(partitions, &view_held, &view_members).remove(me)
+}
 
 /// What one member should do about its share of a topic.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -110,6 +158,51 @@ fn quotas<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn picture<'a>(
+        me: &'a str,
+        held: &[(i32, &str)],
+        members: &[&str],
+        mine: &[i32],
+    ) -> Picture<'a> {
+        Picture {
+            partitions: 6,
+            view_held: held.iter().map(|&(p, m)| (p, m.to_string())).collect(),
+            view_members: members.iter().map(|m| (m.to_string(), 0)).collect(),
+            me,
+            my_cap: 0,
+            mine: mine.iter().copied().collect(),
+        }
+    }
+
+    #[test]
+    fn a_member_counts_what_it_is_taking_before_the_view_shows_it() {
+        // The view shows nothing held yet; "a" is taking 0, 1 and 2 already.
+        let share = member_share(picture("a", &[], &["a", "b"], &[0, 1, 2])).expect("a share");
+        assert_eq!(
+            (share.quota, share.keep, share.take),
+            (3, vec![0, 1, 2], vec![])
+        );
+        // Not in the view's members yet, it still counts itself.
+        let share = member_share(picture("c", &[], &["a", "b"], &[])).expect("a share");
+        assert_eq!(share.quota, 2);
+    }
+
+    #[test]
+    fn a_partition_the_view_still_shows_as_its_own_after_its_release_is_not_taken_back() {
+        // "a" gave 2 up (released, not yet in the view): not free, not "a"'s; "a" takes
+        // another free one instead of taking 2 back.
+        let share = member_share(picture(
+            "a",
+            &[(0, "a"), (1, "a"), (2, "a")],
+            &["a", "b"],
+            &[0, 1],
+        ))
+        .expect("a share");
+        assert_eq!(share.quota, 3);
+        assert_eq!(share.keep, [0, 1]);
+        assert_eq!(share.take, [3], "2 is on its way out, not free");
+    }
 
     fn members(ids: &[&str]) -> BTreeMap<String, u32> {
         ids.iter().map(|id| (id.to_string(), 0)).collect()

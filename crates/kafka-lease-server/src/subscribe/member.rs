@@ -6,7 +6,7 @@
 //! change it (a view, a take's answer, a Read's batch, a reattach, a revoke) are one type's
 //! methods, and split over files they would hide which handler may change what.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -41,10 +41,6 @@ const RETAKE_PAUSE: Duration = Duration::from_millis(50);
 const RETAKE_PAUSE_ERROR: Duration = Duration::from_secs(1);
 /// The longest lock-delay asked about.
 const DELAY_CAP: Duration = Duration::from_secs(60);
-/// Stands, in the view a member plans from, for a partition the view shows held by this
-/// member but which it no longer holds (its release is not in the view yet): in the pool,
-/// not free, not this member's. Not a valid member id.
-const RELEASING: &str = "\u{0}releasing";
 /// A subscription lease's TTL beyond its revoke grace: while the subscription reads it, its
 /// open Read keeps it alive; this bounds a lease whose subscription task is gone.
 const LEASE_TTL_MARGIN: Duration = Duration::from_secs(10);
@@ -658,7 +654,7 @@ impl Member {
                 return None;
             }
         };
-        let mut held: BTreeMap<i32, String> = view
+        let view_held = view
             .held
             .iter()
             .map(|(&p, h)| {
@@ -666,32 +662,27 @@ impl Member {
                 (p, subscriber.unwrap_or_default())
             })
             .collect();
-        let own = |p: i32| {
-            let key = (topic.to_string(), p);
-            self.held.contains_key(&key) || self.pending.contains(&key) || extra == Some(p)
-        };
-        for (&p, subscriber) in held.iter_mut() {
-            if subscriber == member_id && !own(p) {
-                *subscriber = RELEASING.to_string();
-            }
-        }
+        let view_members = view
+            .members
+            .iter()
+            .map(|(id, m)| (id.clone(), m.max_partitions))
+            .collect();
         let mine = self
             .held
             .keys()
             .chain(self.pending.iter())
             .filter(|(t, _)| t == topic)
             .map(|&(_, p)| p)
-            .chain(extra);
-        for p in mine.collect::<Vec<_>>() {
-            held.insert(p, member_id.clone());
-        }
-        let mut members: BTreeMap<String, u32> = view
-            .members
-            .iter()
-            .map(|(id, m)| (id.clone(), m.max_partitions))
+            .chain(extra)
             .collect();
-        members.insert(member_id.clone(), self.spec.max_partitions);
-        balance::plan(partitions, &held, &members).remove(member_id)
+        balance::member_share(balance::Picture {
+            partitions,
+            view_held,
+            view_members,
+            me: member_id,
+            my_cap: self.spec.max_partitions,
+            mine,
+        })
     }
 
     /// Whether `partition`, just granted, takes this member beyond its quota in its newest
