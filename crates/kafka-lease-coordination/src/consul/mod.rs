@@ -347,6 +347,12 @@ impl Drop for ConsulLocks {
     }
 }
 
+/// The handle forwards to [`Shared`], which owns the state and whose inherent methods hold
+/// the operations (in `locks.rs`, `views.rs`, `registry.rs`, by concern). The trait is not
+/// implemented on `Shared` itself on purpose: the renew and pass tasks hold `Arc<Shared>`
+/// for the session's life, so a backend nobody holds could not be told apart from one in
+/// use, and dropping it without `shutdown` must stop those tasks (its session then expires,
+/// as after a crash). This handle owns the tasks and stops them on drop.
 #[async_trait]
 impl LockBackend for ConsulLocks {
     async fn try_acquire(
