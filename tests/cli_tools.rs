@@ -1412,12 +1412,20 @@ async fn a_second_copy_of_the_services_moves_with_one_setting_and_takes_topics_a
         return;
     }
     let run_dir = repo.join(format!(".cache/run-test-{}", unique_name("copy")));
-    const OFFSET: u16 = 300;
+    // The first offset whose every port is free (a developer may run a copy at 300).
+    let offset: u16 = (3..=9)
+        .map(|hundreds| hundreds * 100)
+        .find(|offset| {
+            [19092_u16, 19093, 19094, 19096, 18500, 18300, 18301, 18302]
+                .iter()
+                .all(|port| std::net::TcpListener::bind(("127.0.0.1", port + offset)).is_ok())
+        })
+        .expect("a port offset from 300 to 900 with every port free");
     let services = |args: &[&str], stdin: Option<&str>| {
         let mut command = Command::new(&script);
         command
             .args(args)
-            .env("KAFKA_LEASE_SERVICES_PORT_OFFSET", OFFSET.to_string())
+            .env("KAFKA_LEASE_SERVICES_PORT_OFFSET", offset.to_string())
             .env("KAFKA_LEASE_SERVICES_RUN", &run_dir)
             .stdin(if stdin.is_some() {
                 Stdio::piped()
@@ -1455,7 +1463,7 @@ async fn a_second_copy_of_the_services_moves_with_one_setting_and_takes_topics_a
         let _ = stopped.await;
         panic!("up failed: {}{}", text(&up.stdout), text(&up.stderr));
     }
-    let kafka_port = 19092 + OFFSET;
+    let kafka_port = 19092 + offset;
     let env = text(&services(&["env"], None).await.stdout);
     let exported = |name: &str| {
         env.lines()
@@ -1470,7 +1478,7 @@ async fn a_second_copy_of_the_services_moves_with_one_setting_and_takes_topics_a
         );
         assert_eq!(
             exported("KAFKA_LEASE_CONSUL_PORT"),
-            Some((18500 + OFFSET).to_string()),
+            Some((18500 + offset).to_string()),
             "{env}"
         );
         assert_eq!(

@@ -220,6 +220,8 @@ struct JsonQueue<'a> {
     redeliveries: u64,
     dead_letters: u64,
     dead_letter_topic: &'a str,
+    progress_age_seconds: Option<f64>,
+    done_not_committed: u64,
 }
 
 fn ordering_name(ordering: kafka_lease_client::Ordering) -> &'static str {
@@ -244,6 +246,15 @@ fn queue_note(queue: &kafka_lease_client::QueueInfo) -> String {
         ", {} waiting, {} redelivered, {} dead letters",
         queue.waiting, queue.redeliveries, queue.dead_letters
     ));
+    if queue.done_not_committed > 0 {
+        note.push_str(&format!(
+            ", {} done not committed",
+            queue.done_not_committed
+        ));
+        if let Some(age) = queue.progress_age {
+            note.push_str(&format!(" (last commit {}s ago)", age.as_secs()));
+        }
+    }
     note
 }
 
@@ -282,6 +293,8 @@ pub(crate) fn leases_json(leases: &[LeaseInfo], now: SystemTime) -> String {
                 redeliveries: q.redeliveries,
                 dead_letters: q.dead_letters,
                 dead_letter_topic: &q.dead_letter_topic,
+                progress_age_seconds: q.progress_age.map(|d| d.as_secs_f64()),
+                done_not_committed: q.done_not_committed,
             }),
         })
         .collect();
@@ -525,6 +538,11 @@ mod tests {
                     redeliveries: 5,
                     dead_letters: 1,
                     dead_letter_topic: "dlq.g.orders".into(),
+                    progress_age: Some(prost_types::Duration {
+                        seconds: 7,
+                        nanos: 0,
+                    }),
+                    done_not_committed: 120,
                 }),
         })
     }
@@ -556,7 +574,7 @@ mod tests {
         assert!(
             lines[1].ends_with(
                 "queue (key order): 3 in flight (oldest 12s), 40 waiting, 5 redelivered, \
-                 1 dead letters"
+                 1 dead letters, 120 done not committed (last commit 7s ago)"
             ),
             "{table}"
         );
@@ -596,6 +614,8 @@ mod tests {
         assert_eq!(row["queue"]["oldest_in_flight_seconds"], 12.0);
         assert_eq!(row["queue"]["redeliveries"], 5);
         assert_eq!(row["queue"]["dead_letter_topic"], "dlq.g.orders");
+        assert_eq!(row["queue"]["progress_age_seconds"], 7.0);
+        assert_eq!(row["queue"]["done_not_committed"], 120);
         assert_eq!(leases_json(&[], now), "[]\n");
     }
 

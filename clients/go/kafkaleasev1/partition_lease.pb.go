@@ -2777,8 +2777,16 @@ type QueueInfo struct {
 	DeadLetters uint64 `protobuf:"varint,7,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
 	// The dead letter topic.
 	DeadLetterTopic string `protobuf:"bytes,8,opt,name=dead_letter_topic,json=deadLetterTopic,proto3" json:"dead_letter_topic,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How long since the last commit of the queue's progress that landed (since the queue
+	// opened, before the first). The gateway commits about once a second while the progress
+	// changes, so a large age with `done_not_committed` above 0 means commits are failing.
+	ProgressAge *durationpb.Duration `protobuf:"bytes,9,opt,name=progress_age,json=progressAge,proto3" json:"progress_age,omitempty"`
+	// Records done (accepted, or written to the dead letter topic) that no landed commit
+	// carries yet: what a crash of the serving gateway now would deliver again, beside the
+	// records in flight.
+	DoneNotCommitted uint64 `protobuf:"varint,10,opt,name=done_not_committed,json=doneNotCommitted,proto3" json:"done_not_committed,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *QueueInfo) Reset() {
@@ -2865,6 +2873,20 @@ func (x *QueueInfo) GetDeadLetterTopic() string {
 		return x.DeadLetterTopic
 	}
 	return ""
+}
+
+func (x *QueueInfo) GetProgressAge() *durationpb.Duration {
+	if x != nil {
+		return x.ProgressAge
+	}
+	return nil
+}
+
+func (x *QueueInfo) GetDoneNotCommitted() uint64 {
+	if x != nil {
+		return x.DoneNotCommitted
+	}
+	return 0
 }
 
 // The request of Deliver.
@@ -3491,7 +3513,7 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\x11_committed_offsetB\x11\n" +
 	"\x0f_high_watermarkB\x06\n" +
 	"\x04_lagB\v\n" +
-	"\t_read_lag\"\xd5\x02\n" +
+	"\t_read_lag\"\xc1\x03\n" +
 	"\tQueueInfo\x129\n" +
 	"\bordering\x18\x01 \x01(\x0e2\x1d.kafka_lease.v1.DeliveryOrderR\bordering\x12\x1b\n" +
 	"\tin_flight\x18\x02 \x01(\rR\binFlight\x12C\n" +
@@ -3502,7 +3524,10 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"deliveries\x12\"\n" +
 	"\fredeliveries\x18\x06 \x01(\x04R\fredeliveries\x12!\n" +
 	"\fdead_letters\x18\a \x01(\x04R\vdeadLetters\x12*\n" +
-	"\x11dead_letter_topic\x18\b \x01(\tR\x0fdeadLetterTopic\"\xca\x02\n" +
+	"\x11dead_letter_topic\x18\b \x01(\tR\x0fdeadLetterTopic\x12<\n" +
+	"\fprogress_age\x18\t \x01(\v2\x19.google.protobuf.DurationR\vprogressAge\x12,\n" +
+	"\x12done_not_committed\x18\n" +
+	" \x01(\x04R\x10doneNotCommitted\"\xca\x02\n" +
 	"\x0eDeliverRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x129\n" +
 	"\bordering\x18\x02 \x01(\x0e2\x1d.kafka_lease.v1.DeliveryOrderR\bordering\x12\"\n" +
@@ -3668,40 +3693,41 @@ var file_kafka_lease_v1_partition_lease_proto_depIdxs = []int32{
 	32, // 35: kafka_lease.v1.LeaseInfo.queue:type_name -> kafka_lease.v1.QueueInfo
 	2,  // 36: kafka_lease.v1.QueueInfo.ordering:type_name -> kafka_lease.v1.DeliveryOrder
 	39, // 37: kafka_lease.v1.QueueInfo.oldest_in_flight:type_name -> google.protobuf.Duration
-	2,  // 38: kafka_lease.v1.DeliverRequest.ordering:type_name -> kafka_lease.v1.DeliveryOrder
-	39, // 39: kafka_lease.v1.DeliverRequest.ack_deadline:type_name -> google.protobuf.Duration
-	35, // 40: kafka_lease.v1.DeliverResponse.deliveries:type_name -> kafka_lease.v1.Delivery
-	9,  // 41: kafka_lease.v1.Delivery.record:type_name -> kafka_lease.v1.KafkaRecord
-	40, // 42: kafka_lease.v1.Delivery.deadline:type_name -> google.protobuf.Timestamp
-	37, // 43: kafka_lease.v1.AcknowledgeRequest.acknowledgements:type_name -> kafka_lease.v1.Acknowledgement
-	3,  // 44: kafka_lease.v1.Acknowledgement.type:type_name -> kafka_lease.v1.AckType
-	39, // 45: kafka_lease.v1.Acknowledgement.retry_delay:type_name -> google.protobuf.Duration
-	4,  // 46: kafka_lease.v1.AcknowledgeResponse.outcomes:type_name -> kafka_lease.v1.AckOutcome
-	5,  // 47: kafka_lease.v1.PartitionLeaseService.Acquire:input_type -> kafka_lease.v1.AcquireRequest
-	7,  // 48: kafka_lease.v1.PartitionLeaseService.Read:input_type -> kafka_lease.v1.ReadRequest
-	11, // 49: kafka_lease.v1.PartitionLeaseService.Seek:input_type -> kafka_lease.v1.SeekRequest
-	13, // 50: kafka_lease.v1.PartitionLeaseService.Commit:input_type -> kafka_lease.v1.CommitRequest
-	15, // 51: kafka_lease.v1.PartitionLeaseService.Release:input_type -> kafka_lease.v1.ReleaseRequest
-	17, // 52: kafka_lease.v1.PartitionLeaseService.Subscribe:input_type -> kafka_lease.v1.SubscribeRequest
-	26, // 53: kafka_lease.v1.PartitionLeaseService.ListMembers:input_type -> kafka_lease.v1.ListMembersRequest
-	29, // 54: kafka_lease.v1.PartitionLeaseService.ListLeases:input_type -> kafka_lease.v1.ListLeasesRequest
-	33, // 55: kafka_lease.v1.PartitionLeaseService.Deliver:input_type -> kafka_lease.v1.DeliverRequest
-	36, // 56: kafka_lease.v1.PartitionLeaseService.Acknowledge:input_type -> kafka_lease.v1.AcknowledgeRequest
-	6,  // 57: kafka_lease.v1.PartitionLeaseService.Acquire:output_type -> kafka_lease.v1.AcquireResponse
-	8,  // 58: kafka_lease.v1.PartitionLeaseService.Read:output_type -> kafka_lease.v1.ReadResponse
-	12, // 59: kafka_lease.v1.PartitionLeaseService.Seek:output_type -> kafka_lease.v1.SeekResponse
-	14, // 60: kafka_lease.v1.PartitionLeaseService.Commit:output_type -> kafka_lease.v1.CommitResponse
-	16, // 61: kafka_lease.v1.PartitionLeaseService.Release:output_type -> kafka_lease.v1.ReleaseResponse
-	19, // 62: kafka_lease.v1.PartitionLeaseService.Subscribe:output_type -> kafka_lease.v1.SubscribeResponse
-	27, // 63: kafka_lease.v1.PartitionLeaseService.ListMembers:output_type -> kafka_lease.v1.ListMembersResponse
-	30, // 64: kafka_lease.v1.PartitionLeaseService.ListLeases:output_type -> kafka_lease.v1.ListLeasesResponse
-	34, // 65: kafka_lease.v1.PartitionLeaseService.Deliver:output_type -> kafka_lease.v1.DeliverResponse
-	38, // 66: kafka_lease.v1.PartitionLeaseService.Acknowledge:output_type -> kafka_lease.v1.AcknowledgeResponse
-	57, // [57:67] is the sub-list for method output_type
-	47, // [47:57] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	39, // 38: kafka_lease.v1.QueueInfo.progress_age:type_name -> google.protobuf.Duration
+	2,  // 39: kafka_lease.v1.DeliverRequest.ordering:type_name -> kafka_lease.v1.DeliveryOrder
+	39, // 40: kafka_lease.v1.DeliverRequest.ack_deadline:type_name -> google.protobuf.Duration
+	35, // 41: kafka_lease.v1.DeliverResponse.deliveries:type_name -> kafka_lease.v1.Delivery
+	9,  // 42: kafka_lease.v1.Delivery.record:type_name -> kafka_lease.v1.KafkaRecord
+	40, // 43: kafka_lease.v1.Delivery.deadline:type_name -> google.protobuf.Timestamp
+	37, // 44: kafka_lease.v1.AcknowledgeRequest.acknowledgements:type_name -> kafka_lease.v1.Acknowledgement
+	3,  // 45: kafka_lease.v1.Acknowledgement.type:type_name -> kafka_lease.v1.AckType
+	39, // 46: kafka_lease.v1.Acknowledgement.retry_delay:type_name -> google.protobuf.Duration
+	4,  // 47: kafka_lease.v1.AcknowledgeResponse.outcomes:type_name -> kafka_lease.v1.AckOutcome
+	5,  // 48: kafka_lease.v1.PartitionLeaseService.Acquire:input_type -> kafka_lease.v1.AcquireRequest
+	7,  // 49: kafka_lease.v1.PartitionLeaseService.Read:input_type -> kafka_lease.v1.ReadRequest
+	11, // 50: kafka_lease.v1.PartitionLeaseService.Seek:input_type -> kafka_lease.v1.SeekRequest
+	13, // 51: kafka_lease.v1.PartitionLeaseService.Commit:input_type -> kafka_lease.v1.CommitRequest
+	15, // 52: kafka_lease.v1.PartitionLeaseService.Release:input_type -> kafka_lease.v1.ReleaseRequest
+	17, // 53: kafka_lease.v1.PartitionLeaseService.Subscribe:input_type -> kafka_lease.v1.SubscribeRequest
+	26, // 54: kafka_lease.v1.PartitionLeaseService.ListMembers:input_type -> kafka_lease.v1.ListMembersRequest
+	29, // 55: kafka_lease.v1.PartitionLeaseService.ListLeases:input_type -> kafka_lease.v1.ListLeasesRequest
+	33, // 56: kafka_lease.v1.PartitionLeaseService.Deliver:input_type -> kafka_lease.v1.DeliverRequest
+	36, // 57: kafka_lease.v1.PartitionLeaseService.Acknowledge:input_type -> kafka_lease.v1.AcknowledgeRequest
+	6,  // 58: kafka_lease.v1.PartitionLeaseService.Acquire:output_type -> kafka_lease.v1.AcquireResponse
+	8,  // 59: kafka_lease.v1.PartitionLeaseService.Read:output_type -> kafka_lease.v1.ReadResponse
+	12, // 60: kafka_lease.v1.PartitionLeaseService.Seek:output_type -> kafka_lease.v1.SeekResponse
+	14, // 61: kafka_lease.v1.PartitionLeaseService.Commit:output_type -> kafka_lease.v1.CommitResponse
+	16, // 62: kafka_lease.v1.PartitionLeaseService.Release:output_type -> kafka_lease.v1.ReleaseResponse
+	19, // 63: kafka_lease.v1.PartitionLeaseService.Subscribe:output_type -> kafka_lease.v1.SubscribeResponse
+	27, // 64: kafka_lease.v1.PartitionLeaseService.ListMembers:output_type -> kafka_lease.v1.ListMembersResponse
+	30, // 65: kafka_lease.v1.PartitionLeaseService.ListLeases:output_type -> kafka_lease.v1.ListLeasesResponse
+	34, // 66: kafka_lease.v1.PartitionLeaseService.Deliver:output_type -> kafka_lease.v1.DeliverResponse
+	38, // 67: kafka_lease.v1.PartitionLeaseService.Acknowledge:output_type -> kafka_lease.v1.AcknowledgeResponse
+	58, // [58:68] is the sub-list for method output_type
+	48, // [48:58] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_kafka_lease_v1_partition_lease_proto_init() }

@@ -656,6 +656,7 @@ def test_list_leases_returns_the_clients_own_types_over_every_page(fake) -> None
         queue=pb.QueueInfo(
             ordering=pb.DELIVERY_ORDER_KEY, in_flight=3, oldest_in_flight=duration_pb2.Duration(seconds=1, nanos=500_000_000),
             waiting=7, deliveries=50, redeliveries=4, dead_letters=1, dead_letter_topic="dlq.g.t",
+            progress_age=duration_pb2.Duration(seconds=2, nanos=250_000_000), done_not_committed=9,
         ),
     )
     # Not live: the serving instance did not answer; no committed offset, no queue.
@@ -675,7 +676,8 @@ def test_list_leases_returns_the_clients_own_types_over_every_page(fake) -> None
         expires_at=dt.datetime(2023, 11, 14, 22, 13, 30, tzinfo=utc), gateway="gw-a", gateway_address="127.0.0.1:50051",
         position=40, committed_offset=38, high_watermark=2**63 - 1, lag=2, read_lag=0, details_unavailable="",
         queue=QueueInfo(ordering=Ordering.KEY, in_flight=3, oldest_in_flight=1.5, waiting=7, deliveries=50,
-                        redeliveries=4, dead_letters=1, dead_letter_topic="dlq.g.t"),
+                        redeliveries=4, dead_letters=1, dead_letter_topic="dlq.g.t", progress_age=2.25,
+                        done_not_committed=9),
     )
     second = leases[1]
     assert (second.partition, second.gateway, second.details_unavailable) == (1, "gw-b", "gw-b did not answer in time")
@@ -683,3 +685,4 @@ def test_list_leases_returns_the_clients_own_types_over_every_page(fake) -> None
     assert (second.expires_at, second.position, second.committed_offset, second.high_watermark, second.lag,
             second.read_lag, second.queue) == (None,) * 7
     assert QueueInfo.from_proto(pb.QueueInfo()).ordering == Ordering.PARTITION  # unset: the default
+    assert QueueInfo.from_proto(pb.QueueInfo()).progress_age is None  # an older gateway's

@@ -491,6 +491,12 @@ pub struct QueueInfo {
     pub dead_letters: u64,
     /// The dead letter topic.
     pub dead_letter_topic: String,
+    /// Since the last commit of the queue's progress that landed (since the queue opened,
+    /// before the first); `None` from a gateway too old to say.
+    pub progress_age: Option<Duration>,
+    /// Records done that no landed commit carries yet: what a crash of the serving gateway
+    /// now would deliver again, beside the records in flight.
+    pub done_not_committed: u64,
 }
 
 impl From<proto::QueueInfo> for QueueInfo {
@@ -508,6 +514,8 @@ impl From<proto::QueueInfo> for QueueInfo {
             redeliveries: info.redeliveries,
             dead_letters: info.dead_letters,
             dead_letter_topic: info.dead_letter_topic,
+            progress_age: duration_from_proto(info.progress_age),
+            done_not_committed: info.done_not_committed,
         }
     }
 }
@@ -631,11 +639,18 @@ mod tests {
                 redeliveries: 4,
                 dead_letters: 1,
                 dead_letter_topic: "dlq.g.t".into(),
+                progress_age: Some(prost_types::Duration {
+                    seconds: 3,
+                    nanos: 500_000_000,
+                }),
+                done_not_committed: 17,
             }),
         });
         let queue = info.queue.as_ref().expect("queue");
         assert_eq!(queue.ordering, crate::Ordering::Key);
         assert_eq!(queue.oldest_in_flight, Some(Duration::from_secs(2)));
+        assert_eq!(queue.progress_age, Some(Duration::from_millis(3_500)));
+        assert_eq!(queue.done_not_committed, 17);
         assert_eq!((queue.in_flight, queue.redeliveries), (3, 4));
         assert_eq!(info.details_unavailable, None);
         assert_eq!(info.gateway_address.as_deref(), Some("10.0.0.7:50051"));

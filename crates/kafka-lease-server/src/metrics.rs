@@ -68,6 +68,8 @@ pub const QUEUE_ANSWERS: &str = "kafka_lease_queue_answers_total";
 /// and the age in seconds of the oldest (0 when none is).
 pub const QUEUE_IN_FLIGHT: &str = "kafka_lease_queue_in_flight";
 pub const QUEUE_OLDEST_SECONDS: &str = "kafka_lease_queue_oldest_in_flight_seconds";
+pub const QUEUE_PROGRESS_AGE_SECONDS: &str = "kafka_lease_queue_progress_age_seconds";
+pub const QUEUE_DONE_UNCOMMITTED: &str = "kafka_lease_queue_done_not_committed";
 
 /// Histogram buckets for request and Consul latencies, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -173,6 +175,17 @@ fn describe() {
     describe_gauge!(
         QUEUE_IN_FLIGHT,
         "queue mode: deliveries in flight, per lease served here"
+    );
+    describe_gauge!(
+        QUEUE_PROGRESS_AGE_SECONDS,
+        Unit::Seconds,
+        "queue mode: time since the last commit of a lease's progress that landed (since the \
+         queue opened, before the first), per lease served here"
+    );
+    describe_gauge!(
+        QUEUE_DONE_UNCOMMITTED,
+        "queue mode: records done that no landed commit carries yet (a crash would deliver \
+         them again, beside those in flight), per lease served here"
     );
     describe_gauge!(
         QUEUE_OLDEST_SECONDS,

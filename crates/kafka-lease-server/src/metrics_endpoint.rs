@@ -15,7 +15,8 @@ use tokio::net::TcpListener;
 use crate::gateway::Gateway;
 use crate::metrics::{
     MetricsError, ACQUIRES_WAITING, LEASES, LEASE_COMMITTED, LEASE_LAG, LEASE_POSITION,
-    LEASE_READ_LAG, QUEUE_IN_FLIGHT, QUEUE_OLDEST_SECONDS,
+    LEASE_READ_LAG, QUEUE_DONE_UNCOMMITTED, QUEUE_IN_FLIGHT, QUEUE_OLDEST_SECONDS,
+    QUEUE_PROGRESS_AGE_SECONDS,
 };
 
 /// Serves `GET /metrics` on `listener` until the task is dropped: the gauges sampled from
@@ -92,6 +93,10 @@ impl Sampler {
                 metrics::gauge!(QUEUE_IN_FLIGHT, &labels).set(queue.in_flight as f64);
                 metrics::gauge!(QUEUE_OLDEST_SECONDS, &labels)
                     .set(queue.oldest_in_flight.map_or(0.0, |age| age.as_secs_f64()));
+                metrics::gauge!(QUEUE_PROGRESS_AGE_SECONDS, &labels)
+                    .set(queue.progress_age.as_secs_f64());
+                metrics::gauge!(QUEUE_DONE_UNCOMMITTED, &labels)
+                    .set(queue.done_not_committed as f64);
                 queues.insert((key.group.clone(), key.topic.clone(), key.partition));
             }
             keys.insert((key.group.clone(), key.topic.clone(), key.partition));
@@ -126,6 +131,8 @@ impl Sampler {
             ];
             metrics::gauge!(QUEUE_IN_FLIGHT, &labels).set(0.0);
             metrics::gauge!(QUEUE_OLDEST_SECONDS, &labels).set(0.0);
+            metrics::gauge!(QUEUE_PROGRESS_AGE_SECONDS, &labels).set(0.0);
+            metrics::gauge!(QUEUE_DONE_UNCOMMITTED, &labels).set(0.0);
         }
         *seen = queues;
         metrics::gauge!(ACQUIRES_WAITING).set(gateway.waiting_acquires() as f64);

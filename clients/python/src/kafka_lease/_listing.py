@@ -32,6 +32,12 @@ class QueueInfo:
     dead_letters: int
     #: The dead letter topic.
     dead_letter_topic: str
+    #: Seconds since the last commit of the queue's progress that landed (since the queue
+    #: opened, before the first); ``None`` from a gateway too old to say.
+    progress_age: float | None = None
+    #: Records done that no landed commit carries yet: what a crash of the serving gateway
+    #: now would deliver again, beside the records in flight.
+    done_not_committed: int = 0
 
     @classmethod
     def from_proto(cls, queue: pb.QueueInfo) -> QueueInfo:
@@ -51,6 +57,8 @@ class QueueInfo:
             redeliveries=queue.redeliveries,
             dead_letters=queue.dead_letters,
             dead_letter_topic=queue.dead_letter_topic,
+            progress_age=seconds_of(queue.progress_age) if queue.HasField("progress_age") else None,
+            done_not_committed=queue.done_not_committed,
         )
 
 

@@ -74,6 +74,8 @@ fn queue_info(queue: &QueueSnapshot) -> v1::QueueInfo {
         redeliveries: queue.redeliveries,
         dead_letters: queue.dead_letters,
         dead_letter_topic: queue.settings.dead_letter_topic.clone(),
+        progress_age: Some(proto_duration(queue.progress_age)),
+        done_not_committed: queue.done_not_committed,
     }
 }
 

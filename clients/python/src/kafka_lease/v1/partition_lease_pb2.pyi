@@ -448,7 +448,7 @@ class LeaseInfo(_message.Message):
     def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., partition: _Optional[int] = ..., member: _Optional[str] = ..., fencing_token: _Optional[int] = ..., acquired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., gateway: _Optional[str] = ..., position: _Optional[int] = ..., committed_offset: _Optional[int] = ..., high_watermark: _Optional[int] = ..., lag: _Optional[int] = ..., read_lag: _Optional[int] = ..., details_unavailable: _Optional[str] = ..., gateway_address: _Optional[str] = ..., member_id: _Optional[str] = ..., queue: _Optional[_Union[QueueInfo, _Mapping]] = ...) -> None: ...
 
 class QueueInfo(_message.Message):
-    __slots__ = ("ordering", "in_flight", "oldest_in_flight", "waiting", "deliveries", "redeliveries", "dead_letters", "dead_letter_topic")
+    __slots__ = ("ordering", "in_flight", "oldest_in_flight", "waiting", "deliveries", "redeliveries", "dead_letters", "dead_letter_topic", "progress_age", "done_not_committed")
     ORDERING_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     OLDEST_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -457,6 +457,8 @@ class QueueInfo(_message.Message):
     REDELIVERIES_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTERS_FIELD_NUMBER: _ClassVar[int]
     DEAD_LETTER_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_AGE_FIELD_NUMBER: _ClassVar[int]
+    DONE_NOT_COMMITTED_FIELD_NUMBER: _ClassVar[int]
     ordering: DeliveryOrder
     in_flight: int
     oldest_in_flight: _duration_pb2.Duration
@@ -465,7 +467,9 @@ class QueueInfo(_message.Message):
     redeliveries: int
     dead_letters: int
     dead_letter_topic: str
-    def __init__(self, ordering: _Optional[_Union[DeliveryOrder, str]] = ..., in_flight: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., waiting: _Optional[int] = ..., deliveries: _Optional[int] = ..., redeliveries: _Optional[int] = ..., dead_letters: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ...) -> None: ...
+    progress_age: _duration_pb2.Duration
+    done_not_committed: int
+    def __init__(self, ordering: _Optional[_Union[DeliveryOrder, str]] = ..., in_flight: _Optional[int] = ..., oldest_in_flight: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., waiting: _Optional[int] = ..., deliveries: _Optional[int] = ..., redeliveries: _Optional[int] = ..., dead_letters: _Optional[int] = ..., dead_letter_topic: _Optional[str] = ..., progress_age: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., done_not_committed: _Optional[int] = ...) -> None: ...
 
 class DeliverRequest(_message.Message):
     __slots__ = ("lease_id", "ordering", "max_in_flight", "max_in_flight_bytes", "ack_deadline", "max_deliveries", "dead_letter_topic")

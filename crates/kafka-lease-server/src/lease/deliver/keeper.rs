@@ -143,7 +143,7 @@ async fn write_dead_letter(
                     run.counters.dead_letters_max_deliveries.increment(1);
                 }
             }
-            state.dirty = true;
+            state.record_done();
             state.dead_letters += 1;
         }
     }

@@ -114,6 +114,11 @@ pub struct QueueSnapshot {
     pub deliveries: u64,
     pub redeliveries: u64,
     pub dead_letters: u64,
+    /// Since the last commit of the progress that landed (or since the queue opened).
+    pub progress_age: Duration,
+    /// Records done since the queue opened that no landed commit carries yet: what a crash
+    /// of this gateway now would deliver again, beside what is in flight.
+    pub done_not_committed: u64,
 }
 
 impl Lease {

@@ -39,6 +39,20 @@ pub(super) struct RunState {
     deliveries: u64,
     redeliveries: u64,
     pub(super) dead_letters: u64,
+    /// Records done (accepted, or dead-lettered) since the queue opened on this lease.
+    done: u64,
+    /// Of those, the ones the last commit that landed carried.
+    done_committed: u64,
+    /// When that commit landed (when the queue opened, before the first).
+    committed_at: Instant,
+}
+
+impl RunState {
+    /// A record was done: the progress changed.
+    pub(super) fn record_done(&mut self) {
+        self.dirty = true;
+        self.done += 1;
+    }
 }
 
 /// A lease's queue mode (see the module docs).
@@ -89,6 +103,9 @@ impl QueueRun {
                 deliveries: 0,
                 redeliveries: 0,
                 dead_letters: 0,
+                done: 0,
+                done_committed: 0,
+                committed_at: Instant::now(),
             }),
             settings,
             ready: Notify::new(),
@@ -274,7 +291,7 @@ impl QueueRun {
                             let done = state.queue.accept(ack.offset);
                             if done {
                                 latency(&self.counters.ack_accept);
-                                state.dirty = true;
+                                state.record_done();
                             }
                             done
                         }
@@ -328,6 +345,8 @@ impl QueueRun {
             deliveries: state.deliveries,
             redeliveries: state.redeliveries,
             dead_letters: state.dead_letters,
+            progress_age: now.saturating_duration_since(state.committed_at),
+            done_not_committed: state.done - state.done_committed,
         }
     }
 }
@@ -343,17 +362,22 @@ impl QueueRun {
     pub(super) async fn commit_progress(&self, lease: &Lease) -> Result<(), LeaseError> {
         let run = self;
         let _one_at_a_time = run.commit_lock.lock().await;
-        let (base, encoded) = {
+        let (base, encoded, done) = {
             let mut state = run.state();
             if !state.dirty {
                 return Ok(());
             }
             state.dirty = false;
             let progress = state.queue.progress();
-            (progress.base(), progress.encode())
+            (progress.base(), progress.encode(), state.done)
         };
         match lease.commit(base, Some(&encoded)).await {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                let mut state = run.state();
+                state.done_committed = state.done_committed.max(done);
+                state.committed_at = Instant::now();
+                Ok(())
+            }
             Err(err) => {
                 run.state().dirty = true;
                 Err(err)

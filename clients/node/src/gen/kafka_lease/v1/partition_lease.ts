@@ -929,6 +929,20 @@ export interface QueueInfo {
   deadLetters: bigint;
   /** The dead letter topic. */
   deadLetterTopic: string;
+  /**
+   * How long since the last commit of the queue's progress that landed (since the queue
+   * opened, before the first). The gateway commits about once a second while the progress
+   * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+   */
+  progressAge?:
+    | Duration
+    | undefined;
+  /**
+   * Records done (accepted, or written to the dead letter topic) that no landed commit
+   * carries yet: what a crash of the serving gateway now would deliver again, beside the
+   * records in flight.
+   */
+  doneNotCommitted: bigint;
 }
 
 /** The request of Deliver. */
@@ -5189,6 +5203,8 @@ function createBaseQueueInfo(): QueueInfo {
     redeliveries: 0n,
     deadLetters: 0n,
     deadLetterTopic: "",
+    progressAge: undefined,
+    doneNotCommitted: 0n,
   };
 }
 
@@ -5226,6 +5242,15 @@ export const QueueInfo: MessageFns<QueueInfo> = {
     }
     if (message.deadLetterTopic !== "") {
       writer.uint32(66).string(message.deadLetterTopic);
+    }
+    if (message.progressAge !== undefined) {
+      Duration.encode(message.progressAge, writer.uint32(74).fork()).join();
+    }
+    if (message.doneNotCommitted !== 0n) {
+      if (BigInt.asUintN(64, message.doneNotCommitted) !== message.doneNotCommitted) {
+        throw new globalThis.Error("value provided for field message.doneNotCommitted of type uint64 too large");
+      }
+      writer.uint32(80).uint64(message.doneNotCommitted);
     }
     return writer;
   },
@@ -5307,6 +5332,22 @@ export const QueueInfo: MessageFns<QueueInfo> = {
             message.deadLetterTopic = reader.string();
             continue;
           }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.progressAge = Duration.decode(reader, reader.uint32());
+            continue;
+          }
+          case 10: {
+            if (tag !== 80) {
+              break;
+            }
+
+            message.doneNotCommitted = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -5345,6 +5386,16 @@ export const QueueInfo: MessageFns<QueueInfo> = {
         : isSet(object.dead_letter_topic)
         ? globalThis.String(object.dead_letter_topic)
         : "",
+      progressAge: isSet(object.progressAge)
+        ? Duration.fromJSON(object.progressAge)
+        : isSet(object.progress_age)
+        ? Duration.fromJSON(object.progress_age)
+        : undefined,
+      doneNotCommitted: isSet(object.doneNotCommitted)
+        ? BigInt(object.doneNotCommitted)
+        : isSet(object.done_not_committed)
+        ? BigInt(object.done_not_committed)
+        : 0n,
     };
   },
 
@@ -5374,6 +5425,12 @@ export const QueueInfo: MessageFns<QueueInfo> = {
     if (message.deadLetterTopic !== "") {
       obj.deadLetterTopic = message.deadLetterTopic;
     }
+    if (message.progressAge !== undefined) {
+      obj.progressAge = Duration.toJSON(message.progressAge);
+    }
+    if (message.doneNotCommitted !== 0n) {
+      obj.doneNotCommitted = message.doneNotCommitted.toString();
+    }
     return obj;
   },
 
@@ -5398,6 +5455,12 @@ export const QueueInfo: MessageFns<QueueInfo> = {
       ? BigInt(object.deadLetters)
       : 0n;
     message.deadLetterTopic = object.deadLetterTopic ?? "";
+    message.progressAge = (object.progressAge !== undefined && object.progressAge !== null)
+      ? Duration.fromPartial(object.progressAge)
+      : undefined;
+    message.doneNotCommitted = (object.doneNotCommitted !== undefined && object.doneNotCommitted !== null)
+      ? BigInt(object.doneNotCommitted)
+      : 0n;
     return message;
   },
 };

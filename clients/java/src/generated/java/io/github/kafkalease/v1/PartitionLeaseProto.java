@@ -319,72 +319,74 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "address\030\016 \001(\t\022\021\n\tmember_id\030\017 \001(\t\022(\n\005queu" +
       "e\030\021 \001(\0132\031.kafka_lease.v1.QueueInfoB\013\n\t_p" +
       "ositionB\023\n\021_committed_offsetB\021\n\017_high_wa" +
-      "termarkB\006\n\004_lagB\013\n\t_read_lag\"\360\001\n\tQueueIn" +
+      "termarkB\006\n\004_lagB\013\n\t_read_lag\"\275\002\n\tQueueIn" +
       "fo\022/\n\010ordering\030\001 \001(\0162\035.kafka_lease.v1.De" +
       "liveryOrder\022\021\n\tin_flight\030\002 \001(\r\0223\n\020oldest" +
       "_in_flight\030\003 \001(\0132\031.google.protobuf.Durat" +
       "ion\022\017\n\007waiting\030\004 \001(\r\022\022\n\ndeliveries\030\005 \001(\004" +
       "\022\024\n\014redeliveries\030\006 \001(\004\022\024\n\014dead_letters\030\007" +
-      " \001(\004\022\031\n\021dead_letter_topic\030\010 \001(\t\"\353\001\n\016Deli" +
-      "verRequest\022\020\n\010lease_id\030\001 \001(\t\022/\n\010ordering" +
-      "\030\002 \001(\0162\035.kafka_lease.v1.DeliveryOrder\022\025\n" +
-      "\rmax_in_flight\030\003 \001(\r\022\033\n\023max_in_flight_by" +
-      "tes\030\004 \001(\r\022/\n\014ack_deadline\030\005 \001(\0132\031.google" +
-      ".protobuf.Duration\022\026\n\016max_deliveries\030\006 \001" +
-      "(\r\022\031\n\021dead_letter_topic\030\007 \001(\t\"W\n\017Deliver" +
-      "Response\022,\n\ndeliveries\030\001 \003(\0132\030.kafka_lea" +
-      "se.v1.Delivery\022\026\n\016high_watermark\030\002 \001(\003\"v" +
-      "\n\010Delivery\022+\n\006record\030\001 \001(\0132\033.kafka_lease" +
-      ".v1.KafkaRecord\022\017\n\007attempt\030\002 \001(\r\022,\n\010dead" +
-      "line\030\003 \001(\0132\032.google.protobuf.Timestamp\"a" +
-      "\n\022AcknowledgeRequest\022\020\n\010lease_id\030\001 \001(\t\0229" +
-      "\n\020acknowledgements\030\002 \003(\0132\037.kafka_lease.v" +
-      "1.Acknowledgement\"\231\001\n\017Acknowledgement\022\016\n" +
-      "\006offset\030\001 \001(\003\022%\n\004type\030\002 \001(\0162\027.kafka_leas" +
-      "e.v1.AckType\022\017\n\007attempt\030\003 \001(\r\022.\n\013retry_d" +
-      "elay\030\004 \001(\0132\031.google.protobuf.Duration\022\016\n" +
-      "\006reason\030\005 \001(\t\"C\n\023AcknowledgeResponse\022,\n\010" +
-      "outcomes\030\001 \003(\0162\032.kafka_lease.v1.AckOutco" +
-      "me*_\n\013OffsetReset\022\034\n\030OFFSET_RESET_UNSPEC" +
-      "IFIED\020\000\022\031\n\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OF" +
-      "FSET_RESET_LATEST\020\002*s\n\rTimestampType\022\036\n\032" +
-      "TIMESTAMP_TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAM" +
-      "P_TYPE_CREATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_L" +
-      "OG_APPEND_TIME\020\002*\203\001\n\rDeliveryOrder\022\036\n\032DE" +
-      "LIVERY_ORDER_UNSPECIFIED\020\000\022\034\n\030DELIVERY_O" +
-      "RDER_PARTITION\020\001\022\026\n\022DELIVERY_ORDER_KEY\020\002" +
-      "\022\034\n\030DELIVERY_ORDER_UNORDERED\020\003*u\n\007AckTyp" +
-      "e\022\030\n\024ACK_TYPE_UNSPECIFIED\020\000\022\023\n\017ACK_TYPE_" +
-      "ACCEPT\020\001\022\022\n\016ACK_TYPE_RETRY\020\002\022\023\n\017ACK_TYPE" +
-      "_REJECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004*x\n\nAckOutc" +
-      "ome\022\033\n\027ACK_OUTCOME_UNSPECIFIED\020\000\022\027\n\023ACK_" +
-      "OUTCOME_APPLIED\020\001\022\025\n\021ACK_OUTCOME_STALE\020\002" +
-      "\022\035\n\031ACK_OUTCOME_NOT_DELIVERED\020\0032\247\006\n\025Part" +
-      "itionLeaseService\022J\n\007Acquire\022\036.kafka_lea" +
-      "se.v1.AcquireRequest\032\037.kafka_lease.v1.Ac" +
-      "quireResponse\022C\n\004Read\022\033.kafka_lease.v1.R" +
-      "eadRequest\032\034.kafka_lease.v1.ReadResponse" +
-      "0\001\022A\n\004Seek\022\033.kafka_lease.v1.SeekRequest\032" +
-      "\034.kafka_lease.v1.SeekResponse\022G\n\006Commit\022" +
-      "\035.kafka_lease.v1.CommitRequest\032\036.kafka_l" +
-      "ease.v1.CommitResponse\022J\n\007Release\022\036.kafk" +
-      "a_lease.v1.ReleaseRequest\032\037.kafka_lease." +
-      "v1.ReleaseResponse\022R\n\tSubscribe\022 .kafka_" +
-      "lease.v1.SubscribeRequest\032!.kafka_lease." +
-      "v1.SubscribeResponse0\001\022V\n\013ListMembers\022\"." +
-      "kafka_lease.v1.ListMembersRequest\032#.kafk" +
-      "a_lease.v1.ListMembersResponse\022S\n\nListLe" +
-      "ases\022!.kafka_lease.v1.ListLeasesRequest\032" +
-      "\".kafka_lease.v1.ListLeasesResponse\022L\n\007D" +
-      "eliver\022\036.kafka_lease.v1.DeliverRequest\032\037" +
-      ".kafka_lease.v1.DeliverResponse0\001\022V\n\013Ack" +
-      "nowledge\022\".kafka_lease.v1.AcknowledgeReq" +
-      "uest\032#.kafka_lease.v1.AcknowledgeRespons" +
-      "eB\260\001\n\027io.github.kafkalease.v1B\023Partition" +
-      "LeaseProtoP\001ZGgithub.com/kafka-lease/kaf" +
-      "ka-lease/clients/go/kafkaleasev1;kafkale" +
-      "asev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rKafkaLease" +
-      "\\V1\352\002\016KafkaLease::V1b\006proto3"
+      " \001(\004\022\031\n\021dead_letter_topic\030\010 \001(\t\022/\n\014progr" +
+      "ess_age\030\t \001(\0132\031.google.protobuf.Duration" +
+      "\022\032\n\022done_not_committed\030\n \001(\004\"\353\001\n\016Deliver" +
+      "Request\022\020\n\010lease_id\030\001 \001(\t\022/\n\010ordering\030\002 " +
+      "\001(\0162\035.kafka_lease.v1.DeliveryOrder\022\025\n\rma" +
+      "x_in_flight\030\003 \001(\r\022\033\n\023max_in_flight_bytes" +
+      "\030\004 \001(\r\022/\n\014ack_deadline\030\005 \001(\0132\031.google.pr" +
+      "otobuf.Duration\022\026\n\016max_deliveries\030\006 \001(\r\022" +
+      "\031\n\021dead_letter_topic\030\007 \001(\t\"W\n\017DeliverRes" +
+      "ponse\022,\n\ndeliveries\030\001 \003(\0132\030.kafka_lease." +
+      "v1.Delivery\022\026\n\016high_watermark\030\002 \001(\003\"v\n\010D" +
+      "elivery\022+\n\006record\030\001 \001(\0132\033.kafka_lease.v1" +
+      ".KafkaRecord\022\017\n\007attempt\030\002 \001(\r\022,\n\010deadlin" +
+      "e\030\003 \001(\0132\032.google.protobuf.Timestamp\"a\n\022A" +
+      "cknowledgeRequest\022\020\n\010lease_id\030\001 \001(\t\0229\n\020a" +
+      "cknowledgements\030\002 \003(\0132\037.kafka_lease.v1.A" +
+      "cknowledgement\"\231\001\n\017Acknowledgement\022\016\n\006of" +
+      "fset\030\001 \001(\003\022%\n\004type\030\002 \001(\0162\027.kafka_lease.v" +
+      "1.AckType\022\017\n\007attempt\030\003 \001(\r\022.\n\013retry_dela" +
+      "y\030\004 \001(\0132\031.google.protobuf.Duration\022\016\n\006re" +
+      "ason\030\005 \001(\t\"C\n\023AcknowledgeResponse\022,\n\010out" +
+      "comes\030\001 \003(\0162\032.kafka_lease.v1.AckOutcome*" +
+      "_\n\013OffsetReset\022\034\n\030OFFSET_RESET_UNSPECIFI" +
+      "ED\020\000\022\031\n\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSE" +
+      "T_RESET_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIM" +
+      "ESTAMP_TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_T" +
+      "YPE_CREATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_" +
+      "APPEND_TIME\020\002*\203\001\n\rDeliveryOrder\022\036\n\032DELIV" +
+      "ERY_ORDER_UNSPECIFIED\020\000\022\034\n\030DELIVERY_ORDE" +
+      "R_PARTITION\020\001\022\026\n\022DELIVERY_ORDER_KEY\020\002\022\034\n" +
+      "\030DELIVERY_ORDER_UNORDERED\020\003*u\n\007AckType\022\030" +
+      "\n\024ACK_TYPE_UNSPECIFIED\020\000\022\023\n\017ACK_TYPE_ACC" +
+      "EPT\020\001\022\022\n\016ACK_TYPE_RETRY\020\002\022\023\n\017ACK_TYPE_RE" +
+      "JECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004*x\n\nAckOutcome" +
+      "\022\033\n\027ACK_OUTCOME_UNSPECIFIED\020\000\022\027\n\023ACK_OUT" +
+      "COME_APPLIED\020\001\022\025\n\021ACK_OUTCOME_STALE\020\002\022\035\n" +
+      "\031ACK_OUTCOME_NOT_DELIVERED\020\0032\247\006\n\025Partiti" +
+      "onLeaseService\022J\n\007Acquire\022\036.kafka_lease." +
+      "v1.AcquireRequest\032\037.kafka_lease.v1.Acqui" +
+      "reResponse\022C\n\004Read\022\033.kafka_lease.v1.Read" +
+      "Request\032\034.kafka_lease.v1.ReadResponse0\001\022" +
+      "A\n\004Seek\022\033.kafka_lease.v1.SeekRequest\032\034.k" +
+      "afka_lease.v1.SeekResponse\022G\n\006Commit\022\035.k" +
+      "afka_lease.v1.CommitRequest\032\036.kafka_leas" +
+      "e.v1.CommitResponse\022J\n\007Release\022\036.kafka_l" +
+      "ease.v1.ReleaseRequest\032\037.kafka_lease.v1." +
+      "ReleaseResponse\022R\n\tSubscribe\022 .kafka_lea" +
+      "se.v1.SubscribeRequest\032!.kafka_lease.v1." +
+      "SubscribeResponse0\001\022V\n\013ListMembers\022\".kaf" +
+      "ka_lease.v1.ListMembersRequest\032#.kafka_l" +
+      "ease.v1.ListMembersResponse\022S\n\nListLease" +
+      "s\022!.kafka_lease.v1.ListLeasesRequest\032\".k" +
+      "afka_lease.v1.ListLeasesResponse\022L\n\007Deli" +
+      "ver\022\036.kafka_lease.v1.DeliverRequest\032\037.ka" +
+      "fka_lease.v1.DeliverResponse0\001\022V\n\013Acknow" +
+      "ledge\022\".kafka_lease.v1.AcknowledgeReques" +
+      "t\032#.kafka_lease.v1.AcknowledgeResponseB\260" +
+      "\001\n\027io.github.kafkalease.v1B\023PartitionLea" +
+      "seProtoP\001ZGgithub.com/kafka-lease/kafka-" +
+      "lease/clients/go/kafkaleasev1;kafkalease" +
+      "v1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rKafkaLease\\V1" +
+      "\352\002\016KafkaLease::V1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -560,7 +562,7 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
     internal_static_kafka_lease_v1_QueueInfo_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_QueueInfo_descriptor,
-        new java.lang.String[] { "Ordering", "InFlight", "OldestInFlight", "Waiting", "Deliveries", "Redeliveries", "DeadLetters", "DeadLetterTopic", });
+        new java.lang.String[] { "Ordering", "InFlight", "OldestInFlight", "Waiting", "Deliveries", "Redeliveries", "DeadLetters", "DeadLetterTopic", "ProgressAge", "DoneNotCommitted", });
     internal_static_kafka_lease_v1_DeliverRequest_descriptor =
       getDescriptor().getMessageType(28);
     internal_static_kafka_lease_v1_DeliverRequest_fieldAccessorTable = new

@@ -242,6 +242,67 @@ private static final long serialVersionUID = 0L;
     }
   }
 
+  public static final int PROGRESS_AGE_FIELD_NUMBER = 9;
+  private com.google.protobuf.Duration progressAge_;
+  /**
+   * <pre>
+   * How long since the last commit of the queue's progress that landed (since the queue
+   * opened, before the first). The gateway commits about once a second while the progress
+   * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+   * </pre>
+   *
+   * <code>.google.protobuf.Duration progress_age = 9;</code>
+   * @return Whether the progressAge field is set.
+   */
+  @java.lang.Override
+  public boolean hasProgressAge() {
+    return ((bitField0_ & 0x00000002) != 0);
+  }
+  /**
+   * <pre>
+   * How long since the last commit of the queue's progress that landed (since the queue
+   * opened, before the first). The gateway commits about once a second while the progress
+   * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+   * </pre>
+   *
+   * <code>.google.protobuf.Duration progress_age = 9;</code>
+   * @return The progressAge.
+   */
+  @java.lang.Override
+  public com.google.protobuf.Duration getProgressAge() {
+    return progressAge_ == null ? com.google.protobuf.Duration.getDefaultInstance() : progressAge_;
+  }
+  /**
+   * <pre>
+   * How long since the last commit of the queue's progress that landed (since the queue
+   * opened, before the first). The gateway commits about once a second while the progress
+   * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+   * </pre>
+   *
+   * <code>.google.protobuf.Duration progress_age = 9;</code>
+   */
+  @java.lang.Override
+  public com.google.protobuf.DurationOrBuilder getProgressAgeOrBuilder() {
+    return progressAge_ == null ? com.google.protobuf.Duration.getDefaultInstance() : progressAge_;
+  }
+
+  public static final int DONE_NOT_COMMITTED_FIELD_NUMBER = 10;
+  private long doneNotCommitted_ = 0L;
+  /**
+   * <pre>
+   * Records done (accepted, or written to the dead letter topic) that no landed commit
+   * carries yet: what a crash of the serving gateway now would deliver again, beside the
+   * records in flight.
+   * </pre>
+   *
+   * <code>uint64 done_not_committed = 10;</code>
+   * @return The doneNotCommitted.
+   */
+  @java.lang.Override
+  public long getDoneNotCommitted() {
+    return doneNotCommitted_;
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -280,6 +341,12 @@ private static final long serialVersionUID = 0L;
     if (!com.google.protobuf.GeneratedMessage.isStringEmpty(deadLetterTopic_)) {
       com.google.protobuf.GeneratedMessage.writeString(output, 8, deadLetterTopic_);
     }
+    if (((bitField0_ & 0x00000002) != 0)) {
+      output.writeMessage(9, getProgressAge());
+    }
+    if (doneNotCommitted_ != 0L) {
+      output.writeUInt64(10, doneNotCommitted_);
+    }
     getUnknownFields().writeTo(output);
   }
   private int computeSerializedSize_0() {
@@ -314,6 +381,14 @@ private static final long serialVersionUID = 0L;
     }
     if (!com.google.protobuf.GeneratedMessage.isStringEmpty(deadLetterTopic_)) {
       size += com.google.protobuf.GeneratedMessage.computeStringSize(8, deadLetterTopic_);
+    }
+    if (((bitField0_ & 0x00000002) != 0)) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeMessageSize(9, getProgressAge());
+    }
+    if (doneNotCommitted_ != 0L) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeUInt64Size(10, doneNotCommitted_);
     }
     return size;
   }
@@ -357,6 +432,13 @@ private static final long serialVersionUID = 0L;
         != other.getDeadLetters()) return false;
     if (!getDeadLetterTopic()
         .equals(other.getDeadLetterTopic())) return false;
+    if (hasProgressAge() != other.hasProgressAge()) return false;
+    if (hasProgressAge()) {
+      if (!getProgressAge()
+          .equals(other.getProgressAge())) return false;
+    }
+    if (getDoneNotCommitted()
+        != other.getDoneNotCommitted()) return false;
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -389,6 +471,13 @@ private static final long serialVersionUID = 0L;
         getDeadLetters());
     hash = (37 * hash) + DEAD_LETTER_TOPIC_FIELD_NUMBER;
     hash = (53 * hash) + getDeadLetterTopic().hashCode();
+    if (hasProgressAge()) {
+      hash = (37 * hash) + PROGRESS_AGE_FIELD_NUMBER;
+      hash = (53 * hash) + getProgressAge().hashCode();
+    }
+    hash = (37 * hash) + DONE_NOT_COMMITTED_FIELD_NUMBER;
+    hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
+        getDoneNotCommitted());
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
     return hash;
@@ -524,6 +613,7 @@ private static final long serialVersionUID = 0L;
       if (com.google.protobuf.GeneratedMessage
               .alwaysUseFieldBuilders) {
         internalGetOldestInFlightFieldBuilder();
+        internalGetProgressAgeFieldBuilder();
       }
     }
     @java.lang.Override
@@ -542,6 +632,12 @@ private static final long serialVersionUID = 0L;
       redeliveries_ = 0L;
       deadLetters_ = 0L;
       deadLetterTopic_ = "";
+      progressAge_ = null;
+      if (progressAgeBuilder_ != null) {
+        progressAgeBuilder_.dispose();
+        progressAgeBuilder_ = null;
+      }
+      doneNotCommitted_ = 0L;
       return this;
     }
 
@@ -603,6 +699,15 @@ private static final long serialVersionUID = 0L;
       if (((from_bitField0_ & 0x00000080) != 0)) {
         result.deadLetterTopic_ = deadLetterTopic_;
       }
+      if (((from_bitField0_ & 0x00000100) != 0)) {
+        result.progressAge_ = progressAgeBuilder_ == null
+            ? progressAge_
+            : progressAgeBuilder_.build();
+        to_bitField0_ |= 0x00000002;
+      }
+      if (((from_bitField0_ & 0x00000200) != 0)) {
+        result.doneNotCommitted_ = doneNotCommitted_;
+      }
       result.bitField0_ |= to_bitField0_;
     }
 
@@ -643,6 +748,12 @@ private static final long serialVersionUID = 0L;
         deadLetterTopic_ = other.deadLetterTopic_;
         bitField0_ |= 0x00000080;
         onChanged();
+      }
+      if (other.hasProgressAge()) {
+        mergeProgressAge(other.getProgressAge());
+      }
+      if (other.getDoneNotCommitted() != 0L) {
+        setDoneNotCommitted(other.getDoneNotCommitted());
       }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
@@ -710,6 +821,18 @@ private static final long serialVersionUID = 0L;
               bitField0_ |= 0x00000080;
               break;
             } // case 66
+            case 74: {
+              input.readMessage(
+                  internalGetProgressAgeFieldBuilder().getBuilder(),
+                  extensionRegistry);
+              bitField0_ |= 0x00000100;
+              break;
+            } // case 74
+            case 80: {
+              doneNotCommitted_ = input.readUInt64();
+              bitField0_ |= 0x00000200;
+              break;
+            } // case 80
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -1265,6 +1388,229 @@ private static final long serialVersionUID = 0L;
       checkByteStringIsUtf8(value);
       deadLetterTopic_ = value;
       bitField0_ |= 0x00000080;
+      onChanged();
+      return this;
+    }
+
+    private com.google.protobuf.Duration progressAge_;
+    private com.google.protobuf.SingleFieldBuilder<
+        com.google.protobuf.Duration, com.google.protobuf.Duration.Builder, com.google.protobuf.DurationOrBuilder> progressAgeBuilder_;
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     * @return Whether the progressAge field is set.
+     */
+    public boolean hasProgressAge() {
+      return ((bitField0_ & 0x00000100) != 0);
+    }
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     * @return The progressAge.
+     */
+    public com.google.protobuf.Duration getProgressAge() {
+      if (progressAgeBuilder_ == null) {
+        return progressAge_ == null ? com.google.protobuf.Duration.getDefaultInstance() : progressAge_;
+      } else {
+        return progressAgeBuilder_.getMessage();
+      }
+    }
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     */
+    public Builder setProgressAge(com.google.protobuf.Duration value) {
+      if (progressAgeBuilder_ == null) {
+        java.util.Objects.requireNonNull(value);
+        progressAge_ = value;
+      } else {
+        progressAgeBuilder_.setMessage(value);
+      }
+      bitField0_ |= 0x00000100;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     */
+    public Builder setProgressAge(
+        com.google.protobuf.Duration.Builder builderForValue) {
+      if (progressAgeBuilder_ == null) {
+        progressAge_ = builderForValue.build();
+      } else {
+        progressAgeBuilder_.setMessage(builderForValue.build());
+      }
+      bitField0_ |= 0x00000100;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     */
+    public Builder mergeProgressAge(com.google.protobuf.Duration value) {
+      if (progressAgeBuilder_ == null) {
+        if (((bitField0_ & 0x00000100) != 0) &&
+          progressAge_ != null &&
+          progressAge_ != com.google.protobuf.Duration.getDefaultInstance()) {
+          getProgressAgeBuilder().mergeFrom(value);
+        } else {
+          progressAge_ = value;
+        }
+      } else {
+        progressAgeBuilder_.mergeFrom(value);
+      }
+      if (progressAge_ != null) {
+        bitField0_ |= 0x00000100;
+        onChanged();
+      }
+      return this;
+    }
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     */
+    public Builder clearProgressAge() {
+      bitField0_ = (bitField0_ & ~0x00000100);
+      progressAge_ = null;
+      if (progressAgeBuilder_ != null) {
+        progressAgeBuilder_.dispose();
+        progressAgeBuilder_ = null;
+      }
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     */
+    public com.google.protobuf.Duration.Builder getProgressAgeBuilder() {
+      bitField0_ |= 0x00000100;
+      onChanged();
+      return internalGetProgressAgeFieldBuilder().getBuilder();
+    }
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     */
+    public com.google.protobuf.DurationOrBuilder getProgressAgeOrBuilder() {
+      if (progressAgeBuilder_ != null) {
+        return progressAgeBuilder_.getMessageOrBuilder();
+      } else {
+        return progressAge_ == null ?
+            com.google.protobuf.Duration.getDefaultInstance() : progressAge_;
+      }
+    }
+    /**
+     * <pre>
+     * How long since the last commit of the queue's progress that landed (since the queue
+     * opened, before the first). The gateway commits about once a second while the progress
+     * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+     * </pre>
+     *
+     * <code>.google.protobuf.Duration progress_age = 9;</code>
+     */
+    private com.google.protobuf.SingleFieldBuilder<
+        com.google.protobuf.Duration, com.google.protobuf.Duration.Builder, com.google.protobuf.DurationOrBuilder> 
+        internalGetProgressAgeFieldBuilder() {
+      if (progressAgeBuilder_ == null) {
+        progressAgeBuilder_ = new com.google.protobuf.SingleFieldBuilder<
+            com.google.protobuf.Duration, com.google.protobuf.Duration.Builder, com.google.protobuf.DurationOrBuilder>(
+                getProgressAge(),
+                getParentForChildren(),
+                isClean());
+        progressAge_ = null;
+      }
+      return progressAgeBuilder_;
+    }
+
+    private long doneNotCommitted_ ;
+    /**
+     * <pre>
+     * Records done (accepted, or written to the dead letter topic) that no landed commit
+     * carries yet: what a crash of the serving gateway now would deliver again, beside the
+     * records in flight.
+     * </pre>
+     *
+     * <code>uint64 done_not_committed = 10;</code>
+     * @return The doneNotCommitted.
+     */
+    @java.lang.Override
+    public long getDoneNotCommitted() {
+      return doneNotCommitted_;
+    }
+    /**
+     * <pre>
+     * Records done (accepted, or written to the dead letter topic) that no landed commit
+     * carries yet: what a crash of the serving gateway now would deliver again, beside the
+     * records in flight.
+     * </pre>
+     *
+     * <code>uint64 done_not_committed = 10;</code>
+     * @param value The doneNotCommitted to set.
+     * @return This builder for chaining.
+     */
+    public Builder setDoneNotCommitted(long value) {
+
+      doneNotCommitted_ = value;
+      bitField0_ |= 0x00000200;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Records done (accepted, or written to the dead letter topic) that no landed commit
+     * carries yet: what a crash of the serving gateway now would deliver again, beside the
+     * records in flight.
+     * </pre>
+     *
+     * <code>uint64 done_not_committed = 10;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearDoneNotCommitted() {
+      bitField0_ = (bitField0_ & ~0x00000200);
+      doneNotCommitted_ = 0L;
       onChanged();
       return this;
     }

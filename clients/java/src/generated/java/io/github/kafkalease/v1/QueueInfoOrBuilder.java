@@ -126,4 +126,49 @@ public interface QueueInfoOrBuilder extends
    */
   com.google.protobuf.ByteString
       getDeadLetterTopicBytes();
+
+  /**
+   * <pre>
+   * How long since the last commit of the queue's progress that landed (since the queue
+   * opened, before the first). The gateway commits about once a second while the progress
+   * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+   * </pre>
+   *
+   * <code>.google.protobuf.Duration progress_age = 9;</code>
+   * @return Whether the progressAge field is set.
+   */
+  boolean hasProgressAge();
+  /**
+   * <pre>
+   * How long since the last commit of the queue's progress that landed (since the queue
+   * opened, before the first). The gateway commits about once a second while the progress
+   * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+   * </pre>
+   *
+   * <code>.google.protobuf.Duration progress_age = 9;</code>
+   * @return The progressAge.
+   */
+  com.google.protobuf.Duration getProgressAge();
+  /**
+   * <pre>
+   * How long since the last commit of the queue's progress that landed (since the queue
+   * opened, before the first). The gateway commits about once a second while the progress
+   * changes, so a large age with `done_not_committed` above 0 means commits are failing.
+   * </pre>
+   *
+   * <code>.google.protobuf.Duration progress_age = 9;</code>
+   */
+  com.google.protobuf.DurationOrBuilder getProgressAgeOrBuilder();
+
+  /**
+   * <pre>
+   * Records done (accepted, or written to the dead letter topic) that no landed commit
+   * carries yet: what a crash of the serving gateway now would deliver again, beside the
+   * records in flight.
+   * </pre>
+   *
+   * <code>uint64 done_not_committed = 10;</code>
+   * @return The doneNotCommitted.
+   */
+  long getDoneNotCommitted();
 }
