@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
 
+pub mod compare;
 mod consul;
 mod env;
 pub mod member;

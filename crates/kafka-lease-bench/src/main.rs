@@ -10,8 +10,10 @@ use kafka_lease_bench::{Config, Mode, SCENARIOS};
 /// Benchmarks the kafka-lease gateway against direct Kafka and Consul baselines, in the same
 /// run, on the services of `scripts/services up`.
 #[derive(Debug, Parser)]
-#[command(version, after_help = after_help())]
+#[command(version, after_help = after_help(), args_conflicts_with_subcommands = true)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Quick mode: the whole run in under 5 minutes on 2 cores.
     #[arg(long, conflicts_with = "smoke")]
     quick: bool,
@@ -37,6 +39,20 @@ struct Cli {
     queue_member: Option<Vec<String>>,
 }
 
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Compares two runs' results.json (e.g. the last publication and a new run): lists
+    /// every row whose ratio moved the wrong way by more than its noise band (its rounds'
+    /// spread, at least 10 %), and exits 1 when a row that met its goal in OLD misses it in
+    /// NEW. Only ratios are compared; each run's machine line (run.json beside it) is shown.
+    Compare {
+        /// The earlier run's results.json.
+        old: PathBuf,
+        /// The later run's results.json.
+        new: PathBuf,
+    },
+}
+
 fn after_help() -> String {
     format!(
         "Scenarios: {}.\nNeeds the services: scripts/services up. Build the gateway first: \
@@ -48,6 +64,19 @@ fn after_help() -> String {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::Compare { old, new }) = &cli.command {
+        return match kafka_lease_bench::compare::run(old, new) {
+            Ok(false) => ExitCode::SUCCESS,
+            Ok(true) => {
+                eprintln!("kafka-lease-bench compare: a row that met its goal misses it now");
+                ExitCode::FAILURE
+            }
+            Err(err) => {
+                eprintln!("kafka-lease-bench compare: {err:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     if let Some(values) = cli.queue_member {
         let outcome = match kafka_lease_bench::member::MemberArgs::parse(&values) {
             Ok(args) => kafka_lease_bench::member::run(args).await,
