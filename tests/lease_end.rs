@@ -21,18 +21,26 @@ use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cut_off_from_consul_for_a_session_ttl_every_idle_read_ends_lease_lost_together() {
-    let services = kafka_lease_testkit::require_services!();
-    let (relay, relayed) = consul_relay(&services).await;
-    // TTL-only: the agent's check would dial the gateway directly, around the relay.
+/// A gateway that reaches Consul through a relay the test can hold or cut. TTL-only: the
+/// agent's check would dial the gateway directly, around the relay.
+async fn gateway_behind_a_relay(
+    services: &kafka_lease_testkit::Services,
+) -> (kafka_lease_testkit::Relay, GatewayProcess) {
+    let (relay, relayed) = consul_relay(services).await;
     let gateway = GatewayProcess::start(
-        &services,
+        services,
         &unique_prefix(),
         &unique_name("gw"),
         &["--consul", &relayed, "--consul-check", "none"],
     )
     .await;
+    (relay, gateway)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_from_consul_for_a_session_ttl_every_idle_read_ends_lease_lost_together() {
+    let services = kafka_lease_testkit::require_services!();
+    let (relay, gateway) = gateway_behind_a_relay(&services).await;
     const LEASES: i32 = 6;
     let topic = create_topic(&services, LEASES).await;
     let group = unique_name("g");
@@ -105,14 +113,7 @@ async fn cut_off_from_consul_for_a_session_ttl_every_idle_read_ends_lease_lost_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_consul_outage_suspends_a_lease_and_the_same_read_goes_on() {
     let services = kafka_lease_testkit::require_services!();
-    let (relay, relayed) = consul_relay(&services).await;
-    let gateway = GatewayProcess::start(
-        &services,
-        &unique_prefix(),
-        &unique_name("gw"),
-        &["--consul", &relayed, "--consul-check", "none"],
-    )
-    .await;
+    let (relay, gateway) = gateway_behind_a_relay(&services).await;
     let topic = create_topic(&services, 1).await;
     let group = unique_name("g");
     let kafka = producer(&services);
@@ -286,14 +287,7 @@ async fn a_gateway_started_while_consul_answers_nothing_waits_for_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_client_goes_away_mid_release_still_frees_the_partition() {
     let services = kafka_lease_testkit::require_services!();
-    let (relay, relayed) = consul_relay(&services).await;
-    let gateway = GatewayProcess::start(
-        &services,
-        &unique_prefix(),
-        &unique_name("gw"),
-        &["--consul", &relayed, "--consul-check", "none"],
-    )
-    .await;
+    let (relay, gateway) = gateway_behind_a_relay(&services).await;
     let topic = create_topic(&services, 1).await;
     let group = unique_name("g");
     let client = gateway.client().await;
