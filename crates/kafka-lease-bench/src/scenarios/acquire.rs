@@ -485,6 +485,23 @@ pub(crate) async fn run(env: &Env) -> Result<Vec<ScenarioResult>> {
     direct_details.insert("direct_p50_ms".into(), r3(d50).into());
     direct_details.insert("gateway_p99_ms".into(), r3(g99).into());
     direct_details.insert("direct_p99_ms".into(), r3(d99).into());
+    // Each round's p99s, so that `compare` can tell this row's noise from a slip.
+    direct_details.insert(
+        "rounds".into(),
+        rounds
+            .iter()
+            .zip(&direct_rounds)
+            .enumerate()
+            .map(|(i, ((g, _), d))| {
+                json!({
+                    "round": i + 1,
+                    "gateway_p99_ms": r3(percentile(&g.cycle_ms, 99.0)),
+                    "direct_p99_ms": r3(percentile(&d.cycle_ms, 99.0)),
+                })
+            })
+            .collect::<Vec<_>>()
+            .into(),
+    );
     direct_details.insert("direct_baseline".into(), "in the bench process: the raw Consul cycle of the first row around the two Kafka lookups every Acquire needs (the group's committed offset, and the partition's watermarks, asked at once as the gateway does) through an rdkafka BaseConsumer with the gateway's settings".into());
     let direct_row = Row {
         name: "acquire-release-direct".into(),
