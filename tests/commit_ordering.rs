@@ -10,17 +10,15 @@
 
 mod support;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use kafka_lease_client::{AcquireOptions, Client};
 use kafka_lease_proto::v1::{CommitRequest, CommitResponse};
-use kafka_lease_testkit::{unique_name, wait_for, Relay, Services};
+use kafka_lease_testkit::{unique_name, wait_for, Relay};
 use support::{
-    consul_relay, create_topic, kafka_committed, metric_value, produce_n, producer, scrape,
-    unique_prefix, GatewayProcess,
+    consul_relay, create_topic, kafka_committed, metric_value, produce_n, producer, relay_kafka,
+    scrape, unique_prefix, GatewayProcess,
 };
-use tokio::sync::MutexGuard;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -29,26 +27,6 @@ const DEADLINE: Duration = Duration::from_secs(60);
 /// How long the test holds A's traffic at most when nothing else lets it go: a successor
 /// that could commit while A's commit is held would have done so long before.
 const HOLD_AT_MOST: Duration = Duration::from_secs(3);
-
-/// The broker's `RELAYED` listener advertises one fixed port, so one test at a time relays it.
-static RELAYED_PORT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn loopback(port: &str) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], port.parse().expect("a port number")))
-}
-
-/// A relay on the broker's advertised `RELAYED` port, with the guard that keeps it this
-/// test's until the end.
-async fn relay_kafka(services: &Services) -> (MutexGuard<'static, ()>, Relay) {
-    let guard = RELAYED_PORT.lock().await;
-    let relay = Relay::start_at(
-        loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_ADVERTISED_PORT")),
-        loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_LISTEN_PORT")),
-    )
-    .await
-    .expect("a relay on the broker's advertised RELAYED port");
-    (guard, relay)
-}
 
 /// Holds `relay` (gateway A's way to Kafka) and commits `offset` on `lease_id` through
 /// `client`; returns once A has passed the fence check and sent the commit into the hold.

@@ -184,6 +184,33 @@ pub async fn consul_relay(services: &Services) -> (kafka_lease_testkit::Relay, S
     (relay, addr)
 }
 
+/// The broker's `RELAYED` listener advertises one fixed port, so one test at a time relays
+/// it (the test binaries run one after another).
+static RELAYED_PORT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn loopback(port: &str) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], port.parse().expect("a port number")))
+}
+
+/// A relay on the broker's advertised `RELAYED` port, with the guard that keeps it this
+/// test's until the end: a gateway started with `--kafka <relay address>` reaches Kafka only
+/// through it, so every byte it sends Kafka can be held.
+pub async fn relay_kafka(
+    services: &Services,
+) -> (
+    tokio::sync::MutexGuard<'static, ()>,
+    kafka_lease_testkit::Relay,
+) {
+    let guard = RELAYED_PORT.lock().await;
+    let relay = kafka_lease_testkit::Relay::start_at(
+        loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_ADVERTISED_PORT")),
+        loopback(services.var("KAFKA_LEASE_KAFKA_RELAYED_LISTEN_PORT")),
+    )
+    .await
+    .expect("a relay on the broker's advertised RELAYED port");
+    (guard, relay)
+}
+
 /// A fresh Consul key prefix for one test, so tests never see each other's locks.
 pub fn unique_prefix() -> String {
     format!("kafka-lease-test/{}", unique_name("p"))

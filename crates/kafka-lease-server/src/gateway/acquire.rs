@@ -71,6 +71,13 @@ impl GrantGuard<'_> {
             .expect("a guard holds its grant until taken")
     }
 
+    fn session(&self) -> &str {
+        self.grant
+            .as_ref()
+            .map(LockGrant::session)
+            .expect("a guard holds its grant until taken")
+    }
+
     fn take(mut self) -> LockGrant {
         self.grant
             .take()
@@ -113,6 +120,10 @@ enum Attempt {
     Delayed,
     /// Taken on this instance since it was offered.
     Local,
+    /// Locked, but the lock's session ended before the lease was installed: the grant is
+    /// given back (void with its session) and the partition is tried again under the new
+    /// session, which Consul refuses for the lock-delay.
+    SessionEnded,
 }
 
 impl Gateway {
@@ -170,9 +181,11 @@ impl Gateway {
                     Attempt::Delayed => {
                         Tried::Delayed(Instant::now() + self.locks.wait_cut(&key, DELAY_CAP))
                     }
-                    // Taken here a moment ago (a lease, an attempt, a release in flight):
-                    // look again shortly.
-                    Attempt::Local => Tried::Delayed(Instant::now() + LOCAL_PAUSE),
+                    // Taken here a moment ago (a lease, an attempt, a release in flight), or
+                    // locked under a session that has just ended: look again shortly.
+                    Attempt::Local | Attempt::SessionEnded => {
+                        Tried::Delayed(Instant::now() + LOCAL_PAUSE)
+                    }
                 };
                 ticket.tried(partition, tried);
                 continue;
@@ -362,7 +375,9 @@ impl Gateway {
             grant: Some(grant),
         };
         let token = grant.grant.as_ref().map(LockGrant::token);
-        let granted = self.open_lease(spec, id, holder.clone(), grant).await?;
+        let Some(granted) = self.open_lease(spec, id, holder.clone(), grant).await? else {
+            return Ok(Attempt::SessionEnded);
+        };
         claim.installed = true;
         let held = HeldPartition {
             token,
@@ -446,15 +461,15 @@ impl Gateway {
         })
     }
 
-    /// Finds where the lease starts, starts fetching and puts the lease in the table. On
-    /// failure the guard gives the lock back.
+    /// Finds where the lease starts, starts fetching and puts the lease in the table; `None`
+    /// when the lock's session ended meanwhile. On failure the guard gives the lock back.
     async fn open_lease(
         &self,
         spec: &AcquireSpec,
         id: LeaseId,
         holder: HolderInfo,
         grant: GrantGuard<'_>,
-    ) -> Result<Granted, LeaseError> {
+    ) -> Result<Option<Granted>, LeaseError> {
         let key = grant.key().clone();
         let prepared = async {
             let group_client = self.kafka.group(&key.group)?;
@@ -501,6 +516,21 @@ impl Gateway {
         }
         .await;
         let (start, committed, high, feed, group_client) = prepared?;
+        // The session the lock was taken under may have ended while the lease was being
+        // opened (Kafka can take seconds), and the sweep that ends its leases
+        // ([`Gateway::on_session_state`]) has then already run without this one: a lease
+        // installed now would outlive its lock. Checked under the table's lock, which the
+        // sweep takes too: either the session is still live when the lease goes in (a later
+        // sweep finds it), or the attempt gives the grant back (its guard) and ends here.
+        let mut table = self.table();
+        if self.live_session().as_deref() != Some(grant.session()) {
+            drop(table);
+            tracing::info!(
+                key = %key,
+                "the lock session ended while the lease was being opened; not granting it",
+            );
+            return Ok(None);
+        }
         let grant = grant.take();
         let token = grant.token();
         let lease = Lease::new(LeaseParts {
@@ -517,12 +547,13 @@ impl Gateway {
             group_client,
             locks: self.locks.clone(),
         });
-        self.table().install(lease.clone(), spec.via);
+        table.install(lease.clone(), spec.via);
+        drop(table);
         metrics::counter!(crate::metrics::LEASES_GRANTED).increment(1);
         tracing::info!(parent: &lease.span, member = %spec.member, offset = start, "lease granted");
         self.spawn_supervisor(lease.clone());
         let snapshot = lease.snapshot();
-        Ok(Granted {
+        Ok(Some(Granted {
             lease_id: id,
             key,
             fencing_token: token,
@@ -531,7 +562,7 @@ impl Gateway {
             expires_at: snapshot.expires_at,
             ttl: spec.ttl,
             gateway: self.instance.clone(),
-        })
+        }))
     }
 
     /// Ends the lease when it has been idle past its TTL.
