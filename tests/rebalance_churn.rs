@@ -38,9 +38,9 @@ const MAX_MEMBERS: usize = 6;
 const CHANGE_DEADLINE: Duration = Duration::from_secs(30);
 const KILL_DEADLINE: Duration = Duration::from_secs(60);
 const GOAL: Duration = Duration::from_secs(1);
-/// What the gateways log when a member is granted a partition beyond its share in its own
-/// newest view (and hands it back): must never happen.
-const HANDED_BACK: &str = "beyond its share in its newest view";
+/// What the gateways log when a member is granted a partition its newest target no longer
+/// gives it (and hands it back): must never happen.
+const HANDED_BACK: &str = "no longer its own in the newest target";
 
 /// A small seeded generator (splitmix64), so a run can be replayed from its seed.
 struct Rng(u64);

@@ -401,6 +401,15 @@ async fn members_share_a_topic_move_only_what_must_move_and_lose_no_record() {
             "each partition once"
         );
         assert_eq!(members[2].gateway, b.instance, "m3 is on B");
+        // One target per change, read alike from either gateway: four joins, four epochs;
+        // settled, each member holds what its target gives it.
+        let epoch = members[0].group_epoch;
+        assert_eq!(epoch, 4, "the epoch after four joins");
+        for m in &members {
+            assert_eq!(m.group_epoch, epoch, "{m:?}");
+            assert!(!m.awaiting_target, "{m:?}");
+            assert_eq!(m.target_partitions, m.partitions, "{m:?}");
+        }
     }
 
     // m4's client process is killed (SIGKILL); m3's gateway is killed. m1 and m2 (on A)

@@ -2332,9 +2332,20 @@ type MemberInfo struct {
 	// When the member joined the group.
 	JoinedAt *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=joined_at,json=joinedAt,proto3" json:"joined_at,omitempty"`
 	// The partitions of the topic its leases hold, ascending.
-	Partitions    []int32 `protobuf:"varint,8,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Partitions []int32 `protobuf:"varint,8,rep,packed,name=partitions,proto3" json:"partitions,omitempty"`
+	// The epoch of the topic's target assignment for the group: the one assignment, computed
+	// once by one gateway at every membership change, that every member moves toward (see
+	// docs/ARCHITECTURE.md, "Subscriptions"). One more at every change; 0 while none was
+	// published.
+	GroupEpoch uint64 `protobuf:"varint,9,opt,name=group_epoch,json=groupEpoch,proto3" json:"group_epoch,omitempty"`
+	// The partitions that target gives this member, ascending: what `partitions` becomes once
+	// the members have moved (a partition moves when its holder has let it go).
+	TargetPartitions []int32 `protobuf:"varint,10,rep,packed,name=target_partitions,json=targetPartitions,proto3" json:"target_partitions,omitempty"`
+	// The member joined after that target was computed: it has no target partitions until the
+	// next epoch, which its join starts (normally within milliseconds).
+	AwaitingTarget bool `protobuf:"varint,11,opt,name=awaiting_target,json=awaitingTarget,proto3" json:"awaiting_target,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *MemberInfo) Reset() {
@@ -2421,6 +2432,27 @@ func (x *MemberInfo) GetPartitions() []int32 {
 		return x.Partitions
 	}
 	return nil
+}
+
+func (x *MemberInfo) GetGroupEpoch() uint64 {
+	if x != nil {
+		return x.GroupEpoch
+	}
+	return 0
+}
+
+func (x *MemberInfo) GetTargetPartitions() []int32 {
+	if x != nil {
+		return x.TargetPartitions
+	}
+	return nil
+}
+
+func (x *MemberInfo) GetAwaitingTarget() bool {
+	if x != nil {
+		return x.AwaitingTarget
+	}
+	return false
 }
 
 // The request of ListLeases: optional filters and paging.
@@ -3464,7 +3496,7 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\x05topic\x18\x02 \x01(\tH\x00R\x05topic\x88\x01\x01B\b\n" +
 	"\x06_topic\"K\n" +
 	"\x13ListMembersResponse\x124\n" +
-	"\amembers\x18\x01 \x03(\v2\x1a.kafka_lease.v1.MemberInfoR\amembers\"\x87\x02\n" +
+	"\amembers\x18\x01 \x03(\v2\x1a.kafka_lease.v1.MemberInfoR\amembers\"\xfe\x02\n" +
 	"\n" +
 	"MemberInfo\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
@@ -3476,7 +3508,12 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"\tjoined_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bjoinedAt\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\b \x03(\x05R\n" +
-	"partitions\"\x99\x01\n" +
+	"partitions\x12\x1f\n" +
+	"\vgroup_epoch\x18\t \x01(\x04R\n" +
+	"groupEpoch\x12+\n" +
+	"\x11target_partitions\x18\n" +
+	" \x03(\x05R\x10targetPartitions\x12'\n" +
+	"\x0fawaiting_target\x18\v \x01(\bR\x0eawaitingTarget\"\x99\x01\n" +
 	"\x11ListLeasesRequest\x12\x19\n" +
 	"\x05group\x18\x01 \x01(\tH\x00R\x05group\x88\x01\x01\x12\x19\n" +
 	"\x05topic\x18\x02 \x01(\tH\x01R\x05topic\x88\x01\x01\x12\x1b\n" +

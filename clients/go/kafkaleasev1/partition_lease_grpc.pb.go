@@ -149,7 +149,8 @@ type PartitionLeaseServiceClient interface {
 	// comes back through another one, cannot be reached).
 	Subscribe(ctx context.Context, in *SubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SubscribeResponse], error)
 	// Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-	// read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+	// read from Consul, each with the partitions it holds and those the group's current target
+	// assignment gives it, with that target's epoch. Ordered by topic, then member id.
 	//
 	// Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
@@ -434,7 +435,8 @@ type PartitionLeaseServiceServer interface {
 	// comes back through another one, cannot be reached).
 	Subscribe(*SubscribeRequest, grpc.ServerStreamingServer[SubscribeResponse]) error
 	// Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-	// read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+	// read from Consul, each with the partitions it holds and those the group's current target
+	// assignment gives it, with that target's epoch. Ordered by topic, then member id.
 	//
 	// Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)

@@ -226,7 +226,8 @@ impl Client {
     }
 
     /// The members subscribed to `group` (every topic, or only `topic`), across every
-    /// gateway instance, each with the partitions it holds: [`proto::MemberInfo`] as the
+    /// gateway instance, each with the partitions it holds, its topic's group epoch and the
+    /// partitions that epoch's target assignment gives it: [`proto::MemberInfo`] as the
     /// gateway sends it.
     ///
     /// # Errors

@@ -219,6 +219,53 @@ pub struct TopicView {
     /// Member id → its record: the members of the subscriptions to this (group, topic) whose
     /// gateway's session lives.
     pub members: std::collections::BTreeMap<String, MemberRecord>,
+    /// The target assignment of the newest epoch published for this (group, topic), if any.
+    pub target: Option<PublishedTarget>,
+}
+
+/// The target assignment of one epoch of a (group, topic)'s subscriptions: which partitions
+/// each member is to hold, computed once by one gateway from one view of the membership and
+/// stored beside the topic's locks (`<group>/<topic>/~target`), so that every gateway reads
+/// the same one. Members only move toward the newest target they have seen (see
+/// docs/ARCHITECTURE.md, "Subscriptions").
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupTarget {
+    /// One more than the epoch it replaced; the first target is epoch 1.
+    pub epoch: u64,
+    /// The topic's partition count it was computed for.
+    pub partitions: i32,
+    /// The members it was computed for: member id → its cap (0: none).
+    pub members: std::collections::BTreeMap<String, u32>,
+    /// The partitions Acquire leases (not members) held when it was computed: no member's.
+    #[serde(default)]
+    pub reserved: std::collections::BTreeSet<i32>,
+    /// Member id → the partitions it is to hold, ascending. Every member of `members` is
+    /// here, perhaps with none.
+    pub assignment: std::collections::BTreeMap<String, Vec<i32>>,
+    /// The gateway instance that computed it.
+    #[serde(default)]
+    pub computed_by: String,
+    /// When, in milliseconds since the Unix epoch.
+    #[serde(default)]
+    pub computed_at_ms: u64,
+}
+
+impl GroupTarget {
+    /// The member the target gives `partition` to, if any.
+    pub fn owner_of(&self, partition: i32) -> Option<&str> {
+        self.assignment
+            .iter()
+            .find(|(_, partitions)| partitions.contains(&partition))
+            .map(|(member, _)| member.as_str())
+    }
+}
+
+/// A [`GroupTarget`] as stored: with the backend index of its write, which the next epoch's
+/// write must name to replace it (check-and-set).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishedTarget {
+    pub target: GroupTarget,
+    pub index: u64,
 }
 
 /// A member subscribed to a (group, topic), as its gateway records it beside the topic's
@@ -352,6 +399,24 @@ pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
     /// The members subscribed to the topics of `group` (see [`MemberRecord`]) whose
     /// gateway's session lives: (topic, record), ordered by topic and member id.
     async fn members(&self, group: &str) -> Result<Vec<(String, MemberRecord)>, CoordinationError>;
+
+    /// Publishes `target` as the target assignment of (`group`, `topic`) if the stored one is
+    /// still the one written at `replaces` (`None`: if none is stored): one check-and-set
+    /// write, not bound to any session. `Ok(false)` when another write came first (the next
+    /// view shows it).
+    async fn publish_target(
+        &self,
+        group: &str,
+        topic: &str,
+        target: &GroupTarget,
+        replaces: Option<u64>,
+    ) -> Result<bool, CoordinationError>;
+
+    /// The published targets of the topics of `group`: topic → target, one read.
+    async fn targets(
+        &self,
+        group: &str,
+    ) -> Result<std::collections::BTreeMap<String, PublishedTarget>, CoordinationError>;
 
     /// Every held lock under the prefix, optionally only one group's, ordered by key.
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError>;

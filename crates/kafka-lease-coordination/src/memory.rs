@@ -16,8 +16,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::contract::{
-    Acquisition, CoordinationError, FencingToken, HeldLock, HeldPartition, HolderInfo, LockBackend,
-    LockGrant, LockKey, MemberRecord, SessionState, TopicView,
+    Acquisition, CoordinationError, FencingToken, GroupTarget, HeldLock, HeldPartition, HolderInfo,
+    LockBackend, LockGrant, LockKey, MemberRecord, PublishedTarget, SessionState, TopicView,
 };
 
 /// How far ahead [`LockBackend::valid_until`] of a live in-memory session lies.
@@ -50,6 +50,9 @@ struct Table {
     instances: HashMap<String, (String, String)>,
     /// `(group, topic)` → member id → (the session that holds its record, the record).
     members: HashMap<(String, String), BTreeMap<String, (String, MemberRecord)>>,
+    /// `(group, topic)` → its target assignment, with the index of its write; bound to no
+    /// session.
+    targets: HashMap<(String, String), PublishedTarget>,
 }
 
 #[derive(Debug, Clone)]
@@ -106,10 +109,15 @@ impl Table {
                     .collect()
             })
             .unwrap_or_default();
+        let target = self
+            .targets
+            .get(&(group.to_string(), topic.to_string()))
+            .cloned();
         TopicView {
             index,
             held,
             members,
+            target,
         }
     }
 
@@ -474,6 +482,49 @@ impl LockBackend for MemoryLocks {
             .collect();
         members.sort_by(|a, b| (&a.0, &a.1.member_id).cmp(&(&b.0, &b.1.member_id)));
         Ok(members)
+    }
+
+    async fn publish_target(
+        &self,
+        group: &str,
+        topic: &str,
+        target: &GroupTarget,
+        replaces: Option<u64>,
+    ) -> Result<bool, CoordinationError> {
+        let index = {
+            let mut table = self.store.table();
+            let topic_key = (group.to_string(), topic.to_string());
+            let stored = table.targets.get(&topic_key).map(|t| t.index);
+            if stored != replaces {
+                return Ok(false);
+            }
+            let index = table.next_index();
+            table.targets.insert(
+                topic_key,
+                PublishedTarget {
+                    target: target.clone(),
+                    index,
+                },
+            );
+            table.touch(&LockKey::new(group, topic, 0), index);
+            index
+        };
+        self.store.announce(index);
+        Ok(true)
+    }
+
+    async fn targets(
+        &self,
+        group: &str,
+    ) -> Result<BTreeMap<String, PublishedTarget>, CoordinationError> {
+        Ok(self
+            .store
+            .table()
+            .targets
+            .iter()
+            .filter(|((g, _), _)| g == group)
+            .map(|((_, topic), target)| (topic.clone(), target.clone()))
+            .collect())
     }
 
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {

@@ -16,8 +16,8 @@ use kafka_lease_coordination::consul::{
 };
 use kafka_lease_coordination::memory::{MemoryLockStore, MemoryLocks};
 use kafka_lease_coordination::{
-    Acquisition, CoordinationError, HolderInfo, LockBackend, LockGrant, LockKey, MemberRecord,
-    SessionState, TopicView,
+    Acquisition, CoordinationError, GroupTarget, HolderInfo, LockBackend, LockGrant, LockKey,
+    MemberRecord, SessionState, TopicView,
 };
 use kafka_lease_testkit::{unique_name, wait_for, Relay, Services};
 use tokio::net::TcpListener;
@@ -206,6 +206,7 @@ contract! {
     lost_session_frees_the_keys_and_recovers: 1;
     instance_records_live_and_die_with_the_session: 1;
     members_join_leave_and_vanish_with_the_session: 1;
+    targets_are_check_and_set_and_outlive_sessions: 1;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -682,6 +683,88 @@ async fn members_join_leave_and_vanish_with_the_session<B: LockBackend>(rig: Rig
     .await;
     assert!(gone.held.is_empty(), "and its locks");
     assert!(woke.index > index);
+    rig.finish().await;
+}
+
+fn target(epoch: u64, assignment: &[(&str, &[i32])]) -> GroupTarget {
+    GroupTarget {
+        epoch,
+        partitions: 4,
+        members: assignment.iter().map(|(m, _)| (m.to_string(), 0)).collect(),
+        reserved: Default::default(),
+        assignment: assignment
+            .iter()
+            .map(|(m, ps)| (m.to_string(), ps.to_vec()))
+            .collect(),
+        computed_by: "gw-a".into(),
+        computed_at_ms: 1_700_000_000_000,
+    }
+}
+
+async fn targets_are_check_and_set_and_outlive_sessions<B: LockBackend>(rig: Rig<B>) {
+    let (group, topic) = (rig.group.clone(), "orders");
+    async fn now<B: LockBackend>(backend: &B, group: &str, topic: &str) -> TopicView {
+        backend
+            .topic_view(group, topic, None, Duration::from_secs(1))
+            .await
+            .unwrap()
+    }
+    let view = |backend| now(backend, &group, topic);
+    assert_eq!(view(&rig.a).await.target, None, "none before the first");
+    let first = target(1, &[("m-1", &[0, 1, 2, 3])]);
+    // Creating needs the key absent: of two first writers, one wins.
+    assert!(rig
+        .a
+        .publish_target(&group, topic, &first, None)
+        .await
+        .unwrap());
+    let other = target(1, &[("m-2", &[0, 1, 2, 3])]);
+    assert!(!rig
+        .b
+        .publish_target(&group, topic, &other, None)
+        .await
+        .unwrap());
+    let seen = view(&rig.b).await;
+    let published = seen.target.clone().expect("the first target");
+    assert_eq!(published.target, first);
+    // Replacing needs the index of the write it replaces: of two writers of the next epoch
+    // from the same view, one wins; a stale index loses.
+    let second = target(2, &[("m-1", &[0, 1]), ("m-2", &[2, 3])]);
+    assert!(rig
+        .b
+        .publish_target(&group, topic, &second, Some(published.index))
+        .await
+        .unwrap());
+    assert!(!rig
+        .a
+        .publish_target(&group, topic, &other, Some(published.index))
+        .await
+        .unwrap());
+    let seen = view(&rig.a).await;
+    let published = seen.target.clone().expect("the second target");
+    assert_eq!(published.target, second);
+    assert!(
+        seen.index >= published.index,
+        "the view is at or after the write"
+    );
+    // Targets are not locks, nor members; a group's are listed by topic.
+    assert!(rig.a.list(None).await.unwrap().is_empty());
+    assert!(rig.a.members(&group).await.unwrap().is_empty());
+    let listed = rig.b.targets(&group).await.unwrap();
+    assert_eq!(
+        listed.keys().cloned().collect::<Vec<_>>(),
+        vec![topic.to_string()]
+    );
+    assert_eq!(listed[topic].target, second);
+    // Bound to no session: the writer's session ending leaves it.
+    // (Consul has destroyed the session, and with it its session-bound keys, once the
+    // invalidation returns.)
+    rig.invalidator.invalidate(&rig.b).await;
+    assert_eq!(
+        view(&rig.a).await.target.map(|t| t.target),
+        Some(second),
+        "the target stays when its writer's session ends"
+    );
     rig.finish().await;
 }
 

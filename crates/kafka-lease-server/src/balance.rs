@@ -1,155 +1,238 @@
-//! The assignment rule of subscriptions: which member of a (group, topic) should hold which
-//! partitions. A pure function of the shared state (the topic's locks and its member records,
-//! as one [`TopicView`](crate::coordination::TopicView) shows them), so every gateway computes
-//! the same answer from the same view; each acts only for its own members.
+//! The assignment rule of subscriptions: which member of a (group, topic) is to hold which
+//! partitions. Pure functions: one gateway computes each epoch's target assignment from one
+//! view ([`next_target`]) and publishes it beside the topic's locks; every member moves
+//! toward the newest target it has seen (`subscribe::member`). The argument is in
+//! docs/ARCHITECTURE.md, "Subscriptions".
 //!
-//! The rule (its convergence argument is in docs/ARCHITECTURE.md, "Subscriptions"):
+//! The rule:
 //! 1. The *pool* is every partition not held by a lease taken with Acquire (those keep
 //!    working as they do).
 //! 2. Quotas: the pool's size `Q` is shared out among the `M` members, `⌊Q/M⌋` or `⌈Q/M⌉`
-//!    each, water-filled under each member's cap. The `⌈Q/M⌉` slots go to the members that
-//!    hold the most already (ties by member id), so a settled group keeps its shares.
-//! 3. A member keeps the lowest-numbered of the pool partitions it holds, up to its quota,
-//!    and gives up the rest.
-//! 4. The free pool partitions (held by nobody) go, in ascending order, to the members below
-//!    their quota, in member-id order. A partition being given up is not free until its
-//!    holder releases it; the next view then hands it on.
+//!    each, water-filled under each member's cap. The `⌈Q/M⌉` slots go to the members the
+//!    previous target gave the most (ties by member id), so a settled group keeps its shares.
+//! 3. A member keeps the lowest-numbered of the pool partitions the previous target gave it,
+//!    up to its quota.
+//! 4. The rest of the pool goes, in ascending order, to the members below their quota, in
+//!    member-id order.
+//!
+//! Only what must move moves: a partition changes owner only if its owner left, the pool
+//! lost it, or its owner's quota fell below what it had.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Stands, in the picture a member plans from, for a partition the view shows held by this
-/// member but which it no longer holds (its release is not in the view yet): in the pool,
-/// not free, not this member's. Not a valid member id.
-const RELEASING: &str = "\u{0}releasing";
+use crate::coordination::{GroupTarget, TopicView};
 
-/// A member's own picture of a topic, as it plans its share ([`member_share`]): the newest
-/// view it has, and its own actions the view may not show yet.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Picture<'a> {
-    pub(crate) partitions: i32,
-    /// As the view shows it: partition → the member id of its holder's subscription, empty
-    /// for a lease taken with Acquire.
-    pub(crate) view_held: BTreeMap<i32, String>,
-    /// As the view shows them: member id → its cap (0: none).
-    pub(crate) view_members: BTreeMap<String, u32>,
-    /// This member's id and cap.
-    pub(crate) me: &'a str,
-    pub(crate) my_cap: u32,
-    /// The partitions this member holds or is taking, whatever the view says.
-    pub(crate) mine: BTreeSet<i32>,
-}
-
-/// The rule applied to a member's own picture: its share of the topic. The partitions it
-/// holds or is taking count as its own (the view may not show them yet), one the view shows
-/// as its own but that it no longer holds counts as no one's but not free (its release is
-/// not in the view yet: taking it back would move it twice), and the member counts among
-/// the members whatever the view says.
-pub(crate) fn member_share(picture: Picture<'_>) -> Option<Share> {
-    let Picture {
-        partitions,
-        mut view_held,
-        mut view_members,
-        me,
-        my_cap,
-        mine,
-    } = picture;
-    for (p, subscriber) in view_held.iter_mut() {
-        if subscriber == me && !mine.contains(p) {
-            *subscriber = RELEASING.to_string();
-        }
-    }
-    for &p in &mine {
-        view_held.insert(p, me.to_string());
-    }
-    view_members.insert(me.to_string(), my_cap);
-    plan(partitions, &view_held, &view_members).remove(me)
-}
-
-/// What one member should do about its share of a topic.
+/// What one target is computed from, as one view shows it. A published target whose inputs
+/// differ from a newer view's is out of date: the next epoch is due.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Share {
-    /// How many partitions it should hold.
-    pub(crate) quota: usize,
-    /// Partitions it holds and keeps.
-    pub(crate) keep: Vec<i32>,
-    /// Partitions it holds beyond its quota: to give up.
-    pub(crate) give_up: Vec<i32>,
-    /// Free partitions it is to take.
-    pub(crate) take: Vec<i32>,
+pub(crate) struct Inputs {
+    pub(crate) partitions: i32,
+    /// Member id → its cap (0: none).
+    pub(crate) members: BTreeMap<String, u32>,
+    /// The partitions held by leases that are not a member's (taken with Acquire, or whose
+    /// holder record does not parse): outside the pool.
+    pub(crate) reserved: BTreeSet<i32>,
 }
 
-/// The shares of every member. `held`: partition → the member id of the subscription whose
-/// lease holds it, empty for a lease taken with Acquire. `members`: member id → its cap
-/// (0: none). Partitions held by a subscription whose member is gone count as in the pool
-/// but not free (they are released as their subscription ends).
-pub(crate) fn plan(
-    partitions: i32,
-    held: &BTreeMap<i32, String>,
-    members: &BTreeMap<String, u32>,
-) -> BTreeMap<String, Share> {
-    let pool: Vec<i32> = (0..partitions)
-        .filter(|p| held.get(p).is_none_or(|subscriber| !subscriber.is_empty()))
-        .collect();
-    let mut holding: BTreeMap<&str, Vec<i32>> =
-        members.keys().map(|m| (m.as_str(), Vec::new())).collect();
-    for &p in &pool {
-        if let Some(list) = held.get(&p).and_then(|m| holding.get_mut(m.as_str())) {
-            list.push(p);
+impl Inputs {
+    /// The inputs `view` shows, for a topic of `partitions` partitions (Kafka's count as
+    /// this gateway knows it). A partition count below the view's target's is the target's:
+    /// a topic's partitions are never removed, so a smaller count is metadata a moment old.
+    pub(crate) fn of_view(view: &TopicView, partitions: i32) -> Inputs {
+        let partitions = view
+            .target
+            .as_ref()
+            .map_or(partitions, |t| partitions.max(t.target.partitions));
+        let members = view
+            .members
+            .iter()
+            .map(|(id, m)| (id.clone(), m.max_partitions))
+            .collect();
+        let reserved = view
+            .held
+            .iter()
+            .filter(|(&p, h)| {
+                p < partitions && h.holder.as_ref().is_none_or(|h| h.subscriber.is_empty())
+            })
+            .map(|(&p, _)| p)
+            .collect();
+        Inputs {
+            partitions,
+            members,
+            reserved,
         }
     }
-    let quotas = quotas(pool.len(), members, &holding);
-    let mut free = pool.iter().copied().filter(|p| !held.contains_key(p));
-    let mut shares = BTreeMap::new();
-    for id in members.keys() {
-        let quota = quotas.get(id.as_str()).copied().unwrap_or(0);
-        let mine = holding.get(id.as_str()).cloned().unwrap_or_default();
-        let kept = mine.len().min(quota);
-        let take: Vec<i32> = free.by_ref().take(quota - kept).collect();
-        shares.insert(
-            id.clone(),
-            Share {
-                quota,
-                keep: mine[..kept].to_vec(),
-                give_up: mine[kept..].to_vec(),
-                take,
-            },
-        );
+
+    /// The inputs `target` was computed from.
+    pub(crate) fn of_target(target: &GroupTarget) -> Inputs {
+        Inputs {
+            partitions: target.partitions,
+            members: target.members.clone(),
+            reserved: target.reserved.clone(),
+        }
     }
-    shares
+
+    fn pool(&self) -> Vec<i32> {
+        (0..self.partitions)
+            .filter(|p| !self.reserved.contains(p))
+            .collect()
+    }
 }
 
-/// `total` water-filled over the members under their caps; the larger shares to the members
-/// holding the most, then by id.
-fn quotas<'a>(
-    total: usize,
-    members: &'a BTreeMap<String, u32>,
-    holding: &BTreeMap<&str, Vec<i32>>,
-) -> BTreeMap<&'a str, usize> {
-    let mut open: Vec<&str> = members.keys().map(String::as_str).collect();
-    let held = |m: &str| holding.get(m).map_or(0, Vec::len);
-    open.sort_by(|a, b| held(b).cmp(&held(a)).then(a.cmp(b)));
+/// Member id → the partitions it is to hold, ascending.
+pub(crate) type Assignment = BTreeMap<String, Vec<i32>>;
+
+/// The assignment of the next epoch for `inputs`, sticky to `basis`: partition → the member
+/// it belonged to (the previous target's assignment; with none published yet, what each
+/// member holds in the view).
+pub(crate) fn next_target(basis: &BTreeMap<i32, String>, inputs: &Inputs) -> Assignment {
+    let pool = inputs.pool();
+    let mut had: BTreeMap<&str, Vec<i32>> = inputs
+        .members
+        .keys()
+        .map(|m| (m.as_str(), Vec::new()))
+        .collect();
+    for p in &pool {
+        if let Some(list) = basis.get(p).and_then(|m| had.get_mut(m.as_str())) {
+            list.push(*p);
+        }
+    }
+    let quotas = quotas(pool.len(), &inputs.members, &had);
+    let mut assignment: Assignment = BTreeMap::new();
+    let mut kept = BTreeSet::new();
+    for (id, partitions) in &had {
+        let quota = quotas.get(id).copied().unwrap_or(0);
+        let keep: Vec<i32> = partitions.iter().copied().take(quota).collect();
+        kept.extend(keep.iter().copied());
+        assignment.insert((*id).to_string(), keep);
+    }
+    let mut rest = pool.iter().copied().filter(|p| !kept.contains(p));
+    for (id, partitions) in assignment.iter_mut() {
+        let quota = quotas.get(id.as_str()).copied().unwrap_or(0);
+        partitions.extend(rest.by_ref().take(quota.saturating_sub(partitions.len())));
+        partitions.sort_unstable();
+    }
+    assignment
+}
+
+/// The basis of the first target, when none is published: what each member holds in
+/// `view`.
+pub(crate) fn holdings(view: &TopicView) -> BTreeMap<i32, String> {
+    view.held
+        .iter()
+        .filter_map(|(&p, h)| {
+            let subscriber = &h.holder.as_ref()?.subscriber;
+            (!subscriber.is_empty()).then(|| (p, subscriber.clone()))
+        })
+        .collect()
+}
+
+/// The basis a published target gives the next one: partition → its member.
+pub(crate) fn owners(assignment: &Assignment) -> BTreeMap<i32, String> {
+    assignment
+        .iter()
+        .flat_map(|(m, ps)| ps.iter().map(move |&p| (p, m.clone())))
+        .collect()
+}
+
+/// How many partitions of `next` belong to another member than in `basis` (a partition
+/// no one had counts: it is taken).
+pub(crate) fn moves(basis: &BTreeMap<i32, String>, next: &Assignment) -> usize {
+    owners(next)
+        .iter()
+        .filter(|(p, m)| basis.get(p) != Some(m))
+        .count()
+}
+
+/// The fewest partitions any balanced assignment for `inputs` must move from `basis`,
+/// worked out apart from [`next_target`] (a check on it): every pool partition must have a
+/// member, and the most that can stay is, over the members, what each had capped by its
+/// quota, with the larger quotas of the uncapped members paired with the larger holdings.
+pub(crate) fn minimum_moves(basis: &BTreeMap<i32, String>, inputs: &Inputs) -> usize {
+    let pool = inputs.pool();
+    let mut had: BTreeMap<&str, usize> = inputs.members.keys().map(|m| (m.as_str(), 0)).collect();
+    for p in &pool {
+        if let Some(count) = basis.get(p).and_then(|m| had.get_mut(m.as_str())) {
+            *count += 1;
+        }
+    }
+    // The quotas: a binding cap is the member's own; the others share the rest evenly, and
+    // which of them get the larger shares is free.
+    let (caps, remaining) = binding_caps(pool.len(), &inputs.members);
+    let (mut fixed, mut free_quotas, mut free_had) = (0, Vec::new(), Vec::new());
+    for (id, &count) in &had {
+        match caps.get(id) {
+            Some(&cap) => fixed += count.min(cap),
+            None => free_had.push(count),
+        }
+    }
+    if let Some(n) = std::num::NonZeroUsize::new(free_had.len()) {
+        let (share, extra) = (remaining / n, remaining % n);
+        free_quotas = (0..n.get())
+            .map(|i| share + usize::from(i < extra))
+            .collect();
+    }
+    free_quotas.sort_unstable_by(|a, b| b.cmp(a));
+    free_had.sort_unstable_by(|a, b| b.cmp(a));
+    let paired: usize = free_quotas
+        .iter()
+        .zip(&free_had)
+        .map(|(q, h)| (*q).min(*h))
+        .sum();
+    let assigned = if free_had.is_empty() {
+        caps.values().sum::<usize>()
+    } else {
+        pool.len()
+    };
+    assigned - (fixed + paired)
+}
+
+/// The caps that bind when `total` partitions are water-filled over `members`: member →
+/// its cap, for each member whose cap is at or below its even share of what the others
+/// leave; and how many partitions remain for the rest. Independent of any order.
+fn binding_caps(total: usize, members: &BTreeMap<String, u32>) -> (BTreeMap<&str, usize>, usize) {
     let cap = |m: &str| members.get(m).copied().unwrap_or(0) as usize;
-    let mut quotas = BTreeMap::new();
+    let mut open: Vec<&str> = members.keys().map(String::as_str).collect();
+    let mut capped = BTreeMap::new();
     let mut remaining = total;
     while !open.is_empty() {
         let share = remaining / open.len();
-        let capped: Vec<&str> = open
+        let binding: Vec<&str> = open
             .iter()
             .copied()
             .filter(|&m| cap(m) > 0 && cap(m) <= share)
             .collect();
-        if capped.is_empty() {
-            let extra = remaining % open.len();
-            for (i, &m) in open.iter().enumerate() {
-                let quota = share + usize::from(i < extra);
-                quotas.insert(m, if cap(m) > 0 { quota.min(cap(m)) } else { quota });
-            }
+        if binding.is_empty() {
             break;
         }
-        for m in capped {
-            quotas.insert(m, cap(m));
+        for m in binding {
+            capped.insert(m, cap(m));
             remaining -= cap(m);
             open.retain(|&o| o != m);
+        }
+    }
+    (capped, remaining)
+}
+
+/// `total` water-filled over the members under their caps; of the others' shares, the
+/// larger ones to the members that had the most, then by id.
+fn quotas<'a>(
+    total: usize,
+    members: &'a BTreeMap<String, u32>,
+    had: &BTreeMap<&str, Vec<i32>>,
+) -> BTreeMap<&'a str, usize> {
+    let (mut quotas, remaining) = binding_caps(total, members);
+    let mut open: Vec<&str> = members
+        .keys()
+        .map(String::as_str)
+        .filter(|m| !quotas.contains_key(m))
+        .collect();
+    let count = |m: &str| had.get(m).map_or(0, Vec::len);
+    open.sort_by(|a, b| count(b).cmp(&count(a)).then(a.cmp(b)));
+    if let Some(n) = std::num::NonZeroUsize::new(open.len()) {
+        let (share, extra) = (remaining / n, remaining % n);
+        for (i, m) in open.into_iter().enumerate() {
+            quotas.insert(m, share + usize::from(i < extra));
         }
     }
     quotas
@@ -159,181 +242,162 @@ fn quotas<'a>(
 mod tests {
     use super::*;
 
-    fn picture<'a>(
-        me: &'a str,
-        held: &[(i32, &str)],
-        members: &[&str],
-        mine: &[i32],
-    ) -> Picture<'a> {
-        Picture {
-            partitions: 6,
-            view_held: held.iter().map(|&(p, m)| (p, m.to_string())).collect(),
-            view_members: members.iter().map(|m| (m.to_string(), 0)).collect(),
-            me,
-            my_cap: 0,
-            mine: mine.iter().copied().collect(),
+    fn inputs(partitions: i32, ids: &[&str]) -> Inputs {
+        Inputs {
+            partitions,
+            members: ids.iter().map(|id| (id.to_string(), 0)).collect(),
+            reserved: BTreeSet::new(),
         }
     }
 
-    #[test]
-    fn a_member_counts_what_it_is_taking_before_the_view_shows_it() {
-        // The view shows nothing held yet; "a" is taking 0, 1 and 2 already.
-        let share = member_share(picture("a", &[], &["a", "b"], &[0, 1, 2])).expect("a share");
-        assert_eq!(
-            (share.quota, share.keep, share.take),
-            (3, vec![0, 1, 2], vec![])
+    fn counts(assignment: &Assignment) -> Vec<usize> {
+        assignment.values().map(Vec::len).collect()
+    }
+
+    /// Every pool partition exactly once, shares within one of each other (no caps).
+    fn assert_balanced(assignment: &Assignment, inputs: &Inputs) {
+        let all: Vec<i32> = owners(assignment).into_keys().collect();
+        assert_eq!(all, inputs.pool(), "{assignment:?}");
+        let (lo, hi) = (
+            counts(assignment).into_iter().min().unwrap_or(0),
+            counts(assignment).into_iter().max().unwrap_or(0),
         );
-        // Not in the view's members yet, it still counts itself.
-        let share = member_share(picture("c", &[], &["a", "b"], &[])).expect("a share");
-        assert_eq!(share.quota, 2);
+        assert!(hi - lo <= 1, "{assignment:?}");
     }
 
     #[test]
-    fn a_partition_the_view_still_shows_as_its_own_after_its_release_is_not_taken_back() {
-        // "a" gave 2 up (released, not yet in the view): not free, not "a"'s; "a" takes
-        // another free one instead of taking 2 back.
-        let share = member_share(picture(
-            "a",
-            &[(0, "a"), (1, "a"), (2, "a")],
-            &["a", "b"],
-            &[0, 1],
-        ))
-        .expect("a share");
-        assert_eq!(share.quota, 3);
-        assert_eq!(share.keep, [0, 1]);
-        assert_eq!(share.take, [3], "2 is on its way out, not free");
-    }
-
-    fn members(ids: &[&str]) -> BTreeMap<String, u32> {
-        ids.iter().map(|id| (id.to_string(), 0)).collect()
-    }
-
-    /// Applies every member's plan at once (give up, then take), as the gateways would
-    /// over a few views; returns the new holdings.
-    fn settle(
-        partitions: i32,
-        mut held: BTreeMap<i32, String>,
-        members: &BTreeMap<String, u32>,
-    ) -> (BTreeMap<i32, String>, usize) {
-        let mut moves = 0;
-        for _ in 0..10 {
-            let shares = plan(partitions, &held, members);
-            let mut changed = false;
-            for (id, share) in &shares {
-                for p in &share.give_up {
-                    held.remove(p);
-                    changed = true;
-                }
-                for p in &share.take {
-                    held.insert(*p, id.clone());
-                    moves += 1;
-                    changed = true;
-                }
-            }
-            // Subscriptions of members that left end.
-            let before = held.len();
-            held.retain(|_, s| s.is_empty() || members.contains_key(s));
-            changed |= held.len() != before;
-            if !changed {
-                return (held, moves);
-            }
-        }
-        panic!("did not settle: {held:?}");
-    }
-
-    fn counts(held: &BTreeMap<i32, String>) -> BTreeMap<String, usize> {
-        let mut counts = BTreeMap::new();
-        for s in held.values() {
-            *counts.entry(s.clone()).or_default() += 1;
-        }
-        counts
+    fn a_lone_member_gets_every_partition_not_leased_by_acquire() {
+        let mut inputs = inputs(6, &["a"]);
+        inputs.reserved.insert(3);
+        let target = next_target(&BTreeMap::new(), &inputs);
+        assert_eq!(target["a"], vec![0, 1, 2, 4, 5]);
     }
 
     #[test]
-    fn a_lone_member_takes_every_partition_not_leased_by_acquire() {
-        let held = BTreeMap::from([(3, String::new())]);
-        let shares = plan(6, &held, &members(&["a"]));
-        assert_eq!(shares["a"].quota, 5);
-        assert_eq!(shares["a"].take, vec![0, 1, 2, 4, 5]);
-    }
-
-    #[test]
-    fn joins_move_only_what_must_move_and_shares_stay_within_one() {
-        let mut held = BTreeMap::new();
+    fn joins_and_leaves_move_exactly_the_minimum() {
+        let mut basis = BTreeMap::new();
         let mut ids = vec![];
-        let mut total_moves = 0;
-        for (join, expected_moves) in [("m1", 12), ("m2", 6), ("m3", 4), ("m4", 3)] {
+        let mut total = 0;
+        for (join, expected) in [("m1", 12), ("m2", 6), ("m3", 4), ("m4", 3)] {
             ids.push(join);
-            let (next, moves) = settle(12, held, &members(&ids));
-            held = next;
-            let counts = counts(&held);
-            let (lo, hi) = (counts.values().min(), counts.values().max());
-            assert!(hi.unwrap() - lo.unwrap() <= 1, "{counts:?}");
-            assert_eq!(held.len(), 12);
-            // The moves on a join are exactly the new member's share.
-            assert_eq!(moves, expected_moves, "on the join of {join}: {counts:?}");
-            total_moves += moves;
+            let inputs = inputs(12, &ids);
+            let next = next_target(&basis, &inputs);
+            assert_balanced(&next, &inputs);
+            let moved = moves(&basis, &next);
+            assert_eq!(moved, expected, "on the join of {join}: {next:?}");
+            assert_eq!(moved, minimum_moves(&basis, &inputs));
+            total += moved;
+            basis = owners(&next);
         }
-        assert_eq!(total_moves, 25);
+        assert_eq!(total, 25);
         // Two leave: their partitions, and only theirs, move.
-        let before = held.clone();
-        let (after, moves) = settle(12, held, &members(&["m1", "m3"]));
-        assert_eq!(moves, 6);
-        for (p, s) in &before {
-            if s == "m1" || s == "m3" {
-                assert_eq!(after.get(p), Some(s), "partition {p} stayed");
+        let before = basis.clone();
+        let inputs = inputs(12, &["m1", "m3"]);
+        let next = next_target(&basis, &inputs);
+        assert_eq!(moves(&basis, &next), 6);
+        assert_eq!(minimum_moves(&basis, &inputs), 6);
+        for (p, m) in &before {
+            if m == "m1" || m == "m3" {
+                assert_eq!(owners(&next).get(p), Some(m), "partition {p} stayed");
             }
         }
-        assert_eq!(
-            counts(&after).values().copied().collect::<Vec<_>>(),
-            vec![6, 6]
-        );
+        assert_eq!(counts(&next), vec![6, 6]);
     }
 
     #[test]
     fn uneven_shares_stay_with_who_has_them() {
-        // 5 partitions, 2 members: whoever holds 3 keeps 3.
-        let held: BTreeMap<i32, String> = [(0, "b"), (1, "b"), (2, "b"), (3, "a"), (4, "a")]
+        let basis: BTreeMap<i32, String> = [(0, "b"), (1, "b"), (2, "b"), (3, "a"), (4, "a")]
             .into_iter()
             .map(|(p, s)| (p, s.to_string()))
             .collect();
-        let shares = plan(5, &held, &members(&["a", "b"]));
-        assert_eq!(shares["b"].quota, 3);
-        assert_eq!(shares["a"].quota, 2);
-        assert!(shares
-            .values()
-            .all(|s| s.give_up.is_empty() && s.take.is_empty()));
+        let next = next_target(&basis, &inputs(5, &["a", "b"]));
+        assert_eq!(next["b"], vec![0, 1, 2]);
+        assert_eq!(next["a"], vec![3, 4]);
+        assert_eq!(moves(&basis, &next), 0);
     }
 
     #[test]
     fn caps_are_kept_and_the_rest_goes_to_the_others() {
-        let members: BTreeMap<String, u32> = [
-            ("a".to_string(), 1),
-            ("b".to_string(), 0),
-            ("c".to_string(), 2),
-        ]
-        .into();
-        let (held, _) = settle(10, BTreeMap::new(), &members);
-        assert_eq!(
-            counts(&held),
-            [("a".into(), 1), ("b".into(), 7), ("c".into(), 2)].into()
-        );
-        // More cap than partitions: everyone under their cap.
-        let members: BTreeMap<String, u32> = [("a".to_string(), 5), ("b".to_string(), 5)].into();
-        let (held, _) = settle(3, BTreeMap::new(), &members);
-        assert_eq!(held.len(), 3);
+        let inputs = Inputs {
+            partitions: 10,
+            members: [("a".into(), 1), ("b".into(), 0), ("c".into(), 2)].into(),
+            reserved: BTreeSet::new(),
+        };
+        let next = next_target(&BTreeMap::new(), &inputs);
+        assert_eq!(counts(&next), vec![1, 7, 2]);
+        // More cap than partitions: everyone under their cap, every partition assigned.
+        let inputs = Inputs {
+            partitions: 3,
+            members: [("a".into(), 5), ("b".into(), 5)].into(),
+            reserved: BTreeSet::new(),
+        };
+        let next = next_target(&BTreeMap::new(), &inputs);
+        assert_eq!(owners(&next).len(), 3);
+        assert_eq!(minimum_moves(&BTreeMap::new(), &inputs), 3);
     }
 
     #[test]
-    fn a_departed_members_partitions_are_not_free_until_released() {
-        let held: BTreeMap<i32, String> = [(0, "gone"), (1, "a")]
+    fn a_departed_members_partitions_go_to_the_others() {
+        let basis: BTreeMap<i32, String> = [(0, "gone"), (1, "a"), (2, "b")]
             .into_iter()
             .map(|(p, s)| (p, s.to_string()))
             .collect();
-        let shares = plan(3, &held, &members(&["a", "b"]));
-        // Pool of 3 (0 included), but only 2 is free now.
-        assert_eq!(shares["a"].quota + shares["b"].quota, 3);
-        let taken: Vec<i32> = shares.values().flat_map(|s| s.take.clone()).collect();
-        assert_eq!(taken, vec![2]);
+        let inputs = inputs(3, &["a", "b"]);
+        let next = next_target(&basis, &inputs);
+        assert_eq!(owners(&next).get(&1).map(String::as_str), Some("a"));
+        assert_eq!(owners(&next).get(&2).map(String::as_str), Some("b"));
+        assert_eq!(moves(&basis, &next), 1);
+        assert_eq!(minimum_moves(&basis, &inputs), 1);
+    }
+
+    /// Random sequences of joins, leaves, cap changes and Acquire leases: every target is
+    /// balanced and moves exactly the minimum worked out apart.
+    #[test]
+    fn every_change_of_a_random_sequence_moves_the_minimum() {
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let mut rand = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for _ in 0..50 {
+            let partitions = 1 + rand(16) as i32;
+            let mut inputs = inputs(partitions, &[]);
+            let mut basis = BTreeMap::new();
+            for step in 0..60 {
+                match rand(6) {
+                    0 | 1 => {
+                        let cap = if rand(4) == 0 { 1 + rand(3) as u32 } else { 0 };
+                        inputs.members.insert(format!("m{step}"), cap);
+                    }
+                    2 | 3 => {
+                        let ids: Vec<String> = inputs.members.keys().cloned().collect();
+                        if !ids.is_empty() {
+                            inputs.members.remove(&ids[rand(ids.len() as u64) as usize]);
+                        }
+                    }
+                    4 => {
+                        let p = rand(partitions as u64) as i32;
+                        if !inputs.reserved.remove(&p) {
+                            inputs.reserved.insert(p);
+                        }
+                    }
+                    _ => inputs.partitions = (inputs.partitions + 1).min(24),
+                }
+                let next = next_target(&basis, &inputs);
+                let all: BTreeSet<i32> = owners(&next).into_keys().collect();
+                assert!(all.iter().all(|p| !inputs.reserved.contains(p)));
+                assert_eq!(
+                    moves(&basis, &next),
+                    minimum_moves(&basis, &inputs),
+                    "step {step}: {inputs:?} from {basis:?} gave {next:?}"
+                );
+                if inputs.members.values().all(|&c| c == 0) && !inputs.members.is_empty() {
+                    assert_balanced(&next, &inputs);
+                }
+                basis = owners(&next);
+            }
+        }
     }
 }

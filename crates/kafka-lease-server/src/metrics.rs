@@ -70,6 +70,13 @@ pub const QUEUE_IN_FLIGHT: &str = "kafka_lease_queue_in_flight";
 pub const QUEUE_OLDEST_SECONDS: &str = "kafka_lease_queue_oldest_in_flight_seconds";
 pub const QUEUE_PROGRESS_AGE_SECONDS: &str = "kafka_lease_queue_progress_age_seconds";
 pub const QUEUE_DONE_UNCOMMITTED: &str = "kafka_lease_queue_done_not_committed";
+/// Subscriptions: target assignments this instance published (one per epoch of a group's
+/// topic); the partitions they gave to another member than the epoch before; and the moves
+/// beyond the minimum (a target's moves past the fewest any balanced assignment needed, and
+/// grants handed back because the newest target gave the partition to another member).
+pub const SUBSCRIBE_EPOCHS: &str = "kafka_lease_subscribe_epochs_total";
+pub const SUBSCRIBE_MOVES: &str = "kafka_lease_subscribe_moves_total";
+pub const SUBSCRIBE_MOVES_BEYOND_MINIMUM: &str = "kafka_lease_subscribe_moves_beyond_minimum_total";
 
 /// Histogram buckets for request and Consul latencies, in seconds.
 const LATENCY_BUCKETS: [f64; 14] = [
@@ -192,6 +199,21 @@ fn describe() {
         Unit::Seconds,
         "queue mode: age of the oldest delivery in flight, per lease served here"
     );
+    describe_counter!(
+        SUBSCRIBE_EPOCHS,
+        "subscriptions: target assignments this instance published, one per epoch of a \
+         group's topic"
+    );
+    describe_counter!(
+        SUBSCRIBE_MOVES,
+        "subscriptions: partitions the published targets gave another member than the epoch \
+         before"
+    );
+    describe_counter!(
+        SUBSCRIBE_MOVES_BEYOND_MINIMUM,
+        "subscriptions: moves beyond the fewest a change needed (a target's extra moves, and \
+         grants handed back); should stay 0"
+    );
     // Series a dashboard or an alert reads are there from the start, at zero, rather than
     // appearing with their first event (the error counters, labelled by an operation that
     // is known only when it fails, are the exception).
@@ -201,6 +223,13 @@ fn describe() {
     }
     metrics::gauge!(ACQUIRES_WAITING).set(0.0);
     metrics::counter!(READ_RESCUES).increment(0);
+    for name in [
+        SUBSCRIBE_EPOCHS,
+        SUBSCRIBE_MOVES,
+        SUBSCRIBE_MOVES_BEYOND_MINIMUM,
+    ] {
+        metrics::counter!(name).increment(0);
+    }
     kafka_lease_coordination::consul::describe_metrics();
 }
 

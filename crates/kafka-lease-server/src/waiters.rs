@@ -470,6 +470,7 @@ mod tests {
                 })
                 .collect(),
             members: Default::default(),
+            target: None,
         }
     }
 

@@ -69,8 +69,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::contract::{
-    Acquisition, CoordinationError, FencingToken, HeldLock, HolderInfo, LockBackend, LockGrant,
-    LockKey, MemberRecord, SessionState, TopicView,
+    Acquisition, CoordinationError, FencingToken, GroupTarget, HeldLock, HolderInfo, LockBackend,
+    LockGrant, LockKey, MemberRecord, PublishedTarget, SessionState, TopicView,
 };
 
 mod config;
@@ -409,6 +409,25 @@ impl LockBackend for ConsulLocks {
 
     async fn members(&self, group: &str) -> Result<Vec<(String, MemberRecord)>, CoordinationError> {
         self.shared.members(group).await
+    }
+
+    async fn publish_target(
+        &self,
+        group: &str,
+        topic: &str,
+        target: &GroupTarget,
+        replaces: Option<u64>,
+    ) -> Result<bool, CoordinationError> {
+        self.shared
+            .publish_target(group, topic, target, replaces)
+            .await
+    }
+
+    async fn targets(
+        &self,
+        group: &str,
+    ) -> Result<std::collections::BTreeMap<String, PublishedTarget>, CoordinationError> {
+        self.shared.targets(group).await
     }
 
     async fn list(&self, group: Option<&str>) -> Result<Vec<HeldLock>, CoordinationError> {

@@ -1,9 +1,10 @@
 //! Who is where: the address another instance advertises (its instance record), and this
-//! instance's member records (`join`, `leave`), each bound to its session.
+//! instance's member records (`join`, `leave`), each bound to its session; and the target
+//! assignments of subscriptions, bound to none.
 
-use crate::{CoordinationError, InstanceRecord, MemberRecord};
+use crate::{CoordinationError, GroupTarget, InstanceRecord, MemberRecord};
 
-use super::views::member_path;
+use super::views::{member_path, target_path};
 use super::{unavailable, Shared, TxnOp, TxnOutcome, TxnRefusal};
 
 impl Shared {
@@ -82,6 +83,32 @@ impl Shared {
         {
             // Refused: not ours (any more); nothing to remove.
             TxnOutcome::Applied(_) | TxnOutcome::Refused(_) => Ok(()),
+        }
+    }
+
+    /// One `/v1/txn` with a `cas` of the target key: applied only if the key is still at
+    /// `replaces` (absent, for `None`).
+    pub(super) async fn publish_target(
+        &self,
+        group: &str,
+        topic: &str,
+        target: &GroupTarget,
+        replaces: Option<u64>,
+    ) -> Result<bool, CoordinationError> {
+        const OPERATION: &str = "publish_target";
+        let path = target_path(self.prefix(), group, topic);
+        let value = serde_json::to_vec(target)
+            .map_err(|e| unavailable(OPERATION, format!("target not serializable: {e}")))?;
+        match self
+            .txn(
+                OPERATION,
+                vec![TxnOp::cas(&path, &value, replaces.unwrap_or(0))],
+            )
+            .await?
+        {
+            TxnOutcome::Applied(_) => Ok(true),
+            // The only check is the index: another epoch was written first.
+            TxnOutcome::Refused(_) => Ok(false),
         }
     }
 }

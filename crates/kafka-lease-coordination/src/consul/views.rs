@@ -7,7 +7,8 @@ use std::time::Duration;
 use consulrs::api::kv::common::KVPair;
 
 use crate::{
-    CoordinationError, FencingToken, HeldLock, HeldPartition, LockKey, MemberRecord, TopicView,
+    CoordinationError, FencingToken, GroupTarget, HeldLock, HeldPartition, LockKey, MemberRecord,
+    PublishedTarget, TopicView,
 };
 
 use super::{holder_of, unavailable, KvRead, Shared, REQUEST_TIMEOUT};
@@ -21,14 +22,41 @@ const MIN_SERVER_WAIT: Duration = Duration::from_secs(1);
 /// partition number, so no lock key lies under it.
 const MEMBERS_DIR: &str = "~members";
 
+/// The key of a topic's target assignment, under its lock prefix; written with
+/// check-and-set, bound to no session.
+const TARGET_KEY: &str = "~target";
+
+/// A stored target assignment, if `entry` holds one that parses.
+fn target_of(entry: &KVPair) -> Option<PublishedTarget> {
+    let bytes: Vec<u8> = entry.value.clone()?.try_into().ok()?;
+    match serde_json::from_slice::<GroupTarget>(&bytes) {
+        Ok(target) => Some(PublishedTarget {
+            target,
+            index: entry.modify_index,
+        }),
+        Err(error) => {
+            tracing::warn!(
+                key = %entry.key,
+                %error,
+                "ignoring a target assignment that does not parse; the next epoch replaces it",
+            );
+            None
+        }
+    }
+}
+
 /// The view of one topic from a read of its prefix: the locked keys that parse as
-/// `<group>/<topic>/<partition>` of this topic, and the locked member records under
-/// `<group>/<topic>/~members/`.
+/// `<group>/<topic>/<partition>` of this topic, the locked member records under
+/// `<group>/<topic>/~members/`, and the target assignment at `<group>/<topic>/~target`.
 fn view_of(prefix: &str, group: &str, topic: &str, read: KvRead<KVPair>) -> TopicView {
-    let members_folder = format!(
-        "{}{MEMBERS_DIR}/",
-        LockKey::new(group, topic, 0).topic_prefix(prefix)
-    );
+    let topic_prefix = LockKey::new(group, topic, 0).topic_prefix(prefix);
+    let members_folder = format!("{topic_prefix}{MEMBERS_DIR}/");
+    let target_key = format!("{topic_prefix}{TARGET_KEY}");
+    let target = read
+        .entries
+        .iter()
+        .find(|e| e.key == target_key)
+        .and_then(target_of);
     let members = read
         .entries
         .iter()
@@ -60,7 +88,16 @@ fn view_of(prefix: &str, group: &str, topic: &str, read: KvRead<KVPair>) -> Topi
         index: read.index,
         held,
         members,
+        target,
     }
+}
+
+/// The key of a topic's target assignment.
+pub(super) fn target_path(prefix: &str, group: &str, topic: &str) -> String {
+    format!(
+        "{}{TARGET_KEY}",
+        LockKey::new(group, topic, 0).topic_prefix(prefix)
+    )
 }
 
 /// The key of a member's record.
@@ -144,6 +181,28 @@ impl Shared {
             .collect();
         members.sort_by(|a, b| (&a.0, &a.1.member_id).cmp(&(&b.0, &b.1.member_id)));
         Ok(members)
+    }
+
+    /// One read of the group's prefix, keeping the target assignments.
+    pub(super) async fn targets(
+        &self,
+        group: &str,
+    ) -> Result<std::collections::BTreeMap<String, PublishedTarget>, CoordinationError> {
+        let prefix = self.prefix();
+        let path = format!("{prefix}/{group}/");
+        let read = self.read_kv("targets", &path, true, None).await?;
+        Ok(read
+            .entries
+            .iter()
+            .filter_map(|entry| {
+                let topic = entry
+                    .key
+                    .strip_prefix(&path)?
+                    .strip_suffix(&format!("/{TARGET_KEY}"))?;
+                (!topic.contains('/')).then_some(())?;
+                Some((topic.to_string(), target_of(entry)?))
+            })
+            .collect())
     }
 
     /// Every held lock under the prefix (or one group's), ordered by key: one read, skipping

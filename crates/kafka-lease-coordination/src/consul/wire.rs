@@ -189,6 +189,9 @@ struct TxnKv {
     value: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     session: Option<String>,
+    /// For `cas`: the `ModifyIndex` the key must have (0: the key must not exist).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<u64>,
 }
 
 impl TxnOp {
@@ -202,6 +205,22 @@ impl TxnOp {
                 key: key.to_string(),
                 value: Some(base64::engine::general_purpose::STANDARD.encode(value)),
                 session: Some(session.to_string()),
+                index: None,
+            },
+        }
+    }
+
+    /// Sets `key` to `value` if its `ModifyIndex` is still `index` (0: if it does not exist);
+    /// bound to no session.
+    pub(super) fn cas(key: &str, value: &[u8], index: u64) -> Self {
+        use base64::Engine as _;
+        TxnOp {
+            kv: TxnKv {
+                verb: "cas",
+                key: key.to_string(),
+                value: Some(base64::engine::general_purpose::STANDARD.encode(value)),
+                session: None,
+                index: Some(index),
             },
         }
     }
@@ -214,6 +233,7 @@ impl TxnOp {
                 key: key.to_string(),
                 value: None,
                 session: Some(session.to_string()),
+                index: None,
             },
         }
     }
@@ -226,6 +246,7 @@ impl TxnOp {
                 key: key.to_string(),
                 value: None,
                 session: None,
+                index: None,
             },
         }
     }

@@ -4,11 +4,11 @@
 
 use std::sync::Arc;
 
-use crate::coordination::{FencingToken, LockKey, MemberRecord};
+use crate::coordination::{FencingToken, LockKey};
 use crate::error::LeaseError;
 use crate::lease::{Lease, LeaseSnapshot};
 
-use super::{Gateway, ListedLease};
+use super::{Gateway, ListedLease, ListedMember};
 
 impl Gateway {
     /// Every lease this instance serves, with its live state (for the metrics).
@@ -64,14 +64,16 @@ impl Gateway {
     }
 
     /// The members subscribed to `group` (of `topic` only, if given), each with the
-    /// partitions its leases hold: two reads of the group's prefix.
+    /// partitions its leases hold and those its topic's target gives it: three reads of the
+    /// group's prefix.
     pub async fn list_members(
         &self,
         group: &str,
         topic: Option<&str>,
-    ) -> Result<Vec<(String, MemberRecord, Vec<i32>)>, LeaseError> {
+    ) -> Result<Vec<ListedMember>, LeaseError> {
         let members = self.locks.members(group).await?;
         let held = self.locks.list(Some(group)).await?;
+        let targets = self.locks.targets(group).await?;
         Ok(members
             .into_iter()
             .filter(|(t, _)| topic.is_none_or(|topic| t == topic))
@@ -81,7 +83,14 @@ impl Gateway {
                     .filter(|h| h.key.topic == t && h.holder.subscriber == record.member_id)
                     .map(|h| h.key.partition)
                     .collect();
-                (t, record, partitions)
+                let target = targets.get(&t).map(|p| &p.target);
+                ListedMember {
+                    epoch: target.map_or(0, |t| t.epoch),
+                    target: target.and_then(|t| t.assignment.get(&record.member_id).cloned()),
+                    topic: t,
+                    record,
+                    partitions,
+                }
             })
             .collect())
     }

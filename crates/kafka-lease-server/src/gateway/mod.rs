@@ -30,7 +30,7 @@ mod spec;
 mod table;
 
 pub use ops::Resolved;
-pub use spec::{AcquireSpec, Granted, ListedLease, Reset, SeekTarget};
+pub use spec::{AcquireSpec, Granted, ListedLease, ListedMember, Reset, SeekTarget};
 use table::Table;
 
 /// What one gateway instance takes on at most, so one client cannot take what it has for

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::coordination::{FencingToken, HolderInfo, LockKey};
+use crate::coordination::{FencingToken, HolderInfo, LockKey, MemberRecord};
 use crate::lease::LeaseId;
 
 /// Where a lease starts when its group has no committed offset.
@@ -62,4 +62,17 @@ pub struct ListedLease {
     pub token: FencingToken,
     /// Present where this instance serves the lease.
     pub local: Option<crate::lease::LeaseSnapshot>,
+}
+
+/// One row of ListMembers.
+#[derive(Clone, Debug)]
+pub struct ListedMember {
+    pub topic: String,
+    pub record: MemberRecord,
+    /// The partitions its leases hold, ascending.
+    pub partitions: Vec<i32>,
+    /// The epoch of its topic's target; 0: none published.
+    pub epoch: u64,
+    /// What that target gives it; `None` when the target was computed before it joined.
+    pub target: Option<Vec<i32>>,
 }

@@ -10,9 +10,9 @@ use kafka_lease_proto::wire::EncodedSubscribeResponse;
 
 use futures::StreamExt;
 
-use crate::coordination::{from_unix_ms, LockKey, MemberRecord};
+use crate::coordination::{from_unix_ms, LockKey};
 use crate::error::LeaseError;
-use crate::gateway::{AcquireSpec, Granted, ListedLease, Reset, SeekTarget};
+use crate::gateway::{AcquireSpec, Granted, ListedLease, ListedMember, Reset, SeekTarget};
 use crate::lease::{
     Ack, AckKind, AckOutcome, DeliverStream, Delivered, LeaseSnapshot, QueueSnapshot, ReadBatch,
     ReadLimits, ReadStream, SeekEpoch,
@@ -595,24 +595,27 @@ pub(crate) fn release_response(committed_offset: Option<i64>) -> v1::ReleaseResp
     v1::ReleaseResponse { committed_offset }
 }
 
-/// ListMembers' answer: each member of `group` with the topic it subscribed to and the
-/// partitions of it its leases hold.
+/// ListMembers' answer: each member of `group` with the topic it subscribed to, the
+/// partitions of it its leases hold, and what its topic's target gives it.
 pub(crate) fn list_members_response(
     group: &str,
-    members: Vec<(String, MemberRecord, Vec<i32>)>,
+    members: Vec<ListedMember>,
 ) -> v1::ListMembersResponse {
     v1::ListMembersResponse {
         members: members
             .into_iter()
-            .map(|(topic, record, partitions)| v1::MemberInfo {
+            .map(|listed| v1::MemberInfo {
                 group: group.to_string(),
-                topic,
-                member_id: record.member_id,
-                member: record.member,
-                gateway: record.gateway,
-                max_partitions: record.max_partitions,
-                joined_at: Some(timestamp(from_unix_ms(record.joined_at_ms))),
-                partitions,
+                topic: listed.topic,
+                member_id: listed.record.member_id,
+                member: listed.record.member,
+                gateway: listed.record.gateway,
+                max_partitions: listed.record.max_partitions,
+                joined_at: Some(timestamp(from_unix_ms(listed.record.joined_at_ms))),
+                partitions: listed.partitions,
+                group_epoch: listed.epoch,
+                awaiting_target: listed.epoch > 0 && listed.target.is_none(),
+                target_partitions: listed.target.unwrap_or_default(),
             })
             .collect(),
     }

@@ -456,8 +456,10 @@ impl PartitionLeaseService for LeaseService {
                 .await
                 .map_err(status_of)?;
             // Only the topics the caller may list.
-            members
-                .retain(|(topic, _, _)| self.auth.allows(&caller, Action::List, &req.group, topic));
+            members.retain(|m| {
+                self.auth
+                    .allows(&caller, Action::List, &req.group, &m.topic)
+            });
             Ok(Response::new(list_members_response(&req.group, members)))
         })
         .await

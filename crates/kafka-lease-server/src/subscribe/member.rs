@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::balance;
-use crate::coordination::{LockKey, MemberRecord, TopicView};
+use crate::coordination::{GroupTarget, LockKey, MemberRecord, TopicView};
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, Gateway, Granted};
 use crate::lease::{DeliverSettings, Delivered, Lease, LeaseId, ReadBatch, SharedWindow};
@@ -37,8 +37,12 @@ const TAKE_WAIT: Duration = Duration::ZERO;
 /// of the topic was a moment behind), how long before the rule runs again on the newest
 /// view; under a noted lock-delay, the rest of the delay instead.
 const RETAKE_PAUSE: Duration = Duration::from_millis(50);
-/// After a take that failed otherwise (Consul unreachable, a limit reached).
+/// After a take that failed otherwise (Consul unreachable, a limit reached), or a
+/// publication of a target that failed.
 const RETAKE_PAUSE_ERROR: Duration = Duration::from_secs(1);
+/// How long a target may stay out of date before a member other than the one that
+/// publishes first publishes it (see `Member::publish_if_due`).
+const TARGET_TAKEOVER: Duration = Duration::from_millis(500);
 /// The longest lock-delay asked about.
 const DELAY_CAP: Duration = Duration::from_secs(60);
 /// A subscription lease's TTL beyond its revoke grace: while the subscription reads it, its
@@ -97,6 +101,12 @@ enum Done {
         partition: i32,
         lease_id: LeaseId,
     },
+    /// A publication of the topic's next target is over (written, beaten to it, or failed:
+    /// then not tried again before `retry_at`).
+    Published {
+        topic: String,
+        retry_at: Option<tokio::time::Instant>,
+    },
 }
 
 /// One lease's Read in the merged stream.
@@ -143,6 +153,12 @@ pub(super) struct Member {
     /// Partitions whose take failed a moment ago: not tried again before the instant, when
     /// the rule runs again on the topic's newest view.
     not_before: HashMap<(String, i32), tokio::time::Instant>,
+    /// Topics whose target this member is publishing.
+    publishing: HashSet<String>,
+    /// Topics whose published target is out of date: since when, as this member saw it.
+    stale_since: HashMap<String, tokio::time::Instant>,
+    /// Topics to plan again at an instant (a takeover of a late publication, a retry).
+    replan_at: HashMap<String, tokio::time::Instant>,
     merged: SelectAll<LeaseRead>,
     /// The newest view of each topic.
     views: HashMap<String, TopicView>,
@@ -200,6 +216,9 @@ impl Member {
             held: HashMap::new(),
             pending: HashSet::new(),
             not_before: HashMap::new(),
+            publishing: HashSet::new(),
+            stale_since: HashMap::new(),
+            replan_at: HashMap::new(),
             merged: SelectAll::new(),
             views: HashMap::new(),
             window,
@@ -220,7 +239,12 @@ impl Member {
             let leave_at = self
                 .detached_until
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-            let retake_at = self.not_before.values().min().copied();
+            let retake_at = self
+                .not_before
+                .values()
+                .chain(self.replan_at.values())
+                .min()
+                .copied();
             tokio::select! {
                 biased;
                 () = self.control.closed(), if self.attached => {
@@ -263,6 +287,13 @@ impl Member {
                         .map(|((topic, _), _)| topic.clone())
                         .collect();
                     self.not_before.retain(|_, at| *at > now);
+                    due.extend(
+                        self.replan_at
+                            .iter()
+                            .filter(|(_, at)| **at <= now)
+                            .map(|(topic, _)| topic.clone()),
+                    );
+                    self.replan_at.retain(|_, at| *at > now);
                     due.sort();
                     due.dedup();
                     for topic in due {
@@ -367,25 +398,27 @@ impl Member {
                 self.pending.remove(&(topic.clone(), partition));
                 match result {
                     Ok(granted) => {
-                        if self.beyond_share(&topic, partition).await {
+                        if self.targets_me(&topic, partition) {
+                            self.install(topic.clone(), partition, granted);
+                        } else {
                             // Never expected (the argument in docs/ARCHITECTURE.md): a take
-                            // is planned on a view where the partition is free and the
-                            // member below its quota. Handed back before anyone hears of
-                            // it, so it cannot take the member over its share.
+                            // is made only for a partition the newest target gives this
+                            // member, and a later epoch moves it away only if this member's
+                            // quota fell. Handed back before anyone hears of it.
+                            metrics::counter!(crate::metrics::SUBSCRIBE_MOVES_BEYOND_MINIMUM)
+                                .increment(1);
                             tracing::warn!(
                                 member_id = %self.spec.member_id,
                                 %topic,
                                 partition,
                                 lease_ref = %granted.lease_id.reference(),
-                                "a partition taken for this member is beyond its share in its \
-                                newest view; handing it back",
+                                "a partition taken for this member is no longer its own in the \
+                                newest target; handing it back",
                             );
                             let gateway = self.gateway.clone();
                             tokio::spawn(async move {
                                 release(&gateway, granted.lease_id.as_str()).await;
                             });
-                        } else {
-                            self.install(topic.clone(), partition, granted);
                         }
                     }
                     Err(error) => {
@@ -418,6 +451,13 @@ impl Member {
                             again on the newest view",
                         );
                     }
+                }
+                topic
+            }
+            Done::Published { topic, retry_at } => {
+                self.publishing.remove(&topic);
+                if let Some(at) = retry_at {
+                    self.replan_at.insert(topic.clone(), at);
                 }
                 topic
             }
@@ -640,86 +680,146 @@ impl Member {
         self.replan(topic).await;
     }
 
-    /// This member's share of `topic` by the rule, on its newest view as this member knows
-    /// it: the partitions it holds or is taking count as its own, and one the view shows as
-    /// its own but that it no longer holds (the release is not in the view yet) as no one's
-    /// but not free. `extra`: a partition just granted, counted as its own too.
-    async fn my_share(&mut self, topic: &str, extra: Option<i32>) -> Option<balance::Share> {
-        let view = self.views.get(topic)?;
-        let member_id = &self.spec.member_id;
+    /// Whether the newest target of `topic` this member has seen gives it `partition`.
+    fn targets_me(&self, topic: &str, partition: i32) -> bool {
+        self.views
+            .get(topic)
+            .and_then(|view| view.target.as_ref())
+            .and_then(|t| t.target.assignment.get(&self.spec.member_id))
+            .is_some_and(|mine| mine.contains(&partition))
+    }
+
+    /// Moves this member toward the newest target of `topic` it has seen: gives up what the
+    /// target gives another member, and takes what it gives this one once its holder has let
+    /// it go (each once: a take that failed waits for its pause). Publishes the next epoch's
+    /// target first when the view shows the published one out of date.
+    async fn replan(&mut self, topic: &str) {
         let partitions = match self.gateway.kafka().partition_count(topic, None).await {
             Ok(count) => count,
             Err(error) => {
                 tracing::warn!(%topic, %error, "no partition count for a subscribed topic");
-                return None;
+                return;
             }
         };
-        let view_held = view
-            .held
-            .iter()
-            .map(|(&p, h)| {
-                let subscriber = h.holder.as_ref().map(|h| h.subscriber.clone());
-                (p, subscriber.unwrap_or_default())
-            })
-            .collect();
-        let view_members = view
-            .members
-            .iter()
-            .map(|(id, m)| (id.clone(), m.max_partitions))
-            .collect();
-        let mine = self
-            .held
-            .keys()
-            .chain(self.pending.iter())
-            .filter(|(t, _)| t == topic)
-            .map(|&(_, p)| p)
-            .chain(extra)
-            .collect();
-        balance::member_share(balance::Picture {
-            partitions,
-            view_held,
-            view_members,
-            me: member_id,
-            my_cap: self.spec.max_partitions,
-            mine,
-        })
-    }
-
-    /// Whether `partition`, just granted, takes this member beyond its quota in its newest
-    /// view (partitions it is giving up not counted).
-    async fn beyond_share(&mut self, topic: &str, partition: i32) -> bool {
-        let Some(share) = self.my_share(topic, Some(partition)).await else {
-            return false;
-        };
-        let keeping = self
-            .held
-            .iter()
-            .filter(|((t, _), h)| t == topic && !h.revoking)
-            .count();
-        keeping + 1 > share.quota
-    }
-
-    /// Applies the rule to the newest view of `topic`: gives up what is beyond this
-    /// member's quota, takes the free partitions it is given (each once: a take that
-    /// failed waits for its pause).
-    async fn replan(&mut self, topic: &str) {
-        let Some(mine) = self.my_share(topic, None).await else {
+        let Some(view) = self.views.get(topic).cloned() else {
             return;
         };
-        for &partition in &mine.give_up {
+        self.publish_if_due(topic, &view, partitions);
+        let Some(mine) = view
+            .target
+            .as_ref()
+            .and_then(|t| t.target.assignment.get(&self.spec.member_id))
+        else {
+            // Not in the target yet (it was computed before this member joined): it keeps
+            // what it holds until the next epoch says.
+            return;
+        };
+        let give_up: Vec<i32> = self
+            .held
+            .keys()
+            .filter(|(t, p)| t == topic && !mine.contains(p))
+            .map(|&(_, p)| p)
+            .collect();
+        for partition in give_up {
             self.revoke(topic, partition);
         }
         let now = tokio::time::Instant::now();
-        for &partition in &mine.take {
+        for &partition in mine {
             let key = (topic.to_string(), partition);
             if self.pending.contains(&key)
                 || self.held.contains_key(&key)
                 || self.not_before.get(&key).is_some_and(|at| *at > now)
+                // Its holder lets it go first; the view that shows it free plans again.
+                || view.held.contains_key(&partition)
             {
                 continue;
             }
             self.take(topic, partition);
         }
+    }
+
+    /// Publishes the next epoch's target of `topic` when `view` shows the published one out
+    /// of date (computed from other members, another pool, or none yet). One member writes
+    /// at once: the one with the lowest id in the view, the same on every gateway. Any
+    /// other writes once the target has stayed out of date for [`TARGET_TAKEOVER`] (the
+    /// first one's gateway may be cut off from Consul). The write is a check-and-set on the
+    /// target this view shows, so each epoch has one target whoever writes.
+    fn publish_if_due(&mut self, topic: &str, view: &TopicView, partitions: i32) {
+        let inputs = balance::Inputs::of_view(view, partitions);
+        let published = view.target.as_ref();
+        if published.is_some_and(|t| balance::Inputs::of_target(&t.target) == inputs) {
+            self.stale_since.remove(topic);
+            return;
+        }
+        if !inputs.members.contains_key(&self.spec.member_id) || self.publishing.contains(topic) {
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        let since = *self.stale_since.entry(topic.to_string()).or_insert(now);
+        let first = inputs.members.keys().next() == Some(&self.spec.member_id);
+        if !first && now < since + TARGET_TAKEOVER {
+            self.replan_at
+                .insert(topic.to_string(), since + TARGET_TAKEOVER);
+            return;
+        }
+        let basis = match published {
+            Some(t) => balance::owners(&t.target.assignment),
+            None => balance::holdings(view),
+        };
+        let assignment = balance::next_target(&basis, &inputs);
+        let (moves, minimum) = (
+            balance::moves(&basis, &assignment),
+            balance::minimum_moves(&basis, &inputs),
+        );
+        let target = GroupTarget {
+            epoch: published.map_or(1, |t| t.target.epoch + 1),
+            partitions: inputs.partitions,
+            members: inputs.members,
+            reserved: inputs.reserved,
+            assignment,
+            computed_by: self.gateway.instance().to_string(),
+            computed_at_ms: crate::coordination::unix_ms(SystemTime::now()),
+        };
+        let replaces = published.map(|t| t.index);
+        self.publishing.insert(topic.to_string());
+        let (gateway, done) = (self.gateway.clone(), self.done.clone());
+        let (group, topic, member_id) = (
+            self.spec.group.clone(),
+            topic.to_string(),
+            self.spec.member_id.clone(),
+        );
+        tokio::spawn(async move {
+            let written = gateway
+                .locks()
+                .publish_target(&group, &topic, &target, replaces)
+                .await;
+            let retry_at = match written {
+                Ok(true) => {
+                    metrics::counter!(crate::metrics::SUBSCRIBE_EPOCHS).increment(1);
+                    metrics::counter!(crate::metrics::SUBSCRIBE_MOVES).increment(moves as u64);
+                    metrics::counter!(crate::metrics::SUBSCRIBE_MOVES_BEYOND_MINIMUM)
+                        .increment(moves.saturating_sub(minimum) as u64);
+                    tracing::info!(
+                        %group,
+                        %topic,
+                        epoch = target.epoch,
+                        %member_id,
+                        members = target.members.len(),
+                        moves,
+                        minimum,
+                        "published the target assignment of a new epoch",
+                    );
+                    None
+                }
+                // Another epoch was written first: the next view shows it.
+                Ok(false) => None,
+                Err(error) => {
+                    tracing::debug!(%topic, %error, "publishing a target failed; retrying");
+                    Some(tokio::time::Instant::now() + RETAKE_PAUSE_ERROR)
+                }
+            };
+            let _ = done.send(Done::Published { topic, retry_at });
+        });
     }
 
     fn take(&mut self, topic: &str, partition: i32) {
@@ -846,7 +946,7 @@ impl Member {
                         release(&self.gateway, granted.lease_id.as_str()).await;
                     }
                 }
-                Ok(Some(Done::Released { .. })) => {}
+                Ok(Some(Done::Released { .. } | Done::Published { .. })) => {}
                 Ok(None) | Err(_) => break,
             }
         }

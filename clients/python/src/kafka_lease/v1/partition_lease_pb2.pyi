@@ -370,7 +370,7 @@ class ListMembersResponse(_message.Message):
     def __init__(self, members: _Optional[_Iterable[_Union[MemberInfo, _Mapping]]] = ...) -> None: ...
 
 class MemberInfo(_message.Message):
-    __slots__ = ("group", "topic", "member_id", "member", "gateway", "max_partitions", "joined_at", "partitions")
+    __slots__ = ("group", "topic", "member_id", "member", "gateway", "max_partitions", "joined_at", "partitions", "group_epoch", "target_partitions", "awaiting_target")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -379,6 +379,9 @@ class MemberInfo(_message.Message):
     MAX_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     JOINED_AT_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_TARGET_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     member_id: str
@@ -387,7 +390,10 @@ class MemberInfo(_message.Message):
     max_partitions: int
     joined_at: _timestamp_pb2.Timestamp
     partitions: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., member_id: _Optional[str] = ..., member: _Optional[str] = ..., gateway: _Optional[str] = ..., max_partitions: _Optional[int] = ..., joined_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
+    group_epoch: int
+    target_partitions: _containers.RepeatedScalarFieldContainer[int]
+    awaiting_target: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., member_id: _Optional[str] = ..., member: _Optional[str] = ..., gateway: _Optional[str] = ..., max_partitions: _Optional[int] = ..., joined_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., partitions: _Optional[_Iterable[int]] = ..., group_epoch: _Optional[int] = ..., target_partitions: _Optional[_Iterable[int]] = ..., awaiting_target: _Optional[bool] = ...) -> None: ...
 
 class ListLeasesRequest(_message.Message):
     __slots__ = ("group", "topic", "page_size", "page_token")

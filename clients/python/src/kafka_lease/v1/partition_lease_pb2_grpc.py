@@ -212,7 +212,8 @@ class PartitionLeaseServiceServicer:
 
     def ListMembers(self, request, context):
         """Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-        read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+        read from Consul, each with the partitions it holds and those the group's current target
+        assignment gives it, with that target's epoch. Ordered by topic, then member id.
 
         Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
         """

@@ -792,6 +792,23 @@ export interface MemberInfo {
     | undefined;
   /** The partitions of the topic its leases hold, ascending. */
   partitions: number[];
+  /**
+   * The epoch of the topic's target assignment for the group: the one assignment, computed
+   * once by one gateway at every membership change, that every member moves toward (see
+   * docs/ARCHITECTURE.md, "Subscriptions"). One more at every change; 0 while none was
+   * published.
+   */
+  groupEpoch: bigint;
+  /**
+   * The partitions that target gives this member, ascending: what `partitions` becomes once
+   * the members have moved (a partition moves when its holder has let it go).
+   */
+  targetPartitions: number[];
+  /**
+   * The member joined after that target was computed: it has no target partitions until the
+   * next epoch, which its join starts (normally within milliseconds).
+   */
+  awaitingTarget: boolean;
 }
 
 /** The request of ListLeases: optional filters and paging. */
@@ -4358,6 +4375,9 @@ function createBaseMemberInfo(): MemberInfo {
     maxPartitions: 0,
     joinedAt: undefined,
     partitions: [],
+    groupEpoch: 0n,
+    targetPartitions: [],
+    awaitingTarget: false,
   };
 }
 
@@ -4390,6 +4410,22 @@ export const MemberInfo: MessageFns<MemberInfo> = {
         writer.int32(v);
       }
       writer.join();
+    }
+    if (message.groupEpoch !== 0n) {
+      if (BigInt.asUintN(64, message.groupEpoch) !== message.groupEpoch) {
+        throw new globalThis.Error("value provided for field message.groupEpoch of type uint64 too large");
+      }
+      writer.uint32(72).uint64(message.groupEpoch);
+    }
+    if (message.targetPartitions.length !== 0) {
+      writer.uint32(82).fork();
+      for (const v of message.targetPartitions) {
+        writer.int32(v);
+      }
+      writer.join();
+    }
+    if (message.awaitingTarget !== false) {
+      writer.uint32(88).bool(message.awaitingTarget);
     }
     return writer;
   },
@@ -4481,6 +4517,40 @@ export const MemberInfo: MessageFns<MemberInfo> = {
 
             break;
           }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.groupEpoch = reader.uint64() as bigint;
+            continue;
+          }
+          case 10: {
+            if (tag === 80) {
+              message.targetPartitions.push(reader.int32());
+
+              continue;
+            }
+
+            if (tag === 82) {
+              const end2 = reader.uint32() + reader.pos;
+              while (reader.pos < end2) {
+                message.targetPartitions.push(reader.int32());
+              }
+
+              continue;
+            }
+
+            break;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.awaitingTarget = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -4517,6 +4587,21 @@ export const MemberInfo: MessageFns<MemberInfo> = {
       partitions: globalThis.Array.isArray(object?.partitions)
         ? object.partitions.map((e: any) => globalThis.Number(e))
         : [],
+      groupEpoch: isSet(object.groupEpoch)
+        ? BigInt(object.groupEpoch)
+        : isSet(object.group_epoch)
+        ? BigInt(object.group_epoch)
+        : 0n,
+      targetPartitions: globalThis.Array.isArray(object?.targetPartitions)
+        ? object.targetPartitions.map((e: any) => globalThis.Number(e))
+        : globalThis.Array.isArray(object?.target_partitions)
+        ? object.target_partitions.map((e: any) => globalThis.Number(e))
+        : [],
+      awaitingTarget: isSet(object.awaitingTarget)
+        ? globalThis.Boolean(object.awaitingTarget)
+        : isSet(object.awaiting_target)
+        ? globalThis.Boolean(object.awaiting_target)
+        : false,
     };
   },
 
@@ -4546,6 +4631,15 @@ export const MemberInfo: MessageFns<MemberInfo> = {
     if (message.partitions?.length) {
       obj.partitions = message.partitions.map((e) => Math.round(e));
     }
+    if (message.groupEpoch !== 0n) {
+      obj.groupEpoch = message.groupEpoch.toString();
+    }
+    if (message.targetPartitions?.length) {
+      obj.targetPartitions = message.targetPartitions.map((e) => Math.round(e));
+    }
+    if (message.awaitingTarget !== false) {
+      obj.awaitingTarget = message.awaitingTarget;
+    }
     return obj;
   },
 
@@ -4564,6 +4658,11 @@ export const MemberInfo: MessageFns<MemberInfo> = {
       ? Timestamp.fromPartial(object.joinedAt)
       : undefined;
     message.partitions = object.partitions?.map((e) => e) || [];
+    message.groupEpoch = (object.groupEpoch !== undefined && object.groupEpoch !== null)
+      ? BigInt(object.groupEpoch)
+      : 0n;
+    message.targetPartitions = object.targetPartitions?.map((e) => e) || [];
+    message.awaitingTarget = object.awaitingTarget ?? false;
     return message;
   },
 };
@@ -6337,7 +6436,8 @@ export const PartitionLeaseServiceService = {
   },
   /**
    * Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-   * read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+   * read from Consul, each with the partitions it holds and those the group's current target
+   * assignment gives it, with that target's epoch. Ordered by topic, then member id.
    *
    * Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
    */
@@ -6534,7 +6634,8 @@ export interface PartitionLeaseServiceServer extends UntypedServiceImplementatio
   subscribe: handleServerStreamingCall<SubscribeRequest, SubscribeResponse>;
   /**
    * Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-   * read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+   * read from Consul, each with the partitions it holds and those the group's current target
+   * assignment gives it, with that target's epoch. Ordered by topic, then member id.
    *
    * Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
    */
@@ -6758,7 +6859,8 @@ export interface PartitionLeaseServiceClient extends Client {
   ): ClientReadableStream<SubscribeResponse>;
   /**
    * Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-   * read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+   * read from Consul, each with the partitions it holds and those the group's current target
+   * assignment gives it, with that target's epoch. Ordered by topic, then member id.
    *
    * Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
    */

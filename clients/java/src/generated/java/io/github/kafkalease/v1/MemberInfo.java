@@ -39,6 +39,7 @@ private static final long serialVersionUID = 0L;
     member_ = "";
     gateway_ = "";
     partitions_ = emptyIntList();
+    targetPartitions_ = emptyIntList();
   }
 
   public static final com.google.protobuf.Descriptors.Descriptor
@@ -390,6 +391,85 @@ private static final long serialVersionUID = 0L;
   }
   private int partitionsMemoizedSerializedSize = -1;
 
+  public static final int GROUP_EPOCH_FIELD_NUMBER = 9;
+  private long groupEpoch_ = 0L;
+  /**
+   * <pre>
+   * The epoch of the topic's target assignment for the group: the one assignment, computed
+   * once by one gateway at every membership change, that every member moves toward (see
+   * docs/ARCHITECTURE.md, "Subscriptions"). One more at every change; 0 while none was
+   * published.
+   * </pre>
+   *
+   * <code>uint64 group_epoch = 9;</code>
+   * @return The groupEpoch.
+   */
+  @java.lang.Override
+  public long getGroupEpoch() {
+    return groupEpoch_;
+  }
+
+  public static final int TARGET_PARTITIONS_FIELD_NUMBER = 10;
+  @SuppressWarnings("serial")
+  private com.google.protobuf.Internal.IntList targetPartitions_ =
+      emptyIntList();
+  /**
+   * <pre>
+   * The partitions that target gives this member, ascending: what `partitions` becomes once
+   * the members have moved (a partition moves when its holder has let it go).
+   * </pre>
+   *
+   * <code>repeated int32 target_partitions = 10;</code>
+   * @return A list containing the targetPartitions.
+   */
+  @java.lang.Override
+  public java.util.List<java.lang.Integer>
+      getTargetPartitionsList() {
+    return targetPartitions_;
+  }
+  /**
+   * <pre>
+   * The partitions that target gives this member, ascending: what `partitions` becomes once
+   * the members have moved (a partition moves when its holder has let it go).
+   * </pre>
+   *
+   * <code>repeated int32 target_partitions = 10;</code>
+   * @return The count of targetPartitions.
+   */
+  public int getTargetPartitionsCount() {
+    return targetPartitions_.size();
+  }
+  /**
+   * <pre>
+   * The partitions that target gives this member, ascending: what `partitions` becomes once
+   * the members have moved (a partition moves when its holder has let it go).
+   * </pre>
+   *
+   * <code>repeated int32 target_partitions = 10;</code>
+   * @param index The index of the element to return.
+   * @return The targetPartitions at the given index.
+   */
+  public int getTargetPartitions(int index) {
+    return targetPartitions_.getInt(index);
+  }
+  private int targetPartitionsMemoizedSerializedSize = -1;
+
+  public static final int AWAITING_TARGET_FIELD_NUMBER = 11;
+  private boolean awaitingTarget_ = false;
+  /**
+   * <pre>
+   * The member joined after that target was computed: it has no target partitions until the
+   * next epoch, which its join starts (normally within milliseconds).
+   * </pre>
+   *
+   * <code>bool awaiting_target = 11;</code>
+   * @return The awaitingTarget.
+   */
+  @java.lang.Override
+  public boolean getAwaitingTarget() {
+    return awaitingTarget_;
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -433,6 +513,19 @@ private static final long serialVersionUID = 0L;
     for (int i = 0; i < partitions_.size(); i++) {
       output.writeInt32NoTag(partitions_.getInt(i));
     }
+    if (groupEpoch_ != 0L) {
+      output.writeUInt64(9, groupEpoch_);
+    }
+    if (getTargetPartitionsList().size() > 0) {
+      output.writeUInt32NoTag(82);
+      output.writeUInt32NoTag(targetPartitionsMemoizedSerializedSize);
+    }
+    for (int i = 0; i < targetPartitions_.size(); i++) {
+      output.writeInt32NoTag(targetPartitions_.getInt(i));
+    }
+    if (awaitingTarget_ != false) {
+      output.writeBool(11, awaitingTarget_);
+    }
     getUnknownFields().writeTo(output);
   }
   private int computeSerializedSize_0() {
@@ -473,6 +566,28 @@ private static final long serialVersionUID = 0L;
             .computeInt32SizeNoTag(dataSize);
       }
       partitionsMemoizedSerializedSize = dataSize;
+    }
+    if (groupEpoch_ != 0L) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeUInt64Size(9, groupEpoch_);
+    }
+    {
+      int dataSize = 0;
+      for (int i = 0; i < targetPartitions_.size(); i++) {
+        dataSize += com.google.protobuf.CodedOutputStream
+          .computeInt32SizeNoTag(targetPartitions_.getInt(i));
+      }
+      size += dataSize;
+      if (!getTargetPartitionsList().isEmpty()) {
+        size += 1;
+        size += com.google.protobuf.CodedOutputStream
+            .computeInt32SizeNoTag(dataSize);
+      }
+      targetPartitionsMemoizedSerializedSize = dataSize;
+    }
+    if (awaitingTarget_ != false) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeBoolSize(11, awaitingTarget_);
     }
     return size;
   }
@@ -517,6 +632,12 @@ private static final long serialVersionUID = 0L;
     }
     if (!getPartitionsList()
         .equals(other.getPartitionsList())) return false;
+    if (getGroupEpoch()
+        != other.getGroupEpoch()) return false;
+    if (!getTargetPartitionsList()
+        .equals(other.getTargetPartitionsList())) return false;
+    if (getAwaitingTarget()
+        != other.getAwaitingTarget()) return false;
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -548,6 +669,16 @@ private static final long serialVersionUID = 0L;
       hash = (37 * hash) + PARTITIONS_FIELD_NUMBER;
       hash = (53 * hash) + getPartitionsList().hashCode();
     }
+    hash = (37 * hash) + GROUP_EPOCH_FIELD_NUMBER;
+    hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
+        getGroupEpoch());
+    if (getTargetPartitionsCount() > 0) {
+      hash = (37 * hash) + TARGET_PARTITIONS_FIELD_NUMBER;
+      hash = (53 * hash) + getTargetPartitionsList().hashCode();
+    }
+    hash = (37 * hash) + AWAITING_TARGET_FIELD_NUMBER;
+    hash = (53 * hash) + com.google.protobuf.Internal.hashBoolean(
+        getAwaitingTarget());
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
     return hash;
@@ -702,6 +833,9 @@ private static final long serialVersionUID = 0L;
         joinedAtBuilder_ = null;
       }
       partitions_ = emptyIntList();
+      groupEpoch_ = 0L;
+      targetPartitions_ = emptyIntList();
+      awaitingTarget_ = false;
       return this;
     }
 
@@ -764,6 +898,16 @@ private static final long serialVersionUID = 0L;
         partitions_.makeImmutable();
         result.partitions_ = partitions_;
       }
+      if (((from_bitField0_ & 0x00000100) != 0)) {
+        result.groupEpoch_ = groupEpoch_;
+      }
+      if (((from_bitField0_ & 0x00000200) != 0)) {
+        targetPartitions_.makeImmutable();
+        result.targetPartitions_ = targetPartitions_;
+      }
+      if (((from_bitField0_ & 0x00000400) != 0)) {
+        result.awaitingTarget_ = awaitingTarget_;
+      }
       result.bitField0_ |= to_bitField0_;
     }
 
@@ -820,6 +964,23 @@ private static final long serialVersionUID = 0L;
           partitions_.addAll(other.partitions_);
         }
         onChanged();
+      }
+      if (other.getGroupEpoch() != 0L) {
+        setGroupEpoch(other.getGroupEpoch());
+      }
+      if (!other.targetPartitions_.isEmpty()) {
+        if (targetPartitions_.isEmpty()) {
+          targetPartitions_ = other.targetPartitions_;
+          targetPartitions_.makeImmutable();
+          bitField0_ |= 0x00000200;
+        } else {
+          ensureTargetPartitionsIsMutable();
+          targetPartitions_.addAll(other.targetPartitions_);
+        }
+        onChanged();
+      }
+      if (other.getAwaitingTarget() != false) {
+        setAwaitingTarget(other.getAwaitingTarget());
       }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
@@ -898,6 +1059,32 @@ private static final long serialVersionUID = 0L;
               input.popLimit(limit);
               break;
             } // case 66
+            case 72: {
+              groupEpoch_ = input.readUInt64();
+              bitField0_ |= 0x00000100;
+              break;
+            } // case 72
+            case 80: {
+              int v = input.readInt32();
+              ensureTargetPartitionsIsMutable();
+              targetPartitions_.addInt(v);
+              break;
+            } // case 80
+            case 82: {
+              int length = input.readRawVarint32();
+              int limit = input.pushLimit(length);
+              ensureTargetPartitionsIsMutable();
+              while (input.getBytesUntilLimit() > 0) {
+                targetPartitions_.addInt(input.readInt32());
+              }
+              input.popLimit(limit);
+              break;
+            } // case 82
+            case 88: {
+              awaitingTarget_ = input.readBool();
+              bitField0_ |= 0x00000400;
+              break;
+            } // case 88
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -1682,6 +1869,225 @@ private static final long serialVersionUID = 0L;
     public Builder clearPartitions() {
       partitions_ = emptyIntList();
       bitField0_ = (bitField0_ & ~0x00000080);
+      onChanged();
+      return this;
+    }
+
+    private long groupEpoch_ ;
+    /**
+     * <pre>
+     * The epoch of the topic's target assignment for the group: the one assignment, computed
+     * once by one gateway at every membership change, that every member moves toward (see
+     * docs/ARCHITECTURE.md, "Subscriptions"). One more at every change; 0 while none was
+     * published.
+     * </pre>
+     *
+     * <code>uint64 group_epoch = 9;</code>
+     * @return The groupEpoch.
+     */
+    @java.lang.Override
+    public long getGroupEpoch() {
+      return groupEpoch_;
+    }
+    /**
+     * <pre>
+     * The epoch of the topic's target assignment for the group: the one assignment, computed
+     * once by one gateway at every membership change, that every member moves toward (see
+     * docs/ARCHITECTURE.md, "Subscriptions"). One more at every change; 0 while none was
+     * published.
+     * </pre>
+     *
+     * <code>uint64 group_epoch = 9;</code>
+     * @param value The groupEpoch to set.
+     * @return This builder for chaining.
+     */
+    public Builder setGroupEpoch(long value) {
+
+      groupEpoch_ = value;
+      bitField0_ |= 0x00000100;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * The epoch of the topic's target assignment for the group: the one assignment, computed
+     * once by one gateway at every membership change, that every member moves toward (see
+     * docs/ARCHITECTURE.md, "Subscriptions"). One more at every change; 0 while none was
+     * published.
+     * </pre>
+     *
+     * <code>uint64 group_epoch = 9;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearGroupEpoch() {
+      bitField0_ = (bitField0_ & ~0x00000100);
+      groupEpoch_ = 0L;
+      onChanged();
+      return this;
+    }
+
+    private com.google.protobuf.Internal.IntList targetPartitions_ = emptyIntList();
+    private void ensureTargetPartitionsIsMutable() {
+      if (!targetPartitions_.isModifiable()) {
+        targetPartitions_ = makeMutableCopy(targetPartitions_);
+      }
+      bitField0_ |= 0x00000200;
+    }
+    /**
+     * <pre>
+     * The partitions that target gives this member, ascending: what `partitions` becomes once
+     * the members have moved (a partition moves when its holder has let it go).
+     * </pre>
+     *
+     * <code>repeated int32 target_partitions = 10;</code>
+     * @return A list containing the targetPartitions.
+     */
+    public java.util.List<java.lang.Integer>
+        getTargetPartitionsList() {
+      targetPartitions_.makeImmutable();
+      return targetPartitions_;
+    }
+    /**
+     * <pre>
+     * The partitions that target gives this member, ascending: what `partitions` becomes once
+     * the members have moved (a partition moves when its holder has let it go).
+     * </pre>
+     *
+     * <code>repeated int32 target_partitions = 10;</code>
+     * @return The count of targetPartitions.
+     */
+    public int getTargetPartitionsCount() {
+      return targetPartitions_.size();
+    }
+    /**
+     * <pre>
+     * The partitions that target gives this member, ascending: what `partitions` becomes once
+     * the members have moved (a partition moves when its holder has let it go).
+     * </pre>
+     *
+     * <code>repeated int32 target_partitions = 10;</code>
+     * @param index The index of the element to return.
+     * @return The targetPartitions at the given index.
+     */
+    public int getTargetPartitions(int index) {
+      return targetPartitions_.getInt(index);
+    }
+    /**
+     * <pre>
+     * The partitions that target gives this member, ascending: what `partitions` becomes once
+     * the members have moved (a partition moves when its holder has let it go).
+     * </pre>
+     *
+     * <code>repeated int32 target_partitions = 10;</code>
+     * @param index The index to set the value at.
+     * @param value The targetPartitions to set.
+     * @return This builder for chaining.
+     */
+    public Builder setTargetPartitions(
+        int index, int value) {
+
+      ensureTargetPartitionsIsMutable();
+      targetPartitions_.setInt(index, value);
+      bitField0_ |= 0x00000200;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * The partitions that target gives this member, ascending: what `partitions` becomes once
+     * the members have moved (a partition moves when its holder has let it go).
+     * </pre>
+     *
+     * <code>repeated int32 target_partitions = 10;</code>
+     * @param value The targetPartitions to add.
+     * @return This builder for chaining.
+     */
+    public Builder addTargetPartitions(int value) {
+
+      ensureTargetPartitionsIsMutable();
+      targetPartitions_.addInt(value);
+      bitField0_ |= 0x00000200;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * The partitions that target gives this member, ascending: what `partitions` becomes once
+     * the members have moved (a partition moves when its holder has let it go).
+     * </pre>
+     *
+     * <code>repeated int32 target_partitions = 10;</code>
+     * @param values The targetPartitions to add.
+     * @return This builder for chaining.
+     */
+    public Builder addAllTargetPartitions(
+        java.lang.Iterable<? extends java.lang.Integer> values) {
+      ensureTargetPartitionsIsMutable();
+      com.google.protobuf.AbstractMessageLite.Builder.addAll(
+          values, targetPartitions_);
+      bitField0_ |= 0x00000200;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * The partitions that target gives this member, ascending: what `partitions` becomes once
+     * the members have moved (a partition moves when its holder has let it go).
+     * </pre>
+     *
+     * <code>repeated int32 target_partitions = 10;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearTargetPartitions() {
+      targetPartitions_ = emptyIntList();
+      bitField0_ = (bitField0_ & ~0x00000200);
+      onChanged();
+      return this;
+    }
+
+    private boolean awaitingTarget_ ;
+    /**
+     * <pre>
+     * The member joined after that target was computed: it has no target partitions until the
+     * next epoch, which its join starts (normally within milliseconds).
+     * </pre>
+     *
+     * <code>bool awaiting_target = 11;</code>
+     * @return The awaitingTarget.
+     */
+    @java.lang.Override
+    public boolean getAwaitingTarget() {
+      return awaitingTarget_;
+    }
+    /**
+     * <pre>
+     * The member joined after that target was computed: it has no target partitions until the
+     * next epoch, which its join starts (normally within milliseconds).
+     * </pre>
+     *
+     * <code>bool awaiting_target = 11;</code>
+     * @param value The awaitingTarget to set.
+     * @return This builder for chaining.
+     */
+    public Builder setAwaitingTarget(boolean value) {
+
+      awaitingTarget_ = value;
+      bitField0_ |= 0x00000400;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * The member joined after that target was computed: it has no target partitions until the
+     * next epoch, which its join starts (normally within milliseconds).
+     * </pre>
+     *
+     * <code>bool awaiting_target = 11;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearAwaitingTarget() {
+      bitField0_ = (bitField0_ & ~0x00000400);
+      awaitingTarget_ = false;
       onChanged();
       return this;
     }

@@ -175,4 +175,60 @@ public interface MemberInfoOrBuilder extends
    * @return The partitions at the given index.
    */
   int getPartitions(int index);
+
+  /**
+   * <pre>
+   * The epoch of the topic's target assignment for the group: the one assignment, computed
+   * once by one gateway at every membership change, that every member moves toward (see
+   * docs/ARCHITECTURE.md, "Subscriptions"). One more at every change; 0 while none was
+   * published.
+   * </pre>
+   *
+   * <code>uint64 group_epoch = 9;</code>
+   * @return The groupEpoch.
+   */
+  long getGroupEpoch();
+
+  /**
+   * <pre>
+   * The partitions that target gives this member, ascending: what `partitions` becomes once
+   * the members have moved (a partition moves when its holder has let it go).
+   * </pre>
+   *
+   * <code>repeated int32 target_partitions = 10;</code>
+   * @return A list containing the targetPartitions.
+   */
+  java.util.List<java.lang.Integer> getTargetPartitionsList();
+  /**
+   * <pre>
+   * The partitions that target gives this member, ascending: what `partitions` becomes once
+   * the members have moved (a partition moves when its holder has let it go).
+   * </pre>
+   *
+   * <code>repeated int32 target_partitions = 10;</code>
+   * @return The count of targetPartitions.
+   */
+  int getTargetPartitionsCount();
+  /**
+   * <pre>
+   * The partitions that target gives this member, ascending: what `partitions` becomes once
+   * the members have moved (a partition moves when its holder has let it go).
+   * </pre>
+   *
+   * <code>repeated int32 target_partitions = 10;</code>
+   * @param index The index of the element to return.
+   * @return The targetPartitions at the given index.
+   */
+  int getTargetPartitions(int index);
+
+  /**
+   * <pre>
+   * The member joined after that target was computed: it has no target partitions until the
+   * next epoch, which its join starts (normally within milliseconds).
+   * </pre>
+   *
+   * <code>bool awaiting_target = 11;</code>
+   * @return The awaitingTarget.
+   */
+  boolean getAwaitingTarget();
 }

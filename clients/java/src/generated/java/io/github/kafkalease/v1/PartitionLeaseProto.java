@@ -296,97 +296,99 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "\030\005 \001(\t\"A\n\022ListMembersRequest\022\r\n\005group\030\001 " +
       "\001(\t\022\022\n\005topic\030\002 \001(\tH\000\210\001\001B\010\n\006_topic\"B\n\023Lis" +
       "tMembersResponse\022+\n\007members\030\001 \003(\0132\032.kafk" +
-      "a_lease.v1.MemberInfo\"\271\001\n\nMemberInfo\022\r\n\005" +
+      "a_lease.v1.MemberInfo\"\202\002\n\nMemberInfo\022\r\n\005" +
       "group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tmember_id\030" +
       "\003 \001(\t\022\016\n\006member\030\004 \001(\t\022\017\n\007gateway\030\005 \001(\t\022\026" +
       "\n\016max_partitions\030\006 \001(\r\022-\n\tjoined_at\030\007 \001(" +
       "\0132\032.google.protobuf.Timestamp\022\022\n\npartiti" +
-      "ons\030\010 \003(\005\"v\n\021ListLeasesRequest\022\022\n\005group\030" +
-      "\001 \001(\tH\000\210\001\001\022\022\n\005topic\030\002 \001(\tH\001\210\001\001\022\021\n\tpage_s" +
-      "ize\030\003 \001(\r\022\022\n\npage_token\030\004 \001(\tB\010\n\006_groupB" +
-      "\010\n\006_topic\"X\n\022ListLeasesResponse\022)\n\006lease" +
-      "s\030\001 \003(\0132\031.kafka_lease.v1.LeaseInfo\022\027\n\017ne" +
-      "xt_page_token\030\002 \001(\t\"\216\004\n\tLeaseInfo\022\r\n\005gro" +
-      "up\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001" +
-      "(\005\022\016\n\006member\030\004 \001(\t\022\025\n\rfencing_token\030\005 \001(" +
-      "\004\022/\n\013acquired_at\030\006 \001(\0132\032.google.protobuf" +
-      ".Timestamp\022.\n\nexpires_at\030\007 \001(\0132\032.google." +
-      "protobuf.Timestamp\022\017\n\007gateway\030\010 \001(\t\022\025\n\010p" +
-      "osition\030\t \001(\003H\000\210\001\001\022\035\n\020committed_offset\030\n" +
-      " \001(\003H\001\210\001\001\022\033\n\016high_watermark\030\013 \001(\003H\002\210\001\001\022\020" +
-      "\n\003lag\030\014 \001(\003H\003\210\001\001\022\025\n\010read_lag\030\020 \001(\003H\004\210\001\001\022" +
-      "\033\n\023details_unavailable\030\r \001(\t\022\027\n\017gateway_" +
-      "address\030\016 \001(\t\022\021\n\tmember_id\030\017 \001(\t\022(\n\005queu" +
-      "e\030\021 \001(\0132\031.kafka_lease.v1.QueueInfoB\013\n\t_p" +
-      "ositionB\023\n\021_committed_offsetB\021\n\017_high_wa" +
-      "termarkB\006\n\004_lagB\013\n\t_read_lag\"\275\002\n\tQueueIn" +
-      "fo\022/\n\010ordering\030\001 \001(\0162\035.kafka_lease.v1.De" +
-      "liveryOrder\022\021\n\tin_flight\030\002 \001(\r\0223\n\020oldest" +
-      "_in_flight\030\003 \001(\0132\031.google.protobuf.Durat" +
-      "ion\022\017\n\007waiting\030\004 \001(\r\022\022\n\ndeliveries\030\005 \001(\004" +
-      "\022\024\n\014redeliveries\030\006 \001(\004\022\024\n\014dead_letters\030\007" +
-      " \001(\004\022\031\n\021dead_letter_topic\030\010 \001(\t\022/\n\014progr" +
-      "ess_age\030\t \001(\0132\031.google.protobuf.Duration" +
-      "\022\032\n\022done_not_committed\030\n \001(\004\"\353\001\n\016Deliver" +
-      "Request\022\020\n\010lease_id\030\001 \001(\t\022/\n\010ordering\030\002 " +
-      "\001(\0162\035.kafka_lease.v1.DeliveryOrder\022\025\n\rma" +
-      "x_in_flight\030\003 \001(\r\022\033\n\023max_in_flight_bytes" +
-      "\030\004 \001(\r\022/\n\014ack_deadline\030\005 \001(\0132\031.google.pr" +
-      "otobuf.Duration\022\026\n\016max_deliveries\030\006 \001(\r\022" +
-      "\031\n\021dead_letter_topic\030\007 \001(\t\"W\n\017DeliverRes" +
-      "ponse\022,\n\ndeliveries\030\001 \003(\0132\030.kafka_lease." +
-      "v1.Delivery\022\026\n\016high_watermark\030\002 \001(\003\"v\n\010D" +
-      "elivery\022+\n\006record\030\001 \001(\0132\033.kafka_lease.v1" +
-      ".KafkaRecord\022\017\n\007attempt\030\002 \001(\r\022,\n\010deadlin" +
-      "e\030\003 \001(\0132\032.google.protobuf.Timestamp\"a\n\022A" +
-      "cknowledgeRequest\022\020\n\010lease_id\030\001 \001(\t\0229\n\020a" +
-      "cknowledgements\030\002 \003(\0132\037.kafka_lease.v1.A" +
-      "cknowledgement\"\231\001\n\017Acknowledgement\022\016\n\006of" +
-      "fset\030\001 \001(\003\022%\n\004type\030\002 \001(\0162\027.kafka_lease.v" +
-      "1.AckType\022\017\n\007attempt\030\003 \001(\r\022.\n\013retry_dela" +
-      "y\030\004 \001(\0132\031.google.protobuf.Duration\022\016\n\006re" +
-      "ason\030\005 \001(\t\"C\n\023AcknowledgeResponse\022,\n\010out" +
-      "comes\030\001 \003(\0162\032.kafka_lease.v1.AckOutcome*" +
-      "_\n\013OffsetReset\022\034\n\030OFFSET_RESET_UNSPECIFI" +
-      "ED\020\000\022\031\n\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSE" +
-      "T_RESET_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIM" +
-      "ESTAMP_TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_T" +
-      "YPE_CREATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_" +
-      "APPEND_TIME\020\002*\203\001\n\rDeliveryOrder\022\036\n\032DELIV" +
-      "ERY_ORDER_UNSPECIFIED\020\000\022\034\n\030DELIVERY_ORDE" +
-      "R_PARTITION\020\001\022\026\n\022DELIVERY_ORDER_KEY\020\002\022\034\n" +
-      "\030DELIVERY_ORDER_UNORDERED\020\003*u\n\007AckType\022\030" +
-      "\n\024ACK_TYPE_UNSPECIFIED\020\000\022\023\n\017ACK_TYPE_ACC" +
-      "EPT\020\001\022\022\n\016ACK_TYPE_RETRY\020\002\022\023\n\017ACK_TYPE_RE" +
-      "JECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004*x\n\nAckOutcome" +
-      "\022\033\n\027ACK_OUTCOME_UNSPECIFIED\020\000\022\027\n\023ACK_OUT" +
-      "COME_APPLIED\020\001\022\025\n\021ACK_OUTCOME_STALE\020\002\022\035\n" +
-      "\031ACK_OUTCOME_NOT_DELIVERED\020\0032\247\006\n\025Partiti" +
-      "onLeaseService\022J\n\007Acquire\022\036.kafka_lease." +
-      "v1.AcquireRequest\032\037.kafka_lease.v1.Acqui" +
-      "reResponse\022C\n\004Read\022\033.kafka_lease.v1.Read" +
-      "Request\032\034.kafka_lease.v1.ReadResponse0\001\022" +
-      "A\n\004Seek\022\033.kafka_lease.v1.SeekRequest\032\034.k" +
-      "afka_lease.v1.SeekResponse\022G\n\006Commit\022\035.k" +
-      "afka_lease.v1.CommitRequest\032\036.kafka_leas" +
-      "e.v1.CommitResponse\022J\n\007Release\022\036.kafka_l" +
-      "ease.v1.ReleaseRequest\032\037.kafka_lease.v1." +
-      "ReleaseResponse\022R\n\tSubscribe\022 .kafka_lea" +
-      "se.v1.SubscribeRequest\032!.kafka_lease.v1." +
-      "SubscribeResponse0\001\022V\n\013ListMembers\022\".kaf" +
-      "ka_lease.v1.ListMembersRequest\032#.kafka_l" +
-      "ease.v1.ListMembersResponse\022S\n\nListLease" +
-      "s\022!.kafka_lease.v1.ListLeasesRequest\032\".k" +
-      "afka_lease.v1.ListLeasesResponse\022L\n\007Deli" +
-      "ver\022\036.kafka_lease.v1.DeliverRequest\032\037.ka" +
-      "fka_lease.v1.DeliverResponse0\001\022V\n\013Acknow" +
-      "ledge\022\".kafka_lease.v1.AcknowledgeReques" +
-      "t\032#.kafka_lease.v1.AcknowledgeResponseB\260" +
-      "\001\n\027io.github.kafkalease.v1B\023PartitionLea" +
-      "seProtoP\001ZGgithub.com/kafka-lease/kafka-" +
-      "lease/clients/go/kafkaleasev1;kafkalease" +
-      "v1\242\002\003KLX\252\002\rKafkaLease.V1\312\002\rKafkaLease\\V1" +
-      "\352\002\016KafkaLease::V1b\006proto3"
+      "ons\030\010 \003(\005\022\023\n\013group_epoch\030\t \001(\004\022\031\n\021target" +
+      "_partitions\030\n \003(\005\022\027\n\017awaiting_target\030\013 \001" +
+      "(\010\"v\n\021ListLeasesRequest\022\022\n\005group\030\001 \001(\tH\000" +
+      "\210\001\001\022\022\n\005topic\030\002 \001(\tH\001\210\001\001\022\021\n\tpage_size\030\003 \001" +
+      "(\r\022\022\n\npage_token\030\004 \001(\tB\010\n\006_groupB\010\n\006_top" +
+      "ic\"X\n\022ListLeasesResponse\022)\n\006leases\030\001 \003(\013" +
+      "2\031.kafka_lease.v1.LeaseInfo\022\027\n\017next_page" +
+      "_token\030\002 \001(\t\"\216\004\n\tLeaseInfo\022\r\n\005group\030\001 \001(" +
+      "\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\016\n\006m" +
+      "ember\030\004 \001(\t\022\025\n\rfencing_token\030\005 \001(\004\022/\n\013ac" +
+      "quired_at\030\006 \001(\0132\032.google.protobuf.Timest" +
+      "amp\022.\n\nexpires_at\030\007 \001(\0132\032.google.protobu" +
+      "f.Timestamp\022\017\n\007gateway\030\010 \001(\t\022\025\n\010position" +
+      "\030\t \001(\003H\000\210\001\001\022\035\n\020committed_offset\030\n \001(\003H\001\210" +
+      "\001\001\022\033\n\016high_watermark\030\013 \001(\003H\002\210\001\001\022\020\n\003lag\030\014" +
+      " \001(\003H\003\210\001\001\022\025\n\010read_lag\030\020 \001(\003H\004\210\001\001\022\033\n\023deta" +
+      "ils_unavailable\030\r \001(\t\022\027\n\017gateway_address" +
+      "\030\016 \001(\t\022\021\n\tmember_id\030\017 \001(\t\022(\n\005queue\030\021 \001(\013" +
+      "2\031.kafka_lease.v1.QueueInfoB\013\n\t_position" +
+      "B\023\n\021_committed_offsetB\021\n\017_high_watermark" +
+      "B\006\n\004_lagB\013\n\t_read_lag\"\275\002\n\tQueueInfo\022/\n\010o" +
+      "rdering\030\001 \001(\0162\035.kafka_lease.v1.DeliveryO" +
+      "rder\022\021\n\tin_flight\030\002 \001(\r\0223\n\020oldest_in_fli" +
+      "ght\030\003 \001(\0132\031.google.protobuf.Duration\022\017\n\007" +
+      "waiting\030\004 \001(\r\022\022\n\ndeliveries\030\005 \001(\004\022\024\n\014red" +
+      "eliveries\030\006 \001(\004\022\024\n\014dead_letters\030\007 \001(\004\022\031\n" +
+      "\021dead_letter_topic\030\010 \001(\t\022/\n\014progress_age" +
+      "\030\t \001(\0132\031.google.protobuf.Duration\022\032\n\022don" +
+      "e_not_committed\030\n \001(\004\"\353\001\n\016DeliverRequest" +
+      "\022\020\n\010lease_id\030\001 \001(\t\022/\n\010ordering\030\002 \001(\0162\035.k" +
+      "afka_lease.v1.DeliveryOrder\022\025\n\rmax_in_fl" +
+      "ight\030\003 \001(\r\022\033\n\023max_in_flight_bytes\030\004 \001(\r\022" +
+      "/\n\014ack_deadline\030\005 \001(\0132\031.google.protobuf." +
+      "Duration\022\026\n\016max_deliveries\030\006 \001(\r\022\031\n\021dead" +
+      "_letter_topic\030\007 \001(\t\"W\n\017DeliverResponse\022," +
+      "\n\ndeliveries\030\001 \003(\0132\030.kafka_lease.v1.Deli" +
+      "very\022\026\n\016high_watermark\030\002 \001(\003\"v\n\010Delivery" +
+      "\022+\n\006record\030\001 \001(\0132\033.kafka_lease.v1.KafkaR" +
+      "ecord\022\017\n\007attempt\030\002 \001(\r\022,\n\010deadline\030\003 \001(\013" +
+      "2\032.google.protobuf.Timestamp\"a\n\022Acknowle" +
+      "dgeRequest\022\020\n\010lease_id\030\001 \001(\t\0229\n\020acknowle" +
+      "dgements\030\002 \003(\0132\037.kafka_lease.v1.Acknowle" +
+      "dgement\"\231\001\n\017Acknowledgement\022\016\n\006offset\030\001 " +
+      "\001(\003\022%\n\004type\030\002 \001(\0162\027.kafka_lease.v1.AckTy" +
+      "pe\022\017\n\007attempt\030\003 \001(\r\022.\n\013retry_delay\030\004 \001(\013" +
+      "2\031.google.protobuf.Duration\022\016\n\006reason\030\005 " +
+      "\001(\t\"C\n\023AcknowledgeResponse\022,\n\010outcomes\030\001" +
+      " \003(\0162\032.kafka_lease.v1.AckOutcome*_\n\013Offs" +
+      "etReset\022\034\n\030OFFSET_RESET_UNSPECIFIED\020\000\022\031\n" +
+      "\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSET_RESET" +
+      "_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIMESTAMP_" +
+      "TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_TYPE_CRE" +
+      "ATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_APPEND_" +
+      "TIME\020\002*\203\001\n\rDeliveryOrder\022\036\n\032DELIVERY_ORD" +
+      "ER_UNSPECIFIED\020\000\022\034\n\030DELIVERY_ORDER_PARTI" +
+      "TION\020\001\022\026\n\022DELIVERY_ORDER_KEY\020\002\022\034\n\030DELIVE" +
+      "RY_ORDER_UNORDERED\020\003*u\n\007AckType\022\030\n\024ACK_T" +
+      "YPE_UNSPECIFIED\020\000\022\023\n\017ACK_TYPE_ACCEPT\020\001\022\022" +
+      "\n\016ACK_TYPE_RETRY\020\002\022\023\n\017ACK_TYPE_REJECT\020\003\022" +
+      "\022\n\016ACK_TYPE_RENEW\020\004*x\n\nAckOutcome\022\033\n\027ACK" +
+      "_OUTCOME_UNSPECIFIED\020\000\022\027\n\023ACK_OUTCOME_AP" +
+      "PLIED\020\001\022\025\n\021ACK_OUTCOME_STALE\020\002\022\035\n\031ACK_OU" +
+      "TCOME_NOT_DELIVERED\020\0032\247\006\n\025PartitionLease" +
+      "Service\022J\n\007Acquire\022\036.kafka_lease.v1.Acqu" +
+      "ireRequest\032\037.kafka_lease.v1.AcquireRespo" +
+      "nse\022C\n\004Read\022\033.kafka_lease.v1.ReadRequest" +
+      "\032\034.kafka_lease.v1.ReadResponse0\001\022A\n\004Seek" +
+      "\022\033.kafka_lease.v1.SeekRequest\032\034.kafka_le" +
+      "ase.v1.SeekResponse\022G\n\006Commit\022\035.kafka_le" +
+      "ase.v1.CommitRequest\032\036.kafka_lease.v1.Co" +
+      "mmitResponse\022J\n\007Release\022\036.kafka_lease.v1" +
+      ".ReleaseRequest\032\037.kafka_lease.v1.Release" +
+      "Response\022R\n\tSubscribe\022 .kafka_lease.v1.S" +
+      "ubscribeRequest\032!.kafka_lease.v1.Subscri" +
+      "beResponse0\001\022V\n\013ListMembers\022\".kafka_leas" +
+      "e.v1.ListMembersRequest\032#.kafka_lease.v1" +
+      ".ListMembersResponse\022S\n\nListLeases\022!.kaf" +
+      "ka_lease.v1.ListLeasesRequest\032\".kafka_le" +
+      "ase.v1.ListLeasesResponse\022L\n\007Deliver\022\036.k" +
+      "afka_lease.v1.DeliverRequest\032\037.kafka_lea" +
+      "se.v1.DeliverResponse0\001\022V\n\013Acknowledge\022\"" +
+      ".kafka_lease.v1.AcknowledgeRequest\032#.kaf" +
+      "ka_lease.v1.AcknowledgeResponseB\260\001\n\027io.g" +
+      "ithub.kafkalease.v1B\023PartitionLeaseProto" +
+      "P\001ZGgithub.com/kafka-lease/kafka-lease/c" +
+      "lients/go/kafkaleasev1;kafkaleasev1\242\002\003KL" +
+      "X\252\002\rKafkaLease.V1\312\002\rKafkaLease\\V1\352\002\016Kafk" +
+      "aLease::V1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -538,7 +540,7 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
     internal_static_kafka_lease_v1_MemberInfo_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_MemberInfo_descriptor,
-        new java.lang.String[] { "Group", "Topic", "MemberId", "Member", "Gateway", "MaxPartitions", "JoinedAt", "Partitions", });
+        new java.lang.String[] { "Group", "Topic", "MemberId", "Member", "Gateway", "MaxPartitions", "JoinedAt", "Partitions", "GroupEpoch", "TargetPartitions", "AwaitingTarget", });
     internal_static_kafka_lease_v1_ListLeasesRequest_descriptor =
       getDescriptor().getMessageType(24);
     internal_static_kafka_lease_v1_ListLeasesRequest_fieldAccessorTable = new

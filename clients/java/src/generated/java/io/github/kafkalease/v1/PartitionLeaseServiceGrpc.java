@@ -521,7 +521,8 @@ public final class PartitionLeaseServiceGrpc {
     /**
      * <pre>
      * Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-     * read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+     * read from Consul, each with the partitions it holds and those the group's current target
+     * assignment gives it, with that target's epoch. Ordered by topic, then member id.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
      * </pre>
      */
@@ -768,7 +769,8 @@ public final class PartitionLeaseServiceGrpc {
     /**
      * <pre>
      * Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-     * read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+     * read from Consul, each with the partitions it holds and those the group's current target
+     * assignment gives it, with that target's epoch. Ordered by topic, then member id.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
      * </pre>
      */
@@ -1003,7 +1005,8 @@ public final class PartitionLeaseServiceGrpc {
     /**
      * <pre>
      * Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-     * read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+     * read from Consul, each with the partitions it holds and those the group's current target
+     * assignment gives it, with that target's epoch. Ordered by topic, then member id.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
      * </pre>
      */
@@ -1234,7 +1237,8 @@ public final class PartitionLeaseServiceGrpc {
     /**
      * <pre>
      * Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-     * read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+     * read from Consul, each with the partitions it holds and those the group's current target
+     * assignment gives it, with that target's epoch. Ordered by topic, then member id.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
      * </pre>
      */
@@ -1403,7 +1407,8 @@ public final class PartitionLeaseServiceGrpc {
     /**
      * <pre>
      * Lists the members subscribed to `group` (Subscribe), across every gateway instance,
-     * read from Consul, each with the partitions it holds. Ordered by topic, then member id.
+     * read from Consul, each with the partitions it holds and those the group's current target
+     * assignment gives it, with that target's epoch. Ordered by topic, then member id.
      * Errors: INVALID_ARGUMENT (INVALID_FIELD); UNAVAILABLE (CONSUL_UNAVAILABLE).
      * </pre>
      */
