@@ -17,7 +17,7 @@ use kafka_lease_client::proto;
 use kafka_lease_client::{Client, LeaseFilter};
 use kafka_lease_testkit::{unique_name, wait_for, Services};
 use proto::subscribe_response::Event;
-use support::{create_topic, produce_n, producer, unique_prefix, GatewayProcess};
+use support::{consul_keys, create_topic, produce_n, producer, unique_prefix, GatewayProcess};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -868,6 +868,14 @@ async fn a_member_that_comes_back_within_its_grace_keeps_its_leases() {
         .await
         .expect("list members");
     assert!(members.is_empty(), "{members:?}");
+    // Nothing of the group stays in Consul: the last member to leave removed its topics'
+    // target assignments too.
+    let group_keys = format!("{prefix}/{group}/");
+    wait_for("the group's keys to go", DEADLINE, || async {
+        let keys = consul_keys(&services, &prefix).await;
+        (!keys.iter().any(|(k, _, _)| k.starts_with(&group_keys))).then_some(())
+    })
+    .await;
 }
 
 /// One member of two topics holds a share of each; a member of one of them takes half of

@@ -511,4 +511,8 @@ func TestSubscriptionResubscribesAfterTheConnectionIsCut(t *testing.T) {
 	if len(members) != 1 || members[0].GetMemberId() != memberID || len(members[0].GetPartitions()) != 2 {
 		t.Fatalf("members %v", members)
 	}
+	// One join, one epoch of the group's target, which gives the member what it holds.
+	if members[0].GetGroupEpoch() != 1 || len(members[0].GetTargetPartitions()) != 2 {
+		t.Fatalf("epoch %d, target %v", members[0].GetGroupEpoch(), members[0].GetTargetPartitions())
+	}
 }

@@ -267,6 +267,8 @@ describe("against the gateway", () => {
       assert.deepEqual(seen.get(1), P1.map((r) => r.offset));
       const members = await client.listMembers(group);
       assert.deepEqual(members.map((m) => [m.memberId, m.partitions]), [[subscription.memberId, [0, 1]]]);
+      // One join, one epoch of the group's target, which gives the member what it holds.
+      assert.deepEqual([Number(members[0].groupEpoch), members[0].targetPartitions], [1, [0, 1]]);
     } finally {
       subscription.cancel();
     }

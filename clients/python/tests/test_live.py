@@ -203,6 +203,9 @@ def test_subscribe_gets_everything_and_leaves_on_close(client: Client, fixture: 
                 assert_same(record, want)
         members = client.list_members(group)
         assert [(m.member_id, sorted(m.partitions)) for m in members] == [("py-member-1", [0, 1])]
+        # One join, one epoch of the group's target, which gives the member what it holds.
+        assert (members[0].group_epoch, list(members[0].target_partitions)) == (1, [0, 1])
+        assert not members[0].awaiting_target
     # Closing the subscription leaves the group and releases its leases.
     wait_until("the member to leave", lambda: client.list_members(group) == [] or None)
     wait_until("its leases to be released", lambda: client.list_leases(group=group) == [] or None)

@@ -412,6 +412,16 @@ pub trait LockBackend: Send + Sync + std::fmt::Debug + 'static {
         replaces: Option<u64>,
     ) -> Result<bool, CoordinationError>;
 
+    /// Removes the target of (`group`, `topic`) if it is still the one written at `index`
+    /// (the last member left): one check-and-set delete. `Ok(false)` when it was replaced
+    /// (a member joined meanwhile); `Ok(true)` when it is gone, now or already.
+    async fn remove_target(
+        &self,
+        group: &str,
+        topic: &str,
+        index: u64,
+    ) -> Result<bool, CoordinationError>;
+
     /// The published targets of the topics of `group`: topic → target, one read.
     async fn targets(
         &self,

@@ -513,6 +513,29 @@ impl LockBackend for MemoryLocks {
         Ok(true)
     }
 
+    async fn remove_target(
+        &self,
+        group: &str,
+        topic: &str,
+        index: u64,
+    ) -> Result<bool, CoordinationError> {
+        let written = {
+            let mut table = self.store.table();
+            let topic_key = (group.to_string(), topic.to_string());
+            match table.targets.get(&topic_key).map(|t| t.index) {
+                None => return Ok(true),
+                Some(stored) if stored != index => return Ok(false),
+                Some(_) => {}
+            }
+            table.targets.remove(&topic_key);
+            let written = table.next_index();
+            table.touch(&LockKey::new(group, topic, 0), written);
+            written
+        };
+        self.store.announce(written);
+        Ok(true)
+    }
+
     async fn targets(
         &self,
         group: &str,

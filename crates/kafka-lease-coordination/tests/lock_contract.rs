@@ -765,6 +765,15 @@ async fn targets_are_check_and_set_and_outlive_sessions<B: LockBackend>(rig: Rig
         Some(second),
         "the target stays when its writer's session ends"
     );
+    // Removing needs the index of the stored one too.
+    let index = view(&rig.a).await.target.expect("still there").index;
+    assert!(!rig.a.remove_target(&group, topic, index - 1).await.unwrap());
+    assert!(rig.a.remove_target(&group, topic, index).await.unwrap());
+    assert_eq!(view(&rig.a).await.target, None);
+    assert!(
+        rig.a.remove_target(&group, topic, index).await.unwrap(),
+        "gone already counts as gone"
+    );
     rig.finish().await;
 }
 

@@ -423,6 +423,15 @@ impl LockBackend for ConsulLocks {
             .await
     }
 
+    async fn remove_target(
+        &self,
+        group: &str,
+        topic: &str,
+        index: u64,
+    ) -> Result<bool, CoordinationError> {
+        self.shared.remove_target(group, topic, index).await
+    }
+
     async fn targets(
         &self,
         group: &str,

@@ -111,4 +111,21 @@ impl Shared {
             TxnOutcome::Refused(_) => Ok(false),
         }
     }
+
+    /// One `/v1/txn` with a `delete-cas` of the target key.
+    pub(super) async fn remove_target(
+        &self,
+        group: &str,
+        topic: &str,
+        index: u64,
+    ) -> Result<bool, CoordinationError> {
+        let path = target_path(self.prefix(), group, topic);
+        match self
+            .txn("remove_target", vec![TxnOp::delete_cas(&path, index)])
+            .await?
+        {
+            TxnOutcome::Applied(_) => Ok(true),
+            TxnOutcome::Refused(_) => Ok(false),
+        }
+    }
 }

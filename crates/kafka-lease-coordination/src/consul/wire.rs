@@ -225,6 +225,19 @@ impl TxnOp {
         }
     }
 
+    /// Deletes `key` if its `ModifyIndex` is still `index`.
+    pub(super) fn delete_cas(key: &str, index: u64) -> Self {
+        TxnOp {
+            kv: TxnKv {
+                verb: "delete-cas",
+                key: key.to_string(),
+                value: None,
+                session: None,
+                index: Some(index),
+            },
+        }
+    }
+
     /// Fails the transaction unless `session` holds `key`.
     pub(super) fn check_session(key: &str, session: &str) -> Self {
         TxnOp {

@@ -932,6 +932,7 @@ impl Member {
                     "could not remove a member record; it goes with the session",
                 );
             }
+            remove_target_if_last(&self.gateway, &self.spec.group, topic).await;
         }
         let deadline = tokio::time::Instant::now() + CLEANUP_WAIT;
         while !self.pending.is_empty() {
@@ -959,6 +960,30 @@ impl Member {
             member_id = %self.spec.member_id,
             "member left",
         );
+    }
+}
+
+/// After a leaving member's record is gone: removes the topic's target if no member is left
+/// (a check-and-set on the target read, so a member's newer epoch stays), so that a group
+/// that is done leaves nothing in Consul. A member that joins after the removal starts from
+/// epoch 1, from what the members hold.
+async fn remove_target_if_last(gateway: &Gateway, group: &str, topic: &str) {
+    let locks = gateway.locks();
+    let Ok(view) = locks.topic_view(group, topic, None, Duration::ZERO).await else {
+        return;
+    };
+    let Some(target) = view.target.filter(|_| view.members.is_empty()) else {
+        return;
+    };
+    match locks.remove_target(group, topic, target.index).await {
+        Ok(true) => tracing::info!(
+            %group,
+            %topic,
+            epoch = target.target.epoch,
+            "the last member left; removed the target assignment",
+        ),
+        Ok(false) => {}
+        Err(error) => tracing::debug!(%topic, %error, "could not remove the target"),
     }
 }
 

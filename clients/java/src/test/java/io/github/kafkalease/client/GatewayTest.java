@@ -269,6 +269,9 @@ class GatewayTest {
       List<MemberInfo> members = client.listMembers(group);
       assertEquals(1, members.size());
       assertEquals(memberId, members.get(0).getMemberId());
+      // One join, one epoch of the group's target, which gives the member what it holds.
+      assertEquals(1L, members.get(0).getGroupEpoch());
+      assertEquals(List.of(0, 1), members.get(0).getTargetPartitionsList());
     }
     // Closing the subscription leaves the group.
     long deadline = System.nanoTime() + WAIT.toNanos();
