@@ -155,6 +155,10 @@ pub(super) struct Member {
     not_before: HashMap<(String, i32), tokio::time::Instant>,
     /// Topics whose target this member is publishing.
     publishing: HashSet<String>,
+    /// Per topic, the index of the target this member last wrote a successor of (`None`:
+    /// it wrote the first): while its view still shows that one, the write is not in the
+    /// view yet (or lost to another writer's, not in it yet either), and is not made again.
+    replaced: HashMap<String, Option<u64>>,
     /// Topics whose published target is out of date: since when, as this member saw it.
     stale_since: HashMap<String, tokio::time::Instant>,
     /// Topics to plan again at an instant (a takeover of a late publication, a retry).
@@ -217,6 +221,7 @@ impl Member {
             pending: HashSet::new(),
             not_before: HashMap::new(),
             publishing: HashSet::new(),
+            replaced: HashMap::new(),
             stale_since: HashMap::new(),
             replan_at: HashMap::new(),
             merged: SelectAll::new(),
@@ -457,6 +462,8 @@ impl Member {
             Done::Published { topic, retry_at } => {
                 self.publishing.remove(&topic);
                 if let Some(at) = retry_at {
+                    // Failed: written again at the retry, whatever the view shows.
+                    self.replaced.remove(&topic);
                     self.replan_at.insert(topic.clone(), at);
                 }
                 topic
@@ -751,7 +758,11 @@ impl Member {
             self.stale_since.remove(topic);
             return;
         }
-        if !inputs.members.contains_key(&self.spec.member_id) || self.publishing.contains(topic) {
+        let replaces = published.map(|t| t.index);
+        if !inputs.members.contains_key(&self.spec.member_id)
+            || self.publishing.contains(topic)
+            || self.replaced.get(topic) == Some(&replaces)
+        {
             return;
         }
         let now = tokio::time::Instant::now();
@@ -780,8 +791,8 @@ impl Member {
             computed_by: self.gateway.instance().to_string(),
             computed_at_ms: crate::coordination::unix_ms(SystemTime::now()),
         };
-        let replaces = published.map(|t| t.index);
         self.publishing.insert(topic.to_string());
+        self.replaced.insert(topic.to_string(), replaces);
         let (gateway, done) = (self.gateway.clone(), self.done.clone());
         let (group, topic, member_id) = (
             self.spec.group.clone(),
