@@ -197,6 +197,27 @@ impl TopicWaiters {
         *watch = Some(start(index));
     }
 
+    /// For a line that has never had a view, whose only ticket is `seq` and wants one
+    /// partition: takes an empty view (nothing held) instead of reading the topic, and offers
+    /// from it. The ticket's one attempt at the lock then reads the key as a side effect: a
+    /// partition found held is marked so, and the next refresh reads the topic. That saves
+    /// the lone Acquire of a free partition a Consul round trip (issue 49); an Acquire of a
+    /// held one pays a refused lock (a Raft write) instead of a read. Whether it did so.
+    fn assume_free(&self, seq: u64) -> bool {
+        let mut inner = self.lock();
+        let alone = inner.tickets.len() == 1
+            && inner
+                .tickets
+                .get(&seq)
+                .is_some_and(|slot| matches!(slot.wants, Wants::One(_)));
+        if inner.view.is_some() || !alone {
+            return false;
+        }
+        inner.view = Some(TopicView::default());
+        self.dispatch_locked(&mut inner);
+        true
+    }
+
     /// Brings the view up to date when no watch does: reads it with `read`, unless a view
     /// was taken while this call waited for another reader (Acquires that arrive together
     /// share one read), then offers what it shows free.
@@ -372,7 +393,7 @@ impl Ticket {
     {
         if self.line.is_watched() {
             self.line.dispatch();
-        } else {
+        } else if !self.line.assume_free(self.seq) {
             self.line.refresh(read).await?;
         }
         Ok(self.offer())
@@ -502,6 +523,32 @@ mod tests {
         q.set_view(held(&[0]));
         assert_eq!(tickets[0].offer(), Some(1));
         assert!(tickets[1..].iter().all(|t| t.offer().is_none()));
+    }
+
+    #[tokio::test]
+    async fn a_lone_acquire_of_one_partition_tries_it_without_reading_the_topic() {
+        let reads = std::sync::atomic::AtomicUsize::new(0);
+        let read = || async {
+            reads.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ()>(held(&[0]))
+        };
+        let q = line();
+        let lone = q.enqueue(Wants::One(0));
+        assert_eq!(lone.offer_now(read()).await, Ok(Some(0)), "offered unread");
+        assert_eq!(reads.load(Ordering::SeqCst), 0);
+        // Its attempt finds it held: the next look reads the topic.
+        lone.tried(0, Tried::Held);
+        assert_eq!(lone.offer_now(read()).await, Ok(None));
+        assert_eq!(reads.load(Ordering::SeqCst), 1);
+        drop(lone);
+        // Not alone, or not one partition: the topic is read first.
+        for wants in [vec![Wants::One(1), Wants::One(0)], vec![Wants::any(0, 2)]] {
+            let q = line();
+            let tickets: Vec<Ticket> = wants.into_iter().map(|w| q.enqueue(w)).collect();
+            let before = reads.load(Ordering::SeqCst);
+            let _ = tickets[tickets.len() - 1].offer_now(read()).await;
+            assert_eq!(reads.load(Ordering::SeqCst), before + 1);
+        }
     }
 
     #[tokio::test]

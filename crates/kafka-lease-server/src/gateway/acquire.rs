@@ -131,6 +131,7 @@ impl Gateway {
     /// takes a place in its topic's line and tries only the partition the line offers it
     /// (see [`crate::waiters`]): a free one, offered to the oldest Acquire that wants it.
     pub async fn acquire(&self, spec: AcquireSpec) -> Result<Granted, LeaseError> {
+        let called = Instant::now();
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(LeaseError::ShuttingDown);
         }
@@ -175,6 +176,10 @@ impl Gateway {
                 let tried = match self.attempt(&spec, key.clone()).await? {
                     Attempt::Granted(granted, held) => {
                         ticket.tried(partition, Tried::Locked(held));
+                        tracing::debug!(
+                            call_us = called.elapsed().as_micros() as u64,
+                            "the Acquire's call, from the gateway's side",
+                        );
                         return Ok(*granted);
                     }
                     Attempt::Held => Tried::Held,
@@ -357,6 +362,7 @@ impl Gateway {
             subscriber: spec.subscriber.clone(),
         };
         let session = self.live_session();
+        let asked = Instant::now();
         let grant = match self.locks.try_acquire(key, &holder).await {
             Ok(Acquisition::Acquired(grant)) => grant,
             Ok(Acquisition::Held) => return Ok(Attempt::Held),
@@ -375,7 +381,11 @@ impl Gateway {
             grant: Some(grant),
         };
         let token = grant.grant.as_ref().map(LockGrant::token);
-        let Some(granted) = self.open_lease(spec, id, holder.clone(), grant).await? else {
+        let locked = asked.elapsed();
+        let Some(granted) = self
+            .open_lease(spec, id, holder.clone(), grant, locked)
+            .await?
+        else {
             return Ok(Attempt::SessionEnded);
         };
         claim.installed = true;
@@ -469,8 +479,11 @@ impl Gateway {
         id: LeaseId,
         holder: HolderInfo,
         grant: GrantGuard<'_>,
+        locked: Duration,
     ) -> Result<Option<Granted>, LeaseError> {
         let key = grant.key().clone();
+        let opening = Instant::now();
+        let timed = |started: Instant| move || started.elapsed();
         let prepared = async {
             let group_client = self.kafka.group(&key.group)?;
             // The client that will fetch the partition (perhaps another group's, see
@@ -495,11 +508,25 @@ impl Gateway {
                 }
                 Ok::<(), LeaseError>(())
             };
-            let ((low, high), committed, ()) = tokio::try_join!(
-                self.kafka.watermarks(&key.topic, key.partition),
-                group_client.committed(&key.topic, key.partition),
-                learned,
-            )?;
+            // Each timed, for the debug line of the Acquire's steps.
+            let asked = timed(Instant::now());
+            let (watermarks, committed, learned) = tokio::join!(
+                async {
+                    (
+                        self.kafka.watermarks(&key.topic, key.partition).await,
+                        asked(),
+                    )
+                },
+                async {
+                    (
+                        group_client.committed(&key.topic, key.partition).await,
+                        asked(),
+                    )
+                },
+                async { (learned.await, asked()) },
+            );
+            let steps = [watermarks.1, committed.1, learned.1];
+            let ((low, high), committed, ()) = (watermarks.0?, committed.0?, learned.0?);
             let committed = committed.map(|(offset, _)| offset);
             let start = match committed {
                 // A committed offset that retention has passed, or that is beyond the log
@@ -511,11 +538,13 @@ impl Gateway {
                     Reset::Latest => high,
                 },
             };
+            let assigning = Instant::now();
             let feed = PartitionFeed::open(claim, start)?;
-            Ok::<_, LeaseError>((start, committed, high, feed, group_client))
+            let assigned = assigning.elapsed();
+            Ok::<_, LeaseError>((start, committed, high, feed, group_client, steps, assigned))
         }
         .await;
-        let (start, committed, high, feed, group_client) = prepared?;
+        let (start, committed, high, feed, group_client, steps, assigned) = prepared?;
         // The session the lock was taken under may have ended while the lease was being
         // opened (Kafka can take seconds), and the sweep that ends its leases
         // ([`Gateway::on_session_state`]) has then already run without this one: a lease
@@ -551,6 +580,16 @@ impl Gateway {
         drop(table);
         metrics::counter!(crate::metrics::LEASES_GRANTED).increment(1);
         tracing::info!(parent: &lease.span, member = %spec.member, offset = start, "lease granted");
+        tracing::debug!(
+            parent: &lease.span,
+            lock_us = locked.as_micros() as u64,
+            watermarks_us = steps[0].as_micros() as u64,
+            committed_us = steps[1].as_micros() as u64,
+            metadata_us = steps[2].as_micros() as u64,
+            assign_us = assigned.as_micros() as u64,
+            open_us = opening.elapsed().as_micros() as u64,
+            "the Acquire's steps",
+        );
         self.spawn_supervisor(lease.clone());
         let snapshot = lease.snapshot();
         Ok(Some(Granted {

@@ -171,8 +171,18 @@ impl Gateway {
             tracing::info!(parent: &lease.span, %reason, "lease ended");
             return;
         }
+        let settling = tokio::time::Instant::now();
         match tokio::time::timeout(COMMIT_SETTLE_WAIT, lease.commits_settled()).await {
-            Ok(_settled) => self.dismantle_and_release(lease).await,
+            Ok(_settled) => {
+                let settled = settling.elapsed();
+                self.dismantle_and_release(lease).await;
+                tracing::debug!(
+                    parent: &lease.span,
+                    settle_us = settled.as_micros() as u64,
+                    end_us = settling.elapsed().as_micros() as u64,
+                    "the lease's end's steps",
+                );
+            }
             Err(_) => {
                 tracing::warn!(
                     parent: &lease.span,
@@ -193,13 +203,22 @@ impl Gateway {
     /// Stops fetching the partition (so a successor on this instance can assign it again),
     /// then releases the lease's lock.
     async fn dismantle_and_release(&self, lease: &Lease) {
+        let dismantling = tokio::time::Instant::now();
         let Some(grant) = lease.dismantle().await else {
             self.table().released(&lease.key, lease.session_id());
             self.freed(&lease.key);
             return;
         };
+        let dismantled = dismantling.elapsed();
         let (key, session) = (grant.key().clone(), grant.session().to_string());
-        match self.locks.release(grant).await {
+        let released = self.locks.release(grant).await;
+        tracing::debug!(
+            parent: &lease.span,
+            unassign_us = dismantled.as_micros() as u64,
+            unlock_us = (dismantling.elapsed() - dismantled).as_micros() as u64,
+            "the lease's dismantling's steps",
+        );
+        match released {
             Ok(()) => {
                 self.table().released(&key, &session);
                 self.freed(&key);

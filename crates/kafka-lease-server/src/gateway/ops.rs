@@ -229,8 +229,14 @@ impl Gateway {
             self.commit(lease, offset, None).await?;
         }
         // In queue mode the gateway commits: what was done since its last commit, first.
+        let called = tokio::time::Instant::now();
         lease.flush_queue().await?;
         self.end_lease(lease, EndReason::Released).await;
+        tracing::debug!(
+            parent: &lease.span,
+            call_us = called.elapsed().as_micros() as u64,
+            "the Release's call, from the gateway's side",
+        );
         Ok(commit)
     }
 
