@@ -403,6 +403,24 @@ fn nearest_rank(sorted: &[Duration], pct: f64) -> Duration {
     sorted[rank.min(sorted.len()) - 1]
 }
 
+/// One record to each of `partitions` partitions of `topic` every 50 ms until aborted, so
+/// that every lease has something to stream. A send that fails (the topic's metadata not
+/// yet everywhere) is not retried: the records only keep the leases busy.
+fn produce_throughout(services: &Services, topic: &str, partitions: usize) -> JoinHandle<()> {
+    let (producer, topic) = (producer(services), topic.to_string());
+    tokio::spawn(async move {
+        loop {
+            for p in 0..partitions as i32 {
+                let record = rdkafka::producer::FutureRecord::<(), str>::to(&topic)
+                    .partition(p)
+                    .payload("r");
+                let _ = producer.send(record, Duration::from_secs(5)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+}
+
 /// Waits until ListLeases through `observer` shows `expected` (member id → partitions
 /// held) for `group`; what it showed last if it never does.
 async fn leases_agree(
@@ -452,21 +470,7 @@ async fn the_four_joins_of_issue_47_move_the_minimum_every_time() {
     let b = GatewayProcess::start(&services, &prefix, &unique_name("gw-b"), &[]).await;
     let partitions = 10;
     let topic = create_topic(&services, partitions as i32).await;
-    let producer = producer(&services);
-    let producing = {
-        let topic = topic.clone();
-        tokio::spawn(async move {
-            loop {
-                for p in 0..partitions as i32 {
-                    let record = rdkafka::producer::FutureRecord::<(), str>::to(&topic)
-                        .partition(p)
-                        .payload("r");
-                    let _ = producer.send(record, Duration::from_secs(5)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
+    let producing = produce_throughout(&services, &topic, partitions);
     let observer = a.client().await;
     let addrs = [a.addr.clone(), b.addr.clone()];
     let mut failures = Vec::new();
@@ -591,23 +595,7 @@ async fn churn_run(services: &Services, seed: u64, changes: usize) {
     let group = unique_name("g");
     // Gateway A is never killed: the test's own reads go there.
     let observer = gateways[0].as_ref().unwrap().client().await;
-    let producer = producer(&services);
-    let producing = {
-        let topic = topic.clone();
-        tokio::spawn(async move {
-            // A send that fails (the topic's metadata not yet everywhere) is not retried:
-            // the records only keep the leases busy.
-            loop {
-                for p in 0..partitions as i32 {
-                    let record = rdkafka::producer::FutureRecord::<(), str>::to(&topic)
-                        .partition(p)
-                        .payload("r");
-                    let _ = producer.send(record, Duration::from_secs(5)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        })
-    };
+    let producing = produce_throughout(&services, &topic, partitions);
 
     let tracker = Tracker::new(partitions);
     let mut members: Vec<Member> = Vec::new();

@@ -483,7 +483,6 @@ impl Gateway {
     ) -> Result<Option<Granted>, LeaseError> {
         let key = grant.key().clone();
         let opening = Instant::now();
-        let timed = |started: Instant| move || started.elapsed();
         let prepared = async {
             let group_client = self.kafka.group(&key.group)?;
             // The client that will fetch the partition (perhaps another group's, see
@@ -509,21 +508,17 @@ impl Gateway {
                 Ok::<(), LeaseError>(())
             };
             // Each timed, for the debug line of the Acquire's steps.
-            let asked = timed(Instant::now());
+            let asked = Instant::now();
             let (watermarks, committed, learned) = tokio::join!(
                 async {
-                    (
-                        self.kafka.watermarks(&key.topic, key.partition).await,
-                        asked(),
-                    )
+                    let answer = self.kafka.watermarks(&key.topic, key.partition).await;
+                    (answer, asked.elapsed())
                 },
                 async {
-                    (
-                        group_client.committed(&key.topic, key.partition).await,
-                        asked(),
-                    )
+                    let answer = group_client.committed(&key.topic, key.partition).await;
+                    (answer, asked.elapsed())
                 },
-                async { (learned.await, asked()) },
+                async { (learned.await, asked.elapsed()) },
             );
             let steps = [watermarks.1, committed.1, learned.1];
             let ((low, high), committed, ()) = (watermarks.0?, committed.0?, learned.0?);
