@@ -205,8 +205,13 @@ async fn measure_commit_lag(
             )
         })
         .collect();
+    // Records accepted in each second of the run: the progress changes only when some are.
+    let mut per_second = vec![0_usize; finished.duration_since(started).as_secs() as usize + 1];
+    for t in &done_at {
+        per_second[t.duration_since(started).as_secs() as usize] += 1;
+    }
     println!(
-        "{target} done in {:.1}s; committed changes: {}",
+        "{target} done in {:.1}s; committed changes: {}; accepted per second: {per_second:?}",
         finished.duration_since(started).as_secs_f64(),
         seen.join(", ")
     );

@@ -1083,3 +1083,65 @@ async fn a_seek_through_a_partition_handle_leaks_no_batch_of_the_old_position() 
         }
     }
 }
+
+/// A target that Consul fails to write, at once and every time, is written again after a
+/// pause, not in a loop (the member plans the topic again as each write comes back); it lands
+/// once Consul takes it, and the member then gets its partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_consul_fails_to_write_is_written_again_after_a_pause_not_in_a_loop() {
+    use kafka_lease_client::{SubscribeOptions, SubscriptionEvent};
+    use kafka_lease_testkit::Fault;
+    let services = kafka_lease_testkit::require_services!();
+    let (relay, relayed) = support::consul_relay(&services).await;
+    let gateway = GatewayProcess::start(
+        &services,
+        &unique_prefix(),
+        &unique_name("gw"),
+        &["--consul", &relayed, "--consul-check", "none"],
+    )
+    .await;
+    let topic = create_topic(&services, 2).await;
+    let group = unique_name("g");
+    // Every write of a target is lost on its way to Consul, and the connection closes: a
+    // write fails within a round trip.
+    relay.fail_every(b"~target", Fault::LoseRequest);
+    let client = gateway.client().await;
+    let mut member = client
+        .subscribe(SubscribeOptions::new(&group, [&topic]).member_id("only"))
+        .await
+        .expect("subscribe");
+    let failing = Duration::from_secs(3);
+    let started = Instant::now();
+    wait_for(
+        "the first write of the target to fail",
+        DEADLINE,
+        || async { (relay.faults_fired() > 0).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(failing).await;
+    let writes = relay.faults_fired();
+    println!(
+        "{writes} writes of the target failed in {:?}",
+        started.elapsed()
+    );
+    // One at once, then one a second: 4 in 3 s, give or take the edges.
+    assert!(
+        (2..=6).contains(&writes),
+        "{writes} writes of the target in {:?}: one a second expected",
+        started.elapsed()
+    );
+    relay.stop_failing();
+    let mut assigned = BTreeSet::new();
+    while assigned.len() < 2 {
+        if let SubscriptionEvent::Assigned { partition, .. } = next_event(&mut member).await {
+            assigned.insert(partition.partition());
+        }
+    }
+    let members = client
+        .list_members(&group, Some(topic.clone()))
+        .await
+        .expect("list members");
+    assert_eq!(members.len(), 1, "{members:?}");
+    assert_eq!(members[0].group_epoch, 1, "{members:?}");
+    assert_eq!(members[0].target_partitions, vec![0, 1], "{members:?}");
+}

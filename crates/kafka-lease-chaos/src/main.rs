@@ -4,6 +4,7 @@
 //!
 //! `scripts/chaos` runs it with the paths of the services `scripts/services install` fetched.
 
+mod args;
 mod cluster;
 mod nemesis;
 mod workload;
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand};
+use clap::Parser;
 
 use kafka_lease_chaos::{checker, history};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -24,6 +25,7 @@ use rdkafka::ClientConfig;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use args::{Cli, Command, RunArgs};
 use cluster::{Cluster, Role, Spec};
 use workload::{Behaviour, LiveLeases, Recorder, Style};
 
@@ -33,140 +35,6 @@ macro_rules! say {
     ($($arg:tt)*) => {{
         println!("[chaos] {}", format!($($arg)*));
     }};
-}
-
-#[derive(Parser, Debug)]
-#[command(
-    version,
-    about = "Fault tests of kafka-lease on a cluster in network namespaces"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-enum Command {
-    /// Bring the cluster up, run the workload under the nemesis, check the history.
-    Run(Box<RunArgs>),
-    /// Check a history written by `run`.
-    Check {
-        /// The history (JSON lines).
-        history: PathBuf,
-    },
-    /// Remove the namespaces (and kill their processes) a run left behind.
-    Cleanup {
-        #[arg(long, default_value = "klc")]
-        prefix: String,
-    },
-}
-
-#[derive(clap::Args, Debug)]
-struct RunArgs {
-    /// The faults, in order (comma-separated), from: kill-gateway, pause-gateway,
-    /// cut-gateway-consul, cut-gateway-kafka, kill-consul-leader, isolate-consul-leader,
-    /// restart-consul-servers, isolate-consul-leader-after-restart, kill-partition-leader,
-    /// isolate-partition-leader, kill-group-coordinator, skew-gateway-clock; `short` for one
-    /// of each kind, `all` for every one.
-    #[arg(long, default_value = "short")]
-    nemesis: String,
-    /// Run the faults in a random mix until this much time has passed (e.g. 30m); without
-    /// it, each fault of --nemesis runs once.
-    #[arg(long, value_parser = humantime_secs)]
-    soak: Option<u64>,
-    /// With --soak, the odds that a fault runs together with another (one that neither
-    /// undoes nor aims at the same process).
-    #[arg(long, default_value_t = 0.4)]
-    overlap: f64,
-    /// How long each fault is held (seconds).
-    #[arg(long, default_value_t = 6)]
-    hold: u64,
-    /// Quiet time after each fault is healed (seconds).
-    #[arg(long, default_value_t = 8)]
-    recover: u64,
-    #[arg(long, default_value_t = 3)]
-    gateways: usize,
-    /// Clients that Acquire and Read.
-    #[arg(long, default_value_t = 9)]
-    clients: usize,
-    /// Subscribe members of the same group, joining and leaving.
-    #[arg(long, default_value_t = 2)]
-    members: usize,
-    /// Queue-mode consumers of the same group (Acquire and Deliver, answering each record).
-    #[arg(long, default_value_t = 2)]
-    queue_consumers: usize,
-    #[arg(long, default_value_t = 6)]
-    partitions: i32,
-    /// At a lease's end, the odds that a client sends its last commit and the Release
-    /// together (what the commit gate is for).
-    #[arg(long, default_value_t = 0.3)]
-    commit_with_release: f64,
-    /// The odds that a lease is held 30 to 90 s rather than 3 to 10 s.
-    #[arg(long, default_value_t = 0.3)]
-    long_hold: f64,
-    /// The odds, at each 400 ms tick, that a client stalls past its lease's TTL.
-    #[arg(long, default_value_t = 0.015)]
-    stall: f64,
-    /// Records a second the producer writes.
-    #[arg(long, default_value_t = 150)]
-    rate: u32,
-    /// Where the history, the report and the nodes' logs go.
-    #[arg(long, default_value = "chaos-out")]
-    out: PathBuf,
-    #[arg(long, default_value = "klc")]
-    prefix: String,
-    /// The bridge's /24, as three octets.
-    #[arg(long, default_value = "10.99.0")]
-    subnet: String,
-    #[arg(long, env = "KAFKA_LEASE_CONSUL_BIN")]
-    consul_bin: PathBuf,
-    #[arg(long, env = "KAFKA_LEASE_JAVA")]
-    java: PathBuf,
-    #[arg(long, env = "KAFKA_LEASE_KAFKA_LIBS")]
-    kafka_libs: PathBuf,
-    #[arg(long, env = "KAFKA_LEASE_KAFKA_STORAGE_CLASS")]
-    kafka_storage_class: String,
-    #[arg(long, env = "KAFKA_LEASE_KAFKA_LOG4J")]
-    kafka_log4j: PathBuf,
-    #[arg(long, default_value = "512m")]
-    kafka_heap: String,
-    /// Consul autopilot's `min_quorum` on the servers: it stops removing dead servers from
-    /// the Raft configuration at this many. 3 (the default here, and the advice in
-    /// docs/OPERATIONS.md) keeps a server that was down a voter when it comes back; 0 is
-    /// Consul's own default, under which a server down for ~10 s is removed and rejoins as
-    /// a non-voter for autopilot's stabilization time.
-    #[arg(long, default_value_t = 3)]
-    consul_min_quorum: u32,
-    #[arg(long)]
-    gateway_bin: PathBuf,
-    /// Extra arguments for each gateway's `serve` (repeatable).
-    #[arg(long = "gateway-arg", allow_hyphen_values = true)]
-    gateway_args: Vec<String>,
-    /// Run the gateways with a defect planted on purpose (no-self-fence, no-commit-gate,
-    /// release-without-waiting); the gateway must be built with the `planted-defects`
-    /// feature. The run then succeeds only if the checker finds an anomaly.
-    #[arg(long)]
-    planted_defect: Option<String>,
-    /// The clockshift library built from `clockshift/clockshift.c` (scripts/chaos builds
-    /// it), preloaded into the gateways; needed by the skew-gateway-clock fault.
-    #[arg(long)]
-    clockshift_lib: Option<PathBuf>,
-}
-
-fn humantime_secs(text: &str) -> Result<u64, String> {
-    let (number, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 90s, 30m or 1h"))?;
-    match unit {
-        "" | "s" => Ok(n),
-        "m" => Ok(n * 60),
-        "h" => Ok(n * 3600),
-        _ => Err(format!("{text:?}: the unit must be s, m or h")),
-    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -782,20 +650,5 @@ where
             next_note += Duration::from_secs(10);
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::humantime_secs;
-
-    #[test]
-    fn soak_durations_take_seconds_minutes_and_hours() {
-        assert_eq!(humantime_secs("90"), Ok(90));
-        assert_eq!(humantime_secs("90s"), Ok(90));
-        assert_eq!(humantime_secs("30m"), Ok(1800));
-        assert_eq!(humantime_secs("1h"), Ok(3600));
-        assert!(humantime_secs("30x").is_err_and(|e| e.contains("s, m or h")));
-        assert!(humantime_secs("m").is_err_and(|e| e.contains("30m")));
     }
 }

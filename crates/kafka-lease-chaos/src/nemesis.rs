@@ -1,5 +1,9 @@
 //! The nemesis: faults of a real cluster, each started, shown to take effect, held, and
 //! healed, with both ends written to the history.
+//!
+//! Longer than most files here because `Nemesis::start` is one match with an arm per fault:
+//! each arm starts its fault, shows that it took effect and names its undo, so a fault reads
+//! whole in one place; the helpers below it are the evidence those arms gather.
 
 use std::sync::Arc;
 use std::time::Duration;

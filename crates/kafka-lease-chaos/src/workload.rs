@@ -2,6 +2,11 @@
 //! Read / process / Commit with random Seeks, Releases, broken streams, abandoned leases and
 //! stalls past their TTL, and an observer reading the group's committed offsets from Kafka.
 //! Everything they see goes into the history.
+//!
+//! Longer than most files here because the client styles (lease holders, Subscribe members,
+//! queue consumers), the producer and the observer share one recorder, one reading of a
+//! client error as an outcome and one commit discipline; apart, each would carry its own
+//! copy, and the checker's reading of the history depends on their being the same.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! every connection through it, hold traffic (new connections wait, bytes stop flowing) and
 //! let it go again, or fail the next request that starts with given bytes (for a text
 //! protocol such as Consul's HTTP API): lose it on the way, or lose its answer after the
-//! service acted on it; or stop listening altogether (connects refused, as when the service's
+//! service acted on it, once or for every request that carries given bytes; or stop listening altogether (connects refused, as when the service's
 //! host is gone) and listen on the same port again. Listens on loopback only.
 
 use std::net::SocketAddr;
@@ -26,8 +26,16 @@ pub enum Fault {
     LoseAnswer,
 }
 
-/// Faults armed for the next requests with a prefix; each fires once.
-type Faults = Arc<Mutex<Vec<(Vec<u8>, Fault)>>>;
+/// Faults armed for requests: each `Once` fires for the next request that starts with its
+/// bytes; each `Every` for every bytes read from a client that contain its bytes, until
+/// [`Relay::stop_failing`].
+type Faults = Arc<Mutex<Vec<(Armed, Fault)>>>;
+
+#[derive(Debug)]
+enum Armed {
+    Once(Vec<u8>),
+    Every(Vec<u8>),
+}
 
 pub struct Relay {
     addr: SocketAddr,
@@ -198,7 +206,27 @@ impl Relay {
         self.faults
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((prefix.to_vec(), fault));
+            .push((Armed::Once(prefix.to_vec()), fault));
+    }
+
+    /// Arms a standing fault: every read from a client whose bytes contain `needle` (a
+    /// request line, a header or a body, e.g. one Consul key) fails as `fault` says, until
+    /// [`stop_failing`](Self::stop_failing). [`faults_fired`](Self::faults_fired) counts
+    /// each.
+    pub fn fail_every(&self, needle: &[u8], fault: Fault) {
+        assert!(!needle.is_empty(), "a standing fault needs bytes to match");
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((Armed::Every(needle.to_vec()), fault));
+    }
+
+    /// Disarms every standing fault ([`fail_every`](Self::fail_every)).
+    pub fn stop_failing(&self) {
+        self.faults
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(armed, _)| matches!(armed, Armed::Once(_)));
     }
 
     /// Stops listening and closes every open connection through the relay, and returns once
@@ -297,12 +325,23 @@ async fn relay_one(
     }
 }
 
-/// The fault armed for a request that starts with `chunk`, taken (each fires once).
+/// The fault armed for `chunk`: a standing one whose bytes it contains, or else a one-shot
+/// one whose bytes it starts with (taken: it fires once).
 fn take_fault(faults: &Faults, chunk: &[u8]) -> Option<Fault> {
     let mut armed = faults.lock().unwrap_or_else(|p| p.into_inner());
+    let standing = armed.iter().find_map(|(armed, fault)| match armed {
+        Armed::Every(needle) => chunk
+            .windows(needle.len())
+            .any(|w| w == needle.as_slice())
+            .then_some(*fault),
+        Armed::Once(_) => None,
+    });
+    if standing.is_some() {
+        return standing;
+    }
     let at = armed
         .iter()
-        .position(|(prefix, _)| chunk.starts_with(prefix))?;
+        .position(|(armed, _)| matches!(armed, Armed::Once(prefix) if chunk.starts_with(prefix)))?;
     Some(armed.remove(at).1)
 }
 
@@ -394,7 +433,7 @@ async fn pump_down(
 
 #[cfg(test)]
 mod tests {
-    use super::{kind_of, Relay};
+    use super::{kind_of, Fault, Relay};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
 
@@ -408,11 +447,11 @@ mod tests {
         Ok(())
     }
 
-    #[tokio::test]
-    async fn a_closed_relay_refuses_connects_until_it_reopens_on_its_port() {
+    /// An echo service on a loopback port of its own.
+    async fn echo_service() -> std::net::SocketAddr {
         let echo = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let target = echo.local_addr().expect("addr");
-        let _echo = tokio::spawn(async move {
+        tokio::spawn(async move {
             while let Ok((mut stream, _)) = echo.accept().await {
                 tokio::spawn(async move {
                     let (mut read, mut write) = stream.split();
@@ -420,7 +459,35 @@ mod tests {
                 });
             }
         });
-        let relay = Relay::start(target).await.expect("relay");
+        target
+    }
+
+    /// Sends `bytes` through `relay` and reads them back: `false` when the connection
+    /// closed instead.
+    async fn round_trip(relay: &Relay, bytes: &[u8]) -> bool {
+        let mut stream = TcpStream::connect(relay.addr()).await.expect("connect");
+        stream.write_all(bytes).await.expect("write");
+        let mut got = vec![0_u8; bytes.len()];
+        stream.read_exact(&mut got).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_standing_fault_fails_every_request_carrying_its_bytes_until_disarmed() {
+        let relay = Relay::start(echo_service().await).await.expect("relay");
+        relay.fail_every(b"~target", Fault::LoseRequest);
+        for _ in 0..3 {
+            assert!(!round_trip(&relay, b"PUT /v1/txn {\"Key\":\"p/g/t/~target\"}").await);
+            assert!(round_trip(&relay, b"PUT /v1/txn {\"Key\":\"p/g/t/0\"}").await);
+        }
+        assert_eq!(relay.faults_fired(), 3);
+        relay.stop_failing();
+        assert!(round_trip(&relay, b"PUT /v1/txn {\"Key\":\"p/g/t/~target\"}").await);
+        assert_eq!(relay.faults_fired(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_closed_relay_refuses_connects_until_it_reopens_on_its_port() {
+        let relay = Relay::start(echo_service().await).await.expect("relay");
         let addr = relay.addr();
         echoes(&relay).await.expect("relayed");
         let mut open = TcpStream::connect(addr).await.expect("connect");

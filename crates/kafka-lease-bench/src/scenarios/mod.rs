@@ -39,7 +39,7 @@ pub(crate) async fn run(env: &Env, name: &str) -> Result<Vec<ScenarioResult>> {
         "waiters" => waiters::waiters(env).await,
         "acquire-contended" => waiters::contended(env).await,
         "rebalance" => rebalance::run(env).await,
-        "drain-subscribe" => rebalance::drain(env).await,
+        "drain-subscribe" => drain::drain_subscribe(env).await,
         "queue-slow-handler" => queue::slow_handler(env).await,
         "queue-poison" => queue::poison(env).await,
         "queue-overhead" => queue::overhead(env).await,

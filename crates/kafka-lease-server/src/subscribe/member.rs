@@ -16,14 +16,14 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::balance;
-use crate::coordination::{GroupTarget, LockKey, MemberRecord, TopicView};
+use crate::coordination::{LockKey, MemberRecord, TopicView};
 use crate::error::LeaseError;
 use crate::gateway::{AcquireSpec, Gateway, Granted};
 use crate::lease::{DeliverSettings, Delivered, Lease, LeaseId, ReadBatch, SharedWindow};
 
 use super::members::MemberClaim;
 use super::stream::watch_topic;
+use super::target::{Publish, TargetWriter};
 use super::{Attach, Ended, Reattach, SubscribeSpec, SubscriptionEvent};
 
 /// How long an attempt at a partition the rule gives this member may wait for it: not at
@@ -37,12 +37,8 @@ const TAKE_WAIT: Duration = Duration::ZERO;
 /// of the topic was a moment behind), how long before the rule runs again on the newest
 /// view; under a noted lock-delay, the rest of the delay instead.
 const RETAKE_PAUSE: Duration = Duration::from_millis(50);
-/// After a take that failed otherwise (Consul unreachable, a limit reached), or a
-/// publication of a target that failed.
+/// After a take that failed otherwise (Consul unreachable, a limit reached).
 const RETAKE_PAUSE_ERROR: Duration = Duration::from_secs(1);
-/// How long a target may stay out of date before a member other than the one that
-/// publishes first publishes it (see `Member::publish_if_due`).
-const TARGET_TAKEOVER: Duration = Duration::from_millis(500);
 /// The longest lock-delay asked about.
 const DELAY_CAP: Duration = Duration::from_secs(60);
 /// A subscription lease's TTL beyond its revoke grace: while the subscription reads it, its
@@ -101,11 +97,11 @@ enum Done {
         partition: i32,
         lease_id: LeaseId,
     },
-    /// A publication of the topic's next target is over (written, beaten to it, or failed:
-    /// then not tried again before `retry_at`).
+    /// A write of the topic's next target is over: landed (`Ok(true)`), beaten to it by
+    /// another epoch (`Ok(false)`), or failed.
     Published {
         topic: String,
-        retry_at: Option<tokio::time::Instant>,
+        written: Result<bool, ()>,
     },
 }
 
@@ -153,14 +149,8 @@ pub(super) struct Member {
     /// Partitions whose take failed a moment ago: not tried again before the instant, when
     /// the rule runs again on the topic's newest view.
     not_before: HashMap<(String, i32), tokio::time::Instant>,
-    /// Topics whose target this member is publishing.
-    publishing: HashSet<String>,
-    /// Per topic, the index of the target this member last wrote a successor of (`None`:
-    /// it wrote the first): while its view still shows that one, the write is not in the
-    /// view yet (or lost to another writer's, not in it yet either), and is not made again.
-    replaced: HashMap<String, Option<u64>>,
-    /// Topics whose published target is out of date: since when, as this member saw it.
-    stale_since: HashMap<String, tokio::time::Instant>,
+    /// Whether and when this member writes each topic's next target.
+    targets: TargetWriter,
     /// Topics to plan again at an instant (a takeover of a late publication, a retry).
     replan_at: HashMap<String, tokio::time::Instant>,
     merged: SelectAll<LeaseRead>,
@@ -220,9 +210,7 @@ impl Member {
             held: HashMap::new(),
             pending: HashSet::new(),
             not_before: HashMap::new(),
-            publishing: HashSet::new(),
-            replaced: HashMap::new(),
-            stale_since: HashMap::new(),
+            targets: TargetWriter::default(),
             replan_at: HashMap::new(),
             merged: SelectAll::new(),
             views: HashMap::new(),
@@ -459,11 +447,10 @@ impl Member {
                 }
                 topic
             }
-            Done::Published { topic, retry_at } => {
-                self.publishing.remove(&topic);
-                if let Some(at) = retry_at {
-                    // Failed: written again at the retry, whatever the view shows.
-                    self.replaced.remove(&topic);
+            Done::Published { topic, written } => {
+                let now = tokio::time::Instant::now();
+                if let Some(at) = self.targets.written(&topic, written, now) {
+                    // Failed: written again after a pause, whatever the view shows.
                     self.replan_at.insert(topic.clone(), at);
                 }
                 topic
@@ -746,53 +733,30 @@ impl Member {
     }
 
     /// Publishes the next epoch's target of `topic` when `view` shows the published one out
-    /// of date (computed from other members, another pool, or none yet). One member writes
-    /// at once: the one with the lowest id in the view, the same on every gateway. Any
-    /// other writes once the target has stayed out of date for [`TARGET_TAKEOVER`] (the
-    /// first one's gateway may be cut off from Consul). The write is a check-and-set on the
-    /// target this view shows, so each epoch has one target whoever writes.
+    /// of date and this member is the one to write it ([`TargetWriter::decide`]).
     fn publish_if_due(&mut self, topic: &str, view: &TopicView, partitions: i32) {
-        let inputs = balance::Inputs::of_view(view, partitions);
-        let published = view.target.as_ref();
-        if published.is_some_and(|t| balance::Inputs::of_target(&t.target) == inputs) {
-            self.stale_since.remove(topic);
-            return;
-        }
-        let replaces = published.map(|t| t.index);
-        if !inputs.members.contains_key(&self.spec.member_id)
-            || self.publishing.contains(topic)
-            || self.replaced.get(topic) == Some(&replaces)
-        {
-            return;
-        }
         let now = tokio::time::Instant::now();
-        let since = *self.stale_since.entry(topic.to_string()).or_insert(now);
-        let first = inputs.members.keys().next() == Some(&self.spec.member_id);
-        if !first && now < since + TARGET_TAKEOVER {
-            self.replan_at
-                .insert(topic.to_string(), since + TARGET_TAKEOVER);
-            return;
-        }
-        let basis = match published {
-            Some(t) => balance::owners(&t.target.assignment),
-            None => balance::holdings(view),
+        let (target, replaces, moves, minimum) = match self.targets.decide(
+            topic,
+            view,
+            partitions,
+            &self.spec.member_id,
+            self.gateway.instance(),
+            now,
+            SystemTime::now(),
+        ) {
+            Publish::Nothing => return,
+            Publish::Later(at) => {
+                self.replan_at.insert(topic.to_string(), at);
+                return;
+            }
+            Publish::Now {
+                target,
+                replaces,
+                moves,
+                minimum,
+            } => (target, replaces, moves, minimum),
         };
-        let assignment = balance::next_target(&basis, &inputs);
-        let (moves, minimum) = (
-            balance::moves(&basis, &assignment),
-            balance::minimum_moves(&basis, &inputs),
-        );
-        let target = GroupTarget {
-            epoch: published.map_or(1, |t| t.target.epoch + 1),
-            partitions: inputs.partitions,
-            members: inputs.members,
-            reserved: inputs.reserved,
-            assignment,
-            computed_by: self.gateway.instance().to_string(),
-            computed_at_ms: crate::coordination::unix_ms(SystemTime::now()),
-        };
-        self.publishing.insert(topic.to_string());
-        self.replaced.insert(topic.to_string(), replaces);
         let (gateway, done) = (self.gateway.clone(), self.done.clone());
         let (group, topic, member_id) = (
             self.spec.group.clone(),
@@ -804,7 +768,7 @@ impl Member {
                 .locks()
                 .publish_target(&group, &topic, &target, replaces)
                 .await;
-            let retry_at = match written {
+            let written = match written {
                 Ok(true) => {
                     metrics::counter!(crate::metrics::SUBSCRIBE_EPOCHS).increment(1);
                     metrics::counter!(crate::metrics::SUBSCRIBE_MOVES).increment(moves as u64);
@@ -820,16 +784,20 @@ impl Member {
                         minimum,
                         "published the target assignment of a new epoch",
                     );
-                    None
+                    Ok(true)
                 }
                 // Another epoch was written first: the next view shows it.
-                Ok(false) => None,
+                Ok(false) => Ok(false),
                 Err(error) => {
-                    tracing::debug!(%topic, %error, "publishing a target failed; retrying");
-                    Some(tokio::time::Instant::now() + RETAKE_PAUSE_ERROR)
+                    tracing::debug!(
+                        %topic,
+                        %error,
+                        "publishing a target failed; written again after a pause",
+                    );
+                    Err(())
                 }
             };
-            let _ = done.send(Done::Published { topic, retry_at });
+            let _ = done.send(Done::Published { topic, written });
         });
     }
 

@@ -37,6 +37,7 @@ use crate::queue::QueueSettings;
 mod member;
 mod members;
 mod stream;
+mod target;
 
 use member::Member;
 use members::{Claimed, Members};

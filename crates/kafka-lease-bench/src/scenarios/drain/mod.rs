@@ -6,6 +6,7 @@
 
 mod arms;
 mod rows;
+mod subscribe;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -31,6 +32,7 @@ use rows::{
     chart, common_details, counting_channels, counting_row, cpu_row, go_row, limit_row,
     round_details, startup_details,
 };
+pub(crate) use subscribe::drain as drain_subscribe;
 
 /// The Read options of the gateway arm: the largest batches the contract allows, and a short
 /// fill wait so the last batch of a drain does not sit out the default 100 ms.
