@@ -328,14 +328,44 @@ impl PartitionFeed {
         self.spare = batch.split_spare();
     }
 
+    /// librdkafka's position of the partition when it is past the last record taken and
+    /// nothing taken from its queue waits here: the offsets between hold no record this
+    /// reader can see (a transaction's marker, an aborted record).
+    fn position_past_taken(&self) -> Option<i64> {
+        if self.pending.is_some() || !self.popped.is_empty() {
+            return None;
+        }
+        self.claim
+            .client()
+            .position_of(self.claim.topic(), self.claim.partition())
+            .filter(|&position| position > self.pulled_up_to)
+    }
+
+    /// Moves where the queue stands past offsets that hold no record this reader can see
+    /// (see [`Self::position_past_taken`]); returns where it stands. Queue mode counts the
+    /// offsets passed as done, so that its committed offset reaches a partition's end even
+    /// when a transaction's marker is the partition's last offset.
+    pub fn pass_invisible(&mut self) -> i64 {
+        if let Some(position) = self.position_past_taken() {
+            self.pulled_up_to = position;
+        }
+        self.pulled_up_to
+    }
+
     /// Whether every record up to the high watermark librdkafka last saw has been taken:
     /// a batch need not wait for more.
+    ///
+    /// Read committed, the last offsets of a partition may hold no record (a transaction's
+    /// marker ends every transaction): librdkafka's position, past them, counts then.
     pub fn caught_up(&self) -> bool {
         self.pending.is_none()
             && self.popped.is_empty()
-            && self
-                .cached_high_watermark()
-                .is_some_and(|high| self.pulled_up_to >= high)
+            && self.cached_high_watermark().is_some_and(|high| {
+                self.pulled_up_to >= high
+                    || self
+                        .position_past_taken()
+                        .is_some_and(|position| position >= high)
+            })
     }
 
     fn log_fetch_error(&self, err: &KafkaError) {

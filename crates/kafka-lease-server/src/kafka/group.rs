@@ -426,6 +426,31 @@ impl GroupClient {
     }
 }
 
+impl GroupClient {
+    /// librdkafka's position of `partition` of `topic`: the next offset it will hand the
+    /// application. It passes what a read_committed reader never gets (a transaction's
+    /// marker, an aborted record), where the last record taken + 1 stops short of them.
+    /// `None` before a first fetch.
+    #[allow(unsafe_code)]
+    pub(super) fn position_of(&self, topic: &str, partition: i32) -> Option<i64> {
+        let mut list = TopicPartitionList::new();
+        list.add_partition(topic, partition);
+        // SAFETY: the client handle is valid while `self.consumer` lives; `list` is a valid
+        // list that outlives the call; librdkafka only writes the elements' offsets and does
+        // no network I/O in this call.
+        let err = unsafe {
+            rdkafka::bindings::rd_kafka_position(self.consumer.client().native_ptr(), list.ptr())
+        };
+        if err != rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return None;
+        }
+        match list.find_partition(topic, partition)?.offset() {
+            Offset::Offset(offset) => Some(offset),
+            _ => None,
+        }
+    }
+}
+
 /// The partitions of `topic` in a librdkafka answer that came back with an offset (not an
 /// error, not a logical offset), and that offset.
 pub(super) fn offsets_by_partition(answer: &TopicPartitionList, topic: &str) -> HashMap<i32, i64> {

@@ -96,6 +96,14 @@ impl<T> Queue<T> {
         Offered::Queued
     }
 
+    /// Offsets of `range` hold no record the lease can see (the gap between two records
+    /// fetched one after the other, or below the first): done, so that the committed
+    /// offset passes them. A read_committed reader never gets a transaction's markers or its
+    /// aborted records, nor a compacted topic's removed ones.
+    pub fn absent(&mut self, range: std::ops::Range<i64>) {
+        self.progress.mark_absent(range);
+    }
+
     /// What the caller keeps of `offset`, while it is held (not done).
     pub fn body(&self, offset: i64) -> Option<&T> {
         self.dispatcher.body(offset)

@@ -171,6 +171,46 @@ impl Progress {
         self.entry_bytes = self.entry_bytes + add - sub;
     }
 
+    /// Marks every offset of `range` done at once: offsets that hold no record this reader
+    /// can see (a transaction's marker, a record of an aborted transaction, one compacted or
+    /// deleted away), found as the gap between two records fetched one after the other.
+    /// Done as if each were delivered and accepted, so that the base passes them; the same
+    /// as [`Progress::mark_done`] on each, in one step however long the gap.
+    pub fn mark_absent(&mut self, range: Range<i64>) {
+        let (mut start, mut end) = (range.start.max(self.base), range.end);
+        if start >= end {
+            return;
+        }
+        // Attempts of offsets in the gap (a record that was there for an earlier holder).
+        let stale: Vec<i64> = self.attempts.range(start..end).map(|(&o, _)| o).collect();
+        for offset in stale {
+            self.attempts.remove(&offset);
+        }
+        // Runs that overlap or touch the gap join it.
+        if let Some((&s, &e)) = self.done.range(..=start).next_back() {
+            if e >= start {
+                self.done.remove(&s);
+                start = s;
+                end = end.max(e);
+            }
+        }
+        let joined: Vec<(i64, i64)> = self
+            .done
+            .range(start..=end)
+            .map(|(&s, &e)| (s, e))
+            .collect();
+        for (s, e) in joined {
+            self.done.remove(&s);
+            end = end.max(e);
+        }
+        if start == self.base {
+            self.base = end;
+        } else {
+            self.done.insert(start, end);
+        }
+        self.entry_bytes = self.count_entry_bytes();
+    }
+
     /// Takes `offset`'s attempts entry out, if it has one (the base unchanged).
     fn remove_attempt(&mut self, offset: i64) {
         let Some(count) = self.attempts.remove(&offset) else {
@@ -524,6 +564,31 @@ mod tests {
     }
 
     proptest! {
+        /// A gap marked absent at once leaves the progress exactly as marking each of its
+        /// offsets done would, wherever it falls among the runs, the attempts and the base.
+        #[test]
+        fn a_gap_marked_absent_is_each_of_its_offsets_marked_done(
+            marks in proptest::collection::vec(0_i64..200, 0..60),
+            retried in proptest::collection::vec(0_i64..200, 0..20),
+            gap in (0_i64..200, 0_i64..60),
+        ) {
+            let mut one_step = Progress::new(10);
+            for offset in &retried {
+                one_step.delivered(10 + offset);
+            }
+            for offset in &marks {
+                one_step.mark_done(10 + offset);
+            }
+            let mut each = one_step.clone();
+            let range = 10 + gap.0..10 + gap.0 + gap.1;
+            one_step.mark_absent(range.clone());
+            for offset in range {
+                each.mark_done(offset);
+            }
+            prop_assert_eq!(&one_step, &each);
+            prop_assert_eq!(one_step.entry_bytes, one_step.count_entry_bytes());
+        }
+
         /// Whatever is done and retried, in whatever order: decoding the encoding gives the
         /// same progress; its length is what `encoded_len` says; and what is done is exactly
         /// what was marked done.

@@ -9,6 +9,10 @@ use crate::records::RecordsFor;
 
 use super::QueueRun;
 
+/// How often a fetcher waiting for a record looks whether librdkafka has passed offsets that
+/// hold none (see [`crate::kafka::PartitionFeed::pass_invisible`]).
+const PASS_LOOK: Duration = Duration::from_secs(1);
+
 /// The fetcher (see the module docs): until the lease ends.
 pub(super) async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
     let mut interrupts = lease.interrupts.subscribe();
@@ -50,8 +54,20 @@ pub(super) async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
         // Sized as the last batch was, so that filling it does not grow it copy by copy.
         let mut batch = feed.new_batch(limits, RecordsFor::Read);
         if feed.take_queued(&mut batch, from, limits) && batch.is_empty() {
+            // Nothing to take: past offsets that hold no record (a transaction's marker
+            // last in the partition), they are done; then wait for a record, looking again
+            // now and then, since librdkafka passing a marker wakes nobody.
+            let reached = feed.pass_invisible();
+            if reached > from {
+                drop(feed_guard);
+                run.offer(Vec::new(), reached);
+                continue;
+            }
             let got = tokio::select! {
-                more = feed.take_next(&mut batch, from, limits) => more,
+                more = tokio::time::timeout(
+                    PASS_LOOK,
+                    feed.take_next(&mut batch, from, limits),
+                ) => more.unwrap_or(false),
                 _ = interrupts.changed() => false,
             };
             if got {
@@ -60,10 +76,11 @@ pub(super) async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
         }
         let high = feed.cached_high_watermark();
         feed.filled(&mut batch);
+        let reached = feed.pass_invisible();
         drop(feed_guard);
         if let Some(high) = high {
             lease.note_high_watermark(high);
         }
-        run.offer(batch.into_records());
+        run.offer(batch.into_records(), reached);
     }
 }

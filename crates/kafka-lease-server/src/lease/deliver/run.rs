@@ -148,21 +148,33 @@ impl QueueRun {
         ))
     }
 
-    /// Records fetched, in offset order.
-    pub(super) fn offer(&self, records: Vec<OneRecord>) {
-        if records.is_empty() {
-            return;
-        }
+    /// Records fetched, in offset order; the fetch has reached `reached` (past the last
+    /// record, when the offsets after it hold none this reader can see).
+    pub(super) fn offer(&self, records: Vec<OneRecord>, reached: i64) {
         // Only key order looks at keys.
         let keyed = self.settings.queue.order == Order::Key;
         {
             let mut state = self.state();
             for record in records {
+                // The fetch went on from `next_fetch`: the offsets before this record hold
+                // none this reader can see (transaction markers, aborted or compacted
+                // records). Done, or the committed offset would stop at the first of them.
+                if record.offset > state.next_fetch {
+                    let gap = state.next_fetch..record.offset;
+                    state.queue.absent(gap);
+                    state.dirty = true;
+                }
                 state.next_fetch = record.offset + 1;
                 let key = record.key.as_deref().filter(|_| keyed).map(<[u8]>::to_vec);
                 let (offset, bytes) = (record.offset, record.field.len());
                 // A record done before is dropped here.
                 let _: Offered = state.queue.offer(offset, key, bytes, record);
+            }
+            if reached > state.next_fetch {
+                let gap = state.next_fetch..reached;
+                state.queue.absent(gap);
+                state.dirty = true;
+                state.next_fetch = reached;
             }
         }
         self.ready.notify_waiters();
@@ -433,7 +445,7 @@ mod tests {
     #[test]
     fn answers_apply_to_the_delivery_in_flight_and_an_accept_to_any_delivered_record() {
         let run = run(Order::Unordered);
-        run.offer(records(0..4));
+        run.offer(records(0..4), 0);
         let now = Instant::now();
         assert_eq!(run.take_ready(now).len(), 4);
         use AckOutcome::{Applied, NotDelivered, Stale};
@@ -479,7 +491,7 @@ mod tests {
     #[test]
     fn an_answer_for_a_record_never_delivered_is_not_delivered_and_changes_nothing() {
         let run = run(Order::Partition);
-        run.offer(records(0..3));
+        run.offer(records(0..3), 0);
         let now = Instant::now();
         assert_eq!(
             run.take_ready(now).len(),

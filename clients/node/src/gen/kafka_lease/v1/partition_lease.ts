@@ -6311,6 +6311,14 @@ export const PartitionLeaseServiceService = {
    * One Read per lease: a new Read supersedes the old one, which ends with ABORTED
    * (reason SUPERSEDED).
    *
+   * Reads are read_committed (as Deliver's and Subscribe's): a record of a transaction comes
+   * once the transaction commits, and never if it aborts; a Read goes no further than the
+   * partition's last stable offset. The offsets of aborted records and of the transactions'
+   * markers hold no record, so offsets may jump (as in a compacted topic); "no gaps" means no
+   * record is skipped. After the last record before a marker, the next offset (last record +
+   * 1) is the marker's, below the high watermark: committed, it shows a lag of 1 until the
+   * next record, which a reader from it gets next.
+   *
    * Where a Read starts (the resume contract): at `from_offset` when it is set (as a Seek to
    * it would: the Read's first response carries a new seek epoch); otherwise at the lease's
    * *resume point*, the most recent of: the Acquire offset, the last Commit accepted in this
@@ -6549,6 +6557,14 @@ export interface PartitionLeaseServiceServer extends UntypedServiceImplementatio
    * One Read per lease: a new Read supersedes the old one, which ends with ABORTED
    * (reason SUPERSEDED).
    *
+   * Reads are read_committed (as Deliver's and Subscribe's): a record of a transaction comes
+   * once the transaction commits, and never if it aborts; a Read goes no further than the
+   * partition's last stable offset. The offsets of aborted records and of the transactions'
+   * markers hold no record, so offsets may jump (as in a compacted topic); "no gaps" means no
+   * record is skipped. After the last record before a marker, the next offset (last record +
+   * 1) is the marker's, below the high watermark: committed, it shows a lag of 1 until the
+   * next record, which a reader from it gets next.
+   *
    * Where a Read starts (the resume contract): at `from_offset` when it is set (as a Seek to
    * it would: the Read's first response carries a new seek epoch); otherwise at the lease's
    * *resume point*, the most recent of: the Acquire offset, the last Commit accepted in this
@@ -6728,6 +6744,14 @@ export interface PartitionLeaseServiceClient extends Client {
    * within the stream, for as long as the lease is held. An open Read keeps the lease alive.
    * One Read per lease: a new Read supersedes the old one, which ends with ABORTED
    * (reason SUPERSEDED).
+   *
+   * Reads are read_committed (as Deliver's and Subscribe's): a record of a transaction comes
+   * once the transaction commits, and never if it aborts; a Read goes no further than the
+   * partition's last stable offset. The offsets of aborted records and of the transactions'
+   * markers hold no record, so offsets may jump (as in a compacted topic); "no gaps" means no
+   * record is skipped. After the last record before a marker, the next offset (last record +
+   * 1) is the marker's, below the high watermark: committed, it shows a lag of 1 until the
+   * next record, which a reader from it gets next.
    *
    * Where a Read starts (the resume contract): at `from_offset` when it is set (as a Seek to
    * it would: the Read's first response carries a new seek epoch); otherwise at the lease's
