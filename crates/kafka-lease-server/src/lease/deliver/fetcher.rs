@@ -53,22 +53,27 @@ pub(super) async fn fetch(lease: Arc<Lease>, run: Arc<QueueRun>) {
         }
         // Sized as the last batch was, so that filling it does not grow it copy by copy.
         let mut batch = feed.new_batch(limits, RecordsFor::Read);
-        if feed.take_queued(&mut batch, from, limits) && batch.is_empty() {
-            // Nothing to take: past offsets that hold no record (a transaction's marker
-            // last in the partition), they are done; then wait for a record, looking again
-            // now and then, since librdkafka passing a marker wakes nobody.
-            let reached = feed.pass_invisible();
-            if reached > from {
-                drop(feed_guard);
-                run.offer(Vec::new(), reached);
-                continue;
-            }
-            let got = tokio::select! {
-                more = tokio::time::timeout(
-                    PASS_LOOK,
-                    feed.take_next(&mut batch, from, limits),
-                ) => more.unwrap_or(false),
-                _ = interrupts.changed() => false,
+        // Nothing to take, and nothing passed (offsets that hold no record, such as a
+        // transaction's marker last in the partition, count as done below): wait for a
+        // record, looking again now and then, since librdkafka passing a marker wakes
+        // nobody.
+        if feed.take_queued(&mut batch, from, limits)
+            && batch.is_empty()
+            && feed.pass_invisible() == from
+        {
+            let got = loop {
+                let waited = tokio::select! {
+                    more = tokio::time::timeout(
+                        PASS_LOOK,
+                        feed.take_next(&mut batch, from, limits),
+                    ) => more,
+                    _ = interrupts.changed() => Ok(false),
+                };
+                match waited {
+                    Ok(got) => break got,
+                    Err(_) if feed.pass_invisible() > from => break false,
+                    Err(_) => {}
+                }
             };
             if got {
                 feed.take_queued(&mut batch, from, limits);
