@@ -119,6 +119,11 @@ async fn a_read_sees_only_committed_records_and_reaches_the_end_past_the_last_ma
         "nothing after the last committed record: {more:?}"
     );
     drop(stream);
+    // The batch's next offset passes the marker at 17: committed, nothing is left to read.
+    assert_eq!(
+        next, written.high_watermark,
+        "the next offset passes the last marker"
+    );
     lease.commit(next).await.expect("commit");
     let leases = client
         .list_leases(LeaseFilter::default().group(&group))
@@ -128,7 +133,65 @@ async fn a_read_sees_only_committed_records_and_reaches_the_end_past_the_last_ma
         "next offset after the last record {next}; high watermark {}; ListLeases {:?}",
         written.high_watermark, leases[0]
     );
+    assert_eq!(leases[0].lag, Some(0), "{:?}", leases[0]);
     lease.release().await.expect("release");
+}
+
+/// `kafka-lease tail -e` ends at the end of a partition whose last offset is a transaction's
+/// marker, having printed the committed records, and commits past the marker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_exit_at_end_ends_at_a_partition_that_ends_with_a_marker() {
+    let services = kafka_lease_testkit::require_services!();
+    let gateway = GatewayProcess::start(&services, &unique_prefix(), &unique_name("gw"), &[]).await;
+    let topic = create_topic(&services, 1).await;
+    let written = write_transactions(&services, &topic).await;
+    let group = unique_name("tail");
+    let run = tokio::process::Command::new(env!("CARGO_BIN_EXE_kafka-lease"))
+        .args([
+            "tail",
+            "--gateway",
+            &gateway.endpoint(),
+            "--group",
+            &group,
+            "--topic",
+            &topic,
+            "--from",
+            "earliest",
+            "-e",
+            "--commit-on-exit",
+        ])
+        .env_remove("KAFKA_LEASE_GATEWAY")
+        .env_remove("KAFKA_LEASE_TOKEN_FILE")
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(DEADLINE, run)
+        .await
+        .expect("tail -e ends")
+        .expect("run tail");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let values: Vec<&str> = stdout
+        .lines()
+        .map(|line| line.rsplit('\t').nth(1).unwrap_or_default())
+        .collect();
+    let expected: Vec<&str> = written.committed.iter().map(|(_, v)| v.as_str()).collect();
+    assert_eq!(values, expected, "{stdout}");
+    assert!(
+        stderr.contains("reached the end of the partition"),
+        "{stderr}"
+    );
+    assert_eq!(
+        kafka_committed(&services, &group, &topic, 0).map(|c| c.0),
+        Some(written.high_watermark),
+        "{stderr}"
+    );
 }
 
 /// Queue mode hands out the committed records only, and its progress reaches the end of the

@@ -68,19 +68,22 @@ type Batch struct {
 	HighWatermark int64
 	// The lease's seek epoch the records belong to.
 	SeekEpoch uint64
+	// The gateway's ReadResponse.next_offset (0 when it has none).
+	after int64
 }
 
-// NextOffset is the offset to commit once the batch is processed (last offset + 1); false
-// for an empty batch.
+// NextOffset is the offset to commit once the batch is processed: last offset + 1, or
+// further when the offsets after it hold no record (a transaction's marker); false for an
+// empty batch.
 func (b Batch) NextOffset() (int64, bool) {
 	if len(b.Records) == 0 {
 		return 0, false
 	}
-	return b.Records[len(b.Records)-1].Offset + 1, true
+	return max(b.Records[len(b.Records)-1].Offset+1, b.after), true
 }
 
-func batchFromProto(records []*kafkaleasev1.KafkaRecord, hwm int64, epoch uint64) Batch {
-	b := Batch{Records: make([]Record, len(records)), HighWatermark: hwm, SeekEpoch: epoch}
+func batchFromProto(records []*kafkaleasev1.KafkaRecord, hwm int64, epoch uint64, after int64) Batch {
+	b := Batch{Records: make([]Record, len(records)), HighWatermark: hwm, SeekEpoch: epoch, after: after}
 	for i, r := range records {
 		b.Records[i] = recordFromProto(r)
 	}
@@ -160,7 +163,7 @@ func (l *Lease) Batches(ctx context.Context, opts ReadOptions) iter.Seq2[Batch, 
 			if !l.epochs.admit(resp.GetSeekEpoch()) || len(resp.GetRecords()) == 0 {
 				continue
 			}
-			b := batchFromProto(resp.GetRecords(), resp.GetHighWatermark(), resp.GetSeekEpoch())
+			b := batchFromProto(resp.GetRecords(), resp.GetHighWatermark(), resp.GetSeekEpoch(), resp.GetNextOffset())
 			next, _ := b.NextOffset()
 			r.handedOut(next, b.SeekEpoch)
 			if !yield(b, nil) {

@@ -312,7 +312,7 @@ func (s *Subscription) Next() (Event, error) {
 			if !l.epochs.admit(r.GetSeekEpoch()) || len(r.GetRecords()) == 0 {
 				continue
 			}
-			return &Records{Lease: l, Batch: batchFromProto(r.GetRecords(), r.GetHighWatermark(), r.GetSeekEpoch())}, nil
+			return &Records{Lease: l, Batch: batchFromProto(r.GetRecords(), r.GetHighWatermark(), r.GetSeekEpoch(), 0)}, nil
 		case *kafkaleasev1.SubscribeResponse_Deliveries:
 			r := ev.Deliveries
 			l := s.lease(r.GetLeaseId(), r.GetTopic(), r.GetPartition())

@@ -695,7 +695,13 @@ type ReadResponse struct {
 	// The partition's high watermark as last seen by the gateway.
 	HighWatermark int64 `protobuf:"varint,2,opt,name=high_watermark,json=highWatermark,proto3" json:"high_watermark,omitempty"`
 	// The lease's seek epoch the records belong to (0 until the first Seek).
-	SeekEpoch     uint64 `protobuf:"varint,3,opt,name=seek_epoch,json=seekEpoch,proto3" json:"seek_epoch,omitempty"`
+	SeekEpoch uint64 `protobuf:"varint,3,opt,name=seek_epoch,json=seekEpoch,proto3" json:"seek_epoch,omitempty"`
+	// Where the lease's position moved with this response: the last record's offset + 1, or
+	// further, past offsets after it that hold no record a read_committed reader gets (a
+	// transaction's marker). The offset to commit once these records are processed; a Read
+	// from it goes on after them. 0 from a gateway that predates the field: use the last
+	// record's offset + 1.
+	NextOffset    int64 `protobuf:"varint,4,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -747,6 +753,13 @@ func (x *ReadResponse) GetHighWatermark() int64 {
 func (x *ReadResponse) GetSeekEpoch() uint64 {
 	if x != nil {
 		return x.SeekEpoch
+	}
+	return 0
+}
+
+func (x *ReadResponse) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
 	}
 	return 0
 }
@@ -3375,12 +3388,14 @@ const file_kafka_lease_v1_partition_lease_proto_rawDesc = "" +
 	"fromOffset\x88\x01\x01\x12'\n" +
 	"\rif_seek_epoch\x18\x06 \x01(\x04H\x01R\vifSeekEpoch\x88\x01\x01B\x0e\n" +
 	"\f_from_offsetB\x10\n" +
-	"\x0e_if_seek_epoch\"\x8b\x01\n" +
+	"\x0e_if_seek_epoch\"\xac\x01\n" +
 	"\fReadResponse\x125\n" +
 	"\arecords\x18\x01 \x03(\v2\x1b.kafka_lease.v1.KafkaRecordR\arecords\x12%\n" +
 	"\x0ehigh_watermark\x18\x02 \x01(\x03R\rhighWatermark\x12\x1d\n" +
 	"\n" +
-	"seek_epoch\x18\x03 \x01(\x04R\tseekEpoch\"\xa0\x02\n" +
+	"seek_epoch\x18\x03 \x01(\x04R\tseekEpoch\x12\x1f\n" +
+	"\vnext_offset\x18\x04 \x01(\x03R\n" +
+	"nextOffset\"\xa0\x02\n" +
 	"\vKafkaRecord\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\x12\x15\n" +
 	"\x03key\x18\x02 \x01(\fH\x00R\x03key\x88\x01\x01\x12\x19\n" +

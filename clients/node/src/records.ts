@@ -20,7 +20,10 @@ export interface Batch {
   records: KafkaLeaseRecord[];
   highWatermark: bigint;
   seekEpoch: bigint;
-  /** The offset to commit once the batch is processed: last offset + 1 (undefined if empty). */
+  /**
+   * The offset to commit once the batch is processed: last offset + 1, or further when the
+   * offsets after it hold no record (a transaction's marker); undefined if empty.
+   */
   nextOffset: bigint | undefined;
 }
 
@@ -35,13 +38,23 @@ export function toRecord(r: KafkaRecord): KafkaLeaseRecord {
   };
 }
 
-export function toBatch(r: { records: KafkaRecord[]; highWatermark: bigint; seekEpoch: bigint }): Batch {
+export function toBatch(r: {
+  records: KafkaRecord[];
+  highWatermark: bigint;
+  seekEpoch: bigint;
+  nextOffset?: bigint;
+}): Batch {
   const records = r.records.map(toRecord);
   const last = records[records.length - 1];
+  const after = r.nextOffset ?? 0n;
+  let nextOffset: bigint | undefined;
+  if (last !== undefined) {
+    nextOffset = last.offset + 1n > after ? last.offset + 1n : after;
+  }
   return {
     records,
     highWatermark: r.highWatermark,
     seekEpoch: r.seekEpoch,
-    nextOffset: last === undefined ? undefined : last.offset + 1n,
+    nextOffset,
   };
 }

@@ -121,13 +121,17 @@ pub struct Batch {
     pub high_watermark: i64,
     /// The lease's seek epoch these records belong to.
     pub seek_epoch: u64,
+    /// The gateway's `next_offset` (0 from a gateway that predates it).
+    after: i64,
 }
 
 impl Batch {
-    /// The offset to commit once this batch is processed: the last record's offset + 1 (Kafka
-    /// commits the next offset to read). `None` for an empty batch.
+    /// The offset to commit once this batch is processed (Kafka commits the next offset to
+    /// read): the last record's offset + 1, or further when the offsets after it hold no
+    /// record a reader gets (a transaction's marker; `ReadResponse.next_offset`). `None` for
+    /// an empty batch.
     pub fn next_offset(&self) -> Option<i64> {
-        self.records.last().map(|r| r.offset + 1)
+        self.records.last().map(|r| (r.offset + 1).max(self.after))
     }
 
     /// How far this batch's end is behind the high watermark.
@@ -142,6 +146,7 @@ impl From<proto::ReadResponse> for Batch {
             records: response.records.into_iter().map(Record::from).collect(),
             high_watermark: response.high_watermark,
             seek_epoch: response.seek_epoch,
+            after: response.next_offset,
         }
     }
 }
@@ -440,6 +445,7 @@ mod tests {
                 .collect(),
             high_watermark: 100,
             seek_epoch: epoch,
+            next_offset: 0,
         })
     }
 
@@ -762,6 +768,7 @@ mod tests {
                 .collect(),
             high_watermark: 3,
             seek_epoch: 0,
+            next_offset: 3,
         };
         // As tonic hands a message to prost: its bytes in a BytesMut of the receive buffer.
         let mut received = bytes::BytesMut::from(&response.encode_to_vec()[..]);
@@ -853,10 +860,24 @@ mod tests {
             ],
             high_watermark: 20,
             seek_epoch: 2,
+            next_offset: 0,
         });
+        // A gateway that predates `next_offset`: the last record + 1.
         assert_eq!(batch.next_offset(), Some(12));
         assert_eq!(batch.lag(), Some(8));
         assert_eq!(batch.seek_epoch, 2);
+        // Past a transaction's marker after the last record.
+        let past = Batch::from(proto::ReadResponse {
+            records: vec![proto::KafkaRecord {
+                offset: 11,
+                ..Default::default()
+            }],
+            high_watermark: 13,
+            seek_epoch: 2,
+            next_offset: 13,
+        });
+        assert_eq!(past.next_offset(), Some(13));
+        assert_eq!(past.lag(), Some(0));
         let empty = Batch::from(proto::ReadResponse::default());
         assert_eq!(empty.next_offset(), None);
         assert_eq!(empty.lag(), None);

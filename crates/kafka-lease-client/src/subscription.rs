@@ -421,6 +421,8 @@ impl Subscription {
                         records: r.records,
                         high_watermark: r.high_watermark,
                         seek_epoch: r.seek_epoch,
+                        // A records event has no next offset of its own (yet).
+                        next_offset: 0,
                     }),
                 },
                 Some(Event::Deliveries(d)) => {

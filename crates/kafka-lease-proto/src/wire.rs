@@ -233,6 +233,7 @@ mod tests {
             ],
             high_watermark: 12,
             seek_epoch: 3,
+            next_offset: (1 << 40) + 1,
         }
     }
 

@@ -18,6 +18,7 @@ use rdkafka::message::{Headers, Message};
 const READ_RECORDS: u8 = 1;
 const READ_HIGH_WATERMARK: u8 = 2;
 const READ_SEEK_EPOCH: u8 = 3;
+const READ_NEXT_OFFSET: u8 = 4;
 /// `SubscribeResponse.records` (the oneof's `SubscribedRecords`) and its fields.
 const SUBSCRIBE_RECORDS: u8 = 3;
 const SUBSCRIBED_LEASE_ID: u8 = 1;
@@ -162,9 +163,9 @@ fn put_int(buf: &mut BytesMut, field: u8, value: i64) {
     }
 }
 
-/// The most bytes `ReadResponse`'s own fields take after the records: two keys and two
+/// The most bytes `ReadResponse`'s own fields take after the records: three keys and three
 /// varints.
-const RESPONSE_FIELDS: usize = 2 + 2 * 10;
+const RESPONSE_FIELDS: usize = 3 + 3 * 10;
 
 /// The message a batch's records are written for: a record's field key differs between
 /// `ReadResponse.records` (1) and `SubscribedRecords.records` (6), and nothing else does.
@@ -315,12 +316,14 @@ impl EncodedRecords {
         mut self,
         high_watermark: i64,
         seek_epoch: u64,
+        next_offset: i64,
     ) -> EncodedReadResponse {
         self.rewrite_for(RecordsFor::Read);
         let mut buf = self.buf;
         buf.reserve(RESPONSE_FIELDS);
         put_int(&mut buf, READ_HIGH_WATERMARK, high_watermark);
         put_int(&mut buf, READ_SEEK_EPOCH, seek_epoch as i64);
+        put_int(&mut buf, READ_NEXT_OFFSET, next_offset);
         EncodedReadResponse::from_parts(vec![buf.freeze()])
     }
 
@@ -759,11 +762,13 @@ mod tests {
             batch in proptest::collection::vec(messages(), 0..6),
             high_watermark in any::<i64>(),
             seek_epoch in any::<u64>(),
+            next_offset in any::<i64>(),
         ) {
             let mut records = EncodedRecords::new();
             let mut expected = v1::ReadResponse {
                 high_watermark,
                 seek_epoch,
+                next_offset,
                 ..Default::default()
             };
             let mut wire = 0;
@@ -800,7 +805,7 @@ mod tests {
                 sub_twice.push(&Prepared::of(message));
             }
             prop_assert_eq!(for_subscribe.decode(), expected.records.clone());
-            let read = records.into_read_response(high_watermark, seek_epoch);
+            let read = records.into_read_response(high_watermark, seek_epoch, next_offset);
             prop_assert_eq!(read.encode_to_vec(), expected.encode_to_vec());
             let sub = for_subscribe
                 .into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
@@ -808,7 +813,7 @@ mod tests {
             let sub = read_twice
                 .into_subscribed("l-1.gw", "orders", 3, seek_epoch, high_watermark);
             prop_assert_eq!(sub.encode_to_vec(), subscribed.encode_to_vec());
-            let read = sub_twice.into_read_response(high_watermark, seek_epoch);
+            let read = sub_twice.into_read_response(high_watermark, seek_epoch, next_offset);
             prop_assert_eq!(read.encode_to_vec(), expected.encode_to_vec());
         }
     }
@@ -835,11 +840,12 @@ mod tests {
         fill(&mut first, 0);
         let allocation = first.buf.as_ptr();
         let spare = first.split_spare();
-        let sent = first.into_read_response(50, 1);
+        let sent = first.into_read_response(50, 1, 50);
         let expected = v1::ReadResponse {
             records: messages[..25].iter().map(as_prost).collect(),
             high_watermark: 50,
             seek_epoch: 1,
+            next_offset: 50,
         };
         assert_eq!(sent.encode_to_vec(), expected.encode_to_vec());
 
@@ -857,7 +863,7 @@ mod tests {
         fill(&mut first, 0);
         let allocation = first.buf.as_ptr();
         let spare_of_first = first.split_spare();
-        drop(first.into_read_response(50, 1));
+        drop(first.into_read_response(50, 1, 50));
         drop(spare);
         let mut second = EncodedRecords::reusing(spare_of_first, 30_000, RecordsFor::Read);
         assert_eq!(
@@ -870,9 +876,10 @@ mod tests {
             records: messages[25..].iter().map(as_prost).collect(),
             high_watermark: 51,
             seek_epoch: 2,
+            next_offset: 51,
         };
         assert_eq!(
-            second.into_read_response(51, 2).encode_to_vec(),
+            second.into_read_response(51, 2, 51).encode_to_vec(),
             expected.encode_to_vec()
         );
     }

@@ -304,7 +304,13 @@ async fn read(
         };
         if let Some(last) = records[..taken].last() {
             printed.records += taken as u64;
-            printed.next_offset = Some(last.offset + 1);
+            // The whole batch printed: past any transaction marker after it, as the
+            // gateway says, so that `-e` ends at a partition whose last offset is one.
+            printed.next_offset = if taken == batch.records.len() {
+                batch.next_offset()
+            } else {
+                Some(last.offset + 1)
+            };
             printed.high_watermark = Some(batch.high_watermark);
         }
         if let Err(ending) = written {

@@ -204,7 +204,9 @@ class RecordStream:
             if kind == _ITEM:
                 if self._epochs.admit(value.seek_epoch):
                     self._failures = 0
-                    return Batch.from_proto(value.records, value.high_watermark, value.seek_epoch)
+                    return Batch.from_proto(
+                        value.records, value.high_watermark, value.seek_epoch, value.next_offset
+                    )
                 continue  # stale: from before a seek
             if kind == _END or self._closed:
                 self._done = True

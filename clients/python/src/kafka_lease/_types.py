@@ -132,15 +132,18 @@ class Batch:
     records: list[Record]
     high_watermark: int
     seek_epoch: int
+    # The gateway's ReadResponse.next_offset (0 when it has none).
+    after: int = 0
 
     @property
     def next_offset(self) -> int | None:
-        """The offset to commit once the batch is processed: last offset + 1."""
-        return self.records[-1].offset + 1 if self.records else None
+        """The offset to commit once the batch is processed: last offset + 1, or further
+        when the offsets after it hold no record (a transaction's marker)."""
+        return max(self.records[-1].offset + 1, self.after) if self.records else None
 
     @classmethod
-    def from_proto(cls, records, high_watermark: int, seek_epoch: int) -> Batch:
-        return cls([Record.from_proto(r) for r in records], high_watermark, seek_epoch)
+    def from_proto(cls, records, high_watermark: int, seek_epoch: int, after: int = 0) -> Batch:
+        return cls([Record.from_proto(r) for r in records], high_watermark, seek_epoch, after)
 
 
 class SeekResult(NamedTuple):

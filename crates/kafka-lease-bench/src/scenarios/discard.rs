@@ -256,6 +256,7 @@ mod tests {
             ],
             high_watermark: 99,
             seek_epoch: 3,
+            next_offset: 4,
         };
         let encoded = response.encode_to_vec();
         let four = Counted {

@@ -341,6 +341,7 @@ mod tests {
                 .collect(),
             high_watermark: 77,
             seek_epoch: 3,
+            next_offset: sizes.len() as i64,
         }
     }
 

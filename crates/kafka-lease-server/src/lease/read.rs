@@ -69,6 +69,8 @@ enum Fill {
         from: i64,
         records: EncodedRecords,
         high_watermark: Option<i64>,
+        /// Where the feed stands after the batch, past offsets that hold no record.
+        reached: i64,
     },
     /// The Read must end.
     Stop(Stop),
@@ -189,11 +191,14 @@ async fn fill(
     }
     feed.filled(&mut records);
     let high_watermark = feed.cached_high_watermark();
+    // Past offsets after the last record that hold none (a transaction's marker).
+    let reached = feed.pass_invisible();
     Fill::Batch {
         epoch,
         from,
         records,
         high_watermark,
+        reached,
     }
 }
 
@@ -203,13 +208,19 @@ pub struct ReadBatch {
     pub records: EncodedRecords,
     pub high_watermark: i64,
     pub seek_epoch: SeekEpoch,
+    /// The lease's position after this batch: its last record + 1, or past the offsets
+    /// after it that hold no record (a transaction's marker).
+    pub next_offset: i64,
 }
 
 impl ReadBatch {
     /// The batch as the Read call sends it.
     pub fn into_response(self) -> EncodedReadResponse {
-        self.records
-            .into_read_response(self.high_watermark, self.seek_epoch.get())
+        self.records.into_read_response(
+            self.high_watermark,
+            self.seek_epoch.get(),
+            self.next_offset,
+        )
     }
 
     /// The batch decoded, as a client sees it (for tests; the Read path never decodes).
@@ -218,6 +229,7 @@ impl ReadBatch {
             records: self.records.decode(),
             high_watermark: self.high_watermark,
             seek_epoch: self.seek_epoch.get(),
+            next_offset: self.next_offset,
         }
     }
 }
@@ -301,6 +313,7 @@ impl futures::Stream for ReadStream {
                     from,
                     records,
                     high_watermark,
+                    reached,
                 } => {
                     // The handoff: under the state lock, so a Seek either happened before
                     // (and this batch is dropped) or happens after the batch is handed over.
@@ -325,7 +338,7 @@ impl futures::Stream for ReadStream {
                     let Some(last) = records.last_offset() else {
                         continue;
                     };
-                    state.position = last + 1;
+                    state.position = reached.max(last + 1);
                     this.lease.delivered.records.increment(records.len() as u64);
                     this.lease
                         .delivered
@@ -337,6 +350,7 @@ impl futures::Stream for ReadStream {
                         records,
                         high_watermark: state.high_watermark,
                         seek_epoch: epoch,
+                        next_offset: state.position,
                     };
                     return Poll::Ready(Some(Ok(response)));
                 }

@@ -126,14 +126,16 @@ class ReadRequest(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., max_records: _Optional[int] = ..., max_bytes: _Optional[int] = ..., max_wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., from_offset: _Optional[int] = ..., if_seek_epoch: _Optional[int] = ...) -> None: ...
 
 class ReadResponse(_message.Message):
-    __slots__ = ("records", "high_watermark", "seek_epoch")
+    __slots__ = ("records", "high_watermark", "seek_epoch", "next_offset")
     RECORDS_FIELD_NUMBER: _ClassVar[int]
     HIGH_WATERMARK_FIELD_NUMBER: _ClassVar[int]
     SEEK_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     records: _containers.RepeatedCompositeFieldContainer[KafkaRecord]
     high_watermark: int
     seek_epoch: int
-    def __init__(self, records: _Optional[_Iterable[_Union[KafkaRecord, _Mapping]]] = ..., high_watermark: _Optional[int] = ..., seek_epoch: _Optional[int] = ...) -> None: ...
+    next_offset: int
+    def __init__(self, records: _Optional[_Iterable[_Union[KafkaRecord, _Mapping]]] = ..., high_watermark: _Optional[int] = ..., seek_epoch: _Optional[int] = ..., next_offset: _Optional[int] = ...) -> None: ...
 
 class KafkaRecord(_message.Message):
     __slots__ = ("offset", "key", "value", "headers", "timestamp", "timestamp_type")

@@ -116,9 +116,8 @@ class PartitionLeaseServiceServicer:
         once the transaction commits, and never if it aborts; a Read goes no further than the
         partition's last stable offset. The offsets of aborted records and of the transactions'
         markers hold no record, so offsets may jump (as in a compacted topic); "no gaps" means no
-        record is skipped. After the last record before a marker, the next offset (last record +
-        1) is the marker's, below the high watermark: committed, it shows a lag of 1 until the
-        next record, which a reader from it gets next.
+        record is skipped. A response's `next_offset` passes the markers that follow its last
+        record, so a reader that commits it shows no lag once caught up.
 
         Where a Read starts (the resume contract): at `from_offset` when it is set (as a Seek to
         it would: the Read's first response carries a new seek epoch); otherwise at the lease's

@@ -444,6 +444,14 @@ export interface ReadResponse {
   highWatermark: bigint;
   /** The lease's seek epoch the records belong to (0 until the first Seek). */
   seekEpoch: bigint;
+  /**
+   * Where the lease's position moved with this response: the last record's offset + 1, or
+   * further, past offsets after it that hold no record a read_committed reader gets (a
+   * transaction's marker). The offset to commit once these records are processed; a Read
+   * from it goes on after them. 0 from a gateway that predates the field: use the last
+   * record's offset + 1.
+   */
+  nextOffset: bigint;
 }
 
 /** A Kafka record, with every field as the broker stored it. */
@@ -1692,7 +1700,7 @@ export const ReadRequest: MessageFns<ReadRequest> = {
 };
 
 function createBaseReadResponse(): ReadResponse {
-  return { records: [], highWatermark: 0n, seekEpoch: 0n };
+  return { records: [], highWatermark: 0n, seekEpoch: 0n, nextOffset: 0n };
 }
 
 export const ReadResponse: MessageFns<ReadResponse> = {
@@ -1711,6 +1719,12 @@ export const ReadResponse: MessageFns<ReadResponse> = {
         throw new globalThis.Error("value provided for field message.seekEpoch of type uint64 too large");
       }
       writer.uint32(24).uint64(message.seekEpoch);
+    }
+    if (message.nextOffset !== 0n) {
+      if (BigInt.asIntN(64, message.nextOffset) !== message.nextOffset) {
+        throw new globalThis.Error("value provided for field message.nextOffset of type int64 too large");
+      }
+      writer.uint32(32).int64(message.nextOffset);
     }
     return writer;
   },
@@ -1752,6 +1766,14 @@ export const ReadResponse: MessageFns<ReadResponse> = {
             message.seekEpoch = reader.uint64() as bigint;
             continue;
           }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.nextOffset = reader.int64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1777,6 +1799,11 @@ export const ReadResponse: MessageFns<ReadResponse> = {
         : isSet(object.seek_epoch)
         ? BigInt(object.seek_epoch)
         : 0n,
+      nextOffset: isSet(object.nextOffset)
+        ? BigInt(object.nextOffset)
+        : isSet(object.next_offset)
+        ? BigInt(object.next_offset)
+        : 0n,
     };
   },
 
@@ -1791,6 +1818,9 @@ export const ReadResponse: MessageFns<ReadResponse> = {
     if (message.seekEpoch !== 0n) {
       obj.seekEpoch = message.seekEpoch.toString();
     }
+    if (message.nextOffset !== 0n) {
+      obj.nextOffset = message.nextOffset.toString();
+    }
     return obj;
   },
 
@@ -1804,6 +1834,9 @@ export const ReadResponse: MessageFns<ReadResponse> = {
       ? BigInt(object.highWatermark)
       : 0n;
     message.seekEpoch = (object.seekEpoch !== undefined && object.seekEpoch !== null) ? BigInt(object.seekEpoch) : 0n;
+    message.nextOffset = (object.nextOffset !== undefined && object.nextOffset !== null)
+      ? BigInt(object.nextOffset)
+      : 0n;
     return message;
   },
 };
@@ -6315,9 +6348,8 @@ export const PartitionLeaseServiceService = {
    * once the transaction commits, and never if it aborts; a Read goes no further than the
    * partition's last stable offset. The offsets of aborted records and of the transactions'
    * markers hold no record, so offsets may jump (as in a compacted topic); "no gaps" means no
-   * record is skipped. After the last record before a marker, the next offset (last record +
-   * 1) is the marker's, below the high watermark: committed, it shows a lag of 1 until the
-   * next record, which a reader from it gets next.
+   * record is skipped. A response's `next_offset` passes the markers that follow its last
+   * record, so a reader that commits it shows no lag once caught up.
    *
    * Where a Read starts (the resume contract): at `from_offset` when it is set (as a Seek to
    * it would: the Read's first response carries a new seek epoch); otherwise at the lease's
@@ -6561,9 +6593,8 @@ export interface PartitionLeaseServiceServer extends UntypedServiceImplementatio
    * once the transaction commits, and never if it aborts; a Read goes no further than the
    * partition's last stable offset. The offsets of aborted records and of the transactions'
    * markers hold no record, so offsets may jump (as in a compacted topic); "no gaps" means no
-   * record is skipped. After the last record before a marker, the next offset (last record +
-   * 1) is the marker's, below the high watermark: committed, it shows a lag of 1 until the
-   * next record, which a reader from it gets next.
+   * record is skipped. A response's `next_offset` passes the markers that follow its last
+   * record, so a reader that commits it shows no lag once caught up.
    *
    * Where a Read starts (the resume contract): at `from_offset` when it is set (as a Seek to
    * it would: the Read's first response carries a new seek epoch); otherwise at the lease's
@@ -6749,9 +6780,8 @@ export interface PartitionLeaseServiceClient extends Client {
    * once the transaction commits, and never if it aborts; a Read goes no further than the
    * partition's last stable offset. The offsets of aborted records and of the transactions'
    * markers hold no record, so offsets may jump (as in a compacted topic); "no gaps" means no
-   * record is skipped. After the last record before a marker, the next offset (last record +
-   * 1) is the marker's, below the high watermark: committed, it shows a lag of 1 until the
-   * next record, which a reader from it gets next.
+   * record is skipped. A response's `next_offset` passes the markers that follow its last
+   * record, so a reader that commits it shows no lag once caught up.
    *
    * Where a Read starts (the resume contract): at `from_offset` when it is set (as a Seek to
    * it would: the Read's first response carries a new seek epoch); otherwise at the lease's

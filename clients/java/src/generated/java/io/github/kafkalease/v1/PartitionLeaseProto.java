@@ -227,168 +227,168 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
       "it\030\004 \001(\0132\031.google.protobuf.Duration\022\030\n\013f" +
       "rom_offset\030\005 \001(\003H\000\210\001\001\022\032\n\rif_seek_epoch\030\006" +
       " \001(\004H\001\210\001\001B\016\n\014_from_offsetB\020\n\016_if_seek_ep" +
-      "och\"h\n\014ReadResponse\022,\n\007records\030\001 \003(\0132\033.k" +
+      "och\"}\n\014ReadResponse\022,\n\007records\030\001 \003(\0132\033.k" +
       "afka_lease.v1.KafkaRecord\022\026\n\016high_waterm" +
-      "ark\030\002 \001(\003\022\022\n\nseek_epoch\030\003 \001(\004\"\351\001\n\013KafkaR" +
-      "ecord\022\016\n\006offset\030\001 \001(\003\022\020\n\003key\030\002 \001(\014H\000\210\001\001\022" +
-      "\022\n\005value\030\003 \001(\014H\001\210\001\001\022,\n\007headers\030\004 \003(\0132\033.k" +
-      "afka_lease.v1.KafkaHeader\022-\n\ttimestamp\030\005" +
-      " \001(\0132\032.google.protobuf.Timestamp\0225\n\016time" +
-      "stamp_type\030\006 \001(\0162\035.kafka_lease.v1.Timest" +
-      "ampTypeB\006\n\004_keyB\010\n\006_value\"8\n\013KafkaHeader" +
-      "\022\013\n\003key\030\001 \001(\t\022\022\n\005value\030\002 \001(\014H\000\210\001\001B\010\n\006_va" +
-      "lue\"\203\002\n\013SeekRequest\022\020\n\010lease_id\030\001 \001(\t\022\020\n" +
-      "\006offset\030\002 \001(\003H\000\022/\n\ttimestamp\030\003 \001(\0132\032.goo" +
-      "gle.protobuf.TimestampH\000\022*\n\010earliest\030\007 \001" +
-      "(\0132\026.google.protobuf.EmptyH\000\022(\n\006latest\030\010" +
-      " \001(\0132\026.google.protobuf.EmptyH\000\022+\n\tcommit" +
-      "ted\030\t \001(\0132\026.google.protobuf.EmptyH\000B\n\n\010p" +
-      "ositionJ\004\010\004\020\005J\004\010\005\020\006J\004\010\006\020\007\"2\n\014SeekRespons" +
-      "e\022\016\n\006offset\030\001 \001(\003\022\022\n\nseek_epoch\030\002 \001(\004\"U\n" +
-      "\rCommitRequest\022\020\n\010lease_id\030\001 \001(\t\022\016\n\006offs" +
-      "et\030\002 \001(\003\022\025\n\010metadata\030\003 \001(\tH\000\210\001\001B\013\n\t_meta" +
-      "data\"2\n\016CommitResponse\022\016\n\006offset\030\001 \001(\003\022\020" +
-      "\n\010metadata\030\002 \001(\t\"P\n\016ReleaseRequest\022\020\n\010le" +
-      "ase_id\030\001 \001(\t\022\032\n\rcommit_offset\030\002 \001(\003H\000\210\001\001" +
-      "B\020\n\016_commit_offset\"E\n\017ReleaseResponse\022\035\n" +
-      "\020committed_offset\030\001 \001(\003H\000\210\001\001B\023\n\021_committ" +
-      "ed_offset\"\222\003\n\020SubscribeRequest\022\r\n\005group\030" +
-      "\001 \001(\t\022\016\n\006topics\030\002 \003(\t\022\016\n\006member\030\003 \001(\t\022\021\n" +
-      "\tmember_id\030\004 \001(\t\022\023\n\013max_records\030\005 \001(\r\022\021\n" +
-      "\tmax_bytes\030\006 \001(\r\022+\n\010max_wait\030\007 \001(\0132\031.goo" +
-      "gle.protobuf.Duration\0221\n\014offset_reset\030\014 " +
-      "\001(\0162\033.kafka_lease.v1.OffsetReset\022\026\n\016max_" +
-      "partitions\030\t \001(\r\022/\n\014revoke_grace\030\n \001(\0132\031" +
-      ".google.protobuf.Duration\0220\n\rsession_gra" +
-      "ce\030\013 \001(\0132\031.google.protobuf.Duration\022,\n\005q" +
-      "ueue\030\r \001(\0132\035.kafka_lease.v1.QueueSetting" +
-      "sJ\004\010\010\020\tR\005reset\"\330\001\n\rQueueSettings\022/\n\010orde" +
-      "ring\030\001 \001(\0162\035.kafka_lease.v1.DeliveryOrde" +
-      "r\022\025\n\rmax_in_flight\030\002 \001(\r\022\033\n\023max_in_fligh" +
-      "t_bytes\030\003 \001(\r\022/\n\014ack_deadline\030\004 \001(\0132\031.go" +
-      "ogle.protobuf.Duration\022\026\n\016max_deliveries" +
-      "\030\005 \001(\r\022\031\n\021dead_letter_topic\030\006 \001(\t\"\300\002\n\021Su" +
-      "bscribeResponse\022(\n\006joined\030\001 \001(\0132\026.kafka_" +
-      "lease.v1.JoinedH\000\022,\n\010assigned\030\002 \001(\0132\030.ka" +
-      "fka_lease.v1.AssignedH\000\0224\n\007records\030\003 \001(\013" +
-      "2!.kafka_lease.v1.SubscribedRecordsH\000\022,\n" +
-      "\010revoking\030\004 \001(\0132\030.kafka_lease.v1.Revokin" +
-      "gH\000\022*\n\007revoked\030\005 \001(\0132\027.kafka_lease.v1.Re" +
-      "vokedH\000\022:\n\ndeliveries\030\006 \001(\0132$.kafka_leas" +
-      "e.v1.SubscribedDeliveriesH\000B\007\n\005event\",\n\006" +
-      "Joined\022\021\n\tmember_id\030\001 \001(\t\022\017\n\007gateway\030\002 \001" +
-      "(\t\"}\n\010Assigned\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topi" +
-      "c\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\025\n\rfencing_to" +
-      "ken\030\004 \001(\004\022\016\n\006offset\030\005 \001(\003\022\026\n\016high_waterm" +
-      "ark\030\006 \001(\003\"\241\001\n\021SubscribedRecords\022\020\n\010lease" +
-      "_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 " +
-      "\001(\005\022\022\n\nseek_epoch\030\004 \001(\004\022\026\n\016high_watermar" +
-      "k\030\005 \001(\003\022,\n\007records\030\006 \003(\0132\033.kafka_lease.v" +
-      "1.KafkaRecord\"\220\001\n\024SubscribedDeliveries\022\020" +
-      "\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tparti" +
-      "tion\030\003 \001(\005\022\026\n\016high_watermark\030\004 \001(\003\022,\n\nde" +
-      "liveries\030\005 \003(\0132\030.kafka_lease.v1.Delivery" +
-      "\"l\n\010Revoking\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030" +
-      "\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022,\n\010deadline\030\004 \001" +
-      "(\0132\032.google.protobuf.Timestamp\"^\n\007Revoke" +
-      "d\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpa" +
-      "rtition\030\003 \001(\005\022\016\n\006reason\030\004 \001(\t\022\017\n\007message" +
-      "\030\005 \001(\t\"A\n\022ListMembersRequest\022\r\n\005group\030\001 " +
-      "\001(\t\022\022\n\005topic\030\002 \001(\tH\000\210\001\001B\010\n\006_topic\"B\n\023Lis" +
-      "tMembersResponse\022+\n\007members\030\001 \003(\0132\032.kafk" +
-      "a_lease.v1.MemberInfo\"\202\002\n\nMemberInfo\022\r\n\005" +
-      "group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tmember_id\030" +
-      "\003 \001(\t\022\016\n\006member\030\004 \001(\t\022\017\n\007gateway\030\005 \001(\t\022\026" +
-      "\n\016max_partitions\030\006 \001(\r\022-\n\tjoined_at\030\007 \001(" +
-      "\0132\032.google.protobuf.Timestamp\022\022\n\npartiti" +
-      "ons\030\010 \003(\005\022\023\n\013group_epoch\030\t \001(\004\022\031\n\021target" +
-      "_partitions\030\n \003(\005\022\027\n\017awaiting_target\030\013 \001" +
-      "(\010\"v\n\021ListLeasesRequest\022\022\n\005group\030\001 \001(\tH\000" +
-      "\210\001\001\022\022\n\005topic\030\002 \001(\tH\001\210\001\001\022\021\n\tpage_size\030\003 \001" +
-      "(\r\022\022\n\npage_token\030\004 \001(\tB\010\n\006_groupB\010\n\006_top" +
-      "ic\"X\n\022ListLeasesResponse\022)\n\006leases\030\001 \003(\013" +
-      "2\031.kafka_lease.v1.LeaseInfo\022\027\n\017next_page" +
-      "_token\030\002 \001(\t\"\216\004\n\tLeaseInfo\022\r\n\005group\030\001 \001(" +
-      "\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\016\n\006m" +
-      "ember\030\004 \001(\t\022\025\n\rfencing_token\030\005 \001(\004\022/\n\013ac" +
-      "quired_at\030\006 \001(\0132\032.google.protobuf.Timest" +
-      "amp\022.\n\nexpires_at\030\007 \001(\0132\032.google.protobu" +
-      "f.Timestamp\022\017\n\007gateway\030\010 \001(\t\022\025\n\010position" +
-      "\030\t \001(\003H\000\210\001\001\022\035\n\020committed_offset\030\n \001(\003H\001\210" +
-      "\001\001\022\033\n\016high_watermark\030\013 \001(\003H\002\210\001\001\022\020\n\003lag\030\014" +
-      " \001(\003H\003\210\001\001\022\025\n\010read_lag\030\020 \001(\003H\004\210\001\001\022\033\n\023deta" +
-      "ils_unavailable\030\r \001(\t\022\027\n\017gateway_address" +
-      "\030\016 \001(\t\022\021\n\tmember_id\030\017 \001(\t\022(\n\005queue\030\021 \001(\013" +
-      "2\031.kafka_lease.v1.QueueInfoB\013\n\t_position" +
-      "B\023\n\021_committed_offsetB\021\n\017_high_watermark" +
-      "B\006\n\004_lagB\013\n\t_read_lag\"\275\002\n\tQueueInfo\022/\n\010o" +
-      "rdering\030\001 \001(\0162\035.kafka_lease.v1.DeliveryO" +
-      "rder\022\021\n\tin_flight\030\002 \001(\r\0223\n\020oldest_in_fli" +
-      "ght\030\003 \001(\0132\031.google.protobuf.Duration\022\017\n\007" +
-      "waiting\030\004 \001(\r\022\022\n\ndeliveries\030\005 \001(\004\022\024\n\014red" +
-      "eliveries\030\006 \001(\004\022\024\n\014dead_letters\030\007 \001(\004\022\031\n" +
-      "\021dead_letter_topic\030\010 \001(\t\022/\n\014progress_age" +
-      "\030\t \001(\0132\031.google.protobuf.Duration\022\032\n\022don" +
-      "e_not_committed\030\n \001(\004\"\353\001\n\016DeliverRequest" +
-      "\022\020\n\010lease_id\030\001 \001(\t\022/\n\010ordering\030\002 \001(\0162\035.k" +
-      "afka_lease.v1.DeliveryOrder\022\025\n\rmax_in_fl" +
-      "ight\030\003 \001(\r\022\033\n\023max_in_flight_bytes\030\004 \001(\r\022" +
-      "/\n\014ack_deadline\030\005 \001(\0132\031.google.protobuf." +
-      "Duration\022\026\n\016max_deliveries\030\006 \001(\r\022\031\n\021dead" +
-      "_letter_topic\030\007 \001(\t\"W\n\017DeliverResponse\022," +
-      "\n\ndeliveries\030\001 \003(\0132\030.kafka_lease.v1.Deli" +
-      "very\022\026\n\016high_watermark\030\002 \001(\003\"v\n\010Delivery" +
-      "\022+\n\006record\030\001 \001(\0132\033.kafka_lease.v1.KafkaR" +
-      "ecord\022\017\n\007attempt\030\002 \001(\r\022,\n\010deadline\030\003 \001(\013" +
-      "2\032.google.protobuf.Timestamp\"a\n\022Acknowle" +
-      "dgeRequest\022\020\n\010lease_id\030\001 \001(\t\0229\n\020acknowle" +
-      "dgements\030\002 \003(\0132\037.kafka_lease.v1.Acknowle" +
-      "dgement\"\231\001\n\017Acknowledgement\022\016\n\006offset\030\001 " +
-      "\001(\003\022%\n\004type\030\002 \001(\0162\027.kafka_lease.v1.AckTy" +
-      "pe\022\017\n\007attempt\030\003 \001(\r\022.\n\013retry_delay\030\004 \001(\013" +
-      "2\031.google.protobuf.Duration\022\016\n\006reason\030\005 " +
-      "\001(\t\"C\n\023AcknowledgeResponse\022,\n\010outcomes\030\001" +
-      " \003(\0162\032.kafka_lease.v1.AckOutcome*_\n\013Offs" +
-      "etReset\022\034\n\030OFFSET_RESET_UNSPECIFIED\020\000\022\031\n" +
-      "\025OFFSET_RESET_EARLIEST\020\001\022\027\n\023OFFSET_RESET" +
-      "_LATEST\020\002*s\n\rTimestampType\022\036\n\032TIMESTAMP_" +
-      "TYPE_UNSPECIFIED\020\000\022\036\n\032TIMESTAMP_TYPE_CRE" +
-      "ATE_TIME\020\001\022\"\n\036TIMESTAMP_TYPE_LOG_APPEND_" +
-      "TIME\020\002*\203\001\n\rDeliveryOrder\022\036\n\032DELIVERY_ORD" +
-      "ER_UNSPECIFIED\020\000\022\034\n\030DELIVERY_ORDER_PARTI" +
-      "TION\020\001\022\026\n\022DELIVERY_ORDER_KEY\020\002\022\034\n\030DELIVE" +
-      "RY_ORDER_UNORDERED\020\003*u\n\007AckType\022\030\n\024ACK_T" +
-      "YPE_UNSPECIFIED\020\000\022\023\n\017ACK_TYPE_ACCEPT\020\001\022\022" +
-      "\n\016ACK_TYPE_RETRY\020\002\022\023\n\017ACK_TYPE_REJECT\020\003\022" +
-      "\022\n\016ACK_TYPE_RENEW\020\004*x\n\nAckOutcome\022\033\n\027ACK" +
-      "_OUTCOME_UNSPECIFIED\020\000\022\027\n\023ACK_OUTCOME_AP" +
-      "PLIED\020\001\022\025\n\021ACK_OUTCOME_STALE\020\002\022\035\n\031ACK_OU" +
-      "TCOME_NOT_DELIVERED\020\0032\247\006\n\025PartitionLease" +
-      "Service\022J\n\007Acquire\022\036.kafka_lease.v1.Acqu" +
-      "ireRequest\032\037.kafka_lease.v1.AcquireRespo" +
-      "nse\022C\n\004Read\022\033.kafka_lease.v1.ReadRequest" +
-      "\032\034.kafka_lease.v1.ReadResponse0\001\022A\n\004Seek" +
-      "\022\033.kafka_lease.v1.SeekRequest\032\034.kafka_le" +
-      "ase.v1.SeekResponse\022G\n\006Commit\022\035.kafka_le" +
-      "ase.v1.CommitRequest\032\036.kafka_lease.v1.Co" +
-      "mmitResponse\022J\n\007Release\022\036.kafka_lease.v1" +
-      ".ReleaseRequest\032\037.kafka_lease.v1.Release" +
-      "Response\022R\n\tSubscribe\022 .kafka_lease.v1.S" +
-      "ubscribeRequest\032!.kafka_lease.v1.Subscri" +
-      "beResponse0\001\022V\n\013ListMembers\022\".kafka_leas" +
-      "e.v1.ListMembersRequest\032#.kafka_lease.v1" +
-      ".ListMembersResponse\022S\n\nListLeases\022!.kaf" +
-      "ka_lease.v1.ListLeasesRequest\032\".kafka_le" +
-      "ase.v1.ListLeasesResponse\022L\n\007Deliver\022\036.k" +
-      "afka_lease.v1.DeliverRequest\032\037.kafka_lea" +
-      "se.v1.DeliverResponse0\001\022V\n\013Acknowledge\022\"" +
-      ".kafka_lease.v1.AcknowledgeRequest\032#.kaf" +
-      "ka_lease.v1.AcknowledgeResponseB\260\001\n\027io.g" +
-      "ithub.kafkalease.v1B\023PartitionLeaseProto" +
-      "P\001ZGgithub.com/kafka-lease/kafka-lease/c" +
-      "lients/go/kafkaleasev1;kafkaleasev1\242\002\003KL" +
-      "X\252\002\rKafkaLease.V1\312\002\rKafkaLease\\V1\352\002\016Kafk" +
-      "aLease::V1b\006proto3"
+      "ark\030\002 \001(\003\022\022\n\nseek_epoch\030\003 \001(\004\022\023\n\013next_of" +
+      "fset\030\004 \001(\003\"\351\001\n\013KafkaRecord\022\016\n\006offset\030\001 \001" +
+      "(\003\022\020\n\003key\030\002 \001(\014H\000\210\001\001\022\022\n\005value\030\003 \001(\014H\001\210\001\001" +
+      "\022,\n\007headers\030\004 \003(\0132\033.kafka_lease.v1.Kafka" +
+      "Header\022-\n\ttimestamp\030\005 \001(\0132\032.google.proto" +
+      "buf.Timestamp\0225\n\016timestamp_type\030\006 \001(\0162\035." +
+      "kafka_lease.v1.TimestampTypeB\006\n\004_keyB\010\n\006" +
+      "_value\"8\n\013KafkaHeader\022\013\n\003key\030\001 \001(\t\022\022\n\005va" +
+      "lue\030\002 \001(\014H\000\210\001\001B\010\n\006_value\"\203\002\n\013SeekRequest" +
+      "\022\020\n\010lease_id\030\001 \001(\t\022\020\n\006offset\030\002 \001(\003H\000\022/\n\t" +
+      "timestamp\030\003 \001(\0132\032.google.protobuf.Timest" +
+      "ampH\000\022*\n\010earliest\030\007 \001(\0132\026.google.protobu" +
+      "f.EmptyH\000\022(\n\006latest\030\010 \001(\0132\026.google.proto" +
+      "buf.EmptyH\000\022+\n\tcommitted\030\t \001(\0132\026.google." +
+      "protobuf.EmptyH\000B\n\n\010positionJ\004\010\004\020\005J\004\010\005\020\006" +
+      "J\004\010\006\020\007\"2\n\014SeekResponse\022\016\n\006offset\030\001 \001(\003\022\022" +
+      "\n\nseek_epoch\030\002 \001(\004\"U\n\rCommitRequest\022\020\n\010l" +
+      "ease_id\030\001 \001(\t\022\016\n\006offset\030\002 \001(\003\022\025\n\010metadat" +
+      "a\030\003 \001(\tH\000\210\001\001B\013\n\t_metadata\"2\n\016CommitRespo" +
+      "nse\022\016\n\006offset\030\001 \001(\003\022\020\n\010metadata\030\002 \001(\t\"P\n" +
+      "\016ReleaseRequest\022\020\n\010lease_id\030\001 \001(\t\022\032\n\rcom" +
+      "mit_offset\030\002 \001(\003H\000\210\001\001B\020\n\016_commit_offset\"" +
+      "E\n\017ReleaseResponse\022\035\n\020committed_offset\030\001" +
+      " \001(\003H\000\210\001\001B\023\n\021_committed_offset\"\222\003\n\020Subsc" +
+      "ribeRequest\022\r\n\005group\030\001 \001(\t\022\016\n\006topics\030\002 \003" +
+      "(\t\022\016\n\006member\030\003 \001(\t\022\021\n\tmember_id\030\004 \001(\t\022\023\n" +
+      "\013max_records\030\005 \001(\r\022\021\n\tmax_bytes\030\006 \001(\r\022+\n" +
+      "\010max_wait\030\007 \001(\0132\031.google.protobuf.Durati" +
+      "on\0221\n\014offset_reset\030\014 \001(\0162\033.kafka_lease.v" +
+      "1.OffsetReset\022\026\n\016max_partitions\030\t \001(\r\022/\n" +
+      "\014revoke_grace\030\n \001(\0132\031.google.protobuf.Du" +
+      "ration\0220\n\rsession_grace\030\013 \001(\0132\031.google.p" +
+      "rotobuf.Duration\022,\n\005queue\030\r \001(\0132\035.kafka_" +
+      "lease.v1.QueueSettingsJ\004\010\010\020\tR\005reset\"\330\001\n\r" +
+      "QueueSettings\022/\n\010ordering\030\001 \001(\0162\035.kafka_" +
+      "lease.v1.DeliveryOrder\022\025\n\rmax_in_flight\030" +
+      "\002 \001(\r\022\033\n\023max_in_flight_bytes\030\003 \001(\r\022/\n\014ac" +
+      "k_deadline\030\004 \001(\0132\031.google.protobuf.Durat" +
+      "ion\022\026\n\016max_deliveries\030\005 \001(\r\022\031\n\021dead_lett" +
+      "er_topic\030\006 \001(\t\"\300\002\n\021SubscribeResponse\022(\n\006" +
+      "joined\030\001 \001(\0132\026.kafka_lease.v1.JoinedH\000\022," +
+      "\n\010assigned\030\002 \001(\0132\030.kafka_lease.v1.Assign" +
+      "edH\000\0224\n\007records\030\003 \001(\0132!.kafka_lease.v1.S" +
+      "ubscribedRecordsH\000\022,\n\010revoking\030\004 \001(\0132\030.k" +
+      "afka_lease.v1.RevokingH\000\022*\n\007revoked\030\005 \001(" +
+      "\0132\027.kafka_lease.v1.RevokedH\000\022:\n\ndeliveri" +
+      "es\030\006 \001(\0132$.kafka_lease.v1.SubscribedDeli" +
+      "veriesH\000B\007\n\005event\",\n\006Joined\022\021\n\tmember_id" +
+      "\030\001 \001(\t\022\017\n\007gateway\030\002 \001(\t\"}\n\010Assigned\022\020\n\010l" +
+      "ease_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartitio" +
+      "n\030\003 \001(\005\022\025\n\rfencing_token\030\004 \001(\004\022\016\n\006offset" +
+      "\030\005 \001(\003\022\026\n\016high_watermark\030\006 \001(\003\"\241\001\n\021Subsc" +
+      "ribedRecords\022\020\n\010lease_id\030\001 \001(\t\022\r\n\005topic\030" +
+      "\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\022\n\nseek_epoch\030\004" +
+      " \001(\004\022\026\n\016high_watermark\030\005 \001(\003\022,\n\007records\030" +
+      "\006 \003(\0132\033.kafka_lease.v1.KafkaRecord\"\220\001\n\024S" +
+      "ubscribedDeliveries\022\020\n\010lease_id\030\001 \001(\t\022\r\n" +
+      "\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\026\n\016high_" +
+      "watermark\030\004 \001(\003\022,\n\ndeliveries\030\005 \003(\0132\030.ka" +
+      "fka_lease.v1.Delivery\"l\n\010Revoking\022\020\n\010lea" +
+      "se_id\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030" +
+      "\003 \001(\005\022,\n\010deadline\030\004 \001(\0132\032.google.protobu" +
+      "f.Timestamp\"^\n\007Revoked\022\020\n\010lease_id\030\001 \001(\t" +
+      "\022\r\n\005topic\030\002 \001(\t\022\021\n\tpartition\030\003 \001(\005\022\016\n\006re" +
+      "ason\030\004 \001(\t\022\017\n\007message\030\005 \001(\t\"A\n\022ListMembe" +
+      "rsRequest\022\r\n\005group\030\001 \001(\t\022\022\n\005topic\030\002 \001(\tH" +
+      "\000\210\001\001B\010\n\006_topic\"B\n\023ListMembersResponse\022+\n" +
+      "\007members\030\001 \003(\0132\032.kafka_lease.v1.MemberIn" +
+      "fo\"\202\002\n\nMemberInfo\022\r\n\005group\030\001 \001(\t\022\r\n\005topi" +
+      "c\030\002 \001(\t\022\021\n\tmember_id\030\003 \001(\t\022\016\n\006member\030\004 \001" +
+      "(\t\022\017\n\007gateway\030\005 \001(\t\022\026\n\016max_partitions\030\006 " +
+      "\001(\r\022-\n\tjoined_at\030\007 \001(\0132\032.google.protobuf" +
+      ".Timestamp\022\022\n\npartitions\030\010 \003(\005\022\023\n\013group_" +
+      "epoch\030\t \001(\004\022\031\n\021target_partitions\030\n \003(\005\022\027" +
+      "\n\017awaiting_target\030\013 \001(\010\"v\n\021ListLeasesReq" +
+      "uest\022\022\n\005group\030\001 \001(\tH\000\210\001\001\022\022\n\005topic\030\002 \001(\tH" +
+      "\001\210\001\001\022\021\n\tpage_size\030\003 \001(\r\022\022\n\npage_token\030\004 " +
+      "\001(\tB\010\n\006_groupB\010\n\006_topic\"X\n\022ListLeasesRes" +
+      "ponse\022)\n\006leases\030\001 \003(\0132\031.kafka_lease.v1.L" +
+      "easeInfo\022\027\n\017next_page_token\030\002 \001(\t\"\216\004\n\tLe" +
+      "aseInfo\022\r\n\005group\030\001 \001(\t\022\r\n\005topic\030\002 \001(\t\022\021\n" +
+      "\tpartition\030\003 \001(\005\022\016\n\006member\030\004 \001(\t\022\025\n\rfenc" +
+      "ing_token\030\005 \001(\004\022/\n\013acquired_at\030\006 \001(\0132\032.g" +
+      "oogle.protobuf.Timestamp\022.\n\nexpires_at\030\007" +
+      " \001(\0132\032.google.protobuf.Timestamp\022\017\n\007gate" +
+      "way\030\010 \001(\t\022\025\n\010position\030\t \001(\003H\000\210\001\001\022\035\n\020comm" +
+      "itted_offset\030\n \001(\003H\001\210\001\001\022\033\n\016high_watermar" +
+      "k\030\013 \001(\003H\002\210\001\001\022\020\n\003lag\030\014 \001(\003H\003\210\001\001\022\025\n\010read_l" +
+      "ag\030\020 \001(\003H\004\210\001\001\022\033\n\023details_unavailable\030\r \001" +
+      "(\t\022\027\n\017gateway_address\030\016 \001(\t\022\021\n\tmember_id" +
+      "\030\017 \001(\t\022(\n\005queue\030\021 \001(\0132\031.kafka_lease.v1.Q" +
+      "ueueInfoB\013\n\t_positionB\023\n\021_committed_offs" +
+      "etB\021\n\017_high_watermarkB\006\n\004_lagB\013\n\t_read_l" +
+      "ag\"\275\002\n\tQueueInfo\022/\n\010ordering\030\001 \001(\0162\035.kaf" +
+      "ka_lease.v1.DeliveryOrder\022\021\n\tin_flight\030\002" +
+      " \001(\r\0223\n\020oldest_in_flight\030\003 \001(\0132\031.google." +
+      "protobuf.Duration\022\017\n\007waiting\030\004 \001(\r\022\022\n\nde" +
+      "liveries\030\005 \001(\004\022\024\n\014redeliveries\030\006 \001(\004\022\024\n\014" +
+      "dead_letters\030\007 \001(\004\022\031\n\021dead_letter_topic\030" +
+      "\010 \001(\t\022/\n\014progress_age\030\t \001(\0132\031.google.pro" +
+      "tobuf.Duration\022\032\n\022done_not_committed\030\n \001" +
+      "(\004\"\353\001\n\016DeliverRequest\022\020\n\010lease_id\030\001 \001(\t\022" +
+      "/\n\010ordering\030\002 \001(\0162\035.kafka_lease.v1.Deliv" +
+      "eryOrder\022\025\n\rmax_in_flight\030\003 \001(\r\022\033\n\023max_i" +
+      "n_flight_bytes\030\004 \001(\r\022/\n\014ack_deadline\030\005 \001" +
+      "(\0132\031.google.protobuf.Duration\022\026\n\016max_del" +
+      "iveries\030\006 \001(\r\022\031\n\021dead_letter_topic\030\007 \001(\t" +
+      "\"W\n\017DeliverResponse\022,\n\ndeliveries\030\001 \003(\0132" +
+      "\030.kafka_lease.v1.Delivery\022\026\n\016high_waterm" +
+      "ark\030\002 \001(\003\"v\n\010Delivery\022+\n\006record\030\001 \001(\0132\033." +
+      "kafka_lease.v1.KafkaRecord\022\017\n\007attempt\030\002 " +
+      "\001(\r\022,\n\010deadline\030\003 \001(\0132\032.google.protobuf." +
+      "Timestamp\"a\n\022AcknowledgeRequest\022\020\n\010lease" +
+      "_id\030\001 \001(\t\0229\n\020acknowledgements\030\002 \003(\0132\037.ka" +
+      "fka_lease.v1.Acknowledgement\"\231\001\n\017Acknowl" +
+      "edgement\022\016\n\006offset\030\001 \001(\003\022%\n\004type\030\002 \001(\0162\027" +
+      ".kafka_lease.v1.AckType\022\017\n\007attempt\030\003 \001(\r" +
+      "\022.\n\013retry_delay\030\004 \001(\0132\031.google.protobuf." +
+      "Duration\022\016\n\006reason\030\005 \001(\t\"C\n\023AcknowledgeR" +
+      "esponse\022,\n\010outcomes\030\001 \003(\0162\032.kafka_lease." +
+      "v1.AckOutcome*_\n\013OffsetReset\022\034\n\030OFFSET_R" +
+      "ESET_UNSPECIFIED\020\000\022\031\n\025OFFSET_RESET_EARLI" +
+      "EST\020\001\022\027\n\023OFFSET_RESET_LATEST\020\002*s\n\rTimest" +
+      "ampType\022\036\n\032TIMESTAMP_TYPE_UNSPECIFIED\020\000\022" +
+      "\036\n\032TIMESTAMP_TYPE_CREATE_TIME\020\001\022\"\n\036TIMES" +
+      "TAMP_TYPE_LOG_APPEND_TIME\020\002*\203\001\n\rDelivery" +
+      "Order\022\036\n\032DELIVERY_ORDER_UNSPECIFIED\020\000\022\034\n" +
+      "\030DELIVERY_ORDER_PARTITION\020\001\022\026\n\022DELIVERY_" +
+      "ORDER_KEY\020\002\022\034\n\030DELIVERY_ORDER_UNORDERED\020" +
+      "\003*u\n\007AckType\022\030\n\024ACK_TYPE_UNSPECIFIED\020\000\022\023" +
+      "\n\017ACK_TYPE_ACCEPT\020\001\022\022\n\016ACK_TYPE_RETRY\020\002\022" +
+      "\023\n\017ACK_TYPE_REJECT\020\003\022\022\n\016ACK_TYPE_RENEW\020\004" +
+      "*x\n\nAckOutcome\022\033\n\027ACK_OUTCOME_UNSPECIFIE" +
+      "D\020\000\022\027\n\023ACK_OUTCOME_APPLIED\020\001\022\025\n\021ACK_OUTC" +
+      "OME_STALE\020\002\022\035\n\031ACK_OUTCOME_NOT_DELIVERED" +
+      "\020\0032\247\006\n\025PartitionLeaseService\022J\n\007Acquire\022" +
+      "\036.kafka_lease.v1.AcquireRequest\032\037.kafka_" +
+      "lease.v1.AcquireResponse\022C\n\004Read\022\033.kafka" +
+      "_lease.v1.ReadRequest\032\034.kafka_lease.v1.R" +
+      "eadResponse0\001\022A\n\004Seek\022\033.kafka_lease.v1.S" +
+      "eekRequest\032\034.kafka_lease.v1.SeekResponse" +
+      "\022G\n\006Commit\022\035.kafka_lease.v1.CommitReques" +
+      "t\032\036.kafka_lease.v1.CommitResponse\022J\n\007Rel" +
+      "ease\022\036.kafka_lease.v1.ReleaseRequest\032\037.k" +
+      "afka_lease.v1.ReleaseResponse\022R\n\tSubscri" +
+      "be\022 .kafka_lease.v1.SubscribeRequest\032!.k" +
+      "afka_lease.v1.SubscribeResponse0\001\022V\n\013Lis" +
+      "tMembers\022\".kafka_lease.v1.ListMembersReq" +
+      "uest\032#.kafka_lease.v1.ListMembersRespons" +
+      "e\022S\n\nListLeases\022!.kafka_lease.v1.ListLea" +
+      "sesRequest\032\".kafka_lease.v1.ListLeasesRe" +
+      "sponse\022L\n\007Deliver\022\036.kafka_lease.v1.Deliv" +
+      "erRequest\032\037.kafka_lease.v1.DeliverRespon" +
+      "se0\001\022V\n\013Acknowledge\022\".kafka_lease.v1.Ack" +
+      "nowledgeRequest\032#.kafka_lease.v1.Acknowl" +
+      "edgeResponseB\260\001\n\027io.github.kafkalease.v1" +
+      "B\023PartitionLeaseProtoP\001ZGgithub.com/kafk" +
+      "a-lease/kafka-lease/clients/go/kafkaleas" +
+      "ev1;kafkaleasev1\242\002\003KLX\252\002\rKafkaLease.V1\312\002" +
+      "\rKafkaLease\\V1\352\002\016KafkaLease::V1b\006proto3"
     };
     descriptor = com.google.protobuf.Descriptors.FileDescriptor
       .internalBuildGeneratedFileFrom(descriptorData,
@@ -420,7 +420,7 @@ public final class PartitionLeaseProto extends com.google.protobuf.GeneratedFile
     internal_static_kafka_lease_v1_ReadResponse_fieldAccessorTable = new
       com.google.protobuf.GeneratedMessage.FieldAccessorTable(
         internal_static_kafka_lease_v1_ReadResponse_descriptor,
-        new java.lang.String[] { "Records", "HighWatermark", "SeekEpoch", });
+        new java.lang.String[] { "Records", "HighWatermark", "SeekEpoch", "NextOffset", });
     internal_static_kafka_lease_v1_KafkaRecord_descriptor =
       getDescriptor().getMessageType(4);
     internal_static_kafka_lease_v1_KafkaRecord_fieldAccessorTable = new

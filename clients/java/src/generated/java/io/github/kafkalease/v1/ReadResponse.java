@@ -144,6 +144,25 @@ private static final long serialVersionUID = 0L;
     return seekEpoch_;
   }
 
+  public static final int NEXT_OFFSET_FIELD_NUMBER = 4;
+  private long nextOffset_ = 0L;
+  /**
+   * <pre>
+   * Where the lease's position moved with this response: the last record's offset + 1, or
+   * further, past offsets after it that hold no record a read_committed reader gets (a
+   * transaction's marker). The offset to commit once these records are processed; a Read
+   * from it goes on after them. 0 from a gateway that predates the field: use the last
+   * record's offset + 1.
+   * </pre>
+   *
+   * <code>int64 next_offset = 4;</code>
+   * @return The nextOffset.
+   */
+  @java.lang.Override
+  public long getNextOffset() {
+    return nextOffset_;
+  }
+
   private byte memoizedIsInitialized = -1;
   @java.lang.Override
   public final boolean isInitialized() {
@@ -167,6 +186,9 @@ private static final long serialVersionUID = 0L;
     if (seekEpoch_ != 0L) {
       output.writeUInt64(3, seekEpoch_);
     }
+    if (nextOffset_ != 0L) {
+      output.writeInt64(4, nextOffset_);
+    }
     getUnknownFields().writeTo(output);
   }
   private int computeSerializedSize_0() {
@@ -187,6 +209,10 @@ private static final long serialVersionUID = 0L;
     if (seekEpoch_ != 0L) {
       size += com.google.protobuf.CodedOutputStream
         .computeUInt64Size(3, seekEpoch_);
+    }
+    if (nextOffset_ != 0L) {
+      size += com.google.protobuf.CodedOutputStream
+        .computeInt64Size(4, nextOffset_);
     }
     return size;
   }
@@ -218,6 +244,8 @@ private static final long serialVersionUID = 0L;
         != other.getHighWatermark()) return false;
     if (getSeekEpoch()
         != other.getSeekEpoch()) return false;
+    if (getNextOffset()
+        != other.getNextOffset()) return false;
     if (!getUnknownFields().equals(other.getUnknownFields())) return false;
     return true;
   }
@@ -239,6 +267,9 @@ private static final long serialVersionUID = 0L;
     hash = (37 * hash) + SEEK_EPOCH_FIELD_NUMBER;
     hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
         getSeekEpoch());
+    hash = (37 * hash) + NEXT_OFFSET_FIELD_NUMBER;
+    hash = (53 * hash) + com.google.protobuf.Internal.hashLong(
+        getNextOffset());
     hash = (29 * hash) + getUnknownFields().hashCode();
     memoizedHashCode = hash;
     return hash;
@@ -383,6 +414,7 @@ private static final long serialVersionUID = 0L;
       bitField0_ = (bitField0_ & ~0x00000001);
       highWatermark_ = 0L;
       seekEpoch_ = 0L;
+      nextOffset_ = 0L;
       return this;
     }
 
@@ -435,6 +467,9 @@ private static final long serialVersionUID = 0L;
       if (((from_bitField0_ & 0x00000004) != 0)) {
         result.seekEpoch_ = seekEpoch_;
       }
+      if (((from_bitField0_ & 0x00000008) != 0)) {
+        result.nextOffset_ = nextOffset_;
+      }
     }
 
     @java.lang.Override
@@ -480,6 +515,9 @@ private static final long serialVersionUID = 0L;
       }
       if (other.getSeekEpoch() != 0L) {
         setSeekEpoch(other.getSeekEpoch());
+      }
+      if (other.getNextOffset() != 0L) {
+        setNextOffset(other.getNextOffset());
       }
       this.mergeUnknownFields(other.getUnknownFields());
       onChanged();
@@ -528,6 +566,11 @@ private static final long serialVersionUID = 0L;
               bitField0_ |= 0x00000004;
               break;
             } // case 24
+            case 32: {
+              nextOffset_ = input.readInt64();
+              bitField0_ |= 0x00000008;
+              break;
+            } // case 32
             default: {
               if (!super.parseUnknownField(input, extensionRegistry, tag)) {
                 done = true; // was an endgroup tag
@@ -935,6 +978,62 @@ private static final long serialVersionUID = 0L;
     public Builder clearSeekEpoch() {
       bitField0_ = (bitField0_ & ~0x00000004);
       seekEpoch_ = 0L;
+      onChanged();
+      return this;
+    }
+
+    private long nextOffset_ ;
+    /**
+     * <pre>
+     * Where the lease's position moved with this response: the last record's offset + 1, or
+     * further, past offsets after it that hold no record a read_committed reader gets (a
+     * transaction's marker). The offset to commit once these records are processed; a Read
+     * from it goes on after them. 0 from a gateway that predates the field: use the last
+     * record's offset + 1.
+     * </pre>
+     *
+     * <code>int64 next_offset = 4;</code>
+     * @return The nextOffset.
+     */
+    @java.lang.Override
+    public long getNextOffset() {
+      return nextOffset_;
+    }
+    /**
+     * <pre>
+     * Where the lease's position moved with this response: the last record's offset + 1, or
+     * further, past offsets after it that hold no record a read_committed reader gets (a
+     * transaction's marker). The offset to commit once these records are processed; a Read
+     * from it goes on after them. 0 from a gateway that predates the field: use the last
+     * record's offset + 1.
+     * </pre>
+     *
+     * <code>int64 next_offset = 4;</code>
+     * @param value The nextOffset to set.
+     * @return This builder for chaining.
+     */
+    public Builder setNextOffset(long value) {
+
+      nextOffset_ = value;
+      bitField0_ |= 0x00000008;
+      onChanged();
+      return this;
+    }
+    /**
+     * <pre>
+     * Where the lease's position moved with this response: the last record's offset + 1, or
+     * further, past offsets after it that hold no record a read_committed reader gets (a
+     * transaction's marker). The offset to commit once these records are processed; a Read
+     * from it goes on after them. 0 from a gateway that predates the field: use the last
+     * record's offset + 1.
+     * </pre>
+     *
+     * <code>int64 next_offset = 4;</code>
+     * @return This builder for chaining.
+     */
+    public Builder clearNextOffset() {
+      bitField0_ = (bitField0_ & ~0x00000008);
+      nextOffset_ = 0L;
       onChanged();
       return this;
     }

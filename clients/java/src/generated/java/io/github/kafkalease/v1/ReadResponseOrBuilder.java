@@ -73,4 +73,18 @@ public interface ReadResponseOrBuilder extends
    * @return The seekEpoch.
    */
   long getSeekEpoch();
+
+  /**
+   * <pre>
+   * Where the lease's position moved with this response: the last record's offset + 1, or
+   * further, past offsets after it that hold no record a read_committed reader gets (a
+   * transaction's marker). The offset to commit once these records are processed; a Read
+   * from it goes on after them. 0 from a gateway that predates the field: use the last
+   * record's offset + 1.
+   * </pre>
+   *
+   * <code>int64 next_offset = 4;</code>
+   * @return The nextOffset.
+   */
+  long getNextOffset();
 }

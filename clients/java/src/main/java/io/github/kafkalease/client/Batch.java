@@ -10,19 +10,31 @@ import java.util.List;
  * @param records the records, never empty when they come from the gateway
  * @param highWatermark the partition's high watermark as last seen by the gateway
  * @param seekEpoch the lease's seek epoch the records belong to
+ * @param after the gateway's {@code ReadResponse.next_offset} (0 when it has none)
  */
-public record Batch(List<ConsumedRecord> records, long highWatermark, long seekEpoch) {
+public record Batch(List<ConsumedRecord> records, long highWatermark, long seekEpoch, long after) {
 
-  static Batch of(List<KafkaRecord> records, long highWatermark, long seekEpoch) {
-    return new Batch(
-        records.stream().map(ConsumedRecord::fromProto).toList(), highWatermark, seekEpoch);
+  /** A batch without the gateway's next offset: {@link #nextOffset} is the last record's + 1. */
+  public Batch(List<ConsumedRecord> records, long highWatermark, long seekEpoch) {
+    this(records, highWatermark, seekEpoch, 0);
   }
 
-  /** The offset to commit once this batch is processed: the last record's offset + 1. */
+  static Batch of(List<KafkaRecord> records, long highWatermark, long seekEpoch, long after) {
+    return new Batch(
+        records.stream().map(ConsumedRecord::fromProto).toList(),
+        highWatermark,
+        seekEpoch,
+        after);
+  }
+
+  /**
+   * The offset to commit once this batch is processed: the last record's offset + 1, or
+   * further when the offsets after it hold no record (a transaction's marker).
+   */
   public long nextOffset() {
     if (records.isEmpty()) {
       throw new IllegalStateException("empty batch");
     }
-    return records.get(records.size() - 1).offset() + 1;
+    return Math.max(records.get(records.size() - 1).offset() + 1, after);
   }
 }

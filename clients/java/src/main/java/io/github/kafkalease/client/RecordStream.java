@@ -46,6 +46,8 @@ public final class RecordStream implements Iterator<ConsumedRecord>, AutoCloseab
   private int index;
   private long bufferEpoch;
   private long bufferHighWatermark;
+  /** The buffered response's next offset (0 when the gateway sent none). */
+  private long bufferAfter;
   private boolean delivered;
   private long deliveredNext;
   private long deliveredEpoch;
@@ -87,7 +89,8 @@ public final class RecordStream implements Iterator<ConsumedRecord>, AutoCloseab
     if (!fill(timeout)) {
       return null;
     }
-    return new Batch(handOut(buffer.size()), bufferHighWatermark, bufferEpoch);
+    // The rest of the response: its next offset is the batch's.
+    return new Batch(handOut(buffer.size()), bufferHighWatermark, bufferEpoch, bufferAfter);
   }
 
   /** Whether the Read has ended (see {@link #hasNext}), without waiting. */
@@ -162,11 +165,13 @@ public final class RecordStream implements Iterator<ConsumedRecord>, AutoCloseab
             Batch.of(
                 response.getRecordsList(),
                 response.getHighWatermark(),
-                response.getSeekEpoch());
+                response.getSeekEpoch(),
+                response.getNextOffset());
         buffer = batch.records();
         index = 0;
         bufferEpoch = batch.seekEpoch();
         bufferHighWatermark = batch.highWatermark();
+        bufferAfter = batch.after();
         failures = 0;
       }
     }

@@ -365,7 +365,7 @@ public final class Subscription implements Iterator<SubscriptionEvent>, AutoClos
           return null; // made stale by a seek of this lease
         }
         return new SubscriptionEvent.Records(
-            p, Batch.of(b.getRecordsList(), b.getHighWatermark(), b.getSeekEpoch()));
+            p, Batch.of(b.getRecordsList(), b.getHighWatermark(), b.getSeekEpoch(), 0));
       }
       case DELIVERIES -> {
         var d = r.getDeliveries();
