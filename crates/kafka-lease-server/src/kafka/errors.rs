@@ -31,12 +31,18 @@ pub(super) async fn blocking<T: Send + 'static>(
 /// topic answers NOT_COORDINATOR and COORDINATOR_LOAD_IN_PROGRESS for a while), and requests
 /// lost with a connection. Kafka's own clients retry these; so does the gateway, within the
 /// request's deadline, instead of handing the caller an error it can do nothing about.
+///
+/// librdkafka's own "unknown partition" too: a broker that has just started answers
+/// metadata without the topic's partitions for a moment, and a request for one of them
+/// fails locally. The gateway asks only for partitions it has checked against the topic's
+/// partition count, so the state clears with the next metadata refresh.
 fn is_transient(err: &KafkaError) -> bool {
     use RDKafkaErrorCode as C;
     matches!(
         err.rdkafka_error_code(),
         Some(
-            C::NotCoordinator
+            C::UnknownPartition
+                | C::NotCoordinator
                 | C::CoordinatorLoadInProgress
                 | C::CoordinatorNotAvailable
                 | C::LeaderNotAvailable
