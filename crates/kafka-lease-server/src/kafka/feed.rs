@@ -332,7 +332,9 @@ impl PartitionFeed {
     /// nothing taken from its queue waits here: the offsets between hold no record this
     /// reader can see (a transaction's marker, an aborted record).
     fn position_past_taken(&self) -> Option<i64> {
-        if self.pending.is_some() || !self.popped.is_empty() {
+        // Records still waiting, here or in librdkafka's queue, come first; asking librdkafka
+        // only once its queue is empty keeps the call off a drain's batches.
+        if self.pending.is_some() || !self.popped.is_empty() || self.handle.len() > 0 {
             return None;
         }
         self.claim
